@@ -1,0 +1,148 @@
+/*
+ * libmoe MoE layer: a router plus E SwiGLU experts.
+ *
+ * Shapes: N tokens (this rank, this microbatch), H hidden, E experts (global), K top-k,
+ * F expert FFN width (global, before tensor-parallel sharding).
+ *
+ *   forward(slot, x[N,H]) -> y[N,H]
+ *     logits = x·Wg [N,E] (fp32) -> scores (softmax | sigmoid) -> top-k on scores + bias
+ *     -> weights w[t,k] (renormalised over k when enabled) -> capacity drop
+ *     -> y[t] = sum_k w[t,k] * W2_e^T (silu(W1g_e^T x[t]) * (W1u_e^T x[t])),  e = idx[t,k]
+ *   backward(slot, dy[N,H]) -> dx[N,H], and accumulates parameter gradients (+=).
+ *
+ * The layer's total loss contribution is task_loss + aux_coef * aux + z_coef * z, where
+ *   aux = E * sum_e f_e * P_e   (f_e: fraction of the N*K selected slots routed to e before
+ *                                capacity drop, P_e: mean router score of e over tokens)
+ *   z   = mean_t logsumexp(logits[t])^2
+ * backward adds the gradients of the aux and z terms itself; their values are in the stats.
+ *
+ * Microbatch slots: forward saves what backward needs under `slot` (0 .. max_microbatches-1),
+ * so a pipeline can run several forwards before the matching backwards. backward frees the
+ * slot; moe_layer_release_slot frees it without a backward (evaluation).
+ *
+ * Parameters (local shards, in the runtime's compute dtype):
+ *   "router.weight"      [H, E]          replicated over tp and ep; reduced over ep x dp
+ *   "experts.w1"         [E_l, H, 2, F_l] gate (index 0) and up (index 1) projections
+ *   "experts.w2"         [E_l, F_l, H]    down projection
+ *   "router.expert_bias" [E]             fp32 buffer, not trained by gradients: updated by the
+ *                                         sign rule bias_e += rate * sign(mean_load - load_e)
+ *                                         after each forward when expert_bias is enabled.
+ * E_l = E / ep local experts, F_l = F / tp.
+ */
+#ifndef MOE_LAYER_H
+#define MOE_LAYER_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moe_layer moe_layer_t;
+
+typedef enum moe_score_fn {
+    MOE_SCORE_SOFTMAX = 0,
+    MOE_SCORE_SIGMOID = 1
+} moe_score_fn_t;
+
+/* How global experts map to ep ranks. */
+typedef enum moe_expert_placement {
+    MOE_PLACEMENT_CONTIGUOUS = 0,  /* rank r owns experts [r*E_l, (r+1)*E_l)     */
+    MOE_PLACEMENT_ROUND_ROBIN = 1  /* rank r owns experts r, r+ep, r+2ep, ...     */
+} moe_expert_placement_t;
+
+typedef struct moe_layer_config {
+    size_t struct_size;
+    int64_t hidden;              /* H >= 1 */
+    int64_t ffn_hidden;          /* F >= 1, divisible by tp */
+    int32_t num_experts;         /* E >= 1, divisible by ep */
+    int32_t top_k;               /* 1 <= K <= E */
+    moe_score_fn_t score_fn;     /* default softmax */
+    int32_t renormalize;         /* 1 (default): top-k weights divided by their sum */
+    float capacity_factor;       /* <= 0 (default 0): dropless; else capacity=ceil(cf*N*K/E) */
+    float aux_loss_coef;         /* default 0.01 */
+    float z_loss_coef;           /* default 0.001 */
+    int32_t expert_bias;         /* 1: aux-loss-free balancing bias used for selection only */
+    float expert_bias_rate;      /* default 1e-3 */
+    int32_t max_microbatches;    /* slots in flight, default 1 */
+    moe_expert_placement_t placement;
+    int32_t a2a_chunks;          /* dispatch/combine chunks for comm/compute overlap, default 2 */
+    float init_std;              /* parameters ~ N(0, init_std^2); default 0.02 */
+} moe_layer_config_t;
+
+MOE_API moe_layer_config_t moe_layer_config_default(void);
+
+/* Collective over the runtime's mesh. Parameters are initialised from the runtime seed so
+ * that every mesh shape produces the same global parameters. */
+MOE_API moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *config,
+                                      moe_layer_t **out);
+MOE_API moe_status_t moe_layer_destroy(moe_layer_t *layer);
+
+/* [in] x [N,H] on the runtime's device in its compute dtype, N >= 0 (N may differ by rank).
+ * [out] y [N,H], caller-allocated. Collective over ep and tp. Enqueued on the runtime's
+ * stream (CUDA); the host sees y after synchronising. slot must not be in use. */
+MOE_API moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *x,
+                                       moe_tensor_t *y);
+/* [in] dy [N,H] for the forward saved in slot. [out] dx [N,H] (may be NULL if not needed).
+ * Accumulates into the parameter gradients and frees the slot. Collective over ep and tp. */
+MOE_API moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *dy,
+                                        moe_tensor_t *dx);
+/* Drop the state saved by forward in slot without a backward. */
+MOE_API moe_status_t moe_layer_release_slot(moe_layer_t *layer, int32_t slot);
+
+/* Set every parameter gradient to zero (start of a global batch). */
+MOE_API moe_status_t moe_layer_zero_grad(moe_layer_t *layer);
+
+/* ---- parameters ---------------------------------------------------------------------------- */
+
+typedef enum moe_param_kind {
+    MOE_PARAM_DENSE = 0,   /* replicated over ep: gradients reduced over ep x dp          */
+    MOE_PARAM_EXPERT = 1,  /* sharded over ep: gradients reduced over expert-data-parallel */
+    MOE_PARAM_BUFFER = 2   /* state without gradient (expert bias)                         */
+} moe_param_kind_t;
+
+typedef struct moe_param_info {
+    size_t struct_size;
+    const char *name;                    /* stable, owned by the layer */
+    moe_param_kind_t kind;
+    moe_tensor_t value;                  /* this rank's shard */
+    moe_tensor_t grad;                   /* same shape; data NULL for buffers */
+    int64_t global_shape[MOE_MAX_DIMS];  /* the unsharded shape */
+    int64_t shard_offset[MOE_MAX_DIMS];  /* where this shard starts in the global tensor */
+    int32_t expert_dim;                  /* dimension indexed by expert, or -1 */
+    int32_t tp_dim;                      /* dimension split over tp, or -1 */
+} moe_param_info_t;
+
+MOE_API moe_status_t moe_layer_num_params(const moe_layer_t *layer, int32_t *count);
+/* [in] index 0..count-1 [out] info (set info->struct_size first). */
+MOE_API moe_status_t moe_layer_param(const moe_layer_t *layer, int32_t index,
+                                     moe_param_info_t *info);
+/* The global expert id of local expert `local_expert` on this rank (placement applied). */
+MOE_API moe_status_t moe_layer_expert_id(const moe_layer_t *layer, int32_t local_expert,
+                                         int32_t *global_expert);
+
+/* ---- statistics of the most recent forward -------------------------------------------------- */
+
+typedef struct moe_layer_stats {
+    size_t struct_size;
+    int64_t tokens;            /* N: tokens this rank routed in that forward */
+    int64_t slots;             /* N * K */
+    int64_t dropped_slots;     /* slots refused by capacity */
+    double dropped_ratio;      /* dropped_slots / slots */
+    double max_load;           /* max over experts of accepted slots */
+    double mean_load;          /* slots / E */
+    double entropy;            /* mean over tokens of the router score entropy (nats) */
+    double aux_loss;           /* unscaled aux value (see top of file) */
+    double z_loss;             /* unscaled z value */
+    int64_t capacity;          /* per-expert capacity, or -1 when dropless */
+} moe_layer_stats_t;
+
+/* [out] stats (set struct_size first) [out] tokens_per_expert: E entries of accepted slots
+ * per expert, or NULL. Reflects the last forward on this layer (any slot). */
+MOE_API moe_status_t moe_layer_stats(const moe_layer_t *layer, moe_layer_stats_t *stats,
+                                     int64_t *tokens_per_expert);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOE_LAYER_H */

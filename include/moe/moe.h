@@ -1,0 +1,21 @@
+/*
+ * libmoe — a native runtime for training sparse Mixture-of-Experts models.
+ *
+ * A short tour:
+ *   moe_runtime_create()      picks a backend (host reference or CUDA) and, with a mesh
+ *                             config, joins the 4D process mesh (tp x ep x dp x pp).
+ *   moe_layer_create()        a router + SwiGLU experts; forward/backward per microbatch slot.
+ *   moe_adamw_create()        fp32-master AdamW over layer and user parameters.
+ *
+ * Every call returns moe_status_t; moe_last_error() says what went wrong on this thread.
+ * See each header for ownership, collectivity and streams.
+ */
+#ifndef MOE_MOE_H
+#define MOE_MOE_H
+
+#include "core.h"
+#include "layer.h"
+#include "mesh.h"
+#include "optim.h"
+
+#endif /* MOE_MOE_H */

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install libmoe's build dependencies on Debian/Ubuntu (idempotent, non-interactive).
+#   scripts/setup-deps.sh           build + example trainer
+#   scripts/setup-deps.sh --tests   also what the tests need (CMocka, Python, the S3 test server)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+with_tests=0
+[ "${1:-}" = "--tests" ] && with_tests=1
+
+pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin liburing-dev libcjson-dev
+      libcurl4-openssl-dev libxxhash-dev)
+[ $with_tests = 1 ] && pkgs+=(libcmocka-dev python3 nodejs npm)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ $with_tests = 1 ] && [ -f "$here/tests/s3/package.json" ]; then
+  # the S3-compatible server the checkpoint tests start on loopback, kept inside the project
+  (cd "$here/tests/s3" && { [ -d node_modules/s3rver ] || npm ci --no-audit --no-fund --silent; })
+fi

@@ -1,0 +1,84 @@
+/*
+ * Status plumbing shared by every module: the thread-local last-error message and the check
+ * macros that translate a failure into a status plus a message naming the call, file and line.
+ * Nothing here exits: every macro returns or jumps to the caller's `fail:` block.
+ */
+#ifndef MOE_CORE_ERROR_H
+#define MOE_CORE_ERROR_H
+
+#include <moe/core.h>
+
+/* Record `fmt` as this thread's last error (prefixed with file:line) and return `status`. */
+moe_status_t moe_error_set(moe_status_t status, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Forget the last error (each public entry point starts with this). */
+void moe_error_clear(void);
+/* Append context to the existing message ("while loading step-12: ..."). */
+moe_status_t moe_error_wrap(moe_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define MOE_FAIL(status, ...) moe_error_set((status), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Return INVALID_ARGUMENT with a message when `cond` is false. */
+#define MOE_CHECK_ARG(cond, ...)                                                           \
+    do {                                                                                   \
+        if (!(cond)) return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, __VA_ARGS__);            \
+    } while (0)
+
+/* Propagate a non-success status. */
+#define MOE_TRY(expr)                                                                      \
+    do {                                                                                   \
+        moe_status_t moe_try_s_ = (expr);                                                  \
+        if (moe_try_s_ != MOE_STATUS_SUCCESS) return moe_try_s_;                           \
+    } while (0)
+
+/* Store a non-success status in `st` and jump to `fail`. */
+#define MOE_TRY_GOTO(st, expr)                                                             \
+    do {                                                                                   \
+        (st) = (expr);                                                                     \
+        if ((st) != MOE_STATUS_SUCCESS) goto fail;                                         \
+    } while (0)
+
+/* Generator for library-specific checks (CUDA, cuBLAS, NCCL, MPI, io_uring, curl): evaluate
+ * `call` once, and if `ok` (an expression of `rc_`) is false, set the error with the call's
+ * text and the library's own description `describe(rc_)`, then return `status`. */
+#define MOE_CHECK_GEN(type, call, ok, status, describe)                                    \
+    do {                                                                                   \
+        type rc_ = (call);                                                                 \
+        if (!(ok))                                                                         \
+            return moe_error_set((status), __FILE__, __LINE__, "%s failed: %s", #call,     \
+                                 describe(rc_));                                           \
+    } while (0)
+
+#define MOE_CHECK_GEN_GOTO(st, type, call, ok, status, describe)                           \
+    do {                                                                                   \
+        type rc_ = (call);                                                                 \
+        if (!(ok)) {                                                                       \
+            (st) = moe_error_set((status), __FILE__, __LINE__, "%s failed: %s", #call,     \
+                                 describe(rc_));                                           \
+            goto fail;                                                                     \
+        }                                                                                  \
+    } while (0)
+
+/* Handles carry a magic number so that use after destroy or a wrong handle is caught. */
+#define MOE_MAGIC_RUNTIME 0x4d4f4552554e5431ull /* "MOERUNT1" */
+#define MOE_MAGIC_LAYER 0x4d4f454c41595231ull   /* "MOELAYR1" */
+#define MOE_MAGIC_ADAMW 0x4d4f4541444d5731ull   /* "MOEADMW1" */
+#define MOE_MAGIC_DEAD 0xdeaddeaddeaddeadull
+
+#define MOE_CHECK_HANDLE(h, magic_value, what)                                             \
+    do {                                                                                   \
+        if ((h) == NULL) return MOE_FAIL(MOE_STATUS_INVALID_HANDLE, "%s is NULL", what);   \
+        if ((h)->magic != (magic_value))                                                   \
+            return MOE_FAIL(MOE_STATUS_INVALID_HANDLE,                                     \
+                            "%s is not a live handle (destroyed or wrong kind)", what);    \
+    } while (0)
+
+/* Checks that the caller's config struct is at least as large as the first ABI version. */
+#define MOE_CHECK_STRUCT_SIZE(ptr, type, first_field_end)                                  \
+    MOE_CHECK_ARG((ptr)->struct_size >= (first_field_end) &&                               \
+                      (ptr)->struct_size <= sizeof(type) * 4,                              \
+                  #type ".struct_size is %zu; expected %zu (set it from sizeof or the "    \
+                  "_default() initialiser)", (ptr)->struct_size, sizeof(type))
+
+#endif /* MOE_CORE_ERROR_H */

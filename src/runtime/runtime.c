@@ -1,0 +1,265 @@
+/* Runtime lifecycle: resolve the backend, join the mesh, own logging. Also the tensor
+ * allocation and copy entry points, which need the backend. */
+#include "runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/bf16.h"
+#include "../core/error.h"
+#include "../core/tensor.h"
+
+int moe_version(void) { return MOE_VERSION; }
+
+const char *moe_version_string(void)
+{
+#define MOE_STR2(x) #x
+#define MOE_STR(x) MOE_STR2(x)
+    return MOE_STR(MOE_VERSION_MAJOR) "." MOE_STR(MOE_VERSION_MINOR) "." MOE_STR(MOE_VERSION_PATCH);
+#undef MOE_STR
+#undef MOE_STR2
+}
+
+moe_runtime_config_t moe_runtime_config_default(void)
+{
+    moe_runtime_config_t c = {
+        .struct_size = sizeof c, .backend = MOE_BACKEND_AUTO, .device_index = -1,
+        .deterministic = 1, .seed = 1234, .log_level = MOE_LOG_WARN, .log_fn = NULL,
+        .log_user_data = NULL, .mesh = NULL,
+    };
+    return c;
+}
+
+/* The local rank from the launcher's environment, for picking a GPU (0 without one). */
+static int local_rank_from_env(void)
+{
+    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
+                           "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *v = getenv(names[i]);
+        if (v) return atoi(v);
+    }
+    return 0;
+}
+
+static moe_status_t create_backend(const moe_runtime_config_t *c, moe_runtime_t *rt)
+{
+    moe_backend_params_t p = {.deterministic = c->deterministic != 0, .logger = &rt->logger};
+    moe_backend_kind_t kind = c->backend;
+    int ngpu = moe_backend_cuda_device_count();
+    if (kind == MOE_BACKEND_AUTO) kind = ngpu > 0 ? MOE_BACKEND_CUDA : MOE_BACKEND_HOST;
+    if (kind == MOE_BACKEND_HOST) return moe_backend_host_create(&p, &rt->backend);
+    if (ngpu <= 0)
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED,
+                        "the CUDA backend was requested but %s",
+                        ngpu < 0 ? "libmoe was built without CUDA" : "no CUDA device is visible");
+    int dev = c->device_index >= 0 ? c->device_index : local_rank_from_env() % ngpu;
+    MOE_CHECK_ARG(dev < ngpu, "device_index %d but only %d CUDA devices are visible", dev, ngpu);
+    p.device_index = dev;
+    rt->device_index = dev;
+    return moe_backend_cuda_create(&p, &rt->backend);
+}
+
+moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_t **out)
+{
+    moe_error_clear();
+    MOE_CHECK_ARG(out != NULL, "out is NULL");
+    *out = NULL;
+    moe_runtime_config_t c = moe_runtime_config_default();
+    if (config) {
+        MOE_CHECK_STRUCT_SIZE(config, moe_runtime_config_t, sizeof(moe_runtime_config_t));
+        c = *config;
+    }
+    MOE_CHECK_ARG(c.backend >= MOE_BACKEND_AUTO && c.backend <= MOE_BACKEND_CUDA,
+                  "unknown backend %d", (int)c.backend);
+    MOE_CHECK_ARG(c.log_level >= MOE_LOG_ERROR && c.log_level <= MOE_LOG_DEBUG,
+                  "unknown log level %d", (int)c.log_level);
+
+    moe_runtime_t *rt = calloc(1, sizeof *rt);
+    if (!rt) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "runtime allocation");
+    rt->logger = (moe_logger_t){moe_log_level_from_env(c.log_level), c.log_fn, c.log_user_data};
+    rt->seed = c.seed;
+    rt->deterministic = c.deterministic != 0;
+    moe_status_t st;
+    MOE_TRY_GOTO(st, create_backend(&c, rt));
+    MOE_TRY_GOTO(st, moe_mesh_create(c.mesh, rt->backend.ops->device == MOE_DEVICE_CUDA,
+                                     &rt->logger, &rt->mesh));
+    rt->magic = MOE_MAGIC_RUNTIME;
+    moe_log(&rt->logger, MOE_LOG_INFO, "runtime: backend %s, world %d", rt->backend.ops->name,
+            rt->mesh->world_size);
+    *out = rt;
+    return MOE_STATUS_SUCCESS;
+fail:
+    if (rt->backend.ops) rt->backend.ops->destroy(rt->backend.ctx);
+    free(rt);
+    return st;
+}
+
+moe_status_t moe_runtime_destroy(moe_runtime_t *rt)
+{
+    moe_error_clear();
+    if (!rt) return MOE_STATUS_SUCCESS;
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    moe_mesh_destroy(rt->mesh);
+    rt->backend.ops->destroy(rt->backend.ctx);
+    rt->magic = MOE_MAGIC_DEAD;
+    free(rt);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_runtime_backend(const moe_runtime_t *rt, moe_backend_kind_t *out)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(out != NULL, "out is NULL");
+    *out = rt->backend.ops->kind;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_runtime_device(const moe_runtime_t *rt, moe_device_kind_t *kind,
+                                int32_t *device_index)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(kind != NULL, "kind is NULL");
+    *kind = rt->backend.ops->device;
+    if (device_index) *device_index = rt->device_index;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_runtime_compute_dtype(const moe_runtime_t *rt, moe_dtype_t *out)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(out != NULL, "out is NULL");
+    *out = rt->backend.ops->compute_dtype;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_runtime_set_stream(moe_runtime_t *rt, void *cuda_stream)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    return MOE_OPS(rt)->set_stream(MOE_CTX(rt), cuda_stream);
+}
+
+moe_status_t moe_runtime_synchronize(moe_runtime_t *rt)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    return MOE_OPS(rt)->synchronize(MOE_CTX(rt));
+}
+
+moe_status_t moe_runtime_set_log(moe_runtime_t *rt, moe_log_level_t level, moe_log_fn fn,
+                                 void *user_data)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(level >= MOE_LOG_ERROR && level <= MOE_LOG_DEBUG, "unknown log level %d",
+                  (int)level);
+    rt->logger = (moe_logger_t){level, fn, user_data};
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- tensors owned by libmoe ------------------------------------------------------------ */
+
+moe_status_t moe_tensor_alloc(moe_runtime_t *rt, moe_dtype_t dtype, moe_device_kind_t device,
+                              int32_t ndim, const int64_t *shape, moe_tensor_t *out)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    moe_tensor_t t;
+    MOE_TRY(moe_tensor_view(NULL, dtype, device, ndim, shape, &t));
+    MOE_CHECK_ARG(device == MOE_DEVICE_HOST || device == rt->backend.ops->device,
+                  "device %d is not available on the %s backend", (int)device,
+                  rt->backend.ops->name);
+    t.device_index = device == MOE_DEVICE_CUDA ? rt->device_index : 0;
+    size_t bytes = moe_tensor_bytes(&t);
+    if (device == rt->backend.ops->device && device != MOE_DEVICE_HOST)
+        MOE_TRY(MOE_OPS(rt)->alloc(MOE_CTX(rt), bytes, &t.data));
+    else
+        MOE_TRY(MOE_OPS(rt)->alloc_pinned(MOE_CTX(rt), bytes, &t.data));
+    *out = t;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_tensor_free(moe_runtime_t *rt, moe_tensor_t *t)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(t != NULL, "tensor is NULL");
+    if (t->data) {
+        if (t->device != MOE_DEVICE_HOST)
+            MOE_OPS(rt)->free(MOE_CTX(rt), t->data);
+        else
+            MOE_OPS(rt)->free_pinned(MOE_CTX(rt), t->data);
+    }
+    memset(t, 0, sizeof *t);
+    return MOE_STATUS_SUCCESS;
+}
+
+/* Convert n elements between host buffers of possibly different dtypes. */
+static void convert_host(void *dst, moe_dtype_t dt, const void *src, moe_dtype_t st, int64_t n)
+{
+    if (dt == st) {
+        memcpy(dst, src, (size_t)n * moe_dtype_size(dt));
+    } else if (dt == MOE_DTYPE_F32) {
+        const uint16_t *s = src;
+        float *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = moe_bf16_to_f32(s[i]);
+    } else {
+        const float *s = src;
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = moe_f32_to_bf16(s[i]);
+    }
+}
+
+moe_status_t moe_tensor_copy(moe_runtime_t *rt, moe_tensor_t *dst, const moe_tensor_t *src)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(src != NULL && dst != NULL, "src or dst is NULL");
+    int64_t n = moe_tensor_numel(src);
+    MOE_CHECK_ARG(n >= 0 && moe_tensor_numel(dst) == n,
+                  "src has %lld elements and dst %lld; they must be equal", (long long)n,
+                  (long long)moe_tensor_numel(dst));
+    MOE_CHECK_ARG(moe_dtype_size(src->dtype) && moe_dtype_size(dst->dtype), "unknown dtype");
+    MOE_CHECK_ARG((src->data && dst->data) || n == 0, "src or dst data is NULL");
+    if (n == 0) return MOE_STATUS_SUCCESS;
+    size_t sbytes = (size_t)n * moe_dtype_size(src->dtype);
+    if (src->dtype == dst->dtype)
+        return MOE_OPS(rt)->copy(MOE_CTX(rt), dst->data, src->data, sbytes);
+    /* Different dtypes: bring src to the host, convert, send to dst. */
+    void *host_src = malloc(sbytes);
+    void *host_dst = malloc((size_t)n * moe_dtype_size(dst->dtype));
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    if (!host_src || !host_dst) {
+        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "conversion buffers of %zu bytes", sbytes);
+        goto fail;
+    }
+    MOE_TRY_GOTO(st, MOE_OPS(rt)->copy(MOE_CTX(rt), host_src, src->data, sbytes));
+    convert_host(host_dst, dst->dtype, host_src, src->dtype, n);
+    MOE_TRY_GOTO(st, MOE_OPS(rt)->copy(MOE_CTX(rt), dst->data, host_dst,
+                                       (size_t)n * moe_dtype_size(dst->dtype)));
+fail:
+    free(host_src);
+    free(host_dst);
+    return st;
+}
+
+moe_status_t moe_runtime_axis(const moe_runtime_t *rt, moe_axis_t axis, int32_t *rank,
+                              int32_t *size)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(rank != NULL && size != NULL, "rank or size is NULL");
+    MOE_CHECK_ARG(axis >= MOE_AXIS_TP && axis <= MOE_AXIS_WORLD, "unknown axis %d", (int)axis);
+    if (axis == MOE_AXIS_WORLD) {
+        *rank = rt->mesh->world_rank;
+        *size = rt->mesh->world_size;
+    } else {
+        *rank = rt->mesh->coord[axis];
+        *size = rt->mesh->size[axis];
+    }
+    return MOE_STATUS_SUCCESS;
+}

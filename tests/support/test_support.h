@@ -1,0 +1,39 @@
+/* Shared test helpers: a seeded RNG, fills, norms, and GPU-skip handling. */
+#ifndef MOE_TEST_SUPPORT_H
+#define MOE_TEST_SUPPORT_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <moe/moe.h>
+
+/* splitmix64: small, seedable, identical on every platform */
+typedef struct test_rng {
+    uint64_t state;
+} test_rng_t;
+
+uint64_t test_rng_next(test_rng_t *r);
+double test_rng_uniform(test_rng_t *r);             /* [0, 1) */
+double test_rng_normal(test_rng_t *r);              /* N(0, 1) */
+int64_t test_rng_int(test_rng_t *r, int64_t lo, int64_t hi); /* [lo, hi] */
+void test_fill_normal(test_rng_t *r, float *x, int64_t n, double std);
+
+/* ||a - b|| / ||b|| in fp64 (0 when both are zero) */
+double test_rel_err(const float *a, const float *b, int64_t n);
+
+/* Abort the test with the library's message when a call fails. */
+#define TEST_OK(call)                                                                      \
+    do {                                                                                   \
+        moe_status_t s_ = (call);                                                          \
+        if (s_ != MOE_STATUS_SUCCESS) {                                                    \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call,            \
+                    moe_status_string(s_), moe_last_error());                              \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+/* A fresh seed per run unless MOE_TEST_SEED is set; printed so a failure can be replayed. */
+uint64_t test_seed(void);
+
+#endif /* MOE_TEST_SUPPORT_H */
