@@ -8,6 +8,8 @@
  *
  * Memory: "act" pointers are in the backend's compute dtype (f32 host, bf16 CUDA) on the
  * backend's device; f32/i32 pointers are on the device too unless named `host_*`.
+ * Parameter gradients are f32 on every backend (accumulated over microbatches without bf16
+ * rounding); parameters themselves are in the compute dtype, with f32 masters in AdamW.
  * Ordering: ops are enqueued in call order (CUDA: on the backend's current stream); `copy`
  * and `synchronize` block the host. Every op validates nothing the layer already validated:
  * the layer checks user input, ops trust the layer.
@@ -62,7 +64,7 @@ typedef struct moe_router_bwd {
     float z_coef;              /* multiplies d z / d logits; 0 disables */
     float *dlogits;            /* f32 [N,E] scratch */
     void *dx;                  /* act [N,H]: dx += dlogits · wg^T */
-    void *dwg;                 /* act [H,E]: dwg += x^T · dlogits */
+    float *dwg;                /* f32 [H,E]: dwg += x^T · dlogits */
 } moe_router_bwd_t;
 
 /* Dispatch plan: capacity drop and the stable counting sort of (token, k) slots by expert.
@@ -97,8 +99,8 @@ typedef struct moe_experts {
     /* backward only */
     const void *d_out;            /* act [R,H] */
     void *d_xp;                   /* act [R,H]   written (not accumulated) */
-    void *dw1;                    /* act [El,H,2,F] += */
-    void *dw2;                    /* act [El,F,H]   += */
+    float *dw1;                   /* f32 [El,H,2,F] += */
+    float *dw2;                   /* f32 [El,F,H]   += */
     void *scratch;                /* act [R,3,F]: backward's d_act and d_hpre */
 } moe_experts_t;
 
@@ -109,7 +111,7 @@ typedef struct moe_adamw_update {
     int64_t step;              /* 1-based, for bias correction */
     float *master, *m, *v;     /* f32 [n] */
     void *param;               /* act [n] receives the updated master (rounded) */
-    const void *grad;          /* act [n] */
+    const float *grad;         /* f32 [n] */
 } moe_adamw_update_t;
 
 /* ---- the table ------------------------------------------------------------------------------ */
