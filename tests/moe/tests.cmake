@@ -1,0 +1,5 @@
+add_library(moe_test_ref STATIC ${CMAKE_CURRENT_LIST_DIR}/ref_moe.c ${CMAKE_CURRENT_LIST_DIR}/layer_fixture.c)
+target_link_libraries(moe_test_ref PUBLIC moe_test_support m)
+target_include_directories(moe_test_ref PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+moe_add_test(test_layer_grad SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_layer_grad.c LABELS moe)
+target_link_libraries(test_layer_grad PRIVATE moe_test_ref)
