@@ -120,6 +120,9 @@ static bool check_random_case(uint64_t seed)
         assert_true(test_rel_err(y, yref_f, nh) < 1e-5);
         assert_true(fabs(st.aux_loss - rr.aux) <= 1e-5 * fabs(rr.aux) + 1e-7);
         assert_true(fabs(st.z_loss - rr.z) <= 1e-5 * fabs(rr.z) + 1e-7);
+        assert_true(fabs(st.entropy - rr.entropy) <= 1e-5 * fabs(rr.entropy) + 1e-7);
+        assert_int_equal(st.tokens, sh.n);
+        assert_int_equal(st.slots, nk);
         free(yref_f);
     }
     /* determinism: the same inputs again give the same bits */

@@ -132,12 +132,48 @@ static void test_accumulation_over_slots(void **state)
     }
 }
 
+/* The expert bias follows the sign rule after each forward: experts loaded above the mean
+ * lose `rate`, experts below it gain `rate`, experts exactly at the mean keep their bias. */
+static void test_expert_bias_sign_rule(void **state)
+{
+    (void)state;
+    moe_layer_config_t cfg = moe_layer_config_default();
+    cfg.hidden = 6;
+    cfg.ffn_hidden = 4;
+    cfg.num_experts = 6;
+    cfg.top_k = 2;
+    cfg.expert_bias = 1;
+    cfg.expert_bias_rate = 0.25f;
+    test_rng_t rng = {base_seed};
+    fixture_t fx;
+    fixture_init(&fx, &cfg, 21, &rng, 1.0);
+    moe_param_info_t b = {.struct_size = sizeof b};
+    TEST_OK(moe_layer_param(fx.layer, 3, &b));
+    assert_string_equal(b.name, "router.expert_bias");
+    assert_int_equal(b.kind, MOE_PARAM_BUFFER);
+    float expected[6] = {0};
+    float y[21 * 6];
+    for (int round = 0; round < 3; round++) {
+        fixture_forward(&fx, y);
+        int64_t load[6];
+        moe_layer_stats_t st = {.struct_size = sizeof st};
+        TEST_OK(moe_layer_stats(fx.layer, &st, load)); /* dropless: accepted = selected */
+        double mean = 21.0 * 2 / 6;
+        for (int e = 0; e < 6; e++)
+            expected[e] += 0.25f * (float)((mean > load[e]) - (mean < load[e]));
+        assert_memory_equal(b.value.data, expected, sizeof expected);
+        TEST_OK(moe_layer_release_slot(fx.layer, 0));
+    }
+    fixture_free(&fx);
+}
+
 int main(void)
 {
     base_seed = test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_matches_formula),
         cmocka_unit_test(test_accumulation_over_slots),
+        cmocka_unit_test(test_expert_bias_sign_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
