@@ -109,6 +109,10 @@ typedef struct moe_pipeline moe_pipeline_t;
  *           [out] dx: the gradient of the stage input, sent to s-1; NULL on stage 0.
  *           Parameter gradients accumulate (+=) over the microbatches of the batch.
  * zero_grad (optional): called once at the start of each global batch, before any forward.
+ * abandon (optional): after a failed batch, called for every microbatch whose forward was
+ *           called but whose backward did not complete, so the stage can drop what forward
+ *           saved (e.g. moe_layer_release_slot on each of its layers, ignoring slots that are
+ *           not in use). Without it, such slots stay in use. Its status is ignored.
  * step (optional): called once at the end of each global batch on every rank after all
  *           stages succeeded, with grad_scale; it must reduce gradients over data-parallel
  *           groups and update parameters (e.g. call moe_adamw_step). When NULL and the config
@@ -122,6 +126,7 @@ typedef struct moe_pipeline_callbacks {
                              moe_tensor_t *dx);
     moe_status_t (*zero_grad)(void *user);
     moe_status_t (*step)(void *user, float grad_scale);
+    moe_status_t (*abandon)(void *user, int32_t microbatch);
     void *user;
 } moe_pipeline_callbacks_t;
 

@@ -60,6 +60,8 @@ struct moe_pipeline {
     /* per microbatch: buffer index of its stage input (x), output (y), output gradient (dy),
      * input gradient (dx); -1 when none */
     int32_t *x_buf, *y_buf, *dy_buf, *dx_buf;
+    /* per microbatch: forward called (1), backward completed (2) */
+    uint8_t *progress;
     /* per action: posted receive and its buffer */
     moe_comm_req_t **recv_req;
     int32_t *recv_buf;
@@ -174,6 +176,7 @@ static void pipeline_free(moe_pipeline_t *pp)
     free(pp->y_buf);
     free(pp->dy_buf);
     free(pp->dx_buf);
+    free(pp->progress);
     free(pp->recv_req);
     free(pp->recv_buf);
     free(pp->sends);
@@ -239,10 +242,11 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->y_buf = malloc(m * sizeof(int32_t));
     pp->dy_buf = malloc(m * sizeof(int32_t));
     pp->dx_buf = malloc(m * sizeof(int32_t));
+    pp->progress = calloc(m, 1);
     pp->recv_req = calloc(n, sizeof *pp->recv_req);
     pp->recv_buf = malloc(n * sizeof(int32_t));
     pp->sends = calloc(n, sizeof *pp->sends);
-    if (!pp->x_buf || !pp->y_buf || !pp->dy_buf || !pp->dx_buf || !pp->recv_req ||
+    if (!pp->x_buf || !pp->y_buf || !pp->dy_buf || !pp->dx_buf || !pp->progress || !pp->recv_req ||
         !pp->recv_buf || !pp->sends) {
         st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "pipeline tables for %d microbatches", pp->m);
         goto fail;
@@ -312,6 +316,8 @@ static void record_failure(moe_pipeline_t *pp, step_state_t *ss, moe_status_t st
                            const char *what, int32_t mb)
 {
     if (ss->failed != MOE_STATUS_SUCCESS) return;
+    if (moe_last_error()[0] == '\0') /* the callback failed without a libmoe message */
+        MOE_FAIL(st, "the %s callback returned '%s'", what, moe_status_string(st));
     if (mb >= 0)
         moe_error_wrap(st, "pipeline stage %d/%d: %s of microbatch %d", pp->stage, pp->stages,
                        what, mb);
@@ -428,6 +434,7 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
             /* pointers into the pool only after the last acquire (it may grow the table) */
             moe_tensor_t *x = pp->x_buf[mb] >= 0 ? &pp->bufs[pp->x_buf[mb]].t : NULL;
             moe_tensor_t *y = &pp->bufs[pp->y_buf[mb]].t;
+            if (ss->failed == MOE_STATUS_SUCCESS) pp->progress[mb] = 1;
             RUN_CALLBACK(pp, ss, "forward", mb, pp->cb.forward(pp->cb.user, mb, x, y));
             if (last) {
                 double l = 0.0;
@@ -443,6 +450,7 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
             moe_tensor_t *dy = &pp->bufs[pp->dy_buf[mb]].t;
             moe_tensor_t *dx = pp->dx_buf[mb] >= 0 ? &pp->bufs[pp->dx_buf[mb]].t : NULL;
             RUN_CALLBACK(pp, ss, "backward", mb, pp->cb.backward(pp->cb.user, mb, dy, dx));
+            if (ss->failed == MOE_STATUS_SUCCESS) pp->progress[mb] = 2;
             buf_release(pp, &pp->dy_buf[mb]);
             buf_release(pp, &pp->x_buf[mb]); /* the input was kept for this backward */
             break;
@@ -508,6 +516,14 @@ static moe_status_t share_loss(moe_pipeline_t *pp, double *loss)
     return MOE_OPS(rt)->copy(MOE_CTX(rt), loss, dev, sizeof *loss);
 }
 
+/* After a failed batch: let the stage drop state saved by forwards without a backward. */
+static void abandon_microbatches(moe_pipeline_t *pp)
+{
+    if (!pp->cb.abandon) return;
+    for (int32_t mb = 0; mb < pp->m; mb++)
+        if (pp->progress[mb] == 1) (void)pp->cb.abandon(pp->cb.user, mb);
+}
+
 moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
 {
     moe_error_clear();
@@ -516,8 +532,10 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
         return MOE_FAIL(MOE_STATUS_ABORTED, "a transfer of an earlier batch failed on stage "
                         "%d; the pp communicator is unusable", pp->stage);
     step_state_t ss = {.failed = MOE_STATUS_SUCCESS};
-    for (int32_t i = 0; i < pp->m; i++)
+    for (int32_t i = 0; i < pp->m; i++) {
         pp->x_buf[i] = pp->y_buf[i] = pp->dy_buf[i] = pp->dx_buf[i] = -1;
+        pp->progress[i] = 0;
+    }
     for (int32_t i = 0; i < pp->sched->count; i++) {
         pp->recv_req[i] = NULL;
         pp->recv_buf[i] = -1;
@@ -541,6 +559,7 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
         snprintf(msg, sizeof msg, "%s", moe_last_error());
         moe_log(&pp->rt->logger, MOE_LOG_ERROR, "%s (aborting the pp communicator)", msg);
         mark_broken(pp);
+        abandon_microbatches(pp);
         return MOE_FAIL(st, "%s", msg);
     }
 
@@ -548,6 +567,7 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
     moe_status_t bad_status = MOE_STATUS_SUCCESS;
     st = exchange_status(pp, ss.failed, &bad_rank, &bad_status, &bad_stage);
     if (st != MOE_STATUS_SUCCESS) return st;
+    if (bad_rank >= 0) abandon_microbatches(pp);
     if (ss.failed != MOE_STATUS_SUCCESS) return MOE_FAIL(ss.failed, "%s", ss.message);
     if (bad_rank >= 0)
         return MOE_FAIL(MOE_STATUS_ABORTED,

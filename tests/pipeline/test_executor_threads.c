@@ -1,0 +1,483 @@
+/*
+ * The 1F1B executor with p stages as p threads of one process, connected by the in-process
+ * communicator of thread_comm.h (MPI matching rules, no MPI needed: runs on every CI).
+ *
+ *  equivalence  L = 4 layers (dense, MoE, dense, MoE; N=6 tokens, H=8, E=4 experts, top-2,
+ *               F=12) split over p = 2 and 4 stages, m in {1, 3, 8}, two AdamW steps: the
+ *               loss, every gradient and every updated parameter equal the pp = 1 reference
+ *               run in one thread (rel. err <= 1e-5; the host path is in fact bitwise equal).
+ *  failures     a failing backward / loss callback on one stage stops the batch on every
+ *               stage with a status (the failing stage its own, the others ABORTED naming
+ *               it), quickly (no timeout involved), without an optimizer step; the next batch
+ *               then succeeds. A stage that never shows up makes its neighbours fail with
+ *               TIMEOUT within the transfer timeout, and the pipeline refuses further use.
+ *  bubble       p = 4 stages whose forward and backward sleep for the same time: the idle
+ *               fraction 1 - sum(compute) / (p * makespan) is within 0.05 of (p-1)/(m+p-1)
+ *               for m in {4, 8, 16}.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "pipe_model.h"
+#include "test_support.h"
+#include "thread_comm.h"
+
+#define MAXP 8
+#define STEPS 2
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static moe_runtime_t *host_runtime(void)
+{
+    moe_runtime_config_t rc = moe_runtime_config_default();
+    rc.backend = MOE_BACKEND_HOST;
+    rc.seed = 77;
+    moe_runtime_t *rt = NULL;
+    TEST_OK(moe_runtime_create(&rc, &rt));
+    return rt;
+}
+
+/* ---- a pipeline of threads ------------------------------------------------------------- */
+
+typedef struct stage_ctx {
+    int s, p;
+    tc_world_t *pp_world, *world;
+    pm_shape_t sh;
+    int steps;
+    int pipe_timeout_ms, comm_timeout_ms;
+    const char *fail_what;  /* fault injection on this stage, first step only */
+    int fail_mb;
+    bool absent;            /* never calls train_step */
+    pthread_barrier_t *start;
+    /* results */
+    moe_runtime_t *rt;
+    pm_model_t *pm;
+    moe_pipeline_t *pipe;
+    moe_status_t st[4];
+    char msg[4][1024];
+    double loss[4], seconds[4];
+} stage_ctx_t;
+
+static void *stage_main(void *arg)
+{
+    stage_ctx_t *c = arg;
+    c->rt = host_runtime();
+    tc_attach_pipeline(c->rt, c->s, c->p, tc_comm_create(c->pp_world, c->s, "pp", c->comm_timeout_ms),
+                       tc_comm_create(c->world, c->s, "world", c->comm_timeout_ms));
+    int first, last;
+    pm_split(c->sh.layers, c->p, c->s, &first, &last);
+    TEST_OK(pm_model_create(c->rt, &c->sh, first, last, &c->pm));
+    moe_pipeline_config_t pc = moe_pipeline_config_default();
+    pc.microbatches = c->sh.m;
+    pc.act_ndim = 2;
+    pc.act_shape[0] = c->sh.n;
+    pc.act_shape[1] = c->sh.h;
+    pc.timeout_ms = c->pipe_timeout_ms;
+    moe_pipeline_callbacks_t cb = pm_callbacks(c->pm);
+    TEST_OK(moe_pipeline_create(c->rt, &pc, &cb, &c->pipe));
+    for (int k = 0; k < c->steps; k++) {
+        c->pm->fail_what = k == 0 ? c->fail_what : NULL;
+        c->pm->fail_mb = c->fail_mb;
+        pthread_barrier_wait(c->start);
+        if (c->absent) continue;
+        double t0 = now();
+        c->st[k] = moe_pipeline_train_step(c->pipe, &c->loss[k]);
+        c->seconds[k] = now() - t0;
+        snprintf(c->msg[k], sizeof c->msg[k], "%s", moe_last_error());
+    }
+    return NULL;
+}
+
+static void run_pipeline(stage_ctx_t *ctx, int p)
+{
+    tc_world_t *ppw = tc_world_create(p), *ww = tc_world_create(p);
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)p);
+    pthread_t th[MAXP];
+    for (int s = 0; s < p; s++) {
+        ctx[s].s = s;
+        ctx[s].p = p;
+        ctx[s].pp_world = ppw;
+        ctx[s].world = ww;
+        ctx[s].start = &start;
+        pthread_create(&th[s], NULL, stage_main, &ctx[s]);
+    }
+    for (int s = 0; s < p; s++) pthread_join(th[s], NULL);
+    pthread_barrier_destroy(&start);
+    /* keep the worlds alive until the stages are destroyed (free_stages) */
+    ctx[0].pp_world = ppw;
+    ctx[0].world = ww;
+}
+
+static void free_stages(stage_ctx_t *ctx, int p)
+{
+    for (int s = 0; s < p; s++) {
+        TEST_OK(moe_pipeline_destroy(ctx[s].pipe));
+        pm_model_destroy(ctx[s].pm);
+        tc_detach_pipeline(ctx[s].rt);
+        TEST_OK(moe_runtime_destroy(ctx[s].rt));
+    }
+    tc_world_destroy(ctx[0].pp_world);
+    tc_world_destroy(ctx[0].world);
+}
+
+static pm_shape_t small_shape(int m)
+{
+    pm_shape_t sh = {.n = 6, .h = 8, .layers = 4, .moe_every = 2, .experts = 4, .top_k = 2,
+                     .ffn = 12, .m = m, .seed = 4242, .data_rank = 0};
+    return sh;
+}
+
+/* ---- equivalence --------------------------------------------------------------------- */
+
+static double max_err;
+
+static void compare_layer(pm_model_t *ref, pm_model_t *pm, int layer, int kind, const char *what)
+{
+    float *a = NULL, *b = NULL;
+    int64_t na = 0, nb = 0;
+    TEST_OK(pm_layer_tensor(pm, layer, kind, &a, &na));
+    TEST_OK(pm_layer_tensor(ref, layer, kind, &b, &nb));
+    assert_int_equal(na, nb);
+    double e = test_rel_err(a, b, na);
+    double norm = 0;
+    for (int64_t i = 0; i < nb; i++) norm += (double)b[i] * b[i];
+    assert_true(norm > 0); /* a zero reference would make the comparison vacuous */
+    if (e > max_err) max_err = e;
+    if (!(e <= 1e-5)) fail_msg("layer %d %s: rel err %.3g", layer, what, e);
+    free(a);
+    free(b);
+}
+
+static void equivalence(int p, int m)
+{
+    pm_shape_t sh = small_shape(m);
+    /* reference: the whole model, one thread */
+    moe_runtime_t *rrt = host_runtime();
+    pm_model_t *ref = NULL;
+    TEST_OK(pm_model_create(rrt, &sh, 0, sh.layers, &ref));
+
+    stage_ctx_t ctx[MAXP];
+    memset(ctx, 0, sizeof ctx);
+    for (int s = 0; s < p; s++) {
+        ctx[s].sh = sh;
+        ctx[s].steps = STEPS;
+        ctx[s].comm_timeout_ms = 20000;
+        ctx[s].fail_mb = -1;
+    }
+    run_pipeline(ctx, p);
+    max_err = 0;
+    for (int k = 0; k < STEPS; k++) {
+        double rl = 0;
+        TEST_OK(pm_reference_step(ref, &rl));
+        for (int s = 0; s < p; s++) {
+            if (ctx[s].st[k] != MOE_STATUS_SUCCESS)
+                fail_msg("p=%d m=%d stage %d step %d: %s", p, m, s, k, ctx[s].msg[k]);
+            double e = fabs(ctx[s].loss[k] - rl) / fabs(rl);
+            if (e > max_err) max_err = e;
+            if (!(e <= 1e-5))
+                fail_msg("p=%d m=%d stage %d step %d: loss %.9g, reference %.9g", p, m, s, k,
+                         ctx[s].loss[k], rl);
+        }
+    }
+    for (int s = 0; s < p; s++) {
+        for (int layer = ctx[s].pm->first; layer < ctx[s].pm->last; layer++) {
+            compare_layer(ref, ctx[s].pm, layer, 1, "gradient");
+            compare_layer(ref, ctx[s].pm, layer, 0, "updated value");
+        }
+        assert_int_equal(ctx[s].pm->steps, STEPS);
+        assert_int_equal(ctx[s].pm->forwards, STEPS * m);
+        assert_int_equal(ctx[s].pm->backwards, STEPS * m);
+    }
+    printf("equivalence p=%d m=%d: loss %.6f %.6f, max rel err vs pp=1: %.3g\n", p, m,
+           ctx[0].loss[0], ctx[0].loss[1], max_err);
+    free_stages(ctx, p);
+    pm_model_destroy(ref);
+    TEST_OK(moe_runtime_destroy(rrt));
+}
+
+static void test_equivalence(void **state)
+{
+    (void)state;
+    int ps[] = {1, 2, 4}, ms[] = {1, 3, 8};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) equivalence(ps[i], ms[j]);
+}
+
+/* ---- failures ------------------------------------------------------------------------- */
+
+static void callback_failure(int fail_stage, const char *what, int mb, moe_status_t want)
+{
+    int p = 4, m = 4;
+    stage_ctx_t ctx[MAXP];
+    memset(ctx, 0, sizeof ctx);
+    for (int s = 0; s < p; s++) {
+        ctx[s].sh = small_shape(m);
+        ctx[s].steps = 2;
+        ctx[s].comm_timeout_ms = 20000; /* a hang would show as ~20 s, not a pass */
+        ctx[s].fail_mb = mb;
+        ctx[s].fail_what = s == fail_stage ? what : NULL;
+    }
+    run_pipeline(ctx, p);
+    char expect_other[128], expect_own[128];
+    snprintf(expect_other, sizeof expect_other, "world rank %d (pp stage %d)", fail_stage,
+             fail_stage);
+    snprintf(expect_own, sizeof expect_own, "stage %d/4: %s of microbatch %d", fail_stage, what,
+             mb);
+    for (int s = 0; s < p; s++) {
+        printf("  %s failing on stage %d mb %d -> stage %d: %s in %.3f s: %s\n", what,
+               fail_stage, mb, s, moe_status_string(ctx[s].st[0]), ctx[s].seconds[0],
+               ctx[s].msg[0]);
+        assert_true(ctx[s].seconds[0] < 5.0);
+        if (s == fail_stage) {
+            assert_int_equal(ctx[s].st[0], want);
+            assert_non_null(strstr(ctx[s].msg[0], expect_own));
+        } else {
+            assert_int_equal(ctx[s].st[0], MOE_STATUS_ABORTED);
+            assert_non_null(strstr(ctx[s].msg[0], expect_other));
+        }
+        /* no optimizer step for the failed batch, one for the retried batch */
+        assert_int_equal(ctx[s].st[1], MOE_STATUS_SUCCESS);
+        assert_int_equal(ctx[s].pm->steps, 1);
+    }
+    /* the retried batch gives the same loss as a clean first batch */
+    pm_shape_t sh = small_shape(m);
+    moe_runtime_t *rrt = host_runtime();
+    pm_model_t *ref = NULL;
+    TEST_OK(pm_model_create(rrt, &sh, 0, sh.layers, &ref));
+    double rl = 0;
+    TEST_OK(pm_reference_step(ref, &rl));
+    for (int s = 0; s < p; s++) assert_true(fabs(ctx[s].loss[1] - rl) <= 1e-5 * fabs(rl));
+    /* stages that had forwards without backwards released their MoE slots */
+    assert_true(ctx[fail_stage].pm->abandoned > 0 || strcmp(what, "loss") == 0 ||
+                fail_stage == p - 1);
+    pm_model_destroy(ref);
+    TEST_OK(moe_runtime_destroy(rrt));
+    free_stages(ctx, p);
+}
+
+static void test_callback_failures(void **state)
+{
+    (void)state;
+    callback_failure(2, "backward", 1, MOE_STATUS_BACKEND_ERROR);
+    callback_failure(0, "forward", 2, MOE_STATUS_BACKEND_ERROR);
+    callback_failure(3, "loss", 0, MOE_STATUS_INVALID_ARGUMENT);
+    callback_failure(1, "forward", 0, MOE_STATUS_BACKEND_ERROR);
+}
+
+static void test_absent_stage_times_out(void **state)
+{
+    (void)state;
+    int p = 3, m = 4;
+    stage_ctx_t ctx[MAXP];
+    memset(ctx, 0, sizeof ctx);
+    for (int s = 0; s < p; s++) {
+        ctx[s].sh = small_shape(m);
+        ctx[s].steps = 2;
+        ctx[s].fail_mb = -1;
+        ctx[s].absent = s == 1;
+    }
+    ctx[0].pipe_timeout_ms = 300;   /* the executor's own deadline (polling) */
+    ctx[0].comm_timeout_ms = 60000;
+    ctx[2].pipe_timeout_ms = 0;     /* the communicator's wait and timeout */
+    ctx[2].comm_timeout_ms = 300;
+    ctx[1].comm_timeout_ms = 60000;
+    run_pipeline(ctx, p);
+    for (int s = 0; s < p; s += 2) {
+        printf("  stage 1 absent -> stage %d: %s in %.3f s: %s\n", s,
+               moe_status_string(ctx[s].st[0]), ctx[s].seconds[0], ctx[s].msg[0]);
+        assert_int_equal(ctx[s].st[0], MOE_STATUS_TIMEOUT);
+        assert_true(ctx[s].seconds[0] >= 0.25 && ctx[s].seconds[0] < 3.0);
+        assert_non_null(strstr(ctx[s].msg[0], "microbatch"));
+        assert_int_equal(ctx[s].st[1], MOE_STATUS_ABORTED);
+        assert_int_equal(ctx[s].pm->steps, 0);
+    }
+    free_stages(ctx, p);
+}
+
+/* ---- bubble ----------------------------------------------------------------------------- */
+
+typedef struct sleepy {
+    double cost_s;
+} sleepy_t;
+
+static void sleep_for(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static moe_status_t sl_forward(void *u, int32_t mb, const moe_tensor_t *x, moe_tensor_t *y)
+{
+    (void)mb, (void)x, (void)y;
+    sleep_for(((sleepy_t *)u)->cost_s);
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t sl_backward(void *u, int32_t mb, const moe_tensor_t *dy, moe_tensor_t *dx)
+{
+    (void)mb, (void)dy, (void)dx;
+    sleep_for(((sleepy_t *)u)->cost_s);
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t sl_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_tensor_t *dy,
+                            double *l)
+{
+    (void)u, (void)mb, (void)y, (void)dy;
+    *l = 1.0;
+    return MOE_STATUS_SUCCESS;
+}
+
+typedef struct bubble_ctx {
+    int s, p, m, steps;
+    tc_world_t *ppw, *ww;
+    pthread_barrier_t *start;
+    double cost;
+    double busy[8], span[8];
+    moe_status_t st;
+} bubble_ctx_t;
+
+static void *bubble_main(void *arg)
+{
+    bubble_ctx_t *c = arg;
+    moe_runtime_t *rt = host_runtime();
+    tc_attach_pipeline(rt, c->s, c->p, tc_comm_create(c->ppw, c->s, "pp", 20000),
+                       tc_comm_create(c->ww, c->s, "world", 20000));
+    sleepy_t sl = {c->cost};
+    moe_pipeline_callbacks_t cb = {.forward = sl_forward, .backward = sl_backward,
+                                   .loss = sl_loss, .user = &sl};
+    moe_pipeline_config_t pc = moe_pipeline_config_default();
+    pc.microbatches = c->m;
+    pc.act_ndim = 2;
+    pc.act_shape[0] = 16;
+    pc.act_shape[1] = 64;
+    moe_pipeline_t *pipe = NULL;
+    TEST_OK(moe_pipeline_create(rt, &pc, &cb, &pipe));
+    for (int k = 0; k < c->steps; k++) {
+        pthread_barrier_wait(c->start);
+        c->st = moe_pipeline_train_step(pipe, NULL);
+        if (c->st) break;
+        moe_pipeline_stats_t ps = {.struct_size = sizeof ps};
+        TEST_OK(moe_pipeline_stats(pipe, &ps));
+        c->busy[k] = ps.compute_seconds;
+        c->span[k] = ps.schedule_seconds;
+    }
+    moe_pipeline_destroy(pipe);
+    tc_detach_pipeline(rt);
+    moe_runtime_destroy(rt);
+    return NULL;
+}
+
+static void test_bubble(void **state)
+{
+    (void)state;
+    const int p = 4, steps = 3;
+    const double cost = 0.006;
+    int ms[] = {4, 8, 16};
+    for (int i = 0; i < 3; i++) {
+        int m = ms[i];
+        tc_world_t *ppw = tc_world_create(p), *ww = tc_world_create(p);
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, (unsigned)p);
+        bubble_ctx_t ctx[4];
+        pthread_t th[4];
+        for (int s = 0; s < p; s++) {
+            ctx[s] = (bubble_ctx_t){.s = s, .p = p, .m = m, .steps = steps, .ppw = ppw,
+                                    .ww = ww, .start = &start, .cost = cost};
+            pthread_create(&th[s], NULL, bubble_main, &ctx[s]);
+        }
+        for (int s = 0; s < p; s++) pthread_join(th[s], NULL);
+        double theory = (double)(p - 1) / (m + p - 1), mean = 0;
+        for (int k = 0; k < steps; k++) {
+            double busy = 0, span = 0;
+            for (int s = 0; s < p; s++) {
+                assert_int_equal(ctx[s].st, MOE_STATUS_SUCCESS);
+                busy += ctx[s].busy[k];
+                if (ctx[s].span[k] > span) span = ctx[s].span[k];
+            }
+            double idle = 1.0 - busy / (p * span);
+            mean += idle / steps;
+        }
+        printf("bubble p=%d m=%2d: measured idle %.4f, theoretical (p-1)/(m+p-1) = %.4f, "
+               "diff %+.4f\n", p, m, mean, theory, mean - theory);
+        assert_true(fabs(mean - theory) <= 0.05);
+        pthread_barrier_destroy(&start);
+        tc_world_destroy(ppw);
+        tc_world_destroy(ww);
+    }
+}
+
+/* ---- argument checks ----------------------------------------------------------------------- */
+
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    moe_runtime_t *rt = host_runtime();
+    sleepy_t sl = {0};
+    moe_pipeline_callbacks_t cb = {.forward = sl_forward, .backward = sl_backward,
+                                   .loss = sl_loss, .user = &sl};
+    moe_pipeline_config_t pc = moe_pipeline_config_default();
+    moe_pipeline_t *pipe = NULL;
+    /* no activation shape */
+    assert_int_equal(moe_pipeline_create(rt, &pc, &cb, &pipe), MOE_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(moe_last_error(), "act_ndim"));
+    pc.act_ndim = 1;
+    pc.act_shape[0] = 4;
+    pc.microbatches = 0;
+    assert_int_equal(moe_pipeline_create(rt, &pc, &cb, &pipe), MOE_STATUS_INVALID_ARGUMENT);
+    pc.microbatches = 20000;
+    assert_int_equal(moe_pipeline_create(rt, &pc, &cb, &pipe), MOE_STATUS_INVALID_ARGUMENT);
+    pc.microbatches = 2;
+    moe_pipeline_callbacks_t nol = cb;
+    nol.loss = NULL; /* a single stage is the last stage */
+    assert_int_equal(moe_pipeline_create(rt, &pc, &nol, &pipe), MOE_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(moe_last_error(), "loss"));
+    assert_int_equal(moe_pipeline_create(rt, &pc, NULL, &pipe), MOE_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(moe_pipeline_create(NULL, &pc, &cb, &pipe), MOE_STATUS_INVALID_HANDLE);
+    moe_pipeline_config_t bad = pc;
+    bad.struct_size = 8;
+    assert_int_equal(moe_pipeline_create(rt, &bad, &cb, &pipe), MOE_STATUS_INVALID_ARGUMENT);
+    assert_null(pipe);
+    /* a good one: single stage, default dtype resolves to the host's F32 */
+    TEST_OK(moe_pipeline_create(rt, &pc, &cb, &pipe));
+    const moe_pipeline_schedule_t *sc = NULL;
+    TEST_OK(moe_pipeline_get_schedule(pipe, &sc));
+    char buf[128];
+    TEST_OK(moe_pipeline_schedule_to_string(sc, buf, sizeof buf, NULL));
+    assert_string_equal(buf, "stage 0/1 m=2: F0 B0 F1 B1");
+    double loss = 0;
+    TEST_OK(moe_pipeline_train_step(pipe, &loss));
+    assert_true(loss == 1.0);
+    moe_pipeline_stats_t ps = {.struct_size = 4};
+    assert_int_equal(moe_pipeline_stats(pipe, &ps), MOE_STATUS_INVALID_ARGUMENT);
+    TEST_OK(moe_pipeline_destroy(pipe));
+    assert_int_equal(moe_pipeline_destroy(NULL), MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_pipeline_train_step(NULL, &loss), MOE_STATUS_INVALID_HANDLE);
+    TEST_OK(moe_runtime_destroy(rt));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_equivalence),
+        cmocka_unit_test(test_callback_failures),
+        cmocka_unit_test(test_absent_stage_times_out),
+        cmocka_unit_test(test_bubble),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
