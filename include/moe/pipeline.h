@@ -132,7 +132,7 @@ typedef struct moe_pipeline_callbacks {
 
 typedef struct moe_pipeline_config {
     size_t struct_size;
-    int32_t microbatches;              /* m >= 1, default 1 */
+    int32_t microbatches;              /* m, 1..15000, default 1 */
     int32_t act_ndim;                  /* 1..MOE_MAX_DIMS: shape of a stage boundary tensor */
     int64_t act_shape[MOE_MAX_DIMS];   /* per microbatch, e.g. {tokens, hidden}; equal on every
                                           stage boundary and every pp rank */

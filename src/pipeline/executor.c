@@ -84,6 +84,9 @@ static double now_seconds(void)
 
 static int32_t tag_of(int32_t mb, bool grad) { return 2 * mb + (grad ? 1 : 0); }
 
+/* Tags are below 2 * m; send/recv tags must stay below 30000 (MOE_COMM_MAX_TAG). */
+#define PIPE_MAX_MICROBATCHES 15000
+
 static moe_status_t buf_acquire(moe_pipeline_t *pp, int32_t *out)
 {
     for (int32_t i = 0; i < pp->nbufs; i++) {
@@ -200,9 +203,9 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     }
     const moe_mesh_t *mesh = rt->mesh;
     int32_t p = mesh->size[MOE_AXIS_PP], s = mesh->coord[MOE_AXIS_PP];
-    /* tags 2*mb+1 must stay below MPI's guaranteed minimum MPI_TAG_UB (32767) */
-    MOE_CHECK_ARG(c.microbatches >= 1 && c.microbatches <= 16383,
-                  "microbatches is %d; expected 1..16383", c.microbatches);
+    /* tags 2*mb+1 must stay below the communicators' user tag limit (30000) */
+    MOE_CHECK_ARG(c.microbatches >= 1 && c.microbatches <= PIPE_MAX_MICROBATCHES,
+                  "microbatches is %d; expected 1..%d", c.microbatches, PIPE_MAX_MICROBATCHES);
     MOE_CHECK_ARG(c.act_ndim >= 1 && c.act_ndim <= MOE_MAX_DIMS,
                   "act_ndim is %d; expected 1..%d (the stage boundary tensor's shape)",
                   c.act_ndim, MOE_MAX_DIMS);

@@ -9,3 +9,13 @@ target_include_directories(moe_test_pipe PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 moe_add_test(test_pipeline_threads SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_executor_threads.c
              LABELS pipeline TIMEOUT 120)
 target_link_libraries(test_pipeline_threads PRIVATE moe_test_pipe)
+
+# Over MPI (host backend): equivalence with pp = 1, failure propagation, bubble (np 4).
+if(MOE_HAVE_MPI)
+  moe_add_test(test_pipeline_mpi_np2 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_pipeline_mpi.c
+               NP 2 LABELS pipeline TIMEOUT 120)
+  target_link_libraries(test_pipeline_mpi_np2 PRIVATE moe_test_pipe MPI::MPI_C)
+  moe_add_test(test_pipeline_mpi_np4 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_pipeline_mpi.c
+               NP 4 LABELS pipeline TIMEOUT 120)
+  target_link_libraries(test_pipeline_mpi_np4 PRIVATE moe_test_pipe MPI::MPI_C)
+endif()
