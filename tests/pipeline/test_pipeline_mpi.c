@@ -108,10 +108,10 @@ static void equivalence(int tp, int ep, int dp, int pp)
     mc.timeout_ms = 20000;
     moe_runtime_t *rt = NULL;
     TEST_OK(make_runtime(&mc, &rt));
-    int32_t s, p, e, d;
+    int32_t s, p, e, d, size;
     TEST_OK(moe_runtime_axis(rt, MOE_AXIS_PP, &s, &p));
-    TEST_OK(moe_runtime_axis(rt, MOE_AXIS_EP, &e, NULL));
-    TEST_OK(moe_runtime_axis(rt, MOE_AXIS_DP, &d, NULL));
+    TEST_OK(moe_runtime_axis(rt, MOE_AXIS_EP, &e, &size));
+    TEST_OK(moe_runtime_axis(rt, MOE_AXIS_DP, &d, &size));
     int lane = e + ep * d;
 
     /* the reference mesh: same tp x ep x dp, pp = 1, over the ranks of this pp coordinate */
