@@ -369,8 +369,13 @@ void tc_attach_pipeline(moe_runtime_t *rt, int stage, int stages, moe_comm_t *pp
     m->coord[MOE_AXIS_PP] = stage;
     m->world_size = stages;
     m->world_rank = stage;
-    m->comm[MOE_AXIS_PP] = stages > 1 ? pp : NULL;
-    m->comm[MOE_AXIS_WORLD] = stages > 1 ? world : NULL;
+    if (stages == 1) { /* a world of one has no communicators */
+        moe_comm_destroy(pp);
+        moe_comm_destroy(world);
+        pp = world = NULL;
+    }
+    m->comm[MOE_AXIS_PP] = pp;
+    m->comm[MOE_AXIS_WORLD] = world;
 }
 
 void tc_detach_pipeline(moe_runtime_t *rt)
