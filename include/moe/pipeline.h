@@ -50,6 +50,8 @@ typedef struct moe_pipeline_action {
     moe_pipeline_op_t op;
     int32_t microbatch;  /* 0 .. m-1 */
     int32_t peer;        /* peer stage of a transfer; -1 for compute */
+    int32_t chunk;       /* model chunk on this stage (interleaved); 0 without interleaving.
+                            For a transfer: the chunk on this stage that sends or receives. */
 } moe_pipeline_action_t;
 
 typedef struct moe_pipeline_schedule moe_pipeline_schedule_t;
@@ -61,6 +63,16 @@ typedef struct moe_pipeline_schedule moe_pipeline_schedule_t;
  * moe_pipeline_schedule_destroy. Not collective. */
 MOE_API moe_status_t moe_pipeline_schedule_create(int32_t stages, int32_t microbatches,
                                                   int32_t stage, moe_pipeline_schedule_t **out);
+/* Interleaved 1F1B: each stage holds `virtual_stages` (v) model chunks; chunk c of stage s is
+ * virtual stage c*p + s, so activations also go from stage p-1 (chunk c) to stage 0 (chunk
+ * c+1). The bubble shrinks to (p-1)/(v*m + p-1) of a batch at the price of v times the
+ * transfers. Warm-up is min(2(p-s-1) + (v-1)p, m v) forward units (all of them when m = p).
+ * [in] stages >= 2, microbatches divisible by stages, virtual_stages >= 1 (1: plain 1F1B,
+ * where any stages >= 1 and microbatches >= 1 work). Compute actions are exactly 2 m v. */
+MOE_API moe_status_t moe_pipeline_schedule_create_interleaved(int32_t stages,
+                                                              int32_t microbatches, int32_t stage,
+                                                              int32_t virtual_stages,
+                                                              moe_pipeline_schedule_t **out);
 MOE_API moe_status_t moe_pipeline_schedule_destroy(moe_pipeline_schedule_t *sched);
 
 /* [out] count: number of actions. */
@@ -74,12 +86,18 @@ MOE_API moe_status_t moe_pipeline_schedule_info(const moe_pipeline_schedule_t *s
                                                 int32_t *stages, int32_t *microbatches,
                                                 int32_t *stage, int32_t *warmup);
 
+/* [out] virtual_stages: model chunks per stage (1 without interleaving). */
+MOE_API moe_status_t moe_pipeline_schedule_virtual_stages(const moe_pipeline_schedule_t *sched,
+                                                          int32_t *virtual_stages);
+
 /* Static text for an op ("F", "B", "send_act", ...); never NULL. */
 MOE_API const char *moe_pipeline_op_string(moe_pipeline_op_t op);
 
 /* Print the schedule as one line, e.g. for p=2, m=2, stage 0:
  *   "stage 0/2 m=2: F0 >act0@1 F1 >act1@1 <grad0@1 B0 <grad1@1 B1"
- * (F/B: compute; ">x@s": send x to stage s; "<x@s": receive x from stage s).
+ * (F/B: compute; ">x@s": send x to stage s; "<x@s": receive x from stage s). Interleaved
+ * schedules add " v=<v>" to the header and ".<chunk>" after each microbatch: "F3.1" is the
+ * forward of microbatch 3 on chunk 1.
  * [out] buf of `size` bytes (may be NULL when size is 0), always NUL-terminated when size > 0
  * [out] needed (may be NULL): bytes the full text needs, including the NUL. A too small buffer
  * is not an error: the text is truncated and `needed` says how much to allocate. */
@@ -96,17 +114,21 @@ typedef struct moe_pipeline moe_pipeline_t;
  * configured activation shape and dtype on the runtime's device; do not keep pointers to
  * them past the documented lifetime.
  *
- * forward:  [in] x: the stage input of microbatch mb (received from stage s-1), or NULL on
- *           stage 0 (the stage reads its own data for mb). x stays valid and unchanged until
- *           backward(mb) returns, so a stage may keep it for its backward.
- *           [out] y: the stage output to send to s+1; on the last stage the output buffer
+ * chunk:    the model chunk (0..v-1) the call is for: always 0 without interleaving; with
+ *           config.virtual_stages = v, chunk c of stage s holds the layers of virtual stage
+ *           c*p + s of the model (first = stage 0 chunk 0, last = stage p-1 chunk v-1).
+ * forward:  [in] x: the stage input of microbatch mb (received from the previous virtual
+ *           stage), or NULL on the first (the stage reads its own data for mb). x stays valid
+ *           and unchanged until backward(chunk, mb) returns, so a stage may keep it.
+ *           [out] y: the stage output to send on; on the last virtual stage the output buffer
  *           whose content is then given to `loss`.
- * loss:     last stage only. [in] y: the forward output of mb [out] dy: d loss / d y
+ * loss:     last virtual stage only. [in] y: the forward output of mb [out] dy: d loss / d y
  *           [out] loss_value: the loss of mb (the step reports the mean over microbatches).
  *           The gradient should be of the loss the optimizer minimises; the executor applies
  *           grad_scale (default 1/m) in the optimizer step, so return per-microbatch losses.
- * backward: [in] dy: the gradient of the stage output of mb (from s+1, or from `loss`)
- *           [out] dx: the gradient of the stage input, sent to s-1; NULL on stage 0.
+ * backward: [in] dy: the gradient of the stage output of mb (from the next virtual stage,
+ *           or from `loss`) [out] dx: the gradient of the stage input, sent back; NULL on the
+ *           first virtual stage.
  *           Parameter gradients accumulate (+=) over the microbatches of the batch.
  * zero_grad (optional): called once at the start of each global batch, before any forward.
  * abandon (optional): after a failed batch, called for every microbatch whose forward was
@@ -118,21 +140,21 @@ typedef struct moe_pipeline moe_pipeline_t;
  *           groups and update parameters (e.g. call moe_adamw_step). When NULL and the config
  *           names an optimizer, the executor calls moe_adamw_step(optimizer, lr, grad_scale). */
 typedef struct moe_pipeline_callbacks {
-    moe_status_t (*forward)(void *user, int32_t microbatch, const moe_tensor_t *x,
+    moe_status_t (*forward)(void *user, int32_t chunk, int32_t microbatch, const moe_tensor_t *x,
                             moe_tensor_t *y);
     moe_status_t (*loss)(void *user, int32_t microbatch, const moe_tensor_t *y, moe_tensor_t *dy,
                          double *loss_value);
-    moe_status_t (*backward)(void *user, int32_t microbatch, const moe_tensor_t *dy,
-                             moe_tensor_t *dx);
+    moe_status_t (*backward)(void *user, int32_t chunk, int32_t microbatch,
+                             const moe_tensor_t *dy, moe_tensor_t *dx);
     moe_status_t (*zero_grad)(void *user);
     moe_status_t (*step)(void *user, float grad_scale);
-    moe_status_t (*abandon)(void *user, int32_t microbatch);
+    moe_status_t (*abandon)(void *user, int32_t chunk, int32_t microbatch);
     void *user;
 } moe_pipeline_callbacks_t;
 
 typedef struct moe_pipeline_config {
     size_t struct_size;
-    int32_t microbatches;              /* m, 1..15000, default 1 */
+    int32_t microbatches;              /* m >= 1, default 1 */
     int32_t act_ndim;                  /* 1..MOE_MAX_DIMS: shape of a stage boundary tensor */
     int64_t act_shape[MOE_MAX_DIMS];   /* per microbatch, e.g. {tokens, hidden}; equal on every
                                           stage boundary and every pp rank */
@@ -144,6 +166,9 @@ typedef struct moe_pipeline_config {
     float grad_scale;                  /* <= 0 (default): 1/m */
     int32_t timeout_ms;                /* transfers slower than this fail; <= 0: the pp
                                           communicator's own timeout */
+    int32_t virtual_stages;            /* v >= 1 model chunks per stage (interleaved 1F1B when
+                                          > 1: needs pp >= 2 and m % pp == 0); default 1.
+                                          m * v <= 15000. */
 } moe_pipeline_config_t;
 
 MOE_API moe_pipeline_config_t moe_pipeline_config_default(void);

@@ -48,7 +48,7 @@ struct moe_pipeline {
     moe_pipeline_config_t cfg;
     moe_pipeline_callbacks_t cb;
     moe_pipeline_schedule_t *sched;
-    int32_t stage, stages, m;
+    int32_t stage, stages, m, v;  /* v: model chunks (virtual stages) on this rank */
     moe_comm_t *pp;             /* NULL when p == 1 */
     moe_comm_t *world;          /* NULL in a world of one */
     moe_comm_dtype_t comm_dtype;
@@ -57,10 +57,10 @@ struct moe_pipeline {
     pipe_buf_t *bufs;
     int32_t nbufs, cap_bufs;
 
-    /* per microbatch: buffer index of its stage input (x), output (y), output gradient (dy),
-     * input gradient (dx); -1 when none */
+    /* per unit u = chunk * m + mb: buffer index of its stage input (x), output (y), output
+     * gradient (dy), input gradient (dx); -1 when none */
     int32_t *x_buf, *y_buf, *dy_buf, *dx_buf;
-    /* per microbatch: forward called (1), backward completed (2) */
+    /* per unit: forward called (1), backward completed (2) */
     uint8_t *progress;
     /* per action: posted receive and its buffer */
     moe_comm_req_t **recv_req;
@@ -82,10 +82,25 @@ static double now_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int32_t tag_of(int32_t mb, bool grad) { return 2 * mb + (grad ? 1 : 0); }
+/* The unit index of an action: one per (chunk, microbatch). */
+static int32_t unit_of(const moe_pipeline_t *pp, const moe_pipeline_action_t *a)
+{
+    return a->chunk * pp->m + a->microbatch;
+}
 
-/* Tags are below 2 * m; send/recv tags must stay below 30000 (MOE_COMM_MAX_TAG). */
-#define PIPE_MAX_MICROBATCHES 15000
+/* A transfer's tag names the receiving side's unit, so both ends compute the same one:
+ * an activation sent by (chunk c, stage p-1) arrives at (chunk c+1, stage 0). */
+static int32_t tag_of(const moe_pipeline_t *pp, const moe_pipeline_action_t *a)
+{
+    bool grad = a->op == MOE_PIPE_SEND_GRAD || a->op == MOE_PIPE_RECV_GRAD;
+    int32_t chunk = a->chunk;
+    if (a->op == MOE_PIPE_SEND_ACT && pp->stage == pp->stages - 1) chunk++;
+    if (a->op == MOE_PIPE_SEND_GRAD && pp->stage == 0) chunk--;
+    return 2 * (chunk * pp->m + a->microbatch) + (grad ? 1 : 0);
+}
+
+/* Tags are below 2 * m * v; send/recv tags must stay below 30000 (MOE_COMM_MAX_TAG). */
+#define PIPE_MAX_UNITS 15000
 
 static moe_status_t buf_acquire(moe_pipeline_t *pp, int32_t *out)
 {
@@ -164,7 +179,7 @@ moe_pipeline_config_t moe_pipeline_config_default(void)
     moe_pipeline_config_t c = {
         .struct_size = sizeof c, .microbatches = 1, .act_ndim = 0, .act_shape = {0},
         .act_dtype = (moe_dtype_t)-1, .prepost = 2, .optimizer = NULL, .lr = 0.0f,
-        .grad_scale = 0.0f, .timeout_ms = 0,
+        .grad_scale = 0.0f, .timeout_ms = 0, .virtual_stages = 1,
     };
     return c;
 }
@@ -203,9 +218,13 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     }
     const moe_mesh_t *mesh = rt->mesh;
     int32_t p = mesh->size[MOE_AXIS_PP], s = mesh->coord[MOE_AXIS_PP];
-    /* tags 2*mb+1 must stay below the communicators' user tag limit (30000) */
-    MOE_CHECK_ARG(c.microbatches >= 1 && c.microbatches <= PIPE_MAX_MICROBATCHES,
-                  "microbatches is %d; expected 1..%d", c.microbatches, PIPE_MAX_MICROBATCHES);
+    MOE_CHECK_ARG(c.microbatches >= 1, "microbatches is %d; expected >= 1", c.microbatches);
+    MOE_CHECK_ARG(c.virtual_stages >= 1, "virtual_stages is %d; expected >= 1",
+                  c.virtual_stages);
+    /* tags 2*unit+1 must stay below the communicators' user tag limit (30000) */
+    MOE_CHECK_ARG((int64_t)c.microbatches * c.virtual_stages <= PIPE_MAX_UNITS,
+                  "microbatches x virtual_stages is %lld; at most %d",
+                  (long long)c.microbatches * c.virtual_stages, PIPE_MAX_UNITS);
     MOE_CHECK_ARG(c.act_ndim >= 1 && c.act_ndim <= MOE_MAX_DIMS,
                   "act_ndim is %d; expected 1..%d (the stage boundary tensor's shape)",
                   c.act_ndim, MOE_MAX_DIMS);
@@ -218,6 +237,11 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     MOE_CHECK_ARG(c.prepost >= 1, "prepost is %d; expected >= 1", c.prepost);
     MOE_CHECK_ARG(callbacks->forward != NULL, "callbacks->forward is NULL");
     MOE_CHECK_ARG(callbacks->backward != NULL, "callbacks->backward is NULL");
+    MOE_CHECK_ARG(p > 1 || c.virtual_stages == 1,
+                  "virtual_stages is %d but the mesh has a single pp stage", c.virtual_stages);
+    MOE_CHECK_ARG(c.virtual_stages == 1 || c.microbatches % p == 0,
+                  "interleaving needs microbatches (%d) divisible by the pp size (%d)",
+                  c.microbatches, p);
     MOE_CHECK_ARG(s != p - 1 || callbacks->loss != NULL,
                   "callbacks->loss is NULL on the last stage (%d of %d)", s, p);
     MOE_CHECK_ARG(p == 1 || mesh->comm[MOE_AXIS_PP] != NULL,
@@ -231,6 +255,7 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->stage = s;
     pp->stages = p;
     pp->m = c.microbatches;
+    pp->v = c.virtual_stages;
     pp->pp = p > 1 ? mesh->comm[MOE_AXIS_PP] : NULL;
     pp->world = mesh->world_size > 1 ? mesh->comm[MOE_AXIS_WORLD] : NULL;
     pp->comm_dtype = c.act_dtype == MOE_DTYPE_F32 ? MOE_COMM_F32 : MOE_COMM_BF16;
@@ -239,8 +264,8 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->act_bytes = pp->act_numel * moe_dtype_size(c.act_dtype);
 
     moe_status_t st;
-    MOE_TRY_GOTO(st, moe_pipeline_schedule_build(p, pp->m, s, &pp->sched));
-    size_t m = (size_t)pp->m, n = (size_t)pp->sched->count;
+    MOE_TRY_GOTO(st, moe_pipeline_schedule_build(p, pp->m, s, pp->v, &pp->sched));
+    size_t m = (size_t)pp->m * (size_t)pp->v, n = (size_t)pp->sched->count;
     pp->x_buf = malloc(m * sizeof(int32_t));
     pp->y_buf = malloc(m * sizeof(int32_t));
     pp->dy_buf = malloc(m * sizeof(int32_t));
@@ -316,12 +341,15 @@ typedef struct step_state {
 } step_state_t;
 
 static void record_failure(moe_pipeline_t *pp, step_state_t *ss, moe_status_t st,
-                           const char *what, int32_t mb)
+                           const char *what, int32_t mb, int32_t chunk)
 {
     if (ss->failed != MOE_STATUS_SUCCESS) return;
     if (moe_last_error()[0] == '\0') /* the callback failed without a libmoe message */
         MOE_FAIL(st, "the %s callback returned '%s'", what, moe_status_string(st));
-    if (mb >= 0)
+    if (mb >= 0 && pp->v > 1)
+        moe_error_wrap(st, "pipeline stage %d/%d: %s of microbatch %d (chunk %d)", pp->stage,
+                       pp->stages, what, mb, chunk);
+    else if (mb >= 0)
         moe_error_wrap(st, "pipeline stage %d/%d: %s of microbatch %d", pp->stage, pp->stages,
                        what, mb);
     else
@@ -344,8 +372,7 @@ static moe_status_t post_receives(moe_pipeline_t *pp, step_state_t *ss, int32_t 
         MOE_TRY(buf_acquire(pp, &pp->recv_buf[i]));
         moe_status_t st = pp->pp->ops->recv(pp->pp, pp->bufs[pp->recv_buf[i]].t.data,
                                             pp->act_numel, pp->comm_dtype, a->peer,
-                                            tag_of(a->microbatch, a->op == MOE_PIPE_RECV_GRAD),
-                                            &pp->recv_req[i]);
+                                            tag_of(pp, a), &pp->recv_req[i]);
         if (st != MOE_STATUS_SUCCESS)
             return moe_error_wrap(st, "pipeline stage %d/%d: posting %s of microbatch %d",
                                   pp->stage, pp->stages, moe_pipeline_op_string(a->op),
@@ -359,9 +386,7 @@ static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *
 {
     pipe_send_t *sd = &pp->sends[pp->nsends];
     moe_status_t st = pp->pp->ops->send(pp->pp, pp->bufs[*buf].t.data, pp->act_numel,
-                                        pp->comm_dtype, a->peer,
-                                        tag_of(a->microbatch, a->op == MOE_PIPE_SEND_GRAD),
-                                        &sd->req);
+                                        pp->comm_dtype, a->peer, tag_of(pp, a), &sd->req);
     if (st != MOE_STATUS_SUCCESS)
         return moe_error_wrap(st, "pipeline stage %d/%d: starting %s of microbatch %d",
                               pp->stage, pp->stages, moe_pipeline_op_string(a->op),
@@ -397,14 +422,15 @@ static moe_status_t progress_sends(moe_pipeline_t *pp, bool all)
 }
 
 /* Run a user callback unless the batch already failed here; time it. */
-#define RUN_CALLBACK(pp, ss, what, mb, call)                                               \
+#define RUN_CALLBACK(pp, ss, what, mb, chunk, call)                                        \
     do {                                                                                   \
         if ((ss)->failed == MOE_STATUS_SUCCESS) {                                          \
             double t0_ = now_seconds();                                                    \
             moe_error_clear();                                                             \
             moe_status_t cst_ = (call);                                                    \
             (pp)->stats.compute_seconds += now_seconds() - t0_;                            \
-            if (cst_ != MOE_STATUS_SUCCESS) record_failure((pp), (ss), cst_, (what), (mb)); \
+            if (cst_ != MOE_STATUS_SUCCESS)                                                \
+                record_failure((pp), (ss), cst_, (what), (mb), (chunk));                   \
         }                                                                                  \
     } while (0)
 
@@ -413,10 +439,12 @@ static moe_status_t progress_sends(moe_pipeline_t *pp, bool all)
 static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
 {
     const moe_pipeline_action_t *acts = pp->sched->actions;
-    bool last = pp->stage == pp->stages - 1;
     for (int32_t i = 0; i < pp->sched->count; i++) {
         const moe_pipeline_action_t *a = &acts[i];
-        int32_t mb = a->microbatch;
+        int32_t mb = a->microbatch, c = a->chunk, u = unit_of(pp, a);
+        /* the model's first and last virtual stage */
+        bool first = pp->stage == 0 && c == 0;
+        bool last = pp->stage == pp->stages - 1 && c == pp->v - 1;
         if (pp->pp) MOE_TRY(post_receives(pp, ss, i));
         switch (a->op) {
         case MOE_PIPE_RECV_ACT:
@@ -425,41 +453,41 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
             pp->recv_req[i] = NULL;
             ss->posted--;
             if (a->op == MOE_PIPE_RECV_ACT)
-                pp->x_buf[mb] = pp->recv_buf[i];
+                pp->x_buf[u] = pp->recv_buf[i];
             else
-                pp->dy_buf[mb] = pp->recv_buf[i];
+                pp->dy_buf[u] = pp->recv_buf[i];
             pp->recv_buf[i] = -1;
             break;
         }
         case MOE_PIPE_FORWARD: {
-            MOE_TRY(buf_acquire(pp, &pp->y_buf[mb]));
-            if (last) MOE_TRY(buf_acquire(pp, &pp->dy_buf[mb]));
+            MOE_TRY(buf_acquire(pp, &pp->y_buf[u]));
+            if (last) MOE_TRY(buf_acquire(pp, &pp->dy_buf[u]));
             /* pointers into the pool only after the last acquire (it may grow the table) */
-            moe_tensor_t *x = pp->x_buf[mb] >= 0 ? &pp->bufs[pp->x_buf[mb]].t : NULL;
-            moe_tensor_t *y = &pp->bufs[pp->y_buf[mb]].t;
-            if (ss->failed == MOE_STATUS_SUCCESS) pp->progress[mb] = 1;
-            RUN_CALLBACK(pp, ss, "forward", mb, pp->cb.forward(pp->cb.user, mb, x, y));
+            moe_tensor_t *x = pp->x_buf[u] >= 0 ? &pp->bufs[pp->x_buf[u]].t : NULL;
+            moe_tensor_t *y = &pp->bufs[pp->y_buf[u]].t;
+            if (ss->failed == MOE_STATUS_SUCCESS) pp->progress[u] = 1;
+            RUN_CALLBACK(pp, ss, "forward", mb, c, pp->cb.forward(pp->cb.user, c, mb, x, y));
             if (last) {
                 double l = 0.0;
-                RUN_CALLBACK(pp, ss, "loss", mb,
-                             pp->cb.loss(pp->cb.user, mb, y, &pp->bufs[pp->dy_buf[mb]].t, &l));
+                RUN_CALLBACK(pp, ss, "loss", mb, c,
+                             pp->cb.loss(pp->cb.user, mb, y, &pp->bufs[pp->dy_buf[u]].t, &l));
                 ss->loss_sum += l;
-                buf_release(pp, &pp->y_buf[mb]);
+                buf_release(pp, &pp->y_buf[u]);
             }
             break;
         }
         case MOE_PIPE_BACKWARD: {
-            if (pp->stage > 0) MOE_TRY(buf_acquire(pp, &pp->dx_buf[mb]));
-            moe_tensor_t *dy = &pp->bufs[pp->dy_buf[mb]].t;
-            moe_tensor_t *dx = pp->dx_buf[mb] >= 0 ? &pp->bufs[pp->dx_buf[mb]].t : NULL;
-            RUN_CALLBACK(pp, ss, "backward", mb, pp->cb.backward(pp->cb.user, mb, dy, dx));
-            if (ss->failed == MOE_STATUS_SUCCESS) pp->progress[mb] = 2;
-            buf_release(pp, &pp->dy_buf[mb]);
-            buf_release(pp, &pp->x_buf[mb]); /* the input was kept for this backward */
+            if (!first) MOE_TRY(buf_acquire(pp, &pp->dx_buf[u]));
+            moe_tensor_t *dy = &pp->bufs[pp->dy_buf[u]].t;
+            moe_tensor_t *dx = pp->dx_buf[u] >= 0 ? &pp->bufs[pp->dx_buf[u]].t : NULL;
+            RUN_CALLBACK(pp, ss, "backward", mb, c, pp->cb.backward(pp->cb.user, c, mb, dy, dx));
+            if (ss->failed == MOE_STATUS_SUCCESS) pp->progress[u] = 2;
+            buf_release(pp, &pp->dy_buf[u]);
+            buf_release(pp, &pp->x_buf[u]); /* the input was kept for this backward */
             break;
         }
-        case MOE_PIPE_SEND_ACT: MOE_TRY(start_send(pp, a, &pp->y_buf[mb])); break;
-        case MOE_PIPE_SEND_GRAD: MOE_TRY(start_send(pp, a, &pp->dx_buf[mb])); break;
+        case MOE_PIPE_SEND_ACT: MOE_TRY(start_send(pp, a, &pp->y_buf[u])); break;
+        case MOE_PIPE_SEND_GRAD: MOE_TRY(start_send(pp, a, &pp->dx_buf[u])); break;
         }
         if (pp->nsends) MOE_TRY(progress_sends(pp, false));
     }
@@ -523,8 +551,8 @@ static moe_status_t share_loss(moe_pipeline_t *pp, double *loss)
 static void abandon_microbatches(moe_pipeline_t *pp)
 {
     if (!pp->cb.abandon) return;
-    for (int32_t mb = 0; mb < pp->m; mb++)
-        if (pp->progress[mb] == 1) (void)pp->cb.abandon(pp->cb.user, mb);
+    for (int32_t u = 0; u < pp->m * pp->v; u++)
+        if (pp->progress[u] == 1) (void)pp->cb.abandon(pp->cb.user, u / pp->m, u % pp->m);
 }
 
 moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
@@ -535,7 +563,7 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
         return MOE_FAIL(MOE_STATUS_ABORTED, "a transfer of an earlier batch failed on stage "
                         "%d; the pp communicator is unusable", pp->stage);
     step_state_t ss = {.failed = MOE_STATUS_SUCCESS};
-    for (int32_t i = 0; i < pp->m; i++) {
+    for (int32_t i = 0; i < pp->m * pp->v; i++) {
         pp->x_buf[i] = pp->y_buf[i] = pp->dy_buf[i] = pp->dx_buf[i] = -1;
         pp->progress[i] = 0;
     }
@@ -550,7 +578,7 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
     if (pp->cb.zero_grad) {
         moe_error_clear();
         moe_status_t zst = pp->cb.zero_grad(pp->cb.user);
-        if (zst != MOE_STATUS_SUCCESS) record_failure(pp, &ss, zst, "zero_grad", -1);
+        if (zst != MOE_STATUS_SUCCESS) record_failure(pp, &ss, zst, "zero_grad", -1, 0);
     }
 
     double t0 = now_seconds();

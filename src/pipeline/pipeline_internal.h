@@ -13,14 +13,14 @@
 
 struct moe_pipeline_schedule {
     uint64_t magic;
-    int32_t stages, microbatches, stage, warmup;
+    int32_t stages, microbatches, stage, warmup, virtual_stages;
     int32_t count;
     moe_pipeline_action_t *actions;
 };
 
 /* The schedule without the public-entry bookkeeping (error clearing); used by the executor. */
 moe_status_t moe_pipeline_schedule_build(int32_t stages, int32_t microbatches, int32_t stage,
-                                         moe_pipeline_schedule_t **out);
+                                         int32_t virtual_stages, moe_pipeline_schedule_t **out);
 void moe_pipeline_schedule_free(moe_pipeline_schedule_t *sched);
 
 #endif /* MOE_PIPELINE_INTERNAL_H */

@@ -138,9 +138,10 @@ static bool inject(const pm_model_t *pm, const char *what, int mb)
 
 /* ---- callbacks ------------------------------------------------------------------------------- */
 
-static moe_status_t cb_forward(void *user, int32_t mb, const moe_tensor_t *x, moe_tensor_t *y)
+static moe_status_t cb_forward(void *user, int32_t chunk, int32_t mb, const moe_tensor_t *x, moe_tensor_t *y)
 {
     pm_model_t *pm = user;
+    (void)chunk;
     const pm_shape_t *sh = &pm->sh;
     int nl = pm->last - pm->first;
     if (inject(pm, "forward", mb)) return MOE_STATUS_BACKEND_ERROR;
@@ -192,9 +193,10 @@ static moe_status_t cb_loss(void *user, int32_t mb, const moe_tensor_t *y, moe_t
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t cb_backward(void *user, int32_t mb, const moe_tensor_t *dy, moe_tensor_t *dx)
+static moe_status_t cb_backward(void *user, int32_t chunk, int32_t mb, const moe_tensor_t *dy, moe_tensor_t *dx)
 {
     pm_model_t *pm = user;
+    (void)chunk;
     const pm_shape_t *sh = &pm->sh;
     int nl = pm->last - pm->first;
     if (inject(pm, "backward", mb)) return MOE_STATUS_BACKEND_ERROR;
@@ -260,9 +262,10 @@ static moe_status_t cb_step(void *user, float grad_scale)
     return moe_adamw_step(pm->opt, 0.0f, grad_scale);
 }
 
-static moe_status_t cb_abandon(void *user, int32_t mb)
+static moe_status_t cb_abandon(void *user, int32_t chunk, int32_t mb)
 {
     pm_model_t *pm = user;
+    (void)chunk;
     pm->abandoned++;
     for (int i = 0; i < pm->last - pm->first; i++)
         if (pm->moe[i]) (void)moe_layer_release_slot(pm->moe[i], mb);
@@ -274,6 +277,60 @@ moe_pipeline_callbacks_t pm_callbacks(pm_model_t *pm)
     moe_pipeline_callbacks_t cb = {.forward = cb_forward, .loss = cb_loss,
                                    .backward = cb_backward, .zero_grad = cb_zero_grad,
                                    .step = cb_step, .abandon = cb_abandon, .user = pm};
+    return cb;
+}
+
+/* ---- chunk dispatch ---------------------------------------------------------------------- */
+
+static moe_status_t ch_forward(void *user, int32_t chunk, int32_t mb, const moe_tensor_t *x,
+                               moe_tensor_t *y)
+{
+    return cb_forward(((pm_chunks_t *)user)->chunk[chunk], 0, mb, x, y);
+}
+
+static moe_status_t ch_loss(void *user, int32_t mb, const moe_tensor_t *y, moe_tensor_t *dy,
+                            double *loss)
+{
+    pm_chunks_t *pc = user;
+    return cb_loss(pc->chunk[pc->v - 1], mb, y, dy, loss);
+}
+
+static moe_status_t ch_backward(void *user, int32_t chunk, int32_t mb, const moe_tensor_t *dy,
+                                moe_tensor_t *dx)
+{
+    return cb_backward(((pm_chunks_t *)user)->chunk[chunk], 0, mb, dy, dx);
+}
+
+static moe_status_t ch_zero_grad(void *user)
+{
+    pm_chunks_t *pc = user;
+    for (int c = 0; c < pc->v; c++) {
+        moe_status_t st = cb_zero_grad(pc->chunk[c]);
+        if (st) return st;
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t ch_step(void *user, float grad_scale)
+{
+    pm_chunks_t *pc = user;
+    for (int c = 0; c < pc->v; c++) {
+        moe_status_t st = cb_step(pc->chunk[c], grad_scale);
+        if (st) return st;
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t ch_abandon(void *user, int32_t chunk, int32_t mb)
+{
+    return cb_abandon(((pm_chunks_t *)user)->chunk[chunk], 0, mb);
+}
+
+moe_pipeline_callbacks_t pm_chunks_callbacks(pm_chunks_t *pc)
+{
+    moe_pipeline_callbacks_t cb = {.forward = ch_forward, .loss = ch_loss,
+                                   .backward = ch_backward, .zero_grad = ch_zero_grad,
+                                   .step = ch_step, .abandon = ch_abandon, .user = pc};
     return cb;
 }
 
@@ -289,9 +346,9 @@ moe_status_t pm_reference_step(pm_model_t *pm, double *loss)
     double sum = 0;
     for (int mb = 0; mb < pm->sh.m && !st; mb++) {
         double l = 0;
-        if (!st) st = cb_forward(pm, mb, NULL, &ty);
+        if (!st) st = cb_forward(pm, 0, mb, NULL, &ty);
         if (!st) st = cb_loss(pm, mb, &ty, &tdy, &l);
-        if (!st) st = cb_backward(pm, mb, &tdy, NULL);
+        if (!st) st = cb_backward(pm, 0, mb, &tdy, NULL);
         sum += l;
     }
     free(y);

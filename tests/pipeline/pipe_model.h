@@ -61,3 +61,16 @@ moe_status_t pm_layer_tensor(pm_model_t *pm, int layer, int kind, float **out, i
 void pm_split(int layers, int p, int s, int *first, int *last);
 
 #endif
+
+/* ---- interleaved stages: one pm_model_t per model chunk ------------------------------------ */
+
+#define PM_MAX_CHUNKS 8
+
+typedef struct pm_chunks {
+    int v;
+    pm_model_t *chunk[PM_MAX_CHUNKS];
+} pm_chunks_t;
+
+/* Callbacks that dispatch on the chunk to chunk[c]'s model (user = the pm_chunks_t); zero_grad
+ * and step run over every chunk. */
+moe_pipeline_callbacks_t pm_chunks_callbacks(pm_chunks_t *pc);

@@ -1,24 +1,29 @@
 /*
  * The 1F1B executor over MPI (mpirun -np 2 or 4, host backend), checked against pp = 1.
  *
- * Equivalence: the test model of pipe_model.h (L = 4 layers: dense, MoE, dense, MoE; N = 6
- * tokens per rank, H = 8, E = 4, top-2, F = 12), m = 3 microbatches, two AdamW steps, on
- * every mesh of the world size with pp > 1 that the layer supports:
- *   np 2: pp=2                 np 4: pp=4, pp=2 x dp=2, pp=2 x ep=2, pp=2 x tp=2
+ * Equivalence: the test model of pipe_model.h (L = 8 layers, dense and MoE alternating; N = 6
+ * tokens per rank, H = 8, E = 4, top-2, F = 12), two AdamW steps, m = 3 microbatches (plain)
+ * or m = 2 pp (interleaved, v = 2 chunks per stage), on these meshes:
+ *   np 2: pp=2, pp=2 v=2
+ *   np 4: pp=4, pp=4 v=2, pp=2 x dp=2, pp=2 v=2 x dp=2, pp=2 x ep=2, pp=2 x tp=2
  * Reference: the ranks of one pp coordinate form a mesh of the same tp x ep x dp with pp = 1
  * (an MPI_Comm_split of the world, keyed so every rank keeps its tp/ep/dp coordinates) and run
  * the whole model on the same data (data of lane = ep + EP * dp; tp ranks share it). Every
- * rank compares the loss, the gradients and the updated parameters of the layers of its stage
- * with the reference's (rel. err <= 1e-5). Meshes the MoE layer cannot build yet
- * (UNSUPPORTED) are reported as skipped, not passed.
+ * rank compares the loss, the gradients and the updated parameters of the layers it holds
+ * with the reference's (rel. err <= 1e-5), and the lanes together hold every layer once.
+ * Meshes the MoE layer cannot build yet (UNSUPPORTED) are reported as SKIPPED, not passed.
  *
- * Bubble (np 4): pp = 4 stages whose forward and backward sleep 6 ms each (sleep, not spin:
- * 4 ranks share 2 cores on CI): measured idle fraction 1 - sum(compute)/(p * max span) within
- * 0.05 of (p-1)/(m+p-1) for m in {4, 8, 16}; measured and theoretical values are printed.
+ * Bubble (np 4): pp = 4 stages whose forward and backward sleep 8 ms each (sleep, not spin:
+ * 4 ranks share 2 cores on CI): the median over 5 batches of the idle fraction
+ * 1 - sum(compute)/(p * max span) is within 0.05 of (p-1)/(m+p-1) for m in {4, 8, 16}, and
+ * with v = 2 chunks of 4 ms within 0.05 of (p-1)/(m v+p-1) for m in {4, 8}; measured and
+ * theoretical values are printed.
  *
- * Failure (np >= 2): a backward that fails on the last stage stops the batch everywhere: the
- * failing rank returns its status, every other rank MOE_STATUS_ABORTED, quickly; the next
- * batch succeeds.
+ * Failure (np 2 and 4): a backward that fails on the last rank stops the batch everywhere:
+ * the failing rank returns its status, every other rank MOE_STATUS_ABORTED, quickly; no
+ * optimizer step; the next batch succeeds.
+ *
+ * A build whose mesh cannot span ranks (no MPI communicator yet) exits 77 (skipped).
  */
 #include <math.h>
 #include <mpi.h>
@@ -62,7 +67,7 @@ static moe_status_t make_runtime(const moe_mesh_config_t *mesh, moe_runtime_t **
 
 static pm_shape_t shape(int m, int lane)
 {
-    pm_shape_t sh = {.n = 6, .h = 8, .layers = 4, .moe_every = 2, .experts = 4, .top_k = 2,
+    pm_shape_t sh = {.n = 6, .h = 8, .layers = 8, .moe_every = 2, .experts = 4, .top_k = 2,
                      .ffn = 12, .m = m, .seed = 4242, .data_rank = (uint64_t)lane};
     return sh;
 }
@@ -97,11 +102,11 @@ static void compare(pm_model_t *ref, pm_model_t *pm, int layer, int kind, const 
     free(b);
 }
 
-static void equivalence(int tp, int ep, int dp, int pp)
+static void equivalence(int tp, int ep, int dp, int pp, int v)
 {
     char name[64];
-    snprintf(name, sizeof name, "pp=%d tp=%d ep=%d dp=%d", pp, tp, ep, dp);
-    const int m = 3, steps = 2;
+    snprintf(name, sizeof name, "pp=%d v=%d tp=%d ep=%d dp=%d", pp, v, tp, ep, dp);
+    const int m = v > 1 ? 2 * pp : 3, steps = 2;
     moe_mesh_config_t mc = moe_mesh_config_default();
     mc.tp = tp, mc.ep = ep, mc.dp = dp, mc.pp = pp;
     mc.comm = MOE_COMM_MPI;
@@ -124,10 +129,14 @@ static void equivalence(int tp, int ep, int dp, int pp)
     TEST_OK(make_runtime(&rmc, &rrt));
 
     pm_shape_t sh = shape(m, lane);
-    int first, last;
-    pm_split(sh.layers, p, s, &first, &last);
-    pm_model_t *pm = NULL, *ref = NULL;
-    moe_status_t st1 = pm_model_create(rt, &sh, first, last, &pm);
+    pm_chunks_t chunks = {.v = v};
+    pm_model_t *ref = NULL;
+    moe_status_t st1 = MOE_STATUS_SUCCESS;
+    for (int k = 0; k < v && st1 == MOE_STATUS_SUCCESS; k++) {
+        int first, last; /* chunk k of stage s is virtual stage k*p + s */
+        pm_split(sh.layers, p * v, k * p + s, &first, &last);
+        st1 = pm_model_create(rt, &sh, first, last, &chunks.chunk[k]);
+    }
     moe_status_t st2 = pm_model_create(rrt, &sh, 0, sh.layers, &ref);
     int ok = st1 == MOE_STATUS_SUCCESS && st2 == MOE_STATUS_SUCCESS;
     if (!all_ok(ok)) {
@@ -146,10 +155,11 @@ static void equivalence(int tp, int ep, int dp, int pp)
 
     moe_pipeline_config_t pc = moe_pipeline_config_default();
     pc.microbatches = m;
+    pc.virtual_stages = v;
     pc.act_ndim = 2;
     pc.act_shape[0] = sh.n;
     pc.act_shape[1] = sh.h;
-    moe_pipeline_callbacks_t cb = pm_callbacks(pm);
+    moe_pipeline_callbacks_t cb = pm_chunks_callbacks(&chunks);
     moe_pipeline_t *pipe = NULL;
     TEST_OK(moe_pipeline_create(rt, &pc, &cb, &pipe));
     double max_err = 0;
@@ -162,13 +172,23 @@ static void equivalence(int tp, int ep, int dp, int pp)
         if (err > max_err) max_err = err;
         CHECK(err <= 1e-5, "%s step %d: loss %.9g, reference %.9g", name, k, loss, rloss);
     }
-    for (int layer = first; layer < last; layer++) {
-        compare(ref, pm, layer, 1, name, &max_err);
-        compare(ref, pm, layer, 0, name, &max_err);
+    int layers = 0, all_layers = 0;
+    for (int k = 0; k < v; k++) {
+        pm_model_t *pm = chunks.chunk[k];
+        for (int layer = pm->first; layer < pm->last; layer++) {
+            compare(ref, pm, layer, 1, name, &max_err);
+            compare(ref, pm, layer, 0, name, &max_err);
+            layers++;
+        }
+        CHECK(pm->steps == steps && pm->forwards == steps * m && pm->backwards == steps * m,
+              "%s: %d steps, %d forwards, %d backwards", name, pm->steps, pm->forwards,
+              pm->backwards);
     }
-    CHECK(pm->steps == steps && pm->forwards == steps * m && pm->backwards == steps * m,
-          "%s: %d steps, %d forwards, %d backwards", name, pm->steps, pm->forwards,
-          pm->backwards);
+    /* the stages of one lane hold every layer once */
+    int lanes = world_size / p;
+    MPI_Allreduce(&layers, &all_layers, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(all_layers == lanes * sh.layers, "%s: %d layers compared over %d lanes", name,
+          all_layers, lanes);
     double gmax = 0;
     MPI_Allreduce(&max_err, &gmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (world_rank == 0)
@@ -176,7 +196,7 @@ static void equivalence(int tp, int ep, int dp, int pp)
                "pp=1: %.3g\n", name, m, gmax);
     TEST_OK(moe_pipeline_destroy(pipe));
 out:
-    pm_model_destroy(pm);
+    for (int k = 0; k < v; k++) pm_model_destroy(chunks.chunk[k]);
     pm_model_destroy(ref);
     TEST_OK(moe_runtime_destroy(rrt));
     TEST_OK(moe_runtime_destroy(rt));
@@ -250,16 +270,16 @@ static void sleep_for(double s)
     nanosleep(&ts, NULL);
 }
 
-static moe_status_t sl_forward(void *u, int32_t mb, const moe_tensor_t *x, moe_tensor_t *y)
+static moe_status_t sl_forward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *x, moe_tensor_t *y)
 {
-    (void)mb, (void)x, (void)y;
+    (void)chunk, (void)mb, (void)x, (void)y;
     sleep_for(*(double *)u);
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t sl_backward(void *u, int32_t mb, const moe_tensor_t *dy, moe_tensor_t *dx)
+static moe_status_t sl_backward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *dy, moe_tensor_t *dx)
 {
-    (void)mb, (void)dy, (void)dx;
+    (void)chunk, (void)mb, (void)dy, (void)dx;
     sleep_for(*(double *)u);
     return MOE_STATUS_SUCCESS;
 }
@@ -272,6 +292,18 @@ static moe_status_t sl_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_tens
     return MOE_STATUS_SUCCESS;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 static void bubble(void)
 {
     moe_mesh_config_t mc = moe_mesh_config_default();
@@ -280,21 +312,23 @@ static void bubble(void)
     mc.timeout_ms = 20000;
     moe_runtime_t *rt = NULL;
     TEST_OK(make_runtime(&mc, &rt));
-    double cost = 0.006;
-    const int steps = 3, p = 4;
-    int ms[] = {4, 8, 16};
-    for (int i = 0; i < 3; i++) {
-        int m = ms[i];
+    const int steps = 5, p = 4;
+    /* plain 1F1B for m in {4, 8, 16}; interleaved v = 2 (chunks of half the cost) for 4, 8 */
+    int ms[] = {4, 8, 16, 4, 8}, vs[] = {1, 1, 1, 2, 2};
+    for (int i = 0; i < 5; i++) {
+        int m = ms[i], v = vs[i];
+        double cost = 0.008 / v; /* per chunk, forward and backward each */
         moe_pipeline_callbacks_t cb = {.forward = sl_forward, .backward = sl_backward,
                                        .loss = sl_loss, .user = &cost};
         moe_pipeline_config_t pc = moe_pipeline_config_default();
         pc.microbatches = m;
+        pc.virtual_stages = v;
         pc.act_ndim = 2;
         pc.act_shape[0] = 64;
         pc.act_shape[1] = 64;
         moe_pipeline_t *pipe = NULL;
         TEST_OK(moe_pipeline_create(rt, &pc, &cb, &pipe));
-        double mean = 0;
+        double idle[8];
         for (int k = 0; k < steps; k++) {
             MPI_Barrier(MPI_COMM_WORLD);
             double loss = 0;
@@ -306,12 +340,14 @@ static void bubble(void)
             double busy = 0, span = 0;
             MPI_Allreduce(&ps.compute_seconds, &busy, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
             MPI_Allreduce(&ps.schedule_seconds, &span, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-            mean += (1.0 - busy / (p * span)) / steps;
+            idle[k] = 1.0 - busy / (p * span);
         }
-        double theory = (double)(p - 1) / (m + p - 1);
+        double mean = median(idle, steps);
+        double theory = (double)(p - 1) / (m * v + p - 1);
         if (world_rank == 0)
-            printf("bubble (mpi) p=%d m=%2d: measured idle %.4f, theoretical (p-1)/(m+p-1) = "
-                   "%.4f, diff %+.4f\n", p, m, mean, theory, mean - theory);
+            printf("bubble (mpi) p=%d v=%d m=%2d: measured idle (median of %d) %.4f, "
+                   "theoretical (p-1)/(m*v+p-1) = %.4f, diff %+.4f\n", p, v, m, steps, mean,
+                   theory, mean - theory);
         CHECK(fabs(mean - theory) <= 0.05, "bubble m=%d: measured %.4f, theory %.4f", m, mean,
               theory);
         TEST_OK(moe_pipeline_destroy(pipe));
@@ -340,13 +376,16 @@ int main(int argc, char **argv)
     }
     TEST_OK(moe_runtime_destroy(prt));
     if (world_size == 2) {
-        equivalence(1, 1, 1, 2);
+        equivalence(1, 1, 1, 2, 1);
+        equivalence(1, 1, 1, 2, 2);
         failure(2);
     } else if (world_size == 4) {
-        equivalence(1, 1, 1, 4);
-        equivalence(1, 1, 2, 2);
-        equivalence(1, 2, 1, 2);
-        equivalence(2, 1, 1, 2);
+        equivalence(1, 1, 1, 4, 1);
+        equivalence(1, 1, 1, 4, 2);
+        equivalence(1, 1, 2, 2, 1);
+        equivalence(1, 1, 2, 2, 2);
+        equivalence(1, 2, 1, 2, 1);
+        equivalence(2, 1, 1, 2, 1);
         failure(4);
         bubble();
     } else {

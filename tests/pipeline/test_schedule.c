@@ -146,24 +146,33 @@ static void check_stage(int32_t p, int32_t m, int32_t s, const stage_list_t *L)
 
 /* ---- simulation of all stages ---------------------------------------------------------- */
 
-/* A FIFO channel per (from, to, kind) with microbatch and arrival tick. */
+#define MAX_MSG 512
+
+/* A FIFO channel per (kind, sender): activations go to stage s+1 and gradients to s-1 (mod p
+ * with interleaving), so each has one receiver. A message holds the microbatch and the chunk
+ * it is for on the receiving stage, and the tick from which it can be received. */
 typedef struct channel {
-    int32_t mb[MAX_M], arrive[MAX_M];
+    int32_t mb[MAX_MSG], chunk[MAX_MSG], arrive[MAX_MSG];
     int head, tail;
 } channel_t;
 
-/* channel index: kind 0 = act (s -> s+1), 1 = grad (s -> s-1), keyed by sender */
 static channel_t chans[2][MAX_P];
 
 enum { SIM_MISMATCH = -1, SIM_DEADLOCK = -2, SIM_LEFTOVER = -3 };
 
-/* Returns the makespan in ticks, or a negative SIM_* code. */
-static int simulate(int32_t p, int32_t m, stage_list_t *L)
+/* Run every stage's list at once: one compute per stage per tick, a message sent in tick t can
+ * be received from tick t+1, sends never block, receives match the channel's head (in order:
+ * what an untagged transport such as NCCL needs; MPI tags would be more lenient). Returns the
+ * makespan in ticks, or a negative SIM_* code. */
+static int simulate(int32_t p, int32_t m, int32_t v, stage_list_t *L)
 {
+    (void)m;
     memset(chans, 0, sizeof chans);
     int pc[MAX_P] = {0};
     int done = 0, tick = 0, last_compute_tick = -1;
     int in_flight = 0;
+    for (int s = 0; s < p; s++)
+        if (L[s].n == 0) done++;
     while (done < p) {
         bool progress = false;
         for (int s = 0; s < p; s++) {
@@ -175,19 +184,26 @@ static int simulate(int32_t p, int32_t m, stage_list_t *L)
                     computed = true;
                     last_compute_tick = tick;
                 } else if (a->op == MOE_PIPE_SEND_ACT || a->op == MOE_PIPE_SEND_GRAD) {
-                    channel_t *c = &chans[a->op == MOE_PIPE_SEND_GRAD][s];
-                    assert_true(c->tail < MAX_M);
+                    int kind = a->op == MOE_PIPE_SEND_GRAD;
+                    if (a->peer != (kind ? (s + p - 1) % p : (s + 1) % p)) return SIM_MISMATCH;
+                    channel_t *c = &chans[kind][s];
+                    assert_true(c->tail < MAX_MSG);
+                    int dest_chunk = a->chunk;
+                    if (!kind && s == p - 1) dest_chunk++; /* wrap to the next chunk */
+                    if (kind && s == 0) dest_chunk--;
+                    if (dest_chunk < 0 || dest_chunk >= v) return SIM_MISMATCH;
                     c->mb[c->tail] = a->microbatch;
+                    c->chunk[c->tail] = dest_chunk;
                     c->arrive[c->tail++] = tick + 1;
                     in_flight++;
                 } else {
-                    /* receive from the peer's channel towards us */
                     int kind = a->op == MOE_PIPE_RECV_GRAD;
                     int from = a->peer;
-                    if (from != (kind ? s + 1 : s - 1)) return SIM_MISMATCH;
+                    if (from != (kind ? (s + 1) % p : (s + p - 1) % p)) return SIM_MISMATCH;
                     channel_t *c = &chans[kind][from];
                     if (c->head == c->tail || c->arrive[c->head] > tick) break; /* blocked */
-                    if (c->mb[c->head] != a->microbatch) return SIM_MISMATCH; /* in order */
+                    if (c->mb[c->head] != a->microbatch || c->chunk[c->head] != a->chunk)
+                        return SIM_MISMATCH;
                     c->head++;
                     in_flight--;
                 }
@@ -224,7 +240,7 @@ static void test_invariants_all_shapes(void **state)
                 load(p, m, s, &L[s]);
                 check_stage(p, m, s, &L[s]);
             }
-            int makespan = simulate(p, m, L);
+            int makespan = simulate(p, m, 1, L);
             if (makespan < 0) fail_msg("p=%d m=%d: simulation failed (%d)", p, m, makespan);
             /* unit forward and backward: 2m busy ticks per stage, 2(p-1) bubble ticks */
             if (makespan != 2 * (m + p - 1))
@@ -235,6 +251,157 @@ static void test_invariants_all_shapes(void **state)
         }
     }
     assert_int_equal(shapes, MAX_P * MAX_M);
+}
+
+/* ---- interleaved 1F1B --------------------------------------------------------------------- */
+
+#define MAX_V 4
+
+static void load_interleaved(int32_t p, int32_t m, int32_t v, int32_t s, stage_list_t *out,
+                             int32_t *warmup)
+{
+    moe_pipeline_schedule_t *sc = NULL;
+    assert_int_equal(moe_pipeline_schedule_create_interleaved(p, m, s, v, &sc),
+                     MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_pipeline_schedule_length(sc, &out->n), MOE_STATUS_SUCCESS);
+    out->a = calloc((size_t)out->n, sizeof *out->a);
+    for (int32_t i = 0; i < out->n; i++)
+        assert_int_equal(moe_pipeline_schedule_action(sc, i, &out->a[i]), MOE_STATUS_SUCCESS);
+    int32_t iv = 0;
+    assert_int_equal(moe_pipeline_schedule_virtual_stages(sc, &iv), MOE_STATUS_SUCCESS);
+    assert_int_equal(iv, v);
+    assert_int_equal(moe_pipeline_schedule_info(sc, NULL, NULL, NULL, warmup),
+                     MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_pipeline_schedule_destroy(sc), MOE_STATUS_SUCCESS);
+}
+
+/* Per-stage invariants of an interleaved list: units are (chunk, microbatch). */
+static void check_stage_interleaved(int32_t p, int32_t m, int32_t v, int32_t s,
+                                    const stage_list_t *L, int32_t w)
+{
+    int32_t units = m * v;
+    int32_t want_w = m == p ? units : 2 * (p - s - 1) + (v - 1) * p;
+    if (want_w > units) want_w = units;
+    assert_int_equal(w, want_w);
+    static int fwd_at[MAX_V * MAX_M], bwd_at[MAX_V * MAX_M];
+    for (int u = 0; u < units; u++) fwd_at[u] = bwd_at[u] = -1;
+    int computes = 0, held = 0, peak = 0, nf = 0, nb = 0;
+    for (int32_t i = 0; i < L->n; i++) {
+        const moe_pipeline_action_t *a = &L->a[i];
+        assert_true(a->microbatch >= 0 && a->microbatch < m);
+        assert_true(a->chunk >= 0 && a->chunk < v);
+        int u = a->chunk * m + a->microbatch, vs = a->chunk * p + s;
+        switch (a->op) {
+        case MOE_PIPE_FORWARD: {
+            /* forward unit k: microbatch (k/(p v)) p + k%p of chunk (k/p)%v */
+            assert_int_equal(a->microbatch, (nf / (p * v)) * p + nf % p);
+            assert_int_equal(a->chunk, (nf / p) % v);
+            nf++;
+            assert_int_equal(fwd_at[u], -1);
+            fwd_at[u] = computes++;
+            if (++held > peak) peak = held;
+            break;
+        }
+        case MOE_PIPE_BACKWARD:
+            assert_int_equal(a->microbatch, (nb / (p * v)) * p + nb % p);
+            assert_int_equal(a->chunk, v - 1 - (nb / p) % v);
+            nb++;
+            assert_true(fwd_at[u] >= 0); /* forward first */
+            assert_int_equal(bwd_at[u], -1);
+            bwd_at[u] = computes++;
+            held--;
+            break;
+        case MOE_PIPE_RECV_ACT:
+            assert_true(vs > 0);
+            assert_int_equal(L->a[i + 1].op, MOE_PIPE_FORWARD);
+            assert_int_equal(L->a[i + 1].microbatch, a->microbatch);
+            assert_int_equal(L->a[i + 1].chunk, a->chunk);
+            break;
+        case MOE_PIPE_SEND_ACT:
+            assert_true(vs < p * v - 1);
+            assert_int_equal(L->a[i - 1].op, MOE_PIPE_FORWARD);
+            assert_int_equal(L->a[i - 1].chunk, a->chunk);
+            break;
+        case MOE_PIPE_RECV_GRAD:
+            assert_true(vs < p * v - 1);
+            assert_int_equal(L->a[i + 1].op, MOE_PIPE_BACKWARD);
+            assert_int_equal(L->a[i + 1].chunk, a->chunk);
+            break;
+        case MOE_PIPE_SEND_GRAD:
+            assert_true(vs > 0);
+            assert_int_equal(L->a[i - 1].op, MOE_PIPE_BACKWARD);
+            assert_int_equal(L->a[i - 1].chunk, a->chunk);
+            break;
+        }
+    }
+    assert_int_equal(computes, 2 * units);
+    for (int u = 0; u < units; u++) assert_true(fwd_at[u] >= 0 && bwd_at[u] > fwd_at[u]);
+    assert_int_equal(held, 0);
+    assert_int_equal(peak, w < units ? w + 1 : units);
+}
+
+static void test_interleaved_all_shapes(void **state)
+{
+    (void)state;
+    int shapes = 0, exact = 0;
+    for (int32_t p = 2; p <= MAX_P; p++) {
+        for (int32_t v = 2; v <= MAX_V; v++) {
+            for (int32_t m = p; m <= MAX_M; m += p) {
+                stage_list_t L[MAX_P];
+                for (int32_t s = 0; s < p; s++) {
+                    int32_t w = 0;
+                    load_interleaved(p, m, v, s, &L[s], &w);
+                    check_stage_interleaved(p, m, v, s, &L[s], w);
+                }
+                int makespan = simulate(p, m, v, L);
+                if (makespan < 0)
+                    fail_msg("interleaved p=%d v=%d m=%d: simulation failed (%d)", p, v, m,
+                             makespan);
+                /* a chunk costs one tick: 2 m v busy ticks per stage; the interleaved bubble
+                 * is 2 (p - 1) chunk-ticks, i.e. (p-1)/(m v + p - 1) of the batch */
+                int ideal = 2 * (m * v + p - 1);
+                if (makespan == ideal) exact++;
+                if (makespan > ideal)
+                    fail_msg("interleaved p=%d v=%d m=%d: makespan %d ticks > %d", p, v, m,
+                             makespan, ideal);
+                for (int32_t s = 0; s < p; s++) free(L[s].a);
+                shapes++;
+            }
+        }
+    }
+    printf("interleaved: %d shapes (p 2..%d, v 2..%d, m multiple of p up to %d), %d of them "
+           "exactly at 2(mv+p-1) ticks\n", shapes, MAX_P, MAX_V, MAX_M, exact);
+    assert_int_equal(exact, shapes);
+}
+
+static void test_interleaved_print_and_arguments(void **state)
+{
+    (void)state;
+    moe_pipeline_schedule_t *sc = NULL;
+    char buf[1024];
+    assert_int_equal(moe_pipeline_schedule_create_interleaved(2, 2, 0, 2, &sc),
+                     MOE_STATUS_SUCCESS);
+    moe_pipeline_schedule_to_string(sc, buf, sizeof buf, NULL);
+    printf("%s\n", buf);
+    /* m = p: every forward first; chunk 1 of stage 0 receives from stage 1 (wrap-around) */
+    assert_string_equal(buf, "stage 0/2 m=2 v=2: F0.0 >act0.0@1 F1.0 >act1.0@1 <act0.1@1 "
+                             "F0.1 >act0.1@1 <act1.1@1 F1.1 >act1.1@1 <grad0.1@1 B0.1 "
+                             ">grad0.1@1 <grad1.1@1 B1.1 >grad1.1@1 <grad0.0@1 B0.0 "
+                             "<grad1.0@1 B1.0");
+    moe_pipeline_schedule_destroy(sc);
+    assert_int_equal(moe_pipeline_schedule_create_interleaved(2, 3, 0, 2, &sc),
+                     MOE_STATUS_INVALID_ARGUMENT); /* m % p != 0 */
+    assert_non_null(strstr(moe_last_error(), "divisible"));
+    assert_int_equal(moe_pipeline_schedule_create_interleaved(1, 2, 0, 2, &sc),
+                     MOE_STATUS_INVALID_ARGUMENT); /* one stage */
+    assert_int_equal(moe_pipeline_schedule_create_interleaved(2, 2, 0, 0, &sc),
+                     MOE_STATUS_INVALID_ARGUMENT);
+    /* v = 1 is plain 1F1B, any m */
+    assert_int_equal(moe_pipeline_schedule_create_interleaved(3, 5, 1, 1, &sc),
+                     MOE_STATUS_SUCCESS);
+    moe_pipeline_schedule_to_string(sc, buf, sizeof buf, NULL);
+    assert_null(strstr(buf, "v="));
+    moe_pipeline_schedule_destroy(sc);
 }
 
 /* The simulation is not vacuous: broken schedules fail it. */
@@ -251,7 +418,7 @@ static void test_simulation_detects_errors(void **state)
         }
     L[1].a[first].microbatch = 1;
     L[1].a[second].microbatch = 0;
-    assert_int_equal(simulate(2, 2, L), SIM_MISMATCH);
+    assert_int_equal(simulate(2, 2, 1, L), SIM_MISMATCH);
     for (int s = 0; s < 2; s++) free(L[s].a);
 
     /* stage 0 waits for grad 0 before sending act 0: a deadlock */
@@ -262,13 +429,13 @@ static void test_simulation_detects_errors(void **state)
     moe_pipeline_action_t t = L[0].a[1];
     L[0].a[1] = L[0].a[2];
     L[0].a[2] = t;
-    assert_int_equal(simulate(2, 1, L), SIM_DEADLOCK);
+    assert_int_equal(simulate(2, 1, 1, L), SIM_DEADLOCK);
 
     /* a send nobody receives is left over */
     L[0].a[2] = L[0].a[1];
     L[0].a[1] = t;
     L[1].n = 2; /* stage 1 stops after <act0 F0: grad never sent, stage 0 then deadlocks */
-    assert_true(simulate(2, 1, L) < 0);
+    assert_true(simulate(2, 1, 1, L) < 0);
     for (int s = 0; s < 2; s++) free(L[s].a);
 }
 
@@ -345,6 +512,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariants_all_shapes),
         cmocka_unit_test(test_simulation_detects_errors),
+        cmocka_unit_test(test_interleaved_all_shapes),
+        cmocka_unit_test(test_interleaved_print_and_arguments),
         cmocka_unit_test(test_to_string),
         cmocka_unit_test(test_bad_arguments),
     };
