@@ -15,7 +15,7 @@
  *               TIMEOUT within the transfer timeout, and the pipeline refuses further use.
  *  bubble       p = 4 stages whose forward and backward sleep for the same time: the idle
  *               fraction 1 - sum(compute) / (p * makespan) is within 0.05 of (p-1)/(m+p-1)
- *               for m in {4, 8, 16}; and interleaved with v = 2 chunks of half that cost,
+ *               for m in {4, 8, 16}; and interleaved with v = 2 chunks of that cost each,
  *               within 0.05 of (p-1)/(m v + p-1) for m in {4, 8}.
  */
 #include <math.h>
@@ -432,8 +432,8 @@ static void test_bubble(void **state)
 {
     (void)state;
     const int p = 4, steps = 5;
-    const double cost = 0.008; /* per stage: forward and backward each */
-    /* plain 1F1B for m in {4, 8, 16}, then interleaved with v = 2 chunks of half the cost */
+    const double cost = 0.008; /* per chunk (per stage without interleaving), F and B each */
+    /* plain 1F1B for m in {4, 8, 16}, then interleaved with v = 2 chunks of the same cost */
     int ms[] = {4, 8, 16, 4, 8}, vs[] = {1, 1, 1, 2, 2};
     for (int i = 0; i < 5; i++) {
         int m = ms[i], v = vs[i];
@@ -444,7 +444,7 @@ static void test_bubble(void **state)
         pthread_t th[4];
         for (int s = 0; s < p; s++) {
             ctx[s] = (bubble_ctx_t){.s = s, .p = p, .v = v, .m = m, .steps = steps,
-                                    .ppw = ppw, .ww = ww, .start = &start, .cost = cost / v};
+                                    .ppw = ppw, .ww = ww, .start = &start, .cost = cost};
             pthread_create(&th[s], NULL, bubble_main, &ctx[s]);
         }
         for (int s = 0; s < p; s++) pthread_join(th[s], NULL);
