@@ -9,10 +9,17 @@
  *  - every receive comes right before the compute that consumes it, every send right after
  *    the compute that produced it, with the adjacent stage as peer.
  * Then all p stages run together in a tick simulation (one compute per stage per tick, a
- * message sent in tick t can be received from tick t+1, sends never block): every send meets a
- * receive of the same microbatch and kind in order on its channel, nothing is left over, no
- * tick passes without progress (no deadlock), and with unit costs the batch takes exactly
- * 2(m+p-1) ticks, i.e. the bubble is (p-1)/(m+p-1).
+ * message sent in tick t can be received from tick t+1, sends never block): every send meets
+ * the receive of the same kind, microbatch and chunk, in order per pair of stages (so even an
+ * untagged transport matches them), nothing is left over, no tick passes without progress (no
+ * deadlock), and with unit costs the batch takes exactly 2(m+p-1) ticks, i.e. the bubble is
+ * (p-1)/(m+p-1). Broken lists (swapped receives, a receive before the send it waits for)
+ * fail the simulation, so it is not vacuous.
+ *
+ * Interleaved (p in 2..8, v in 2..4, m a multiple of p up to 32): the Megatron-LM unit order
+ * and warm-up count, 2mv computes, forward before backward per (chunk, microbatch), peak
+ * units held = warm-up + 1, wrap-around transfers between stage p-1 and stage 0, the same
+ * simulation, and exactly 2(mv+p-1) ticks: bubble (p-1)/(mv+p-1).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -148,22 +155,27 @@ static void check_stage(int32_t p, int32_t m, int32_t s, const stage_list_t *L)
 
 #define MAX_MSG 512
 
-/* A FIFO channel per (kind, sender): activations go to stage s+1 and gradients to s-1 (mod p
- * with interleaving), so each has one receiver. A message holds the microbatch and the chunk
- * it is for on the receiving stage, and the tick from which it can be received. */
+/* One FIFO channel per ordered pair of stages, as an untagged transport (NCCL) matches:
+ * activations go to stage s+1 and gradients to s-1 (mod p with interleaving); with p = 2
+ * both go to the same peer and share the channel. A message holds its kind, the microbatch
+ * and the chunk it is for on the receiving stage, and the tick from which it can be
+ * received. */
 typedef struct channel {
-    int32_t mb[MAX_MSG], chunk[MAX_MSG], arrive[MAX_MSG];
+    int32_t kind[MAX_MSG], mb[MAX_MSG], chunk[MAX_MSG], arrive[MAX_MSG];
     int head, tail;
 } channel_t;
 
 static channel_t chans[2][MAX_P];
 
+/* the channel of a sender: 0 towards s+1, 1 towards s-1 (the same peer when p = 2) */
+static int pair_key(int kind, int32_t p) { return p == 2 ? 0 : kind; }
+
 enum { SIM_MISMATCH = -1, SIM_DEADLOCK = -2, SIM_LEFTOVER = -3 };
 
 /* Run every stage's list at once: one compute per stage per tick, a message sent in tick t can
- * be received from tick t+1, sends never block, receives match the channel's head (in order:
- * what an untagged transport such as NCCL needs; MPI tags would be more lenient). Returns the
- * makespan in ticks, or a negative SIM_* code. */
+ * be received from tick t+1, sends never block, receives must match the head of their channel
+ * (in order per pair of stages: what an untagged transport such as NCCL needs; MPI tags are
+ * more lenient). Returns the makespan in ticks, or a negative SIM_* code. */
 static int simulate(int32_t p, int32_t m, int32_t v, stage_list_t *L)
 {
     (void)m;
@@ -186,12 +198,13 @@ static int simulate(int32_t p, int32_t m, int32_t v, stage_list_t *L)
                 } else if (a->op == MOE_PIPE_SEND_ACT || a->op == MOE_PIPE_SEND_GRAD) {
                     int kind = a->op == MOE_PIPE_SEND_GRAD;
                     if (a->peer != (kind ? (s + p - 1) % p : (s + 1) % p)) return SIM_MISMATCH;
-                    channel_t *c = &chans[kind][s];
+                    channel_t *c = &chans[pair_key(kind, p)][s];
                     assert_true(c->tail < MAX_MSG);
                     int dest_chunk = a->chunk;
                     if (!kind && s == p - 1) dest_chunk++; /* wrap to the next chunk */
                     if (kind && s == 0) dest_chunk--;
                     if (dest_chunk < 0 || dest_chunk >= v) return SIM_MISMATCH;
+                    c->kind[c->tail] = kind;
                     c->mb[c->tail] = a->microbatch;
                     c->chunk[c->tail] = dest_chunk;
                     c->arrive[c->tail++] = tick + 1;
@@ -200,9 +213,10 @@ static int simulate(int32_t p, int32_t m, int32_t v, stage_list_t *L)
                     int kind = a->op == MOE_PIPE_RECV_GRAD;
                     int from = a->peer;
                     if (from != (kind ? (s + 1) % p : (s + p - 1) % p)) return SIM_MISMATCH;
-                    channel_t *c = &chans[kind][from];
+                    channel_t *c = &chans[pair_key(kind, p)][from];
                     if (c->head == c->tail || c->arrive[c->head] > tick) break; /* blocked */
-                    if (c->mb[c->head] != a->microbatch || c->chunk[c->head] != a->chunk)
+                    if (c->kind[c->head] != kind || c->mb[c->head] != a->microbatch ||
+                        c->chunk[c->head] != a->chunk)
                         return SIM_MISMATCH;
                     c->head++;
                     in_flight--;
