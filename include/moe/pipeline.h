@@ -211,6 +211,8 @@ typedef struct moe_pipeline_stats {
     double compute_seconds;   /* inside forward, loss and backward callbacks */
     double wait_seconds;      /* blocked on receives and sends */
     int32_t stage, stages, microbatches;
+    int32_t buffers;          /* stage boundary tensors allocated so far (the pool only grows:
+                                 its size is the peak number in use at once) */
 } moe_pipeline_stats_t;
 
 /* [out] stats (set struct_size first). */

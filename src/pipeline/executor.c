@@ -325,6 +325,7 @@ moe_status_t moe_pipeline_stats(const moe_pipeline_t *pp, moe_pipeline_stats_t *
     size_t sz = stats->struct_size < sizeof *stats ? stats->struct_size : sizeof *stats;
     moe_pipeline_stats_t s = pp->stats;
     s.struct_size = stats->struct_size;
+    s.buffers = pp->nbufs;
     memcpy(stats, &s, sz);
     return MOE_STATUS_SUCCESS;
 }

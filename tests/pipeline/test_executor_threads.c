@@ -243,6 +243,96 @@ static void test_equivalence(void **state)
     equivalence(4, 2, 8);
 }
 
+/* ---- memory and posting window -------------------------------------------------------------
+ * p = 4, m = 16 with dense stages: the pool of boundary buffers on stage s stays near the
+ * activations 1F1B keeps alive (p - s) plus the posted receives and unfinished sends, far
+ * below the m a forward-all-then-backward (GPipe) schedule would hold; and the posting window
+ * (prepost 1, 2, 16) changes nothing in the results. */
+
+typedef struct window_ctx {
+    int s, p, prepost;
+    tc_world_t *ppw, *ww;
+    pm_shape_t sh;
+    moe_status_t st;
+    double loss;
+    int32_t buffers;
+    float *w0; /* stage's first dense weight after the step */
+    int64_t nw;
+} window_ctx_t;
+
+static void *window_main(void *arg)
+{
+    window_ctx_t *c = arg;
+    moe_runtime_t *rt = host_runtime();
+    tc_attach_pipeline(rt, c->s, c->p, tc_comm_create(c->ppw, c->s, "pp", 20000),
+                       tc_comm_create(c->ww, c->s, "world", 20000));
+    int first, last;
+    pm_split(c->sh.layers, c->p, c->s, &first, &last);
+    pm_model_t *pm = NULL;
+    TEST_OK(pm_model_create(rt, &c->sh, first, last, &pm));
+    moe_pipeline_config_t pc = moe_pipeline_config_default();
+    pc.microbatches = c->sh.m;
+    pc.prepost = c->prepost;
+    pc.act_ndim = 2;
+    pc.act_shape[0] = c->sh.n;
+    pc.act_shape[1] = c->sh.h;
+    moe_pipeline_callbacks_t cb = pm_callbacks(pm);
+    moe_pipeline_t *pipe = NULL;
+    TEST_OK(moe_pipeline_create(rt, &pc, &cb, &pipe));
+    c->st = moe_pipeline_train_step(pipe, &c->loss);
+    moe_pipeline_stats_t ps = {.struct_size = sizeof ps};
+    TEST_OK(moe_pipeline_stats(pipe, &ps));
+    c->buffers = ps.buffers;
+    TEST_OK(pm_layer_tensor(pm, first, 0, &c->w0, &c->nw));
+    moe_pipeline_destroy(pipe);
+    pm_model_destroy(pm);
+    tc_detach_pipeline(rt);
+    moe_runtime_destroy(rt);
+    return NULL;
+}
+
+static void test_buffers_and_window(void **state)
+{
+    (void)state;
+    const int p = 4;
+    int windows[] = {1, 2, 16};
+    float *w_first[4] = {0};
+    double loss_first = 0;
+    for (int i = 0; i < 3; i++) {
+        tc_world_t *ppw = tc_world_create(p), *ww = tc_world_create(p);
+        window_ctx_t ctx[4];
+        pthread_t th[4];
+        for (int s = 0; s < p; s++) {
+            ctx[s] = (window_ctx_t){.s = s, .p = p, .prepost = windows[i], .ppw = ppw,
+                                    .ww = ww, .sh = small_shape(16)};
+            ctx[s].sh.moe_every = 0; /* dense: 8 layers, 2 per stage */
+            pthread_create(&th[s], NULL, window_main, &ctx[s]);
+        }
+        for (int s = 0; s < p; s++) pthread_join(th[s], NULL);
+        for (int s = 0; s < p; s++) {
+            assert_int_equal(ctx[s].st, MOE_STATUS_SUCCESS);
+            printf("  prepost %2d: stage %d used %d boundary buffers (1F1B keeps %d "
+                   "activations; m = 16)\n", windows[i], s, ctx[s].buffers, p - s);
+            /* held inputs (p - s, none on stage 0) + posted receives + unfinished sends + the
+             * output and gradient being computed */
+            int bound = (s > 0 ? p - s : 0) + windows[i] + (p - s) + 2;
+            assert_true(ctx[s].buffers <= bound);
+            if (windows[i] <= 2) assert_true(ctx[s].buffers < 16);
+            if (i == 0) {
+                w_first[s] = ctx[s].w0;
+                loss_first = ctx[s].loss;
+            } else {
+                assert_true(ctx[s].loss == loss_first);
+                assert_memory_equal(ctx[s].w0, w_first[s], (size_t)ctx[s].nw * sizeof(float));
+                free(ctx[s].w0);
+            }
+        }
+        tc_world_destroy(ppw);
+        tc_world_destroy(ww);
+    }
+    for (int s = 0; s < p; s++) free(w_first[s]);
+}
+
 /* ---- failures ------------------------------------------------------------------------- */
 
 static void callback_failure(int v, int fail_stage, const char *what, int mb,
@@ -526,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_equivalence),
         cmocka_unit_test(test_callback_failures),
         cmocka_unit_test(test_absent_stage_times_out),
+        cmocka_unit_test(test_buffers_and_window),
     };
     const struct CMUnitTest timing[] = {
         cmocka_unit_test(test_bubble),
