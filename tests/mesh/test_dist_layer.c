@@ -310,6 +310,38 @@ int main(int argc, char **argv)
                     cases++;
                 }
             }
+    /* layer shapes the mesh cannot split are refused with the numbers named */
+    for (int tp = 1; tp <= W; tp++) {
+        if (W % tp) continue;
+        int ep = W / tp;
+        moe_mesh_config_t mc = moe_mesh_config_default();
+        mc.tp = tp, mc.ep = ep;
+        moe_runtime_config_t rc = moe_runtime_config_default();
+        rc.backend = MOE_BACKEND_HOST;
+        rc.mesh = &mc;
+        moe_runtime_t *rt = NULL;
+        TEST_OK(moe_runtime_create(&rc, &rt));
+        moe_layer_config_t c = moe_layer_config_default();
+        c.hidden = 4, c.ffn_hidden = 4 * tp, c.num_experts = 2 * ep, c.top_k = 1;
+        char want[96];
+        moe_layer_t *l = NULL;
+        if (ep > 1) {
+            c.num_experts = 2 * ep + 1;
+            snprintf(want, sizeof want, "num_experts (%d) is not divisible by ep (%d)", 2 * ep + 1, ep);
+            moe_status_t st = moe_layer_create(rt, &c, &l);
+            CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
+                  "E %% ep: %s: %s", moe_status_string(st), moe_last_error());
+            c.num_experts = 2 * ep;
+        }
+        if (tp > 1) {
+            c.ffn_hidden = 4 * tp + 1;
+            snprintf(want, sizeof want, "ffn_hidden (%d) is not divisible by tp (%d)", 4 * tp + 1, tp);
+            moe_status_t st = moe_layer_create(rt, &c, &l);
+            CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
+                  "F %% tp: %s: %s", moe_status_string(st), moe_last_error());
+        }
+        TEST_OK(moe_runtime_destroy(rt));
+    }
     int total = 0;
     double w = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
