@@ -383,9 +383,15 @@ static moe_status_t post_receives(moe_pipeline_t *pp, step_state_t *ss, int32_t 
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *a, int32_t *buf)
+static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *a, int32_t *buf,
+                               bool draining)
 {
     pipe_send_t *sd = &pp->sends[pp->nsends];
+    /* draining: the buffer holds whatever the pool had (never-written memory may hold NaN
+     * patterns); send zeros, a safe input for the peer's layers until the batch ends */
+    if (draining)
+        MOE_TRY(MOE_OPS(pp->rt)->memset_zero(MOE_CTX(pp->rt), pp->bufs[*buf].t.data,
+                                             pp->act_bytes));
     moe_status_t st = pp->pp->ops->send(pp->pp, pp->bufs[*buf].t.data, pp->act_numel,
                                         pp->comm_dtype, a->peer, tag_of(pp, a), &sd->req);
     if (st != MOE_STATUS_SUCCESS)
@@ -487,8 +493,12 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
             buf_release(pp, &pp->x_buf[u]); /* the input was kept for this backward */
             break;
         }
-        case MOE_PIPE_SEND_ACT: MOE_TRY(start_send(pp, a, &pp->y_buf[u])); break;
-        case MOE_PIPE_SEND_GRAD: MOE_TRY(start_send(pp, a, &pp->dx_buf[u])); break;
+        case MOE_PIPE_SEND_ACT:
+            MOE_TRY(start_send(pp, a, &pp->y_buf[u], ss->failed != MOE_STATUS_SUCCESS));
+            break;
+        case MOE_PIPE_SEND_GRAD:
+            MOE_TRY(start_send(pp, a, &pp->dx_buf[u], ss->failed != MOE_STATUS_SUCCESS));
+            break;
         }
         if (pp->nsends) MOE_TRY(progress_sends(pp, false));
     }

@@ -62,8 +62,8 @@ typedef struct stage_ctx {
     pm_shape_t sh;
     int steps;
     int pipe_timeout_ms, comm_timeout_ms;
-    const char *fail_what;  /* fault injection on this stage, first step only */
-    int fail_mb;
+    const char *fail_what;  /* fault injection on this stage, in step fail_step only */
+    int fail_mb, fail_step;
     bool absent;            /* never calls train_step */
     pthread_barrier_t *start;
     /* results */
@@ -101,7 +101,7 @@ static void *stage_main(void *arg)
     TEST_OK(moe_pipeline_create(c->rt, &pc, &cb, &c->pipe));
     for (int k = 0; k < c->steps; k++) {
         for (int j = 0; j < v; j++) {
-            c->chunks.chunk[j]->fail_what = k == 0 ? c->fail_what : NULL;
+            c->chunks.chunk[j]->fail_what = k == c->fail_step ? c->fail_what : NULL;
             c->chunks.chunk[j]->fail_mb = c->fail_mb;
         }
         pthread_barrier_wait(c->start);
@@ -344,7 +344,8 @@ static void callback_failure(int v, int fail_stage, const char *what, int mb,
     for (int s = 0; s < p; s++) {
         ctx[s].sh = small_shape(m);
         ctx[s].v = v;
-        ctx[s].steps = 2;
+        ctx[s].steps = 3; /* clean, failing (buffers then hold real data), retry */
+        ctx[s].fail_step = 1;
         ctx[s].comm_timeout_ms = 20000; /* a hang would show as ~20 s, not a pass */
         ctx[s].fail_mb = mb;
         ctx[s].fail_what = s == fail_stage ? what : NULL;
@@ -358,28 +359,45 @@ static void callback_failure(int v, int fail_stage, const char *what, int mb,
     if (v > 1 && strcmp(what, "loss") != 0) strcat(expect_own, " (chunk 0)");
     for (int s = 0; s < p; s++) {
         printf("  v=%d %s failing on stage %d mb %d -> stage %d: %s in %.3f s: %s\n", v, what,
-               fail_stage, mb, s, moe_status_string(ctx[s].st[0]), ctx[s].seconds[0],
-               ctx[s].msg[0]);
-        assert_true(ctx[s].seconds[0] < 5.0);
+               fail_stage, mb, s, moe_status_string(ctx[s].st[1]), ctx[s].seconds[1],
+               ctx[s].msg[1]);
+        assert_true(ctx[s].seconds[1] < 5.0);
         if (s == fail_stage) {
-            assert_int_equal(ctx[s].st[0], want);
-            assert_non_null(strstr(ctx[s].msg[0], expect_own));
+            assert_int_equal(ctx[s].st[1], want);
+            assert_non_null(strstr(ctx[s].msg[1], expect_own));
         } else {
-            assert_int_equal(ctx[s].st[0], MOE_STATUS_ABORTED);
-            assert_non_null(strstr(ctx[s].msg[0], expect_other));
+            assert_int_equal(ctx[s].st[1], MOE_STATUS_ABORTED);
+            assert_non_null(strstr(ctx[s].msg[1], expect_other));
         }
-        /* no optimizer step for the failed batch, one for the retried batch */
-        assert_int_equal(ctx[s].st[1], MOE_STATUS_SUCCESS);
-        assert_int_equal(ctx[s].pm->steps, 1);
+        /* optimizer steps for the clean and the retried batch, none for the failed one */
+        assert_int_equal(ctx[s].st[0], MOE_STATUS_SUCCESS);
+        assert_int_equal(ctx[s].st[2], MOE_STATUS_SUCCESS);
+        assert_int_equal(ctx[s].pm->steps, 2);
     }
-    /* the retried batch gives the same loss as a clean first batch */
+    /* the stages after (forward failure) or before (backward failure) the failing one were
+     * sent zeros, not stale buffers, for the microbatches it did not compute */
+    if (strcmp(what, "forward") == 0 && fail_stage < p - 1) {
+        int zeros = 0;
+        for (int k = 0; k < v; k++) zeros += ctx[fail_stage + 1].chunks.chunk[k]->zero_inputs;
+        assert_true(zeros >= 1);
+    }
+    if (strcmp(what, "backward") == 0 && fail_stage > 0) {
+        int zeros = 0;
+        for (int k = 0; k < v; k++) zeros += ctx[fail_stage - 1].chunks.chunk[k]->zero_inputs;
+        assert_true(zeros >= 1);
+    }
+    /* the failed batch left no trace: the retried batch gives the loss of a clean second batch */
     pm_shape_t sh = small_shape(m);
     moe_runtime_t *rrt = host_runtime();
     pm_model_t *ref = NULL;
     TEST_OK(pm_model_create(rrt, &sh, 0, sh.layers, &ref));
-    double rl = 0;
+    double rl0 = 0, rl = 0;
+    TEST_OK(pm_reference_step(ref, &rl0));
     TEST_OK(pm_reference_step(ref, &rl));
-    for (int s = 0; s < p; s++) assert_true(fabs(ctx[s].loss[1] - rl) <= 1e-5 * fabs(rl));
+    for (int s = 0; s < p; s++) {
+        assert_true(fabs(ctx[s].loss[0] - rl0) <= 1e-5 * fabs(rl0));
+        assert_true(fabs(ctx[s].loss[2] - rl) <= 1e-5 * fabs(rl));
+    }
     /* a stage that had forwards without backwards released their MoE slots (else the retry
      * above would have failed with a slot in use) */
     int abandoned = 0;
