@@ -23,7 +23,12 @@
  *
  * Microbatch index = slot: callbacks get the microbatch index 0..m-1, which is the slot to pass
  * to moe_layer_forward/backward for libmoe layers inside the stage (create those layers with
- * max_microbatches >= m, or >= p - s, the most this stage holds at once).
+ * max_microbatches >= m; at most min(p - s, m) slots of stage s are in use at once).
+ *
+ * Streams (CUDA backend): callbacks enqueue their work on the runtime's stream; the executor
+ * sends a buffer after the work enqueued on that stream so far (the MPI communicator stages
+ * through copies on that stream, NCCL orders its stream after it), and a received buffer is
+ * ready before the callback that consumes it is called.
  */
 #ifndef MOE_PIPELINE_H
 #define MOE_PIPELINE_H
@@ -195,7 +200,8 @@ MOE_API moe_status_t moe_pipeline_get_schedule(const moe_pipeline_t *pipe,
  * stage's value, broadcast over pp; other dp replicas have their own).
  *
  * Failures: when a callback fails on some rank, that rank keeps executing the transfers of
- * its schedule without computing (so no peer waits for a message that never comes), every
+ * its schedule without computing, sending zeros (so no peer waits for a message that never
+ * comes and no peer computes on stale memory), every
  * rank learns of the failure in the status exchange, nobody steps the optimizer, and
  * every rank returns a failure: the failing rank its own status and message, the others
  * MOE_STATUS_ABORTED naming the failing rank and status. Gradients are then partial; call
