@@ -26,9 +26,10 @@
  * max_microbatches >= m; at most min(p - s, m) slots of stage s are in use at once).
  *
  * Streams (CUDA backend): callbacks enqueue their work on the runtime's stream; the executor
- * sends a buffer after the work enqueued on that stream so far (the MPI communicator stages
- * through copies on that stream, NCCL orders its stream after it), and a received buffer is
- * ready before the callback that consumes it is called.
+ * sends a buffer only after the work enqueued on that stream so far (the MPI communicator
+ * stages it through a copy on that stream; for other communicators the executor synchronises
+ * the stream first), and a received buffer is complete before the callback that consumes it
+ * is called.
  */
 #ifndef MOE_PIPELINE_H
 #define MOE_PIPELINE_H

@@ -70,6 +70,7 @@ struct moe_pipeline {
 
     void *ctrl;                 /* device scratch for the status exchange (world_size*2 i32 + f64) */
     bool broken;                /* a transfer failed: the pp communicator is unusable */
+    bool sync_before_send;      /* device buffers on a communicator that does not stage them */
     moe_pipeline_stats_t stats;
 };
 
@@ -259,6 +260,8 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->pp = p > 1 ? mesh->comm[MOE_AXIS_PP] : NULL;
     pp->world = mesh->world_size > 1 ? mesh->comm[MOE_AXIS_WORLD] : NULL;
     pp->comm_dtype = c.act_dtype == MOE_DTYPE_F32 ? MOE_COMM_F32 : MOE_COMM_BF16;
+    pp->sync_before_send = pp->pp && rt->backend.ops->device != MOE_DEVICE_HOST &&
+                           strcmp(pp->pp->ops->name, "mpi") != 0;
     pp->act_numel = 1;
     for (int d = 0; d < c.act_ndim; d++) pp->act_numel *= (size_t)c.act_shape[d];
     pp->act_bytes = pp->act_numel * moe_dtype_size(c.act_dtype);
@@ -392,6 +395,10 @@ static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *
     if (draining)
         MOE_TRY(MOE_OPS(pp->rt)->memset_zero(MOE_CTX(pp->rt), pp->bufs[*buf].t.data,
                                              pp->act_bytes));
+    /* GPU buffers: the callback's kernels that fill the buffer are on the runtime's stream.
+     * The MPI communicator stages through a copy on that stream (ordered, blocking); any other
+     * communicator (NCCL) gets a finished buffer. */
+    if (pp->sync_before_send) MOE_TRY(MOE_OPS(pp->rt)->synchronize(MOE_CTX(pp->rt)));
     moe_status_t st = pp->pp->ops->send(pp->pp, pp->bufs[*buf].t.data, pp->act_numel,
                                         pp->comm_dtype, a->peer, tag_of(pp, a), &sd->req);
     if (st != MOE_STATUS_SUCCESS)
