@@ -19,9 +19,10 @@
  * {4, 8, 16}, and with v = 2 chunks of 12 ms each within 0.05 of (p-1)/(m v+p-1) for m in
  * {4, 8}; measured and theoretical values are printed.
  *
- * Failure (np 2 and 4): a backward that fails on the last rank stops the batch everywhere:
- * the failing rank returns its status, every other rank MOE_STATUS_ABORTED, quickly; no
- * optimizer step; the next batch succeeds.
+ * Failure (np 2: pp=2; np 4: pp=4 and pp=2 x dp=2): a backward that fails on the last rank
+ * stops the batch everywhere, the other data-parallel replica included: the failing rank
+ * returns its status, every other rank MOE_STATUS_ABORTED, quickly; no optimizer step; the
+ * next batch succeeds.
  *
  * A build whose mesh cannot span ranks (no MPI communicator yet) exits 77 (skipped).
  */
@@ -255,8 +256,8 @@ static void failure(int pp)
     CHECK(st == MOE_STATUS_SUCCESS, "retry: %s", moe_last_error());
     CHECK(pm->steps == 1, "retry: %d optimizer steps", pm->steps);
     if (world_rank == 0)
-        printf("failure pp=%d: a backward failing on world rank %d stopped every rank in %.3f s "
-               "(rank 0), retry succeeded\n", pp, world_size - 1, secs);
+        printf("failure pp=%d dp=%d: a backward failing on world rank %d stopped every rank in "
+               "%.3f s (rank 0), retry succeeded\n", pp, mc.dp, world_size - 1, secs);
     TEST_OK(moe_pipeline_destroy(pipe));
     pm_model_destroy(pm);
     TEST_OK(moe_runtime_destroy(rt));
@@ -391,6 +392,7 @@ int main(int argc, char **argv)
         equivalence(1, 2, 1, 2, 1);
         equivalence(2, 1, 1, 2, 1);
         failure(4);
+        failure(2); /* pp = 2 x dp = 2: the other data-parallel replica stops too */
         bubble();
     } else {
         if (world_rank == 0) fprintf(stderr, "run with 2 or 4 ranks\n");
