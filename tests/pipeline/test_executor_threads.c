@@ -247,10 +247,12 @@ static void test_equivalence(void **state)
  * p = 4, m = 16 with dense stages: the pool of boundary buffers on stage s stays near the
  * activations 1F1B keeps alive (p - s) plus the posted receives and unfinished sends, far
  * below the m a forward-all-then-backward (GPipe) schedule would hold; and the posting window
- * (prepost 1, 2, 16) changes nothing in the results. */
+ * (prepost 1, 2, 16) changes nothing in the results; the last run steps through
+ * config.optimizer (moe_adamw_step called by the executor) instead of the step callback, with
+ * the same updated weights. */
 
 typedef struct window_ctx {
-    int s, p, prepost;
+    int s, p, prepost, use_optimizer, steps;
     tc_world_t *ppw, *ww;
     pm_shape_t sh;
     moe_status_t st;
@@ -277,9 +279,14 @@ static void *window_main(void *arg)
     pc.act_shape[0] = c->sh.n;
     pc.act_shape[1] = c->sh.h;
     moe_pipeline_callbacks_t cb = pm_callbacks(pm);
+    if (c->use_optimizer) { /* the executor calls moe_adamw_step itself */
+        cb.step = NULL;
+        pc.optimizer = pm->opt;
+    }
     moe_pipeline_t *pipe = NULL;
     TEST_OK(moe_pipeline_create(rt, &pc, &cb, &pipe));
     c->st = moe_pipeline_train_step(pipe, &c->loss);
+    c->steps = pm->steps;
     moe_pipeline_stats_t ps = {.struct_size = sizeof ps};
     TEST_OK(moe_pipeline_stats(pipe, &ps));
     c->buffers = ps.buffers;
@@ -304,13 +311,17 @@ static void test_buffers_and_window(void **state)
         pthread_t th[4];
         for (int s = 0; s < p; s++) {
             ctx[s] = (window_ctx_t){.s = s, .p = p, .prepost = windows[i], .ppw = ppw,
-                                    .ww = ww, .sh = small_shape(16)};
+                                    .ww = ww, .sh = small_shape(16),
+                                    .use_optimizer = i == 2};
             ctx[s].sh.moe_every = 0; /* dense: 8 layers, 2 per stage */
             pthread_create(&th[s], NULL, window_main, &ctx[s]);
         }
         for (int s = 0; s < p; s++) pthread_join(th[s], NULL);
         for (int s = 0; s < p; s++) {
             assert_int_equal(ctx[s].st, MOE_STATUS_SUCCESS);
+            /* the step callback, or (last window) config.optimizer: one AdamW step either way,
+             * and the same updated weights */
+            assert_int_equal(ctx[s].steps, i == 2 ? 0 : 1);
             printf("  prepost %2d: stage %d used %d boundary buffers (1F1B keeps %d "
                    "activations; m = 16)\n", windows[i], s, ctx[s].buffers, p - s);
             /* held inputs (p - s, none on stage 0) + posted receives + unfinished sends + the
