@@ -5,7 +5,7 @@
  * tokens per rank, H = 8, E = 4, top-2, F = 12), two AdamW steps, m = 3 microbatches (plain)
  * or m = 2 pp (interleaved, v = 2 chunks per stage), on these meshes:
  *   np 2: pp=2, pp=2 v=2
- *   np 4: pp=4, pp=4 v=2, pp=2 x dp=2, pp=2 v=2 x dp=2, pp=2 x ep=2, pp=2 x tp=2
+ *   np 4: pp=4, pp=2 x dp=2, pp=2 x ep=2, pp=2 x tp=2, and each of them with v=2
  * Reference: the ranks of one pp coordinate form a mesh of the same tp x ep x dp with pp = 1
  * (an MPI_Comm_split of the world, keyed so every rank keeps its tp/ep/dp coordinates) and run
  * the whole model on the same data (data of lane = ep + EP * dp; tp ranks share it). Every
@@ -390,7 +390,9 @@ int main(int argc, char **argv)
         equivalence(1, 1, 2, 2, 1);
         equivalence(1, 1, 2, 2, 2);
         equivalence(1, 2, 1, 2, 1);
+        equivalence(1, 2, 1, 2, 2);
         equivalence(2, 1, 1, 2, 1);
+        equivalence(2, 1, 1, 2, 2);
         failure(4);
         failure(2); /* pp = 2 x dp = 2: the other data-parallel replica stops too */
         bubble();
