@@ -100,8 +100,8 @@ static int32_t tag_of(const moe_pipeline_t *pp, const moe_pipeline_action_t *a)
     return 2 * (chunk * pp->m + a->microbatch) + (grad ? 1 : 0);
 }
 
-/* Tags are below 2 * m * v; send/recv tags must stay below 30000 (MOE_COMM_MAX_TAG). */
-#define PIPE_MAX_UNITS 15000
+/* Tags are below 2 * m * v; send/recv tags must stay below MOE_COMM_MAX_TAG. */
+#define PIPE_MAX_UNITS (MOE_COMM_MAX_TAG / 2)
 
 static moe_status_t buf_acquire(moe_pipeline_t *pp, int32_t *out)
 {
@@ -222,7 +222,7 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     MOE_CHECK_ARG(c.microbatches >= 1, "microbatches is %d; expected >= 1", c.microbatches);
     MOE_CHECK_ARG(c.virtual_stages >= 1, "virtual_stages is %d; expected >= 1",
                   c.virtual_stages);
-    /* tags 2*unit+1 must stay below the communicators' user tag limit (30000) */
+    /* tags 2*unit+1 must stay below the communicators' user tag limit */
     MOE_CHECK_ARG((int64_t)c.microbatches * c.virtual_stages <= PIPE_MAX_UNITS,
                   "microbatches x virtual_stages is %lld; at most %d",
                   (long long)c.microbatches * c.virtual_stages, PIPE_MAX_UNITS);
