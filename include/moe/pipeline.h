@@ -158,6 +158,19 @@ typedef struct moe_pipeline_callbacks {
     void *user;
 } moe_pipeline_callbacks_t;
 
+/* How the executor starts its transfers. */
+typedef enum moe_pipeline_issue {
+    MOE_PIPE_ISSUE_AUTO = 0,    /* PREPOST on the MPI communicator, ORDERED on NCCL          */
+    MOE_PIPE_ISSUE_PREPOST = 1, /* receives `prepost` actions ahead, sends after their compute;
+                                   needs a transport that matches by tag and progresses each
+                                   operation on its own (MPI)                                */
+    MOE_PIPE_ISSUE_ORDERED = 2  /* every stage starts its transfers in one global order (the
+                                   send time of each message in a unit-cost run of the whole
+                                   pipeline), so operations on each pair of stages line up;
+                                   safe on transports that run operations in call order on one
+                                   stream without tags (NCCL), where PREPOST would deadlock  */
+} moe_pipeline_issue_t;
+
 typedef struct moe_pipeline_config {
     size_t struct_size;
     int32_t microbatches;              /* m >= 1, default 1 */
@@ -175,6 +188,7 @@ typedef struct moe_pipeline_config {
     int32_t virtual_stages;            /* v >= 1 model chunks per stage (interleaved 1F1B when
                                           > 1: needs pp >= 2 and m % pp == 0); default 1.
                                           m * v <= 15000. */
+    moe_pipeline_issue_t issue;        /* default AUTO */
 } moe_pipeline_config_t;
 
 MOE_API moe_pipeline_config_t moe_pipeline_config_default(void);

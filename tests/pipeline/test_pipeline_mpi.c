@@ -4,8 +4,9 @@
  * Equivalence: the test model of pipe_model.h (L = 8 layers, dense and MoE alternating; N = 6
  * tokens per rank, H = 8, E = 4, top-2, F = 12), two AdamW steps, m = 3 microbatches (plain)
  * or m = 2 pp (interleaved, v = 2 chunks per stage), on these meshes:
- *   np 2: pp=2, pp=2 v=2
- *   np 4: pp=4, pp=2 x dp=2, pp=2 x ep=2, pp=2 x tp=2, and each of them with v=2
+ *   np 2: pp=2, pp=2 v=2 (and with the ORDERED issue mode NCCL uses)
+ *   np 4: pp=4, pp=2 x dp=2, pp=2 x ep=2, pp=2 x tp=2, and each of them with v=2; pp=4 and
+ *         pp=2 v=2 x ep=2 with the ORDERED issue mode
  * Reference: the ranks of one pp coordinate form a mesh of the same tp x ep x dp with pp = 1
  * (an MPI_Comm_split of the world, keyed so every rank keeps its tp/ep/dp coordinates) and run
  * the whole model on the same data (data of lane = ep + EP * dp; tp ranks share it). Every
@@ -13,10 +14,10 @@
  * with the reference's (rel. err <= 1e-5), and the lanes together hold every layer once.
  * Meshes the MoE layer cannot build yet (UNSUPPORTED) are reported as SKIPPED, not passed.
  *
- * Bubble (np 4): pp = 4 stages whose forward and backward sleep 12 ms each (sleep, not spin:
+ * Bubble (np 4): pp = 4 stages whose forward and backward sleep 20 ms each (sleep, not spin:
  * 4 ranks share 2 cores on CI), 1 KB boundary tensors: the median over 5 batches of the idle
  * fraction 1 - sum(compute)/(p * max span) is within 0.05 of (p-1)/(m+p-1) for m in
- * {4, 8, 16}, and with v = 2 chunks of 12 ms each within 0.05 of (p-1)/(m v+p-1) for m in
+ * {4, 8, 16}, and with v = 2 chunks of 20 ms each within 0.05 of (p-1)/(m v+p-1) for m in
  * {4, 8}; measured and theoretical values are printed.
  *
  * Failure (np 2: pp=2; np 4: pp=4 and pp=2 x dp=2): a backward that fails on the last rank
@@ -103,10 +104,11 @@ static void compare(pm_model_t *ref, pm_model_t *pm, int layer, int kind, const 
     free(b);
 }
 
-static void equivalence(int tp, int ep, int dp, int pp, int v)
+static void equivalence(int tp, int ep, int dp, int pp, int v, moe_pipeline_issue_t issue)
 {
-    char name[64];
-    snprintf(name, sizeof name, "pp=%d v=%d tp=%d ep=%d dp=%d", pp, v, tp, ep, dp);
+    char name[96];
+    snprintf(name, sizeof name, "pp=%d v=%d tp=%d ep=%d dp=%d%s", pp, v, tp, ep, dp,
+             issue == MOE_PIPE_ISSUE_ORDERED ? " (ordered issue)" : "");
     const int m = v > 1 ? 2 * pp : 3, steps = 2;
     moe_mesh_config_t mc = moe_mesh_config_default();
     mc.tp = tp, mc.ep = ep, mc.dp = dp, mc.pp = pp;
@@ -157,6 +159,7 @@ static void equivalence(int tp, int ep, int dp, int pp, int v)
     moe_pipeline_config_t pc = moe_pipeline_config_default();
     pc.microbatches = m;
     pc.virtual_stages = v;
+    pc.issue = issue;
     pc.act_ndim = 2;
     pc.act_shape[0] = sh.n;
     pc.act_shape[1] = sh.h;
@@ -319,7 +322,7 @@ static void bubble(void)
     int ms[] = {4, 8, 16, 4, 8}, vs[] = {1, 1, 1, 2, 2};
     for (int i = 0; i < 5; i++) {
         int m = ms[i], v = vs[i];
-        double cost = 0.012; /* per chunk, forward and backward each */
+        double cost = 0.020; /* per chunk, forward and backward each */
         moe_pipeline_callbacks_t cb = {.forward = sl_forward, .backward = sl_backward,
                                        .loss = sl_loss, .user = &cost};
         moe_pipeline_config_t pc = moe_pipeline_config_default();
@@ -381,18 +384,22 @@ int main(int argc, char **argv)
     }
     TEST_OK(moe_runtime_destroy(prt));
     if (world_size == 2) {
-        equivalence(1, 1, 1, 2, 1);
-        equivalence(1, 1, 1, 2, 2);
+        equivalence(1, 1, 1, 2, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 2, 2, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 2, 2, MOE_PIPE_ISSUE_ORDERED);
         failure(2);
     } else if (world_size == 4) {
-        equivalence(1, 1, 1, 4, 1);
-        equivalence(1, 1, 1, 4, 2);
-        equivalence(1, 1, 2, 2, 1);
-        equivalence(1, 1, 2, 2, 2);
-        equivalence(1, 2, 1, 2, 1);
-        equivalence(1, 2, 1, 2, 2);
-        equivalence(2, 1, 1, 2, 1);
-        equivalence(2, 1, 1, 2, 2);
+        equivalence(1, 1, 1, 4, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 4, 2, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 2, 2, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 2, 2, 2, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 2, 1, 2, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 2, 1, 2, 2, MOE_PIPE_ISSUE_AUTO);
+        equivalence(2, 1, 1, 2, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(2, 1, 1, 2, 2, MOE_PIPE_ISSUE_AUTO);
+        /* the issue order NCCL needs, over MPI */
+        equivalence(1, 1, 1, 4, 1, MOE_PIPE_ISSUE_ORDERED);
+        equivalence(1, 2, 1, 2, 2, MOE_PIPE_ISSUE_ORDERED);
         failure(4);
         failure(2); /* pp = 2 x dp = 2: the other data-parallel replica stops too */
         bubble();
