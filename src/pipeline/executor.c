@@ -5,18 +5,23 @@
  * Legend: p stages, m microbatches, s this stage; a "buffer" is one stage-boundary tensor of
  * the configured shape, allocated on the runtime's device.
  *
- * Transfers: every receive of the list is posted `prepost` receive-actions ahead of the
- * action that needs it (so data arrives while the stage computes); sends are started right
- * after the compute that fills them and completed lazily (polled between actions, waited at
- * the end of the batch). Tags are 2*mb (activation) and 2*mb+1 (gradient); MPI's
- * non-overtaking order keeps consecutive batches apart.
+ * Transfers, PREPOST mode (MPI): every receive of the list is posted `prepost` receive-actions
+ * ahead of the action that needs it (so data arrives while the stage computes); sends are
+ * started right after the compute that fills them. ORDERED mode (in-order transports such as
+ * NCCL, where a receive queued ahead of a send blocks it): transfers start in the schedule's
+ * global issue order (issue_order.c), a receive at its turn, a send at its turn once computed.
+ * Either way sends are completed lazily (polled between actions, waited at the end of the
+ * batch). Tags are 2*u (activation) and 2*u+1 (gradient) for the receiving unit
+ * u = chunk*m + mb (chunk 0 without interleaving); MPI's non-overtaking order keeps
+ * consecutive batches apart.
  *
  * Buffers come from a pool that grows on demand and is kept across batches, so its size is
  * the schedule's peak: about (p - s) inputs held for backward, plus posted receives and sends
  * in flight.
  *
  * Failures: a failing callback switches this rank to "drain" mode: it skips every later
- * callback but still performs every transfer of its list, so its peers complete theirs.
+ * callback but still performs every transfer of its list (sending zeros), so its peers
+ * complete theirs.
  * A status exchange over the world then tells every rank, and nobody steps the optimizer.
  * A failing transfer leaves the communicator unusable: the rank aborts it and returns at once;
  * peers fail by their own transfer timeouts.
