@@ -179,7 +179,8 @@ typedef struct moe_pipeline_config {
                                           stage boundary and every pp rank */
     moe_dtype_t act_dtype;             /* default: the runtime's compute dtype (set by create
                                           when left at -1, the default) */
-    int32_t prepost;                   /* receives kept posted ahead of use, >= 1, default 2 */
+    int32_t prepost;                   /* PREPOST mode: receives kept posted ahead of use,
+                                          >= 1, default 2 (each holds a buffer) */
     moe_adamw_t *optimizer;            /* used when callbacks.step is NULL; may be NULL */
     float lr;                          /* passed to moe_adamw_step; <= 0: configured rate */
     float grad_scale;                  /* <= 0 (default): 1/m */
