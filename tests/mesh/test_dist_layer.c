@@ -187,7 +187,7 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
     moe_layer_t *ref = make_layer(rrt, sc);
     moe_adamw_t *ropt = NULL;
     TEST_OK(moe_adamw_create(rrt, NULL, &ropt));
-    TEST_OK(moe_adamw_add_layer(ropt, ref));
+    TEST_OK(moe_adamw_add_layer(ropt, ref, NULL));
 
     /* distributed */
     moe_mesh_config_t mc = moe_mesh_config_default();
@@ -199,7 +199,7 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
     moe_layer_t *l = make_layer(rt, sc);
     moe_adamw_t *opt = NULL;
     TEST_OK(moe_adamw_create(rt, NULL, &opt));
-    TEST_OK(moe_adamw_add_layer(opt, l));
+    TEST_OK(moe_adamw_add_layer(opt, l, NULL));
     compare_params(rt, l, ref, false, ctx); /* same global parameters from the seed */
 
     int32_t er, es, dr, ds_;

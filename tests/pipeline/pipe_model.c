@@ -71,19 +71,9 @@ moe_status_t pm_model_create(moe_runtime_t *rt, const pm_shape_t *sh, int first,
             lc.max_microbatches = sh->m;
             lc.init_std = 0.3f;
             if ((st = moe_layer_create(rt, &lc, &pm->moe[i]))) return st;
-            /* moe_adamw_add_layer registers the layer's own names ("router.weight"), which
-             * collide for a second layer: register each parameter under a unique name */
-            int32_t np = 0;
-            if ((st = moe_layer_num_params(pm->moe[i], &np))) return st;
-            for (int32_t k = 0; k < np; k++) {
-                moe_param_info_t info = {.struct_size = sizeof info};
-                if ((st = moe_layer_param(pm->moe[i], k, &info))) return st;
-                if (info.kind == MOE_PARAM_BUFFER) continue;
-                char name[64];
-                snprintf(name, sizeof name, "moe%d.%s", layer, info.name);
-                if ((st = moe_adamw_add_param(pm->opt, name, info.kind, &info.value, &info.grad)))
-                    return st;
-            }
+            char prefix[32];
+            snprintf(prefix, sizeof prefix, "moe%d.", layer);
+            if ((st = moe_adamw_add_layer(pm->opt, pm->moe[i], prefix))) return st;
         } else {
             pm->w[i] = malloc(hh * sizeof(float));
             pm->gw[i] = calloc(hh, sizeof(float));
