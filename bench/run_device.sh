@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Everything the GPU machine runs for the CUDA backend, in one call:
+#   build (sm_90, Release) -> GPU tests -> compute-sanitizer memcheck + racecheck on the test
+#   binaries -> bench_moe -> bench/torch_moe.py, logs and JSON lines under $OUT.
+# Usage (from the repository root, deps unpacked): bash bench/run_device.sh [phases...]
+#   phases: build tests sanitize bench torch (default: all of them)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/moe-out}
+B=${MOE_BUILD_DIR:-/tmp/build-device}
+mkdir -p "$OUT"
+phases=${*:-build tests sanitize bench torch}
+has() { [[ " $phases " == *" $1 "* ]]; }
+status=0
+
+if has build; then
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON \
+    >"$OUT/build.log" 2>&1 &&
+    cmake --build "$B" -j16 --target test_cuda_ops test_cuda_layer bench_moe >>"$OUT/build.log" 2>&1 ||
+    { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
+  echo "build ok"
+fi
+T="$B/tests"
+
+if has tests; then
+  for t in test_cuda_ops test_cuda_layer; do
+    "$T/$t" >"$OUT/$t.log" 2>&1
+    rc=$?
+    echo "$t: rc=$rc"
+    grep -E "rel err|routing|rows kept|FAILED|PASSED|ERROR|seed|bitwise|differently|dropped" "$OUT/$t.log" | head -100
+    [ $rc -eq 0 ] || status=1
+  done
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    for t in test_cuda_ops test_cuda_layer; do
+      timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 "$T/$t" \
+        >"$OUT/sanitize_${tool}_$t.log" 2>&1
+      rc=$?
+      echo "compute-sanitizer $tool $t: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_$t.log" | tail -1)"
+      [ $rc -eq 0 ] || { status=1; grep -m5 -A8 -E "Invalid|Race|Error" "$OUT/sanitize_${tool}_$t.log"; }
+    done
+  done
+fi
+
+if has bench; then
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >"$OUT/gpu.txt" 2>&1
+  "$B/bench/bench_moe" ${MOE_BENCH_PART:-all} | tee "$OUT/bench_libmoe.jsonl" || status=1
+fi
+
+if has torch; then
+  PYTHONUNBUFFERED=1 python3 bench/torch_moe.py ${MOE_BENCH_PART:-all} | tee "$OUT/bench_torch.jsonl" || status=1
+fi
+exit $status
