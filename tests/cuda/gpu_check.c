@@ -64,6 +64,7 @@ int32_t *gpu_up_i32(gpu_pair_t *p, const int32_t *host, int64_t n)
 void *gpu_poison(gpu_pair_t *p, size_t bytes, bool integers)
 {
     void *d = dev_alloc(p, bytes);
+    TEST_OK(p->cuda.ops->synchronize(p->cuda.ctx)); /* the allocation is stream-ordered */
     assert_int_equal(cudaMemset(d, integers ? 0x7f : 0xff, bytes), cudaSuccess);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     return d;
