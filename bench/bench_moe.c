@@ -23,6 +23,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ctx.h"
 #include "bench_fill.h"
+#include "kernels.h"
 
 #define HBM_BPS 4.3e12
 #define TC_FLOPS 790e12
@@ -98,6 +99,8 @@ static void emit(const char *bench, const char *shape, const char *variant, doub
 
 typedef struct router_arg {
     moe_backend_t be;
+    cudaStream_t stream;
+    float *scratch;
     moe_router_fwd_t f[3];
     moe_router_bwd_t b[3];
 } router_arg_t;
@@ -106,6 +109,16 @@ static void run_router_fwd(void *p, int i)
 {
     router_arg_t *a = p;
     CK(a->be.ops->router_forward(a->be.ctx, &a->f[i % 3]));
+}
+
+/* the selection kernels alone (logits already computed), to split the forward's time */
+static void run_router_select(void *p, int i)
+{
+    router_arg_t *a = p;
+    const moe_router_fwd_t *f = &a->f[i % 3];
+    CU(moe_cuda_router_select(f->logits, f->bias, f->n, f->e, f->k, (int)f->score_fn,
+                              f->renormalize, f->topk_idx, f->topk_w, f->counts, f->score_mean,
+                              f->stats, a->scratch, a->stream));
 }
 
 static void run_router_bwd(void *p, int i)
@@ -120,7 +133,8 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
                                  {1024, 512, 32, 2},   {2048, 1024, 64, 2},  {4096, 2048, 64, 4}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t n = shapes[s][0], h = shapes[s][1], e = shapes[s][2], k = shapes[s][3];
-        router_arg_t a = {.be = be};
+        router_arg_t a = {.be = be, .stream = stream};
+        a.scratch = dalloc(4 * (size_t)moe_cuda_router_select_scratch(n, (int32_t)e));
         void *wg = dalloc(2 * h * e);
         float *dwg = dalloc(4 * h * e);
         CU(bench_fill_bf16(wg, h * e, 7, 1.0f / sqrtf((float)h), stream));
@@ -151,10 +165,17 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
         int iters = n >= 65536 ? 30 : 200;
         double flops_f = 2.0 * n * h * e;
         double bytes_f = 2.0 * n * h + 2.0 * h * e + 4.0 * n * e + 8.0 * n * k;
-        double ms = time_median(stream, run_router_fwd, &a, 5, iters);
-        double fl_hbm = bytes_f / HBM_BPS * 1e3, fl_tc = flops_f / TC_FLOPS * 1e3;
-        emit("router_fwd", shape, "cublas+select", ms, fmax(fl_hbm, fl_tc),
-             fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
+        double fl_hbm = bytes_f / HBM_BPS * 1e3, fl_tc = flops_f / TC_FLOPS * 1e3, ms;
+        cuda_ctx_t *c = be.ctx;
+        for (int tn = 1; tn >= 0; tn--) {
+            c->router_tn = tn;
+            ms = time_median(stream, run_router_fwd, &a, 5, iters);
+            emit("router_fwd", shape, tn ? "transpose-wg+gemm(TN)+select" : "gemm(NN)+select", ms,
+                 fmax(fl_hbm, fl_tc), fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
+        }
+        c->router_tn = true;
+        ms = time_median(stream, run_router_select, &a, 5, iters);
+        emit("router_select_only", shape, "select+finalize", ms, 4.0 * n * e / HBM_BPS * 1e3, "hbm", 0);
         /* backward: read x, logits, write dlogits, read+write dx; two GEMMs */
         double flops_b = 4.0 * n * h * e;
         double bytes_b = 2.0 * n * h + 4.0 * n * e * 2 + 4.0 * n * h + 4.0 * h * e * 2;
@@ -172,6 +193,7 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
         }
         cudaFree(wg);
         cudaFree(dwg);
+        cudaFree(a.scratch);
     }
 }
 

@@ -34,6 +34,10 @@ cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64
                                    float *topk_w, int32_t *counts, float *score_mean,
                                    float *stats, float *scratch, cudaStream_t stream);
 
+/* dst [cols, rows] = src [rows, cols]^T, bf16 (the router keeps wg^T for a K-major GEMM) */
+cudaError_t moe_cuda_transpose_bf16(void *dst, const void *src, int64_t rows, int64_t cols,
+                                    cudaStream_t stream);
+
 /* dlogits f32 [N,E] (and its bf16 copy for the tensor-core GEMMs) from d(topk_w) and the
  * aux/z coefficients; see host_router.c for the formulas. */
 cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_t *topk_idx,

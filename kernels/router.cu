@@ -16,7 +16,6 @@
 #include "kernels.h"
 
 #define WARPS 8               /* warps per block in the per-token kernels */
-#define TOKENS_PER_WARP 8     /* router_select: tokens one warp handles (fixed: determinism) */
 #define MAX_K 8
 
 static __device__ __forceinline__ float warp_sum(float v)
@@ -77,7 +76,7 @@ __global__ void __launch_bounds__(WARPS * 32)
 router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
               int k, int score_fn, bool renorm, int32_t *__restrict__ topk_idx,
               float *__restrict__ topk_w, float *__restrict__ part_mean,
-              float *__restrict__ part_stats, int32_t *__restrict__ part_counts)
+              float *__restrict__ part_stats, int32_t *__restrict__ part_counts, int tpw)
 {
     extern __shared__ float smem[]; /* [WARPS][E] means, then [E] int counts, [WARPS][2] */
     float *s_mean = smem;
@@ -95,8 +94,8 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
         pm[i] = 0.0f;
     }
     float z_acc = 0, ent_acc = 0;
-    int64_t t0 = ((int64_t)blockIdx.x * WARPS + warp) * TOKENS_PER_WARP;
-    for (int tt = 0; tt < TOKENS_PER_WARP; tt++) {
+    int64_t t0 = ((int64_t)blockIdx.x * WARPS + warp) * tpw;
+    for (int tt = 0; tt < tpw; tt++) {
         int64_t t = t0 + tt;
         if (t >= n) break;
         token_row<EPL> r;
@@ -227,7 +226,22 @@ __global__ void router_finalize(const float *__restrict__ part_mean,
     }
 }
 
-static int64_t select_blocks(int64_t n) { return (n + WARPS * TOKENS_PER_WARP - 1) / (WARPS * TOKENS_PER_WARP); }
+/* Tokens per warp in router_select: a function of N alone (so the reduction order, and the
+ * result, never depend on the device). One token per warp while that still leaves the GPU
+ * short of work: a warp's tokens run one after the other, each a chain of warp reductions,
+ * so small N wants more warps, not more tokens per warp. Up to 8 for large N, which keeps the
+ * per-block partial sums few. */
+static int select_tpw(int64_t n)
+{
+    int64_t t = n / (132 * 64);
+    return (int)(t < 1 ? 1 : t > 8 ? 8 : t);
+}
+
+static int64_t select_blocks(int64_t n)
+{
+    int64_t per_block = (int64_t)WARPS * select_tpw(n);
+    return (n + per_block - 1) / per_block;
+}
 
 extern "C" int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e)
 {
@@ -241,7 +255,7 @@ static void launch_select(const float *logits, const float *bias, int64_t n, int
 {
     size_t smem = sizeof(float) * (WARPS * (size_t)e + 2 * WARPS) + sizeof(int32_t) * (size_t)e;
     router_select<EPL><<<(unsigned)select_blocks(n), WARPS * 32, smem, stream>>>(
-        logits, bias, n, e, k, score_fn, renorm, topk_idx, topk_w, pm, ps, pc);
+        logits, bias, n, e, k, score_fn, renorm, topk_idx, topk_w, pm, ps, pc, select_tpw(n));
 }
 
 extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n,
@@ -268,6 +282,34 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
     if (rc != cudaSuccess) return rc;
     router_finalize<<<e + 1, 256, 0, stream>>>(pm, ps, pc, (int)nb, e, 1.0 / (double)n, counts,
                                                 score_mean, stats);
+    return cudaGetLastError();
+}
+
+/* ---- wg transpose ------------------------------------------------------------------------ */
+
+/* dst [cols, rows] = src [rows, cols]^T through a 32x33 shared tile (no bank conflicts). */
+__global__ void transpose_bf16(__nv_bfloat16 *__restrict__ dst, const __nv_bfloat16 *__restrict__ src,
+                               int64_t rows, int64_t cols)
+{
+    __shared__ __nv_bfloat16 tile[32][33];
+    int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        int64_t r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        int64_t c = c0 + i, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
+    }
+}
+
+extern "C" cudaError_t moe_cuda_transpose_bf16(void *dst, const void *src, int64_t rows,
+                                               int64_t cols, cudaStream_t stream)
+{
+    dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32)), block(32, 8);
+    transpose_bf16<<<grid, block, 0, stream>>>((__nv_bfloat16 *)dst, (const __nv_bfloat16 *)src,
+                                               rows, cols);
     return cudaGetLastError();
 }
 

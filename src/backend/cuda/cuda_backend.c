@@ -23,8 +23,8 @@ static void cuda_destroy(void *vctx)
     cuda_ctx_t *c = vctx;
     if (!c) return;
     cudaSetDevice(c->device);
+    if (c->ws) cudaFreeAsync(c->ws, c->stream);
     if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->ws) cudaFree(c->ws);
     if (c->pinned_kept) cudaFreeHost(c->pinned_kept);
     for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
         if (c->side_cublas[i]) cublasDestroy(c->side_cublas[i]);
@@ -36,6 +36,7 @@ static void cuda_destroy(void *vctx)
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->own_stream) cudaStreamDestroy(c->own_stream);
+    if (c->pool) cudaMemPoolDestroy(c->pool); /* released once outstanding blocks are freed */
     free(c);
 }
 
@@ -46,7 +47,7 @@ moe_status_t moe_cuda_workspace(cuda_ctx_t *c, size_t bytes, void **out)
         c->ws = NULL;
         c->ws_bytes = 0;
         size_t want = bytes + bytes / 4; /* headroom: shapes drift between microbatches */
-        cudaError_t rc = cudaMallocAsync(&c->ws, want, c->stream);
+        cudaError_t rc = cudaMallocFromPoolAsync(&c->ws, want, c->pool, c->stream);
         if (rc != cudaSuccess)
             return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "CUDA workspace of %zu bytes: %s", want,
                             cudaGetErrorString(rc));
@@ -62,9 +63,9 @@ static moe_status_t cuda_alloc(void *vctx, size_t bytes, void **out)
     *out = NULL;
     if (bytes == 0) return MOE_STATUS_SUCCESS;
     MOE_CUDA_CHECK(cudaSetDevice(c->device));
-    cudaError_t rc = cudaMallocAsync(out, bytes, c->stream);
+    cudaError_t rc = cudaMallocFromPoolAsync(out, bytes, c->pool, c->stream);
     if (rc != cudaSuccess)
-        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "cudaMallocAsync of %zu bytes: %s", bytes,
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "cudaMallocFromPoolAsync of %zu bytes: %s", bytes,
                         cudaGetErrorString(rc));
     return MOE_STATUS_SUCCESS;
 }
@@ -193,6 +194,11 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     MOE_CUDA_CHECK_GOTO(st, cudaSetDevice(c->device));
     MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->own_stream, cudaStreamNonBlocking));
     c->stream = c->own_stream;
+    struct cudaMemPoolProps props = {.allocType = cudaMemAllocationTypePinned,
+                              .location = {.type = cudaMemLocationTypeDevice, .id = c->device}};
+    MOE_CUDA_CHECK_GOTO(st, cudaMemPoolCreate(&c->pool, &props));
+    uint64_t keep = UINT64_MAX;
+    MOE_CUDA_CHECK_GOTO(st, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep));
     MOE_TRY_GOTO(st, make_cublas(c->stream, &c->cublas, &c->cublas_ws));
     MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
     for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
@@ -201,6 +207,7 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
         MOE_TRY_GOTO(st, make_cublas(c->side[i], &c->side_cublas[i], &c->side_ws[i]));
     }
     c->gemm_mode = gemm_mode_from_env(c->logger);
+    c->router_tn = true;
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;
