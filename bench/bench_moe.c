@@ -166,14 +166,9 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
         double flops_f = 2.0 * n * h * e;
         double bytes_f = 2.0 * n * h + 2.0 * h * e + 4.0 * n * e + 8.0 * n * k;
         double fl_hbm = bytes_f / HBM_BPS * 1e3, fl_tc = flops_f / TC_FLOPS * 1e3, ms;
-        cuda_ctx_t *c = be.ctx;
-        for (int tn = 1; tn >= 0; tn--) {
-            c->router_tn = tn;
-            ms = time_median(stream, run_router_fwd, &a, 5, iters);
-            emit("router_fwd", shape, tn ? "transpose-wg+gemm(TN)+select" : "gemm(NN)+select", ms,
-                 fmax(fl_hbm, fl_tc), fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
-        }
-        c->router_tn = true;
+        ms = time_median(stream, run_router_fwd, &a, 5, iters);
+        emit("router_fwd", shape, "gemm+select", ms, fmax(fl_hbm, fl_tc),
+             fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
         ms = time_median(stream, run_router_select, &a, 5, iters);
         emit("router_select_only", shape, "select+finalize", ms, 4.0 * n * e / HBM_BPS * 1e3, "hbm", 0);
         /* backward: read x, logits, write dlogits, read+write dx; two GEMMs */

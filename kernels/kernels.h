@@ -20,8 +20,7 @@ extern "C" {
 
 /* ---- router (router.cu) ---- */
 
-/* Experts handled per warp lane: the router kernels keep a token's E scores in registers,
- * 32 lanes x MOE_ROUTER_MAX_EPL, so E <= 512. */
+/* The router kernels keep a token's E scores in registers, at most 16 on each of 32 lanes. */
 #define MOE_ROUTER_MAX_E 512
 
 /* Floats of scratch router_select needs for its per-block partial sums. */
@@ -33,10 +32,6 @@ cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64
                                    int32_t k, int score_fn, bool renormalize, int32_t *topk_idx,
                                    float *topk_w, int32_t *counts, float *score_mean,
                                    float *stats, float *scratch, cudaStream_t stream);
-
-/* dst [cols, rows] = src [rows, cols]^T, bf16 (the router keeps wg^T for a K-major GEMM) */
-cudaError_t moe_cuda_transpose_bf16(void *dst, const void *src, int64_t rows, int64_t cols,
-                                    cudaStream_t stream);
 
 /* dlogits f32 [N,E] (and its bf16 copy for the tensor-core GEMMs) from d(topk_w) and the
  * aux/z coefficients; see host_router.c for the formulas. */

@@ -1,7 +1,10 @@
 /*
- * Router kernels after the logits GEMM (cuBLAS, bf16 in, fp32 out): one warp per token keeps
- * the token's E logits in registers (lane l holds experts l, l+32, ..., EPL of them), so the
- * softmax/sigmoid, top-k and renormalisation never touch memory again.
+ * Router kernels after the logits GEMM (cuBLAS, bf16 in, fp32 out). A group of LANES lanes
+ * keeps one token's E logits in registers (lane l of the group holds experts l, l+LANES, ...,
+ * EPL of them), so the softmax/sigmoid, top-k and renormalisation never touch memory again.
+ * The forward sizes the group to E (8 experts a lane: E=64 puts 4 tokens in a warp), because
+ * the kernel is bound by instruction issue and the group-wide reductions dominate it;
+ * backward uses whole warps.
  *
  * Shape legend: N tokens, E experts (E <= 32*EPL <= 512), K top-k (K <= 8).
  *
@@ -18,150 +21,183 @@
 #define WARPS 8               /* warps per block in the per-token kernels */
 #define MAX_K 8
 
-static __device__ __forceinline__ float warp_sum(float v)
+/* Reductions over a group of LANES consecutive lanes (xor offsets below LANES stay inside
+ * the aligned group); the fixed butterfly order keeps them deterministic. */
+template <int LANES>
+static __device__ __forceinline__ float group_sum(float v)
 {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
-static __device__ __forceinline__ float warp_max(float v)
+template <int LANES>
+static __device__ __forceinline__ float group_max(float v)
 {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = LANES / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
 static __device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-/* A token's row: logits in registers, log-sum-exp, scores s and normalised scores q. */
-template <int EPL>
+/* A token's row held by a group of LANES lanes: lane `sub` of the group holds experts
+ * sub, sub + LANES, ... (EPL of them). Logits, log-sum-exp, scores s, normalised scores q.
+ * A group past the last token (valid = false) computes on zeros and writes nothing. */
+template <int EPL, int LANES>
 struct token_row {
     float l[EPL], s[EPL], q[EPL];
     float lse, qnorm;
 
-    __device__ void load(const float *row, int e, int lane, int score_fn)
+    __device__ void load(const float *row, int e, int sub, int score_fn, bool valid)
     {
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            int j = lane + 32 * i;
-            l[i] = j < e ? row[j] : -INFINITY;
+            int j = sub + LANES * i;
+            l[i] = j >= e ? -INFINITY : valid ? row[j] : 0.0f;
         }
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < EPL; i++) mx = fmaxf(mx, l[i]);
-        mx = warp_max(mx);
-        float sum = 0;
-#pragma unroll
-        for (int i = 0; i < EPL; i++) sum += expf(l[i] - mx); /* exp(-inf) = 0 for padding */
-        lse = mx + logf(warp_sum(sum));
-        float tot = 0;
+        mx = group_max<LANES>(mx);
+        float ex[EPL], sum = 0;
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            bool valid = lane + 32 * i < e;
-            s[i] = !valid ? 0.0f : score_fn == 0 ? expf(l[i] - lse) : sigmoidf_(l[i]);
+            ex[i] = expf(l[i] - mx); /* exp(-inf) = 0 for padding */
+            sum += ex[i];
+        }
+        sum = group_sum<LANES>(sum);
+        lse = mx + logf(sum);
+        float inv_sum = 1.0f / sum, tot = 0;
+#pragma unroll
+        for (int i = 0; i < EPL; i++) {
+            bool real = sub + LANES * i < e;
+            s[i] = !real ? 0.0f : score_fn == 0 ? ex[i] * inv_sum : sigmoidf_(l[i]);
             tot += s[i];
         }
-        qnorm = score_fn == 0 ? 1.0f : warp_sum(tot);
+        qnorm = score_fn == 0 ? 1.0f : group_sum<LANES>(tot);
         float inv = 1.0f / qnorm;
 #pragma unroll
         for (int i = 0; i < EPL; i++) q[i] = score_fn == 0 ? s[i] : s[i] * inv;
     }
 };
 
+/* (key, expert) packed so that one unsigned 64-bit max picks the larger key and, on equal
+ * keys, the lower expert index: order-preserving float bits above, 0xffff - index below.
+ * Every real expert packs above 0, the value a taken or padding slot gets. */
+static __device__ __forceinline__ unsigned long long pack_key(float key, int idx)
+{
+    unsigned b = __float_as_uint(key);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((unsigned long long)b << 32) | (unsigned)(0xffff - idx);
+}
+
 /* ---- forward: selection and statistics ------------------------------------------------------ */
 
-template <int EPL>
+/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. */
+template <int EPL, int LANES>
 __global__ void __launch_bounds__(WARPS * 32)
 router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
               int k, int score_fn, bool renorm, int32_t *__restrict__ topk_idx,
               float *__restrict__ topk_w, float *__restrict__ part_mean,
-              float *__restrict__ part_stats, int32_t *__restrict__ part_counts, int tpw)
+              float *__restrict__ part_stats, int32_t *__restrict__ part_counts, int iters)
 {
+    constexpr int GROUPS = 32 / LANES;
     extern __shared__ float smem[]; /* [WARPS][E] means, then [E] int counts, [WARPS][2] */
     float *s_mean = smem;
     int32_t *s_count = (int32_t *)(s_mean + WARPS * e);
     float *s_stats = (float *)(s_count + e);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LANES, grp = lane / LANES;
     for (int j = threadIdx.x; j < e; j += blockDim.x) s_count[j] = 0;
     __syncthreads();
 
     float kb[EPL], pm[EPL];
 #pragma unroll
     for (int i = 0; i < EPL; i++) {
-        int j = lane + 32 * i;
+        int j = sub + LANES * i;
         kb[i] = bias && j < e ? bias[j] : 0.0f;
         pm[i] = 0.0f;
     }
     float z_acc = 0, ent_acc = 0;
-    int64_t t0 = ((int64_t)blockIdx.x * WARPS + warp) * tpw;
-    for (int tt = 0; tt < tpw; tt++) {
-        int64_t t = t0 + tt;
-        if (t >= n) break;
-        token_row<EPL> r;
-        r.load(logits + t * e, e, lane, score_fn);
-        z_acc += r.lse * r.lse;
+    int64_t first = ((int64_t)blockIdx.x * WARPS + warp) * iters * GROUPS;
+    for (int it = 0; it < iters; it++) {
+        int64_t t0 = first + (int64_t)it * GROUPS, t = t0 + grp;
+        if (t0 >= n) break; /* warp-uniform */
+        bool valid = t < n;
+        token_row<EPL, LANES> r;
+        r.load(logits + (valid ? t : 0) * e, e, sub, score_fn, valid);
+        /* entropy -sum q log q; softmax: log q = logit - lse exactly, no log needed */
         float ent = 0;
-        float key[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            pm[i] += r.q[i];
-            ent -= r.q[i] > 0 ? r.q[i] * logf(r.q[i]) : 0.0f;
-            key[i] = lane + 32 * i < e ? r.s[i] + kb[i] : -INFINITY;
+            float lq = score_fn == 0 ? r.l[i] - r.lse : logf(r.q[i]);
+            ent -= r.q[i] > 0 ? r.q[i] * lq : 0.0f;
         }
-        ent_acc += warp_sum(ent);
-        /* top-k: each round the warp's best (key, lower index) wins and leaves the race */
-        unsigned taken = 0;
-        float ws[MAX_K];
+        ent = group_sum<LANES>(ent);
+        if (valid) {
+            z_acc += r.lse * r.lse;
+            ent_acc += ent;
+#pragma unroll
+            for (int i = 0; i < EPL; i++) pm[i] += r.q[i];
+        }
+        /* top-k: each round the group's largest packed key wins and leaves the race */
+        unsigned long long pk[EPL];
+#pragma unroll
+        for (int i = 0; i < EPL; i++) {
+            int j = sub + LANES * i;
+            pk[i] = j < e ? pack_key(r.s[i] + kb[i], j) : 0ull;
+        }
+        float ws[MAX_K], wsum = 0;
         int wi[MAX_K];
-        float wsum = 0;
 #pragma unroll
         for (int j = 0; j < MAX_K; j++) {
             if (j >= k) break;
-            float bk = -INFINITY, bs = 0;
-            int bi = INT_MAX, bslot = -1;
+            unsigned long long best = 0;
 #pragma unroll
-            for (int i = 0; i < EPL; i++) {
-                int idx = lane + 32 * i;
-                if (!(taken >> i & 1u) && idx < e && (bslot < 0 || key[i] > bk)) {
-                    bk = key[i];
-                    bs = r.s[i];
-                    bi = idx;
-                    bslot = i;
-                }
-            }
+            for (int i = 0; i < EPL; i++) best = pk[i] > best ? pk[i] : best;
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                float ok = __shfl_xor_sync(0xffffffffu, bk, o);
-                float os = __shfl_xor_sync(0xffffffffu, bs, o);
-                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (ok > bk || (ok == bk && oi < bi)) {
-                    bk = ok;
-                    bs = os;
-                    bi = oi;
-                }
+            for (int o = LANES / 2; o > 0; o >>= 1) {
+                unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+                best = other > best ? other : best;
             }
-            if (bi % 32 == lane) taken |= 1u << (bi / 32);
+            int idx = 0xffff - (int)(best & 0xffffu);
+            float mine = 0;
+#pragma unroll
+            for (int i = 0; i < EPL; i++)
+                if (pk[i] == best) {
+                    mine = r.s[i];
+                    pk[i] = 0;
+                }
+            float bs = __shfl_sync(0xffffffffu, mine, grp * LANES + idx % LANES);
             ws[j] = bs;
-            wi[j] = bi;
+            wi[j] = idx;
             wsum += bs;
         }
-        float inv = renorm ? 1.0f / wsum : 1.0f;
+        if (valid && sub == 0) {
+            float inv = renorm ? 1.0f / wsum : 1.0f;
 #pragma unroll
-        for (int j = 0; j < MAX_K; j++) {
-            if (j >= k) break;
-            if (lane == j) {
+            for (int j = 0; j < MAX_K; j++) {
+                if (j >= k) break;
                 topk_idx[t * k + j] = wi[j];
                 topk_w[t * k + j] = ws[j] * inv;
                 atomicAdd(&s_count[wi[j]], 1);
             }
         }
     }
+    /* fold the lane groups together (fixed butterfly), then the warps (fixed order) */
 #pragma unroll
-    for (int i = 0; i < EPL; i++) {
-        int j = lane + 32 * i;
-        if (j < e) s_mean[warp * e + j] = pm[i];
+    for (int o = LANES; o < 32; o <<= 1) {
+#pragma unroll
+        for (int i = 0; i < EPL; i++) pm[i] += __shfl_xor_sync(0xffffffffu, pm[i], o);
+        z_acc += __shfl_xor_sync(0xffffffffu, z_acc, o);
+        ent_acc += __shfl_xor_sync(0xffffffffu, ent_acc, o);
     }
+    if (grp == 0)
+#pragma unroll
+        for (int i = 0; i < EPL; i++) {
+            int j = sub + LANES * i;
+            if (j < e) s_mean[warp * e + j] = pm[i];
+        }
     if (lane == 0) {
         s_stats[warp * 2] = z_acc;
         s_stats[warp * 2 + 1] = ent_acc;
@@ -226,36 +262,44 @@ __global__ void router_finalize(const float *__restrict__ part_mean,
     }
 }
 
-/* Tokens per warp in router_select: a function of N alone (so the reduction order, and the
- * result, never depend on the device). One token per warp while that still leaves the GPU
- * short of work: a warp's tokens run one after the other, each a chain of warp reductions,
- * so small N wants more warps, not more tokens per warp. Up to 8 for large N, which keeps the
- * per-block partial sums few. */
-static int select_tpw(int64_t n)
+/* Lanes per token: enough that each lane holds at most 8 experts (16 above E = 256), so the
+ * per-token reductions span few lanes and small E packs several tokens into a warp. */
+static int select_lanes(int32_t e)
 {
-    int64_t t = n / (132 * 64);
+    int lanes = 1;
+    while (lanes < 32 && lanes * 8 < e) lanes *= 2;
+    return lanes;
+}
+
+/* Tokens per warp pass: a function of N and E alone (so the reduction order, and the result,
+ * never depend on the device). One pass while the GPU is still short of warps; up to 8 for
+ * large N, which keeps the per-block partial sums few. */
+static int select_iters(int64_t n, int32_t e)
+{
+    int64_t per_pass = 32 / select_lanes(e);
+    int64_t t = n / (132 * 64 * per_pass);
     return (int)(t < 1 ? 1 : t > 8 ? 8 : t);
 }
 
-static int64_t select_blocks(int64_t n)
+static int64_t select_blocks(int64_t n, int32_t e)
 {
-    int64_t per_block = (int64_t)WARPS * select_tpw(n);
+    int64_t per_block = (int64_t)WARPS * select_iters(n, e) * (32 / select_lanes(e));
     return (n + per_block - 1) / per_block;
 }
 
 extern "C" int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e)
 {
-    return select_blocks(n) * (2 * (int64_t)e + 2);
+    return select_blocks(n, e) * (2 * (int64_t)e + 2);
 }
 
-template <int EPL>
+template <int EPL, int LANES>
 static void launch_select(const float *logits, const float *bias, int64_t n, int32_t e, int32_t k,
                           int score_fn, bool renorm, int32_t *topk_idx, float *topk_w,
                           float *pm, float *ps, int32_t *pc, cudaStream_t stream)
 {
     size_t smem = sizeof(float) * (WARPS * (size_t)e + 2 * WARPS) + sizeof(int32_t) * (size_t)e;
-    router_select<EPL><<<(unsigned)select_blocks(n), WARPS * 32, smem, stream>>>(
-        logits, bias, n, e, k, score_fn, renorm, topk_idx, topk_w, pm, ps, pc, select_tpw(n));
+    router_select<EPL, LANES><<<(unsigned)select_blocks(n, e), WARPS * 32, smem, stream>>>(
+        logits, bias, n, e, k, score_fn, renorm, topk_idx, topk_w, pm, ps, pc, select_iters(n, e));
 }
 
 extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n,
@@ -265,51 +309,26 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
                                               float *scratch, cudaStream_t stream)
 {
     if (e > MOE_ROUTER_MAX_E || k > MAX_K || n <= 0) return cudaErrorInvalidValue;
-    int64_t nb = select_blocks(n);
+    int64_t nb = select_blocks(n, e);
     float *pm = scratch, *ps = pm + nb * e;
     int32_t *pc = (int32_t *)(ps + nb * 2);
-    if (e <= 32)
-        launch_select<1>(logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, pm, ps, pc, stream);
-    else if (e <= 64)
-        launch_select<2>(logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, pm, ps, pc, stream);
-    else if (e <= 128)
-        launch_select<4>(logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, pm, ps, pc, stream);
-    else if (e <= 256)
-        launch_select<8>(logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, pm, ps, pc, stream);
-    else
-        launch_select<16>(logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, pm, ps, pc, stream);
+#define MOE_SEL(EPL, LANES)                                                                  \
+    launch_select<EPL, LANES>(logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, \
+                              pm, ps, pc, stream)
+    switch (e > 256 ? 64 : select_lanes(e)) {
+    case 1: MOE_SEL(8, 1); break;
+    case 2: MOE_SEL(8, 2); break;
+    case 4: MOE_SEL(8, 4); break;
+    case 8: MOE_SEL(8, 8); break;
+    case 16: MOE_SEL(8, 16); break;
+    case 32: MOE_SEL(8, 32); break;
+    default: MOE_SEL(16, 32); break;
+    }
+#undef MOE_SEL
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) return rc;
     router_finalize<<<e + 1, 256, 0, stream>>>(pm, ps, pc, (int)nb, e, 1.0 / (double)n, counts,
                                                 score_mean, stats);
-    return cudaGetLastError();
-}
-
-/* ---- wg transpose ------------------------------------------------------------------------ */
-
-/* dst [cols, rows] = src [rows, cols]^T through a 32x33 shared tile (no bank conflicts). */
-__global__ void transpose_bf16(__nv_bfloat16 *__restrict__ dst, const __nv_bfloat16 *__restrict__ src,
-                               int64_t rows, int64_t cols)
-{
-    __shared__ __nv_bfloat16 tile[32][33];
-    int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
-    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
-        int64_t r = r0 + i, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
-    }
-    __syncthreads();
-    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
-        int64_t c = c0 + i, r = r0 + threadIdx.x;
-        if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
-    }
-}
-
-extern "C" cudaError_t moe_cuda_transpose_bf16(void *dst, const void *src, int64_t rows,
-                                               int64_t cols, cudaStream_t stream)
-{
-    dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32)), block(32, 8);
-    transpose_bf16<<<grid, block, 0, stream>>>((__nv_bfloat16 *)dst, (const __nv_bfloat16 *)src,
-                                               rows, cols);
     return cudaGetLastError();
 }
 
@@ -337,8 +356,8 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
     int64_t warps = (int64_t)gridDim.x * WARPS;
     for (int64_t t = (int64_t)blockIdx.x * WARPS + threadIdx.x / 32; t < n; t += warps) {
         const float *row = logits + t * e;
-        token_row<EPL> r;
-        r.load(row, e, lane, score_fn);
+        token_row<EPL, 32> r;
+        r.load(row, e, lane, score_fn, true);
         float gs[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++) gs[i] = 0;
@@ -361,7 +380,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
             if (score_fn != 0) {
 #pragma unroll
                 for (int i = 0; i < EPL; i++) gq_dot_q += caux[i] * r.q[i];
-                gq_dot_q = warp_sum(gq_dot_q);
+                gq_dot_q = group_sum<32>(gq_dot_q);
             }
 #pragma unroll
             for (int i = 0; i < EPL; i++)
@@ -371,7 +390,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
         if (score_fn == 0) {
 #pragma unroll
             for (int i = 0; i < EPL; i++) gs_dot_s += gs[i] * r.s[i];
-            gs_dot_s = warp_sum(gs_dot_s);
+            gs_dot_s = group_sum<32>(gs_dot_s);
         }
         float zc = z_coef * 2.0f * r.lse * inv_n;
 #pragma unroll

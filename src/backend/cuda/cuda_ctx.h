@@ -36,8 +36,6 @@ typedef struct cuda_ctx {
     void *side_ws[MOE_CUDA_SIDE_STREAMS];
     cudaEvent_t fork, join[MOE_CUDA_SIDE_STREAMS];
     cuda_gemm_mode_t gemm_mode;
-    /* router logits GEMM on a transposed copy of wg ([E,H], both operands K-major) */
-    bool router_tn;
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */
     cudaMemPool_t pool;
