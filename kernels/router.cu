@@ -3,8 +3,7 @@
  * keeps one token's E logits in registers (lane l of the group holds experts l, l+LANES, ...,
  * EPL of them), so the softmax/sigmoid, top-k and renormalisation never touch memory again.
  * The forward sizes the group to E (8 experts a lane: E=64 puts 4 tokens in a warp), because
- * the kernel is bound by instruction issue and the group-wide reductions dominate it;
- * backward uses whole warps.
+ * the kernels are bound by instruction issue and the group-wide reductions dominate them.
  *
  * Shape legend: N tokens, E experts (E <= 32*EPL <= 512), K top-k (K <= 8).
  *
@@ -56,6 +55,39 @@ struct token_row {
             int j = sub + LANES * i;
             l[i] = j >= e ? -INFINITY : valid ? row[j] : 0.0f;
         }
+        scores(e, sub, score_fn);
+    }
+
+    /* Small problems: the logits computed here, x_row [H] · wg [H,E] with fp32 FMAs in h
+     * order (x broadcast within the group, wg rows read contiguously by the group's lanes),
+     * and written to out_row when the token is real. Saves the GEMM launch. */
+    __device__ void compute(const __nv_bfloat16 *__restrict__ x_row,
+                            const __nv_bfloat16 *__restrict__ wg, int64_t h, int e, int sub,
+                            int score_fn, bool valid, float *__restrict__ out_row)
+    {
+        float acc[EPL];
+#pragma unroll
+        for (int i = 0; i < EPL; i++) acc[i] = 0.0f;
+#pragma unroll 4
+        for (int64_t c = 0; c < h; c++) {
+            float xv = __bfloat162float(x_row[c]);
+#pragma unroll
+            for (int i = 0; i < EPL; i++) {
+                int j = sub + LANES * i;
+                if (j < e) acc[i] = fmaf(xv, __bfloat162float(wg[c * e + j]), acc[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < EPL; i++) {
+            int j = sub + LANES * i;
+            l[i] = j < e ? acc[i] : -INFINITY;
+            if (valid && j < e) out_row[j] = acc[i];
+        }
+        scores(e, sub, score_fn);
+    }
+
+    __device__ void scores(int e, int sub, int score_fn)
+    {
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < EPL; i++) mx = fmaxf(mx, l[i]);
@@ -94,10 +126,13 @@ static __device__ __forceinline__ unsigned long long pack_key(float key, int idx
 
 /* ---- forward: selection and statistics ------------------------------------------------------ */
 
-/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. */
-template <int EPL, int LANES>
+/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. FUSED: the
+ * logits are computed from x and wg here (and written), else read from `logits`. */
+template <int EPL, int LANES, bool FUSED>
 __global__ void __launch_bounds__(WARPS * 32)
-router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
+router_select(float *__restrict__ logits, const __nv_bfloat16 *__restrict__ x,
+              const __nv_bfloat16 *__restrict__ wg, int64_t h, const float *__restrict__ bias,
+              int64_t n, int e,
               int k, int score_fn, bool renorm, int32_t *__restrict__ topk_idx,
               float *__restrict__ topk_w, float *__restrict__ part_mean,
               float *__restrict__ part_stats, int32_t *__restrict__ part_counts, int iters)
@@ -125,7 +160,10 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
         if (t0 >= n) break; /* warp-uniform */
         bool valid = t < n;
         token_row<EPL, LANES> r;
-        r.load(logits + (valid ? t : 0) * e, e, sub, score_fn, valid);
+        if (FUSED)
+            r.compute(x + (valid ? t : 0) * h, wg, h, e, sub, score_fn, valid, logits + t * e);
+        else
+            r.load(logits + (valid ? t : 0) * e, e, sub, score_fn, valid);
         /* entropy -sum q log q; softmax: log q = logit - lse exactly, no log needed */
         float ent = 0;
 #pragma unroll
@@ -262,8 +300,9 @@ __global__ void router_finalize(const float *__restrict__ part_mean,
     }
 }
 
-/* Lanes per token: enough that each lane holds at most 8 experts (16 above E = 256), so the
- * per-token reductions span few lanes and small E packs several tokens into a warp. */
+/* Lanes per token (forward and backward): enough that each lane holds at most 8 experts (16
+ * above E = 256), so the per-token reductions span few lanes and small E packs several
+ * tokens into a warp. */
 static int select_lanes(int32_t e)
 {
     int lanes = 1;
@@ -293,16 +332,26 @@ extern "C" int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e)
 }
 
 template <int EPL, int LANES>
-static void launch_select(const float *logits, const float *bias, int64_t n, int32_t e, int32_t k,
-                          int score_fn, bool renorm, int32_t *topk_idx, float *topk_w,
-                          float *pm, float *ps, int32_t *pc, cudaStream_t stream)
+static void launch_select(float *logits, const void *x, const void *wg, int64_t h,
+                          const float *bias, int64_t n, int32_t e, int32_t k, int score_fn,
+                          bool renorm, int32_t *topk_idx, float *topk_w, float *pm, float *ps,
+                          int32_t *pc, cudaStream_t stream)
 {
     size_t smem = sizeof(float) * (WARPS * (size_t)e + 2 * WARPS) + sizeof(int32_t) * (size_t)e;
-    router_select<EPL, LANES><<<(unsigned)select_blocks(n, e), WARPS * 32, smem, stream>>>(
-        logits, bias, n, e, k, score_fn, renorm, topk_idx, topk_w, pm, ps, pc, select_iters(n, e));
+    unsigned blocks = (unsigned)select_blocks(n, e);
+    int iters = select_iters(n, e);
+    if (x)
+        router_select<EPL, LANES, true><<<blocks, WARPS * 32, smem, stream>>>(
+            logits, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg, h, bias, n, e, k,
+            score_fn, renorm, topk_idx, topk_w, pm, ps, pc, iters);
+    else
+        router_select<EPL, LANES, false><<<blocks, WARPS * 32, smem, stream>>>(
+            logits, NULL, NULL, 0, bias, n, e, k, score_fn, renorm, topk_idx, topk_w, pm, ps, pc,
+            iters);
 }
 
-extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n,
+extern "C" cudaError_t moe_cuda_router_select(float *logits, const void *x, const void *wg,
+                                              int64_t h, const float *bias, int64_t n,
                                               int32_t e, int32_t k, int score_fn,
                                               bool renormalize, int32_t *topk_idx, float *topk_w,
                                               int32_t *counts, float *score_mean, float *stats,
@@ -313,8 +362,8 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
     float *pm = scratch, *ps = pm + nb * e;
     int32_t *pc = (int32_t *)(ps + nb * 2);
 #define MOE_SEL(EPL, LANES)                                                                  \
-    launch_select<EPL, LANES>(logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, \
-                              pm, ps, pc, stream)
+    launch_select<EPL, LANES>(logits, x, wg, h, bias, n, e, k, score_fn, renormalize,        \
+                              topk_idx, topk_w, pm, ps, pc, stream)
     switch (e > 256 ? 64 : select_lanes(e)) {
     case 1: MOE_SEL(8, 1); break;
     case 2: MOE_SEL(8, 2); break;
@@ -334,7 +383,7 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
 
 /* ---- backward: d logits ------------------------------------------------------------------- */
 
-template <int EPL>
+template <int EPL, int LANES>
 __global__ void __launch_bounds__(WARPS * 32)
 router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ topk_idx,
                const float *__restrict__ topk_w, const float *__restrict__ d_topk_w,
@@ -342,22 +391,28 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
                bool renorm, float aux_coef, float z_coef, float *__restrict__ dlogits,
                __nv_bfloat16 *__restrict__ dl16)
 {
-    int lane = threadIdx.x % 32;
+    constexpr int GROUPS = 32 / LANES;
+    int lane = threadIdx.x % 32, sub = lane % LANES, grp = lane / LANES;
     float inv_n = 1.0f / (float)n;
     /* aux: d(aux_coef * aux)/d q[t,e] = aux_coef * E * f_e / N, the same for every token */
     float caux[EPL];
 #pragma unroll
     for (int i = 0; i < EPL; i++) {
-        int j = lane + 32 * i;
+        int j = sub + LANES * i;
         caux[i] = aux_coef != 0 && j < e
                       ? (float)((double)aux_coef * e * counts[j] / ((double)n * k) / (double)n)
                       : 0.0f;
     }
-    int64_t warps = (int64_t)gridDim.x * WARPS;
-    for (int64_t t = (int64_t)blockIdx.x * WARPS + threadIdx.x / 32; t < n; t += warps) {
+    int64_t stride = (int64_t)gridDim.x * WARPS * GROUPS;
+    /* the loop is warp-uniform (shuffles need every lane); a group past N redoes the warp's
+     * first token and writes nothing */
+    for (int64_t tw = ((int64_t)blockIdx.x * WARPS + threadIdx.x / 32) * GROUPS; tw < n;
+         tw += stride) {
+        bool valid = tw + grp < n;
+        int64_t t = valid ? tw + grp : tw;
         const float *row = logits + t * e;
-        token_row<EPL, 32> r;
-        r.load(row, e, lane, score_fn, true);
+        token_row<EPL, LANES> r;
+        r.load(row, e, sub, score_fn, true);
         float gs[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++) gs[i] = 0;
@@ -373,14 +428,14 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
             float g = renorm ? (d_topk_w[t * k + j] - gw_dot_w) / wsum : d_topk_w[t * k + j];
 #pragma unroll
             for (int i = 0; i < EPL; i++)
-                if (lane + 32 * i == idx) gs[i] += g;
+                if (sub + LANES * i == idx) gs[i] += g;
         }
         if (aux_coef != 0) {
             float gq_dot_q = 0;
             if (score_fn != 0) {
 #pragma unroll
                 for (int i = 0; i < EPL; i++) gq_dot_q += caux[i] * r.q[i];
-                gq_dot_q = group_sum<32>(gq_dot_q);
+                gq_dot_q = group_sum<LANES>(gq_dot_q);
             }
 #pragma unroll
             for (int i = 0; i < EPL; i++)
@@ -390,12 +445,13 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
         if (score_fn == 0) {
 #pragma unroll
             for (int i = 0; i < EPL; i++) gs_dot_s += gs[i] * r.s[i];
-            gs_dot_s = group_sum<32>(gs_dot_s);
+            gs_dot_s = group_sum<LANES>(gs_dot_s);
         }
+        if (!valid) continue;
         float zc = z_coef * 2.0f * r.lse * inv_n;
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            int j = lane + 32 * i;
+            int j = sub + LANES * i;
             if (j >= e) continue;
             float g = score_fn == 0 ? r.s[i] * (gs[i] - gs_dot_s) : gs[i] * r.s[i] * (1.0f - r.s[i]);
             if (z_coef != 0) g += zc * expf(r.l[i] - r.lse);
@@ -405,15 +461,16 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
     }
 }
 
-template <int EPL>
+template <int EPL, int LANES>
 static void launch_dlogits(const float *logits, const int32_t *idx, const float *w,
                            const float *dw, const int32_t *counts, int64_t n, int32_t e,
                            int32_t k, int score_fn, bool renorm, float aux, float z, float *dl,
                            void *dl16, cudaStream_t stream)
 {
-    int64_t blocks = (n + WARPS - 1) / WARPS;
+    int64_t per_block = (int64_t)WARPS * (32 / LANES);
+    int64_t blocks = (n + per_block - 1) / per_block;
     if (blocks > 132 * 16) blocks = 132 * 16;
-    router_dlogits<EPL><<<(unsigned)blocks, WARPS * 32, 0, stream>>>(
+    router_dlogits<EPL, LANES><<<(unsigned)blocks, WARPS * 32, 0, stream>>>(
         logits, idx, w, dw, counts, n, e, k, score_fn, renorm, aux, z, dl,
         (__nv_bfloat16 *)dl16);
 }
@@ -426,14 +483,18 @@ extern "C" cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_
                                                void *dlogits_bf16, cudaStream_t stream)
 {
     if (e > MOE_ROUTER_MAX_E || k > MAX_K || n <= 0) return cudaErrorInvalidValue;
-#define MOE_DL(EPL)                                                                          \
-    launch_dlogits<EPL>(logits, topk_idx, topk_w, d_topk_w, counts, n, e, k, score_fn,       \
-                        renormalize, aux_coef, z_coef, dlogits, dlogits_bf16, stream)
-    if (e <= 32) MOE_DL(1);
-    else if (e <= 64) MOE_DL(2);
-    else if (e <= 128) MOE_DL(4);
-    else if (e <= 256) MOE_DL(8);
-    else MOE_DL(16);
+#define MOE_DL(EPL, LANES)                                                                   \
+    launch_dlogits<EPL, LANES>(logits, topk_idx, topk_w, d_topk_w, counts, n, e, k, score_fn, \
+                               renormalize, aux_coef, z_coef, dlogits, dlogits_bf16, stream)
+    switch (e > 256 ? 64 : select_lanes(e)) {
+    case 1: MOE_DL(8, 1); break;
+    case 2: MOE_DL(8, 2); break;
+    case 4: MOE_DL(8, 4); break;
+    case 8: MOE_DL(8, 8); break;
+    case 16: MOE_DL(8, 16); break;
+    case 32: MOE_DL(8, 32); break;
+    default: MOE_DL(16, 32); break;
+    }
 #undef MOE_DL
     return cudaGetLastError();
 }
