@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/moe-out}
 B=${MOE_BUILD_DIR:-/tmp/build-device}
 mkdir -p "$OUT"
 phases=${*:-build tests sanitize bench torch}
-has() { [[ " $phases " == *" $1 "* ]]; }
+has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }
 status=0
 # The bundled cmocka .pc names -I/usr/include and -L/usr/lib, which .deps/unpack.sh does not
 # repoint: let the compiler and linker find the unpacked copies.

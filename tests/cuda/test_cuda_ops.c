@@ -91,6 +91,21 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng)
     gpu_down_i32(&P, g_idx, gf.topk_idx, n * k);
     gpu_down_i32(&P, g_counts, gf.counts, e);
 
+    /* deterministic: a second run gives the same bits */
+    {
+        float *again = malloc(4 * n * e), st2[2], *pm2 = malloc(4 * e);
+        TEST_OK(P.cuda.ops->router_forward(P.cuda.ctx, &gf));
+        gpu_down_f32(&P, again, gf.logits, n * e);
+        assert_memory_equal(again, g_logits, 4 * n * e);
+        gpu_down_f32(&P, again, gf.topk_w, n * k);
+        assert_memory_equal(again, g_tw, 4 * n * k);
+        gpu_down_f32(&P, pm2, gf.score_mean, e);
+        assert_memory_equal(pm2, g_pm, 4 * e);
+        gpu_down_f32(&P, st2, gf.stats, 2);
+        assert_memory_equal(st2, g_st, sizeof st2);
+        free(again);
+        free(pm2);
+    }
     check_close("logits", g_logits, logits, n * e, 1e-5);
     int64_t ties = 0;
     for (int64_t t = 0; t < n; t++) {

@@ -42,10 +42,10 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
     void *scratch;
     MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_select_scratch(a->n, a->e),
                                &scratch));
-    /* Up to 2^27 multiply-adds the selection kernel computes the logits itself: one launch
-     * fewer, and at those sizes cuBLAS's launch costs more than the math (measured,
-     * docs/cuda-backend.md). */
-    bool fused = (double)a->n * (double)a->h * (double)a->e <= (double)(1 << 27);
+    /* Up to router_fuse_max (2^27) multiply-adds the selection kernel computes the logits
+     * itself: one launch fewer, and at those sizes cuBLAS's launch costs more than the math
+     * (measured, docs/cuda-backend.md). */
+    bool fused = (double)a->n * (double)a->h * (double)a->e <= c->router_fuse_max;
     if (!fused)
         /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T (wg as stored: a copy
          * transposed to K-major measured 1.2x-2.1x slower in cuBLAS) */
