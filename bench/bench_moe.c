@@ -116,7 +116,7 @@ static void run_router_select(void *p, int i)
 {
     router_arg_t *a = p;
     const moe_router_fwd_t *f = &a->f[i % 3];
-    CU(moe_cuda_router_select(f->logits, NULL, NULL, 0, f->bias, f->n, f->e, f->k, (int)f->score_fn,
+    CU(moe_cuda_router_select(f->logits, f->bias, f->n, f->e, f->k, (int)f->score_fn,
                               f->renormalize, f->topk_idx, f->topk_w, f->counts, f->score_mean,
                               f->stats, a->scratch, a->stream));
 }
@@ -166,16 +166,9 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
         double flops_f = 2.0 * n * h * e;
         double bytes_f = 2.0 * n * h + 2.0 * h * e + 4.0 * n * e + 8.0 * n * k;
         double fl_hbm = bytes_f / HBM_BPS * 1e3, fl_tc = flops_f / TC_FLOPS * 1e3, ms;
-        cuda_ctx_t *c = be.ctx;
-        double fuse_default = c->router_fuse_max;
-        bool fusable = (double)n * h * e <= fuse_default;
-        for (int pass = 0; pass < (fusable ? 2 : 1); pass++) {
-            c->router_fuse_max = pass ? 0 : fuse_default; /* pass 1: force the GEMM path */
-            ms = time_median(stream, run_router_fwd, &a, 5, iters);
-            emit("router_fwd", shape, fusable && !pass ? "fused-logits+select" : "gemm+select", ms,
-                 fmax(fl_hbm, fl_tc), fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
-        }
-        c->router_fuse_max = fuse_default;
+        ms = time_median(stream, run_router_fwd, &a, 5, iters);
+        emit("router_fwd", shape, "gemm+select", ms, fmax(fl_hbm, fl_tc),
+             fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
         ms = time_median(stream, run_router_select, &a, 5, iters);
         emit("router_select_only", shape, "select+finalize", ms, 4.0 * n * e / HBM_BPS * 1e3, "hbm", 0);
         /* backward: read x, logits, write dlogits, read+write dx; two GEMMs */

@@ -26,14 +26,10 @@ extern "C" {
 /* Floats of scratch router_select needs for its per-block partial sums. */
 int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e);
 
-/* Scores, top-k on score + bias, weights, and the statistics. With x == NULL the logits
- * f32 [N,E] are read (a GEMM made them); otherwise they are computed here from x bf16 [N,H]
- * and wg bf16 [H,E] and written to `logits` (for small N*H*E, where a GEMM launch costs more
- * than the math). counts/score_mean/stats are written (not accumulated); scratch as sized
- * above. */
-cudaError_t moe_cuda_router_select(float *logits, const void *x, const void *wg, int64_t h,
-                                   const float *bias, int64_t n, int32_t e, int32_t k,
-                                   int score_fn, bool renormalize, int32_t *topk_idx,
+/* From logits f32 [N,E]: scores, top-k on score + bias, weights, and the statistics.
+ * counts/score_mean/stats are written (not accumulated); scratch as sized above. */
+cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n, int32_t e,
+                                   int32_t k, int score_fn, bool renormalize, int32_t *topk_idx,
                                    float *topk_w, int32_t *counts, float *score_mean,
                                    float *stats, float *scratch, cudaStream_t stream);
 

@@ -58,34 +58,6 @@ struct token_row {
         scores(e, sub, score_fn);
     }
 
-    /* Small problems: the logits computed here, x_row [H] · wg [H,E] with fp32 FMAs in h
-     * order (x broadcast within the group, wg rows read contiguously by the group's lanes),
-     * and written to out_row when the token is real. Saves the GEMM launch. */
-    __device__ void compute(const __nv_bfloat16 *__restrict__ x_row,
-                            const __nv_bfloat16 *__restrict__ wg, int64_t h, int e, int sub,
-                            int score_fn, bool valid, float *__restrict__ out_row)
-    {
-        float acc[EPL];
-#pragma unroll
-        for (int i = 0; i < EPL; i++) acc[i] = 0.0f;
-#pragma unroll 4
-        for (int64_t c = 0; c < h; c++) {
-            float xv = __bfloat162float(x_row[c]);
-#pragma unroll
-            for (int i = 0; i < EPL; i++) {
-                int j = sub + LANES * i;
-                if (j < e) acc[i] = fmaf(xv, __bfloat162float(wg[c * e + j]), acc[i]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            int j = sub + LANES * i;
-            l[i] = j < e ? acc[i] : -INFINITY;
-            if (valid && j < e) out_row[j] = acc[i];
-        }
-        scores(e, sub, score_fn);
-    }
-
     __device__ void scores(int e, int sub, int score_fn)
     {
         float mx = -INFINITY;
@@ -126,13 +98,10 @@ static __device__ __forceinline__ unsigned long long pack_key(float key, int idx
 
 /* ---- forward: selection and statistics ------------------------------------------------------ */
 
-/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. FUSED: the
- * logits are computed from x and wg here (and written), else read from `logits`. */
-template <int EPL, int LANES, bool FUSED>
+/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. */
+template <int EPL, int LANES>
 __global__ void __launch_bounds__(WARPS * 32)
-router_select(float *__restrict__ logits, const __nv_bfloat16 *__restrict__ x,
-              const __nv_bfloat16 *__restrict__ wg, int64_t h, const float *__restrict__ bias,
-              int64_t n, int e,
+router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
               int k, int score_fn, bool renorm, int32_t *__restrict__ topk_idx,
               float *__restrict__ topk_w, float *__restrict__ part_mean,
               float *__restrict__ part_stats, int32_t *__restrict__ part_counts, int iters)
@@ -160,10 +129,7 @@ router_select(float *__restrict__ logits, const __nv_bfloat16 *__restrict__ x,
         if (t0 >= n) break; /* warp-uniform */
         bool valid = t < n;
         token_row<EPL, LANES> r;
-        if (FUSED)
-            r.compute(x + (valid ? t : 0) * h, wg, h, e, sub, score_fn, valid, logits + t * e);
-        else
-            r.load(logits + (valid ? t : 0) * e, e, sub, score_fn, valid);
+        r.load(logits + (valid ? t : 0) * e, e, sub, score_fn, valid);
         /* entropy -sum q log q; softmax: log q = logit - lse exactly, no log needed */
         float ent = 0;
 #pragma unroll
@@ -332,26 +298,16 @@ extern "C" int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e)
 }
 
 template <int EPL, int LANES>
-static void launch_select(float *logits, const void *x, const void *wg, int64_t h,
-                          const float *bias, int64_t n, int32_t e, int32_t k, int score_fn,
-                          bool renorm, int32_t *topk_idx, float *topk_w, float *pm, float *ps,
-                          int32_t *pc, cudaStream_t stream)
+static void launch_select(const float *logits, const float *bias, int64_t n, int32_t e, int32_t k,
+                          int score_fn, bool renorm, int32_t *topk_idx, float *topk_w,
+                          float *pm, float *ps, int32_t *pc, cudaStream_t stream)
 {
     size_t smem = sizeof(float) * (WARPS * (size_t)e + 2 * WARPS) + sizeof(int32_t) * (size_t)e;
-    unsigned blocks = (unsigned)select_blocks(n, e);
-    int iters = select_iters(n, e);
-    if (x)
-        router_select<EPL, LANES, true><<<blocks, WARPS * 32, smem, stream>>>(
-            logits, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg, h, bias, n, e, k,
-            score_fn, renorm, topk_idx, topk_w, pm, ps, pc, iters);
-    else
-        router_select<EPL, LANES, false><<<blocks, WARPS * 32, smem, stream>>>(
-            logits, NULL, NULL, 0, bias, n, e, k, score_fn, renorm, topk_idx, topk_w, pm, ps, pc,
-            iters);
+    router_select<EPL, LANES><<<(unsigned)select_blocks(n, e), WARPS * 32, smem, stream>>>(
+        logits, bias, n, e, k, score_fn, renorm, topk_idx, topk_w, pm, ps, pc, select_iters(n, e));
 }
 
-extern "C" cudaError_t moe_cuda_router_select(float *logits, const void *x, const void *wg,
-                                              int64_t h, const float *bias, int64_t n,
+extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n,
                                               int32_t e, int32_t k, int score_fn,
                                               bool renormalize, int32_t *topk_idx, float *topk_w,
                                               int32_t *counts, float *score_mean, float *stats,
@@ -362,8 +318,8 @@ extern "C" cudaError_t moe_cuda_router_select(float *logits, const void *x, cons
     float *pm = scratch, *ps = pm + nb * e;
     int32_t *pc = (int32_t *)(ps + nb * 2);
 #define MOE_SEL(EPL, LANES)                                                                  \
-    launch_select<EPL, LANES>(logits, x, wg, h, bias, n, e, k, score_fn, renormalize,        \
-                              topk_idx, topk_w, pm, ps, pc, stream)
+    launch_select<EPL, LANES>(logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, \
+                              pm, ps, pc, stream)
     switch (e > 256 ? 64 : select_lanes(e)) {
     case 1: MOE_SEL(8, 1); break;
     case 2: MOE_SEL(8, 2); break;

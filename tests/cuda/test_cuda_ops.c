@@ -185,7 +185,7 @@ static void test_router(void **state)
         {130, 40, 256, 8, MOE_SCORE_SOFTMAX, false, true},
         {65, 64, 300, 3, MOE_SCORE_SIGMOID, false, false},
         {1000, 256, 8, 1, MOE_SCORE_SOFTMAX, true, false},
-        /* above 2^27 multiply-adds: logits from the cuBLAS GEMM, not the fused kernel */
+        /* larger: several blocks of partial sums; 16 and 32 lanes per token */
         {4096, 512, 128, 4, MOE_SCORE_SOFTMAX, true, true},
         {2100, 520, 160, 6, MOE_SCORE_SIGMOID, true, true},
     };

@@ -207,10 +207,6 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
         MOE_TRY_GOTO(st, make_cublas(c->side[i], &c->side_cublas[i], &c->side_ws[i]));
     }
     c->gemm_mode = gemm_mode_from_env(c->logger);
-    const char *fuse = getenv("MOE_CUDA_ROUTER_FUSE_MAX");
-    c->router_fuse_max = fuse && *fuse ? strtod(fuse, NULL) : (double)(1 << 27);
-    if (fuse && *fuse)
-        moe_log(c->logger, MOE_LOG_INFO, "MOE_CUDA_ROUTER_FUSE_MAX=%s", fuse);
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;

@@ -36,9 +36,6 @@ typedef struct cuda_ctx {
     void *side_ws[MOE_CUDA_SIDE_STREAMS];
     cudaEvent_t fork, join[MOE_CUDA_SIDE_STREAMS];
     cuda_gemm_mode_t gemm_mode;
-    /* router forward: up to this many multiply-adds (N*H*E) the selection kernel computes
-     * the logits itself instead of a cuBLAS GEMM (MOE_CUDA_ROUTER_FUSE_MAX overrides) */
-    double router_fuse_max;
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */
     cudaMemPool_t pool;

@@ -42,19 +42,15 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
     void *scratch;
     MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_select_scratch(a->n, a->e),
                                &scratch));
-    /* Up to router_fuse_max (2^27) multiply-adds the selection kernel computes the logits
-     * itself: one launch fewer, and at those sizes cuBLAS's launch costs more than the math
-     * (measured, docs/cuda-backend.md). */
-    bool fused = (double)a->n * (double)a->h * (double)a->e <= c->router_fuse_max;
-    if (!fused)
-        /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T (wg as stored: a copy
-         * transposed to K-major measured 1.2x-2.1x slower in cuBLAS) */
-        MOE_TRY(gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x,
-                     a->h, 0.0f, a->logits, CUDA_R_32F, a->e));
-    MOE_LAUNCH(moe_cuda_router_select(a->logits, fused ? a->x : NULL, a->wg, a->h, a->bias, a->n,
-                                      a->e, a->k, (int)a->score_fn, a->renormalize, a->topk_idx,
-                                      a->topk_w, a->counts, a->score_mean, a->stats, scratch,
-                                      c->stream));
+    /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T. Measured alternatives
+     * (docs/cuda-backend.md): a copy of wg transposed to K-major was 1.2x-2.1x slower in
+     * cuBLAS; logits computed inside the selection kernel (no GEMM launch) were 3.6x-21x
+     * slower even at N*H*E <= 2^27. */
+    MOE_TRY(gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x, a->h,
+                 0.0f, a->logits, CUDA_R_32F, a->e));
+    MOE_LAUNCH(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
+                                      a->renormalize, a->topk_idx, a->topk_w, a->counts,
+                                      a->score_mean, a->stats, scratch, c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
