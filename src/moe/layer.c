@@ -16,6 +16,7 @@
 
 #include "../core/error.h"
 #include "../core/tensor.h"
+#include "dispatch.h"
 #include "layer_internal.h"
 
 moe_layer_config_t moe_layer_config_default(void)
@@ -218,6 +219,7 @@ static void layer_free(moe_layer_t *l)
     free_dev(rt, &l->bias);
     free(l->host_bias);
     free(l->host_tokens_per_expert);
+    moe_dist_destroy(l);
     l->magic = MOE_MAGIC_DEAD;
     free(l);
 }
@@ -234,10 +236,6 @@ moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *confi
     MOE_CHECK_STRUCT_SIZE(config, moe_layer_config_t, sizeof(moe_layer_config_t));
     int32_t ep = rt->mesh->size[MOE_AXIS_EP], tp = rt->mesh->size[MOE_AXIS_TP];
     MOE_TRY(validate_config(config, ep, tp));
-    if (ep * tp > 1)
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED,
-                        "expert (ep=%d) and tensor (tp=%d) parallel layers are not built yet", ep,
-                        tp);
     if (!MOE_OPS(rt)->router_forward)
         return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "the %s backend has no MoE kernels in this build",
                         MOE_OPS(rt)->name);
@@ -264,6 +262,7 @@ moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *confi
         goto fail;
     }
     MOE_TRY_GOTO(st, create_params(l));
+    MOE_TRY_GOTO(st, moe_dist_create(l)); /* ep, tp or dp > 1: the distributed path */
     l->magic = MOE_MAGIC_LAYER;
     *out = l;
     return MOE_STATUS_SUCCESS;
@@ -292,6 +291,7 @@ static void slot_free(moe_layer_t *l, moe_slot_t *s)
                     (void **)&s->row_of_slot, (void **)&s->slot_of_row, (void **)&s->kept,
                     &s->xp, &s->hpre, &s->act, &s->out};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) free_dev(rt, dev[i]);
+    moe_dist_slot_free(l, s);
     free(s->host_kept);
     free(s->host_offsets);
     memset(s, 0, sizeof *s);
@@ -400,6 +400,7 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
     int64_t n = x->shape[0], h = l->h, capacity = capacity_for(l, n);
     int32_t e = l->e, k = l->k;
     size_t act = moe_dtype_size(ops->compute_dtype);
+    if (l->dist) return moe_dist_forward(l, s, x, y);
 
     MOE_TRY(slot_alloc_routing(l, s, n));
     MOE_TRY(ops->copy(ctx, s->x, x->data, (size_t)n * (size_t)h * act));
@@ -502,6 +503,7 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
     float *d_w = NULL, *dlogits = NULL;
     void *d_out = NULL, *d_xp = NULL, *scratch = NULL;
     moe_status_t st = MOE_STATUS_SUCCESS;
+    if (l->dist) return moe_dist_backward(l, s, dy, dx); /* collective even with n == 0 */
     if (n == 0) return MOE_STATUS_SUCCESS;
 
     MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)n * (size_t)k * sizeof(float), &d_w));

@@ -28,6 +28,7 @@ typedef struct moe_slot {
     int64_t *host_kept;        /* host [E] */
     int64_t *host_offsets;     /* host [El+1] row offsets of the local experts */
     void *xp, *hpre, *act, *out; /* act [R,H], [R,2,Fl], [R,Fl], [R,H] */
+    struct moe_dist_slot *dist; /* distributed layer's saved state (dispatch.c), or NULL */
 } moe_slot_t;
 
 struct moe_layer {
@@ -50,6 +51,7 @@ struct moe_layer {
 
     moe_layer_stats_t stats;   /* last forward */
     int64_t *host_tokens_per_expert; /* [E] accepted slots, last forward */
+    struct moe_dist *dist;     /* distributed state (dispatch.c); NULL in a world of one */
 };
 
 #endif /* MOE_LAYER_INTERNAL_H */

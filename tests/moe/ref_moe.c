@@ -16,7 +16,7 @@ void ref_forward(const ref_cfg_t *c, const double *x, const double *wg, const do
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)(n * k + 1));
     double *w = malloc(sizeof(double) * (size_t)(n * k + 1));
     double *act = malloc(sizeof(double) * (size_t)f);
-    double z = 0, min_gap = INFINITY;
+    double z = 0, min_gap = INFINITY, entropy = 0;
 
     for (int64_t t = 0; t < n; t++) {
         double mx = -INFINITY, sum = 0;
@@ -32,7 +32,11 @@ void ref_forward(const ref_cfg_t *c, const double *x, const double *wg, const do
             s[j] = c->score_fn == MOE_SCORE_SOFTMAX ? exp(logit[j] - lse) : 1 / (1 + exp(-logit[j]));
             total += s[j];
         }
-        for (int32_t j = 0; j < e; j++) pmean[j] += s[j] / total / (double)n;
+        for (int32_t j = 0; j < e; j++) {
+            double q = s[j] / total;
+            pmean[j] += q / (double)n;
+            if (q > 0) entropy -= q * log(q) / (double)n;
+        }
         /* selection: repeatedly take the largest key, lower index on ties */
         char *taken = calloc((size_t)e, 1);
         double wsum = 0;
@@ -93,6 +97,7 @@ void ref_forward(const ref_cfg_t *c, const double *x, const double *wg, const do
         r->aux = e * aux;
         r->z = n ? z / (double)n : 0;
         r->min_gap = min_gap;
+        r->entropy = entropy;
     }
     free(logit);
     free(s);

@@ -27,6 +27,7 @@ typedef struct ref_result {
     int64_t *counts;     /* [E] selected slots per expert (or NULL) */
     int64_t *accepted;   /* [E] kept slots per expert (or NULL) */
     double aux, z;       /* unscaled loss terms */
+    double entropy;      /* mean over tokens of the entropy of the normalised scores */
     double min_gap;      /* smallest gap between the K-th and (K+1)-th selection key */
 } ref_result_t;
 
