@@ -47,9 +47,18 @@ MOE_API moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer, c
 MOE_API moe_status_t moe_adamw_add_param(moe_adamw_t *opt, const char *name, moe_param_kind_t kind,
                                          const moe_tensor_t *value, const moe_tensor_t *grad);
 
+/* Start the data-parallel all-reduce of a layer's gradients (one non-blocking all-reduce per
+ * parameter tensor) so that it overlaps with the backward of earlier layers. Call it right
+ * after the layer's last backward of the global batch; moe_adamw_step waits for it. layer
+ * NULL starts every registered parameter's reduction that has not started (user parameters
+ * too). A no-op in a world of one. Collective over the dense (ep x dp) and expert-data-
+ * parallel groups: every rank starts its layers' reductions in the same order. */
+MOE_API moe_status_t moe_adamw_start_grad_sync(moe_adamw_t *opt, moe_layer_t *layer);
+
 /* One update of every registered parameter. With a mesh, gradients are first all-reduced
- * (averaged) over their data-parallel groups, so the call is collective. lr <= 0 uses the
- * configured rate. */
+ * (averaged) over their data-parallel groups: reductions not started by
+ * moe_adamw_start_grad_sync start here, then all are waited for. So the call is collective.
+ * lr <= 0 uses the configured rate. */
 MOE_API moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale);
 /* Optimizer state for checkpoints: for each registered parameter, in registration order,
  * "<name>.master", "<name>.exp_avg", "<name>.exp_avg_sq" (fp32, host or device as the

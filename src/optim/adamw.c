@@ -18,6 +18,9 @@ typedef struct adamw_param {
     char *state_names[3];       /* "<name>.master", ".exp_avg", ".exp_avg_sq" */
     moe_param_info_t info;      /* value, grad and sharding, as registered */
     float *state[3];            /* master, m, v: f32 on the device */
+    const moe_layer_t *layer;   /* the layer it came from, or NULL for a user parameter */
+    moe_grad_sync_t sync;       /* its gradient reduction, once started */
+    bool sync_started;
 } adamw_param_t;
 
 struct moe_adamw {
@@ -70,6 +73,7 @@ moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *confi
 
 static void param_free(moe_runtime_t *rt, adamw_param_t *p)
 {
+    moe_grad_sync_wait(&p->sync); /* never free under a reduction in flight */
     for (int i = 0; i < 3; i++) {
         if (p->state[i]) MOE_OPS(rt)->free(MOE_CTX(rt), p->state[i]);
         free(p->state_names[i]);
@@ -173,8 +177,8 @@ moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer, const cha
             if (pass == 0 && name_taken(opt, name))
                 st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
                               "a parameter named \"%s\" is already registered", name);
-            else if (pass == 1)
-                st = register_param(opt, name, &info);
+            else if (pass == 1 && (st = register_param(opt, name, &info)) == MOE_STATUS_SUCCESS)
+                opt->params[opt->count - 1].layer = layer;
             free(name);
             MOE_TRY(st);
         }
@@ -200,6 +204,36 @@ moe_status_t moe_adamw_add_param(moe_adamw_t *opt, const char *name, moe_param_k
     return register_param(opt, name, &info);
 }
 
+/* Start the reductions of the parameters of `layer` (NULL: of every parameter) that have not
+ * started yet, in registration order. */
+static moe_status_t start_grad_sync(moe_adamw_t *opt, const moe_layer_t *layer)
+{
+    for (int32_t i = 0; i < opt->count; i++) {
+        adamw_param_t *p = &opt->params[i];
+        if (p->sync_started || (layer && p->layer != layer)) continue;
+        MOE_TRY(moe_grad_sync_start(opt->rt, p->info.kind, p->info.grad.data,
+                                    moe_tensor_numel(&p->info.grad), &p->sync));
+        p->sync_started = true;
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_start_grad_sync(moe_adamw_t *opt, moe_layer_t *layer)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    if (layer) {
+        bool registered = false;
+        for (int32_t i = 0; i < opt->count; i++) registered |= opt->params[i].layer == layer;
+        MOE_CHECK_ARG(registered, "the layer has no parameters registered with this optimizer");
+        for (int32_t i = 0; i < opt->count; i++)
+            MOE_CHECK_ARG(opt->params[i].layer != layer || !opt->params[i].sync_started,
+                          "the gradient reduction of \"%s\" has already started in this "
+                          "global batch", opt->params[i].name);
+    }
+    return start_grad_sync(opt, layer);
+}
+
 moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
 {
     moe_error_clear();
@@ -207,10 +241,15 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
     MOE_CHECK_ARG(grad_scale > 0 && grad_scale == grad_scale, "grad_scale is %g; must be > 0",
                   grad_scale);
     moe_runtime_t *rt = opt->rt;
+    /* reductions not started during the backward start now, in registration order */
+    MOE_TRY(start_grad_sync(opt, NULL));
+    moe_status_t st = MOE_STATUS_SUCCESS;
     for (int32_t i = 0; i < opt->count; i++) {
-        adamw_param_t *p = &opt->params[i];
-        MOE_TRY(moe_grad_sync(rt, p->info.kind, p->info.grad.data, moe_tensor_numel(&p->info.grad)));
+        moe_status_t w = moe_grad_sync_wait(&opt->params[i].sync);
+        if (st == MOE_STATUS_SUCCESS) st = w;
+        opt->params[i].sync_started = false;
     }
+    MOE_TRY(st);
     opt->steps++;
     for (int32_t i = 0; i < opt->count; i++) {
         adamw_param_t *p = &opt->params[i];

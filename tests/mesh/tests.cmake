@@ -18,3 +18,9 @@ foreach(_np 2 4 8)
     target_link_libraries(test_dist_layer_np${_np} PRIVATE MPI::MPI_C)
   endif()
 endforeach()
+# Gradient reduction started during the backward equals the one the step makes.
+moe_add_test(test_grad_sync SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_grad_sync.c NP 4 TIMEOUT 120
+             LABELS moe mesh mpi)
+if(TARGET test_grad_sync)
+  target_link_libraries(test_grad_sync PRIVATE MPI::MPI_C)
+endif()
