@@ -1243,9 +1243,14 @@ static moe_status_t candidates(moe_ckpt_t *ck, int64_t **cand, int32_t *ncand, i
     /* unique, descending */
     int32_t m = (int32_t)n[0];
     qsort(all, (size_t)m, sizeof *all, cmp_i64);
-    int32_t u = 0;
-    for (int32_t i = m - 1; i >= 0; i--)
+    int32_t u = 0; /* unique in place (ascending), then reversed */
+    for (int32_t i = 0; i < m; i++)
         if (u == 0 || all[u - 1] != all[i]) all[u++] = all[i];
+    for (int32_t i = 0; i < u / 2; i++) {
+        int64_t x = all[i];
+        all[i] = all[u - 1 - i];
+        all[u - 1 - i] = x;
+    }
     int64_t *r = malloc(sizeof *r * (size_t)(n[1] + 1));
     if (!r) {
         free(all);

@@ -1,0 +1,14 @@
+# Checkpointer tests (host backend). The S3 tests start s3rver from tests/s3/ (installed by
+# scripts/setup-deps.sh --tests) and skip (exit 77) when node or s3rver is missing.
+set(_ckpt_dir ${CMAKE_CURRENT_SOURCE_DIR}/ckpt)
+moe_add_test(test_ckpt_local SOURCES ${_ckpt_dir}/test_ckpt_local.c LABELS ckpt TIMEOUT 120)
+moe_add_test(test_ckpt_crash SOURCES ${_ckpt_dir}/test_ckpt_crash.c ${_ckpt_dir}/s3_fixture.c
+             LABELS ckpt TIMEOUT 240)
+moe_add_test(test_ckpt_s3 SOURCES ${_ckpt_dir}/test_ckpt_s3.c ${_ckpt_dir}/s3_fixture.c
+             LABELS ckpt TIMEOUT 240)
+foreach(_t test_ckpt_crash test_ckpt_s3)
+  if(TARGET ${_t})
+    target_compile_definitions(${_t} PRIVATE
+      MOE_S3RVER_JS="${CMAKE_CURRENT_SOURCE_DIR}/s3/node_modules/s3rver/bin/s3rver.js")
+  endif()
+endforeach()
