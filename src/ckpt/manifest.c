@@ -37,6 +37,15 @@ bool ck_valid_name(const char *s)
     if (n > CK_MAX_NAME) return false;
     for (size_t i = 0; i < n; i++)
         if (!name_char(s[i]) && s[i] != '/') return false;
+    /* '/' separates components; none may be empty, "." or ".." */
+    for (const char *p = s;;) {
+        const char *e = strchr(p, '/');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == 0 || (len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
+            return false;
+        if (!e) break;
+        p = e + 1;
+    }
     return true;
 }
 
@@ -123,7 +132,7 @@ moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count)
         const moe_ckpt_tensor_t *e = &t[i];
         MOE_CHECK_ARG(ck_valid_name(e->name),
                       "tensors[%d].name is %s%s%s: names are 1..255 characters of "
-                      "[A-Za-z0-9._/-]", i, e->name ? "\"" : "", e->name ? e->name : "NULL",
+                      "[A-Za-z0-9._/-] in /-separated parts other than . and ..", i, e->name ? "\"" : "", e->name ? e->name : "NULL",
                       e->name ? "\"" : "");
         const moe_tensor_t *x = &e->tensor;
         MOE_CHECK_ARG(moe_dtype_size(x->dtype) != 0, "tensor %s: unknown dtype %d", e->name,
