@@ -89,10 +89,9 @@ static void sha256_update(sha256_t *s, const void *data, size_t len)
         size_t take = 64 - s->n < len ? 64 - s->n : len;
         memcpy(s->buf + s->n, p, take);
         s->n += take, p += take, len -= take;
-        if (s->n == 64) {
-            sha256_block(s, s->buf);
-            s->n = 0;
-        }
+        if (s->n < 64) return;
+        sha256_block(s, s->buf);
+        s->n = 0;
     }
     for (; len >= 64; p += 64, len -= 64) sha256_block(s, p);
     memcpy(s->buf, p, len);
