@@ -620,7 +620,7 @@ static void s3_retention(moe_ckpt_t *ck)
     if (ck->rank != 0 || ck->cfg.keep_last <= 0) return;
     int64_t *steps = NULL;
     int32_t n = 0;
-    if (ck_s3_list_steps(ck->s3, &steps, &n) != MOE_STATUS_SUCCESS) {
+    if (ck_s3_list_steps(ck->s3, &steps, &n, -1) != MOE_STATUS_SUCCESS) {
         moe_log(ck->log, MOE_LOG_WARN, "checkpoint: S3 retention: %s", moe_last_error());
         return;
     }
@@ -1083,7 +1083,7 @@ moe_status_t moe_ckpt_list(moe_ckpt_t *ck, moe_ckpt_tier_t tier, int64_t *steps,
         MOE_TRY(local_steps(ck, &v, &n));
     } else {
         if (!ck->s3) return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "no S3 tier is configured");
-        MOE_TRY(ck_s3_list_steps(ck->s3, &v, &n));
+        MOE_TRY(ck_s3_list_steps(ck->s3, &v, &n, 1));
     }
     int32_t first = n > capacity ? n - capacity : 0;
     for (int32_t i = first; i < n; i++) steps[i - first] = v[i];
@@ -1211,7 +1211,7 @@ static moe_status_t candidates(moe_ckpt_t *ck, int64_t **cand, int32_t *ncand, i
     moe_status_t st = MOE_STATUS_SUCCESS;
     if (ck->rank == 0) {
         st = local_steps(ck, &loc, &nl);
-        if (st == MOE_STATUS_SUCCESS && ck->s3 && ck_s3_list_steps(ck->s3, &rem, &nr) != MOE_STATUS_SUCCESS) {
+        if (st == MOE_STATUS_SUCCESS && ck->s3 && ck_s3_list_steps(ck->s3, &rem, &nr, 1) != MOE_STATUS_SUCCESS) {
             moe_log(ck->log, MOE_LOG_WARN, "checkpoint: cannot list S3 (%s); local tier only",
                     moe_last_error());
             rem = NULL;

@@ -127,8 +127,8 @@ moe_status_t ck_s3_put_file(ck_s3_t *s, const char *stepdir, const char *name,
                             const char *local_path, uint64_t *bytes_sent);
 moe_status_t ck_s3_get_file(ck_s3_t *s, const char *stepdir, const char *name,
                             const char *local_path);
-/* Steps with a manifest.json object, ascending (malloc'd). */
-moe_status_t ck_s3_list_steps(ck_s3_t *s, int64_t **steps, int32_t *count);
+/* Steps with a manifest.json object, ascending (malloc'd). retries < 0: the configured count. */
+moe_status_t ck_s3_list_steps(ck_s3_t *s, int64_t **steps, int32_t *count, int retries);
 /* Delete manifest first, then every other object of the step. */
 moe_status_t ck_s3_delete_step(ck_s3_t *s, const char *stepdir);
 void ck_sha256_hex(const void *data, size_t len, char out[65]);

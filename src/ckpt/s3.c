@@ -703,7 +703,7 @@ moe_status_t ck_s3_get_file(ck_s3_t *s, const char *stepdir, const char *name,
 
 /* Every key under <prefix>/<sub> (sub may be ""), calling fn for each. */
 static moe_status_t list_keys(ck_s3_t *s, const char *sub, void (*fn)(const char *, void *),
-                              void *ud)
+                              void *ud, int retries)
 {
     char pfx[2048];
     if (*s->prefix) snprintf(pfx, sizeof pfx, "%s/%s", s->prefix, sub);
@@ -725,7 +725,7 @@ static moe_status_t list_keys(ck_s3_t *s, const char *sub, void (*fn)(const char
         }
         resp_t r = {.fd = -1};
         long code;
-        st = s3_req(s, "GET", "", q, NULL, &r, &code, -1);
+        st = s3_req(s, "GET", "", q, NULL, &r, &code, retries);
         if (st != MOE_STATUS_SUCCESS) {
             free(r.data);
             break;
@@ -795,10 +795,10 @@ static int cmp_i64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-moe_status_t ck_s3_list_steps(ck_s3_t *s, int64_t **steps, int32_t *count)
+moe_status_t ck_s3_list_steps(ck_s3_t *s, int64_t **steps, int32_t *count, int retries)
 {
     steps_acc_t a = {.prefix = s->prefix};
-    moe_status_t st = list_keys(s, "step-", collect_step, &a);
+    moe_status_t st = list_keys(s, "step-", collect_step, &a, retries);
     if (st == MOE_STATUS_SUCCESS && a.oom) st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "step list");
     if (st != MOE_STATUS_SUCCESS) {
         free(a.v);
@@ -839,7 +839,7 @@ moe_status_t ck_s3_delete_step(ck_s3_t *s, const char *stepdir)
     free(r.data);
     snprintf(sub, sizeof sub, "%s/", stepdir);
     keys_acc_t a = {0};
-    moe_status_t st = list_keys(s, sub, collect_key, &a);
+    moe_status_t st = list_keys(s, sub, collect_key, &a, -1);
     for (int i = 0; i < a.n; i++) {
         if (st == MOE_STATUS_SUCCESS) {
             resp_t r2 = {.fd = -1};
