@@ -19,5 +19,12 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/libmoeConfig.cmake
   ${CMAKE_CURRENT_BINARY_DIR}/libmoeConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/libmoe)
 
+# The .pc file finds its prefix relative to itself: one "/.." per level of
+# ${CMAKE_INSTALL_LIBDIR}/pkgconfig.
+string(REGEX MATCHALL "[^/]+" _moe_libdir_parts "${CMAKE_INSTALL_LIBDIR}/pkgconfig")
+set(MOE_PC_PREFIX "\${pcfiledir}")
+foreach(_part ${_moe_libdir_parts})
+  string(APPEND MOE_PC_PREFIX "/..")
+endforeach()
 configure_file(cmake/libmoe.pc.in ${CMAKE_CURRENT_BINARY_DIR}/libmoe.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/libmoe.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -20,7 +20,7 @@
  * so a pipeline can run several forwards before the matching backwards. backward frees the
  * slot; moe_layer_release_slot frees it without a backward (evaluation).
  *
- * Parameters (local shards, in the runtime's compute dtype):
+ * Parameters (local shards, in the runtime's compute dtype; gradients always f32):
  *   "router.weight"      [H, E]          replicated over tp and ep; reduced over ep x dp
  *   "experts.w1"         [E_l, H, 2, F_l] gate (index 0) and up (index 1) projections
  *   "experts.w2"         [E_l, F_l, H]    down projection
@@ -106,9 +106,11 @@ typedef struct moe_param_info {
     const char *name;                    /* stable, owned by the layer */
     moe_param_kind_t kind;
     moe_tensor_t value;                  /* this rank's shard */
-    moe_tensor_t grad;                   /* same shape; data NULL for buffers */
+    moe_tensor_t grad;                   /* same shape, always f32; data NULL for buffers */
     int64_t global_shape[MOE_MAX_DIMS];  /* the unsharded shape */
-    int64_t shard_offset[MOE_MAX_DIMS];  /* where this shard starts in the global tensor */
+    int64_t shard_offset[MOE_MAX_DIMS];  /* where this shard starts in the global tensor;
+                                            along expert_dim use moe_layer_expert_id, since
+                                            round-robin placement is not a contiguous slice */
     int32_t expert_dim;                  /* dimension indexed by expert, or -1 */
     int32_t tp_dim;                      /* dimension split over tp, or -1 */
 } moe_param_info_t;
@@ -130,7 +132,7 @@ typedef struct moe_layer_stats {
     int64_t dropped_slots;     /* slots refused by capacity */
     double dropped_ratio;      /* dropped_slots / slots */
     double max_load;           /* max over experts of accepted slots */
-    double mean_load;          /* slots / E */
+    double mean_load;          /* accepted slots / E */
     double entropy;            /* mean over tokens of the router score entropy (nats) */
     double aux_loss;           /* unscaled aux value (see top of file) */
     double z_loss;             /* unscaled z value */

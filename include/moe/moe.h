@@ -18,5 +18,6 @@
 #include "layer.h"
 #include "mesh.h"
 #include "optim.h"
+#include "pipeline.h"
 
 #endif /* MOE_MOE_H */

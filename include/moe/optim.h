@@ -39,8 +39,9 @@ MOE_API moe_status_t moe_adamw_destroy(moe_adamw_t *opt);
 /* Register every trainable parameter of a layer (buffers are skipped). The layer must outlive
  * the optimizer or be removed by destroying the optimizer first. */
 MOE_API moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer);
-/* Register a caller-owned parameter (e.g. a dense layer of the user's model). value and grad
- * have equal shapes on the runtime's device; `kind` says how its gradient is reduced. */
+/* Register a caller-owned parameter (e.g. a dense layer of the user's model). value (compute
+ * dtype) and grad (f32) have equal shapes on the runtime's device; `kind` says how its
+ * gradient is reduced. name is copied. */
 MOE_API moe_status_t moe_adamw_add_param(moe_adamw_t *opt, const char *name, moe_param_kind_t kind,
                                          const moe_tensor_t *value, const moe_tensor_t *grad);
 

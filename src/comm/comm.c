@@ -48,3 +48,74 @@ void moe_comm_destroy(moe_comm_t *c)
 {
     if (c) c->ops->destroy(c);
 }
+
+moe_status_t moe_comm_send(moe_comm_t *c, const void *buf, size_t count, moe_comm_dtype_t dt,
+                           int peer, int tag)
+{
+    moe_comm_req_t *req = NULL;
+    MOE_TRY(c->ops->send(c, buf, count, dt, peer, tag, &req));
+    return c->ops->wait(c, req);
+}
+
+moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
+                           int peer, int tag)
+{
+    moe_comm_req_t *req = NULL;
+    MOE_TRY(c->ops->recv(c, buf, count, dt, peer, tag, &req));
+    return c->ops->wait(c, req);
+}
+
+moe_status_t moe_comm_wait(moe_comm_t *c, moe_comm_req_t *req) { return c->ops->wait(c, req); }
+
+moe_status_t moe_comm_test(moe_comm_t *c, moe_comm_req_t *req, bool *done)
+{
+    return c->ops->test(c, req, done);
+}
+
+moe_status_t moe_comm_split(moe_comm_t *c, int color, int key, const char *name,
+                            moe_comm_t **out)
+{
+    return c->ops->split(c, color, key, name, out);
+}
+
+void moe_comm_abort(moe_comm_t *c)
+{
+    if (c) c->ops->abort(c);
+}
+
+/* ---- builds without a backend ------------------------------------------------------------- */
+
+#ifndef MOE_HAVE_MPI
+moe_status_t moe_comm_mpi_create(const void *mpi_comm, const char *name, int timeout_ms,
+                                 const moe_backend_t *backend, const moe_logger_t *logger,
+                                 moe_comm_t **out)
+{
+    (void)mpi_comm, (void)name, (void)timeout_ms, (void)backend, (void)logger;
+    if (out) *out = NULL;
+    return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "libmoe was built without MPI");
+}
+bool moe_comm_have_mpi(void) { return false; }
+moe_status_t moe_comm_mpi_acquire(void)
+{
+    return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "libmoe was built without MPI");
+}
+void moe_comm_mpi_release(void) {}
+bool moe_comm_mpi_ready(void) { return false; }
+moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size)
+{
+    (void)mpi_comm;
+    *rank = 0;
+    *size = 1;
+    return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "libmoe was built without MPI");
+}
+#endif
+
+#if !defined(MOE_HAVE_NCCL) || !defined(MOE_HAVE_MPI)
+moe_status_t moe_comm_nccl_create(moe_comm_t *bootstrap, const char *name, moe_comm_t **out)
+{
+    (void)bootstrap, (void)name;
+    if (out) *out = NULL;
+    return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "libmoe was built without NCCL");
+}
+bool moe_comm_have_nccl(void) { return false; }
+#endif

@@ -19,6 +19,7 @@
 
 #include <moe/mesh.h>
 
+#include "../backend/backend.h"
 #include "../core/log.h"
 
 typedef enum moe_comm_dtype {
@@ -74,7 +75,51 @@ struct moe_comm {
     int timeout_ms;
     bool device_buffers;      /* buffers passed in live on the GPU */
     const moe_logger_t *logger;
+    /* The runtime's compute backend (not owned): mpi.c stages device buffers through its
+     * pinned host memory and copies. NULL: host buffers only. */
+    const moe_backend_t *backend;
+    /* NCCL: the cudaStream_t (as void *) that produced the buffers; each operation's NCCL
+     * stream waits for it (an event, no device-wide sync). NULL: the legacy default stream.
+     * Ignored by mpi.c (its staging copies are blocking). */
+    void *order_stream;
+    /* "world ranks 0,2,4,6": the members, for messages (set by the implementation). */
+    char members[96];
 };
+
+/* Tags of send/recv: 0 <= tag < MOE_COMM_MAX_TAG (larger ones are reserved for libmoe's
+ * own traffic). NCCL has no tags: messages between two ranks match in call order. */
+#define MOE_COMM_MAX_TAG 30000
+
+/* ---- constructors ---------------------------------------------------------------------------
+ * moe_comm_mpi_create: duplicates `mpi_comm` (a pointer to an MPI_Comm; NULL: MPI_COMM_WORLD)
+ * so that libmoe's traffic never matches the caller's, and makes errors return instead of
+ * aborting the job. MPI must be initialised. Collective over that communicator.
+ * UNSUPPORTED in a build without MPI.
+ * [in] backend: staging for device buffers (NULL: host buffers) [in] logger may be NULL. */
+moe_status_t moe_comm_mpi_create(const void *mpi_comm, const char *name, int timeout_ms,
+                                 const moe_backend_t *backend, const moe_logger_t *logger,
+                                 moe_comm_t **out);
+/* moe_comm_nccl_create: an NCCL communicator over the same ranks as `bootstrap` (an MPI
+ * communicator made above): rank 0 makes the unique id, broadcast through `bootstrap`; the
+ * communicator is created non-blocking and polled until bootstrap->timeout_ms, then aborted
+ * (MOE_STATUS_TIMEOUT). Buffers are device buffers on the current CUDA device. Collective.
+ * UNSUPPORTED in a build without NCCL. split() on the result uses ncclCommSplit. */
+moe_status_t moe_comm_nccl_create(moe_comm_t *bootstrap, const char *name, moe_comm_t **out);
+/* MPI's process-wide state, wrapped so that the mesh needs no MPI header.
+ * moe_comm_mpi_acquire: initialise MPI (MPI_THREAD_SERIALIZED) unless it already is; every
+ * successful acquire is paired with a release, and MPI is finalised by the release that
+ * balances the first acquire which initialised it (MPI itself is process-global: this count
+ * is the one piece of process-wide state, and MPI cannot be initialised twice). */
+moe_status_t moe_comm_mpi_acquire(void);
+void moe_comm_mpi_release(void);
+/* True when MPI is initialised and not finalised. */
+bool moe_comm_mpi_ready(void);
+/* Rank and size of `mpi_comm` (pointer to an MPI_Comm; NULL: MPI_COMM_WORLD). */
+moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size);
+
+/* True when this build has the backend. */
+bool moe_comm_have_mpi(void);
+bool moe_comm_have_nccl(void);
 
 /* Blocking helpers (start + wait). */
 moe_status_t moe_comm_allreduce(moe_comm_t *c, const void *send, void *recv, size_t count,
@@ -85,6 +130,17 @@ moe_status_t moe_comm_alltoallv(moe_comm_t *c, const void *send, const size_t *s
                                 const size_t *send_displs, void *recv, const size_t *recv_counts,
                                 const size_t *recv_displs, moe_comm_dtype_t dt);
 moe_status_t moe_comm_barrier(moe_comm_t *c);
-void moe_comm_destroy(moe_comm_t *c);
+moe_status_t moe_comm_send(moe_comm_t *c, const void *buf, size_t count, moe_comm_dtype_t dt,
+                           int peer, int tag);
+moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
+                           int peer, int tag);
+
+/* Thin wrappers over the table (NULL-safe where noted). */
+moe_status_t moe_comm_wait(moe_comm_t *c, moe_comm_req_t *req);
+moe_status_t moe_comm_test(moe_comm_t *c, moe_comm_req_t *req, bool *done);
+moe_status_t moe_comm_split(moe_comm_t *c, int color, int key, const char *name,
+                            moe_comm_t **out);
+void moe_comm_abort(moe_comm_t *c);   /* NULL: no-op */
+void moe_comm_destroy(moe_comm_t *c); /* NULL: no-op */
 
 #endif /* MOE_COMM_H */

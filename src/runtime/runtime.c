@@ -82,8 +82,8 @@ moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_
     rt->deterministic = c.deterministic != 0;
     moe_status_t st;
     MOE_TRY_GOTO(st, create_backend(&c, rt));
-    MOE_TRY_GOTO(st, moe_mesh_create(c.mesh, rt->backend.ops->device == MOE_DEVICE_CUDA,
-                                     &rt->logger, &rt->mesh));
+    MOE_TRY_GOTO(st, moe_mesh_create(c.mesh, &rt->backend, rt->device_index, &rt->logger,
+                                     &rt->mesh));
     rt->magic = MOE_MAGIC_RUNTIME;
     moe_log(&rt->logger, MOE_LOG_INFO, "runtime: backend %s, world %d", rt->backend.ops->name,
             rt->mesh->world_size);

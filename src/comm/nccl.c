@@ -1,0 +1,516 @@
+/*
+ * The NCCL communicator: device buffers on the current CUDA device, enqueued on the
+ * communicator's own stream.
+ *
+ * Creation: rank 0 makes the unique id, broadcast through an MPI bootstrap communicator;
+ * the communicator is created non-blocking (config.blocking = 0) and polled with
+ * ncclCommGetAsyncError until it is ready or the timeout passes, then ncclCommAbort and
+ * MOE_STATUS_TIMEOUT naming the axis and ranks. split() is ncclCommSplit, polled alike.
+ *
+ * Operations: each waits (event, no device-wide sync) for `order_stream` (the stream that
+ * produced its buffers), is enqueued on the NCCL stream, and records a completion event.
+ * wait() polls the event and the communicator's async error against the deadline: a dead or
+ * hung peer ends in ncclCommAbort + TIMEOUT, never a hang. alltoallv is grouped
+ * ncclSend/ncclRecv (self included). NCCL has no tags: send/recv between two ranks match
+ * in call order; count mismatches in alltoallv are not detected (NCCL receives what it is
+ * told).
+ */
+#include "comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/error.h"
+
+#define MOE_NCCL_CHECK(call)                                                               \
+    MOE_CHECK_GEN(ncclResult_t, call, rc_ == ncclSuccess || rc_ == ncclInProgress,         \
+                  MOE_STATUS_COMM_ERROR, ncclGetErrorString)
+#define MOE_CUDA_CHECK_COMM(call)                                                          \
+    MOE_CHECK_GEN(cudaError_t, call, rc_ == cudaSuccess, MOE_STATUS_BACKEND_ERROR,         \
+                  cudaGetErrorString)
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+static void nap(unsigned spin)
+{
+    if (spin > 64) {
+        struct timespec ts = {0, spin > 4096 ? 200000 : 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+typedef struct nccl_impl {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int world_rank;           /* this rank in the root (bootstrap) communicator */
+    int *dev_scratch;         /* device int [size]: barrier and member discovery */
+    bool dead;
+    char dead_reason[160];
+    moe_comm_req_t *inflight;
+} nccl_impl_t;
+
+struct moe_comm_req {
+    const char *what;
+    cudaEvent_t done;
+    moe_comm_req_t *next;
+};
+
+static ncclDataType_t nccl_type(moe_comm_dtype_t dt)
+{
+    switch (dt) {
+    case MOE_COMM_F32: return ncclFloat32;
+    case MOE_COMM_BF16: return ncclBfloat16;
+    case MOE_COMM_I32: return ncclInt32;
+    case MOE_COMM_I64: return ncclInt64;
+    case MOE_COMM_F64: return ncclFloat64;
+    case MOE_COMM_U8: return ncclUint8;
+    }
+    return ncclNumTypes;
+}
+
+static void mark_dead(moe_comm_t *c, const char *why)
+{
+    nccl_impl_t *m = c->impl;
+    if (m->dead) return;
+    m->dead = true;
+    snprintf(m->dead_reason, sizeof m->dead_reason, "%s", why);
+    if (m->comm) ncclCommAbort(m->comm); /* stops NCCL's kernels and proxy; peers time out */
+    m->comm = NULL;
+}
+
+static moe_status_t check_live(moe_comm_t *c, const char *what)
+{
+    nccl_impl_t *m = c->impl;
+    if (m->dead)
+        return MOE_FAIL(MOE_STATUS_ABORTED,
+                        "%s on the %s communicator (%s): the communicator is unusable after %s",
+                        what, c->name, c->members, m->dead_reason);
+    return MOE_STATUS_SUCCESS;
+}
+
+/* Poll a non-blocking NCCL call (init, split, group end) until it settles. */
+static moe_status_t settle(moe_comm_t *c, ncclComm_t comm, const char *what)
+{
+    double deadline = now_ms() + c->timeout_ms;
+    for (unsigned spin = 0;; spin++) {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
+        if (rc != ncclSuccess) state = rc;
+        if (state == ncclSuccess) return MOE_STATUS_SUCCESS;
+        if (state != ncclInProgress) {
+            char why[96];
+            snprintf(why, sizeof why, "an NCCL error in %s", what);
+            moe_status_t st = MOE_FAIL(MOE_STATUS_COMM_ERROR,
+                                       "%s on the %s communicator (rank %d of %d; %s): %s", what,
+                                       c->name, c->rank, c->size, c->members,
+                                       ncclGetErrorString(state));
+            if (c->impl) mark_dead(c, why);
+            else ncclCommAbort(comm);
+            return st;
+        }
+        if (now_ms() > deadline) {
+            char why[96];
+            snprintf(why, sizeof why, "a timeout in %s", what);
+            if (c->impl) mark_dead(c, why);
+            else ncclCommAbort(comm);
+            return MOE_FAIL(MOE_STATUS_TIMEOUT,
+                            "%s on the %s communicator (rank %d of %d; %s) did not complete "
+                            "within %d ms: a peer is dead or stalled (ncclCommAbort called)",
+                            what, c->name, c->rank, c->size, c->members, c->timeout_ms);
+        }
+        nap(spin);
+    }
+}
+
+/* ---- requests ------------------------------------------------------------------------------ */
+
+/* Before enqueuing: order after the stream that produced the buffers. */
+static moe_status_t begin(moe_comm_t *c, const char *what)
+{
+    MOE_TRY(check_live(c, what));
+    nccl_impl_t *m = c->impl;
+    cudaEvent_t ev;
+    MOE_CUDA_CHECK_COMM(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e1 = cudaEventRecord(ev, (cudaStream_t)c->order_stream);
+    cudaError_t e2 = e1 == cudaSuccess ? cudaStreamWaitEvent(m->stream, ev, 0) : e1;
+    cudaEventDestroy(ev);
+    if (e2 != cudaSuccess)
+        return MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "ordering %s after the compute stream: %s",
+                        what, cudaGetErrorString(e2));
+    return MOE_STATUS_SUCCESS;
+}
+
+/* After enqueuing: settle the (non-blocking) call and record the completion event. */
+static moe_status_t finish_start(moe_comm_t *c, const char *what, moe_comm_req_t **out)
+{
+    nccl_impl_t *m = c->impl;
+    MOE_TRY(settle(c, m->comm, what));
+    moe_comm_req_t *r = calloc(1, sizeof *r);
+    if (!r) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "request for %s", what);
+    r->what = what;
+    cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(r->done, m->stream);
+    if (e != cudaSuccess) {
+        free(r);
+        return MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "completion event of %s: %s", what,
+                        cudaGetErrorString(e));
+    }
+    r->next = m->inflight;
+    m->inflight = r;
+    *out = r;
+    return MOE_STATUS_SUCCESS;
+}
+
+static bool take(moe_comm_t *c, moe_comm_req_t *r)
+{
+    nccl_impl_t *m = c->impl;
+    for (moe_comm_req_t **p = &m->inflight; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            return true;
+        }
+    return false;
+}
+
+static bool is_inflight(moe_comm_t *c, moe_comm_req_t *r)
+{
+    for (moe_comm_req_t *p = ((nccl_impl_t *)c->impl)->inflight; p; p = p->next)
+        if (p == r) return true;
+    return false;
+}
+
+static moe_status_t nccl_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
+{
+    *done = false;
+    MOE_CHECK_ARG(r && is_inflight(c, r), "not an operation in flight on the %s communicator",
+                  c->name);
+    MOE_TRY(check_live(c, r->what));
+    nccl_impl_t *m = c->impl;
+    cudaError_t q = cudaEventQuery(r->done);
+    if (q == cudaSuccess) {
+        take(c, r);
+        cudaEventDestroy(r->done);
+        free(r);
+        *done = true;
+        return MOE_STATUS_SUCCESS;
+    }
+    if (q != cudaErrorNotReady)
+        return MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "%s on the %s communicator: %s", r->what,
+                        c->name, cudaGetErrorString(q));
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(m->comm, &state);
+    if (state != ncclSuccess && state != ncclInProgress) {
+        const char *what = r->what;
+        mark_dead(c, "an asynchronous NCCL error");
+        return MOE_FAIL(MOE_STATUS_COMM_ERROR, "%s on the %s communicator (%s): %s", what,
+                        c->name, c->members, ncclGetErrorString(state));
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t nccl_wait(moe_comm_t *c, moe_comm_req_t *r)
+{
+    MOE_CHECK_ARG(r && is_inflight(c, r), "not an operation in flight on the %s communicator",
+                  c->name);
+    double deadline = now_ms() + c->timeout_ms;
+    const char *what = r->what;
+    for (unsigned spin = 0;; spin++) {
+        bool done = false;
+        MOE_TRY(nccl_test(c, r, &done));
+        if (done) return MOE_STATUS_SUCCESS;
+        if (now_ms() > deadline) {
+            char why[96];
+            snprintf(why, sizeof why, "a timeout in %s", what);
+            mark_dead(c, why);
+            return MOE_FAIL(MOE_STATUS_TIMEOUT,
+                            "%s on the %s communicator (rank %d of %d; %s) did not complete "
+                            "within %d ms: a peer is dead or stalled (ncclCommAbort called)",
+                            what, c->name, c->rank, c->size, c->members, c->timeout_ms);
+        }
+        nap(spin);
+    }
+}
+
+/* ---- operations ---------------------------------------------------------------------------- */
+
+static moe_status_t nccl_allreduce(moe_comm_t *c, const void *send, void *recv, size_t count,
+                                   moe_comm_dtype_t dt, moe_reduce_op_t op, moe_comm_req_t **out)
+{
+    MOE_CHECK_ARG(nccl_type(dt) != ncclNumTypes, "unknown dtype %d", (int)dt);
+    MOE_CHECK_ARG(op >= MOE_REDUCE_SUM && op <= MOE_REDUCE_MIN, "unknown reduce op %d", (int)op);
+    MOE_TRY(begin(c, "allreduce"));
+    nccl_impl_t *m = c->impl;
+    ncclRedOp_t o = op == MOE_REDUCE_SUM ? ncclSum : op == MOE_REDUCE_MAX ? ncclMax : ncclMin;
+    MOE_NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type(dt), o, m->comm, m->stream));
+    return finish_start(c, "allreduce", out);
+}
+
+static moe_status_t nccl_broadcast(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
+                                   int root, moe_comm_req_t **out)
+{
+    MOE_CHECK_ARG(nccl_type(dt) != ncclNumTypes, "unknown dtype %d", (int)dt);
+    MOE_CHECK_ARG(root >= 0 && root < c->size, "broadcast root %d on the %s communicator of %d ranks",
+                  root, c->name, c->size);
+    MOE_TRY(begin(c, "broadcast"));
+    nccl_impl_t *m = c->impl;
+    MOE_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dt), root, m->comm, m->stream));
+    return finish_start(c, "broadcast", out);
+}
+
+static moe_status_t nccl_alltoallv(moe_comm_t *c, const void *send, const size_t *send_counts,
+                                   const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                   const size_t *recv_displs, moe_comm_dtype_t dt,
+                                   moe_comm_req_t **out)
+{
+    MOE_CHECK_ARG(send_counts && send_displs && recv_counts && recv_displs,
+                  "alltoallv: counts or displacements are NULL");
+    MOE_CHECK_ARG(nccl_type(dt) != ncclNumTypes, "unknown dtype %d", (int)dt);
+    MOE_TRY(begin(c, "alltoallv"));
+    nccl_impl_t *m = c->impl;
+    size_t es = moe_comm_dtype_size(dt);
+    ncclDataType_t t = nccl_type(dt);
+    MOE_NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < c->size; p++) {
+        if (send_counts[p])
+            MOE_NCCL_CHECK(ncclSend((const char *)send + send_displs[p] * es, send_counts[p], t,
+                                    p, m->comm, m->stream));
+        if (recv_counts[p])
+            MOE_NCCL_CHECK(ncclRecv((char *)recv + recv_displs[p] * es, recv_counts[p], t, p,
+                                    m->comm, m->stream));
+    }
+    MOE_NCCL_CHECK(ncclGroupEnd());
+    return finish_start(c, "alltoallv", out);
+}
+
+static moe_status_t nccl_p2p(moe_comm_t *c, bool is_send, void *buf, size_t count,
+                             moe_comm_dtype_t dt, int peer, int tag, moe_comm_req_t **out)
+{
+    const char *what = is_send ? "send" : "recv";
+    MOE_CHECK_ARG(nccl_type(dt) != ncclNumTypes, "unknown dtype %d", (int)dt);
+    MOE_CHECK_ARG(peer >= 0 && peer < c->size && peer != c->rank,
+                  "%s: peer %d on the %s communicator of %d ranks (this is rank %d)", what, peer,
+                  c->name, c->size, c->rank);
+    MOE_CHECK_ARG(tag >= 0 && tag < MOE_COMM_MAX_TAG, "%s: tag %d is outside [0, %d)", what, tag,
+                  MOE_COMM_MAX_TAG);
+    MOE_TRY(begin(c, what));
+    nccl_impl_t *m = c->impl;
+    if (is_send)
+        MOE_NCCL_CHECK(ncclSend(buf, count, nccl_type(dt), peer, m->comm, m->stream));
+    else
+        MOE_NCCL_CHECK(ncclRecv(buf, count, nccl_type(dt), peer, m->comm, m->stream));
+    return finish_start(c, what, out);
+}
+
+static moe_status_t nccl_send(moe_comm_t *c, const void *buf, size_t count, moe_comm_dtype_t dt,
+                              int peer, int tag, moe_comm_req_t **out)
+{
+    return nccl_p2p(c, true, (void *)buf, count, dt, peer, tag, out);
+}
+
+static moe_status_t nccl_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt, int peer,
+                              int tag, moe_comm_req_t **out)
+{
+    return nccl_p2p(c, false, buf, count, dt, peer, tag, out);
+}
+
+static moe_status_t nccl_barrier(moe_comm_t *c)
+{
+    nccl_impl_t *m = c->impl;
+    moe_comm_req_t *r = NULL;
+    MOE_TRY(nccl_allreduce(c, m->dev_scratch, m->dev_scratch, 1, MOE_COMM_I32, MOE_REDUCE_SUM, &r));
+    return nccl_wait(c, r);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------ */
+
+static void nccl_abort(moe_comm_t *c) { mark_dead(c, "abort"); }
+
+static void nccl_destroy(moe_comm_t *c)
+{
+    nccl_impl_t *m = c->impl;
+    if (m) {
+        for (moe_comm_req_t *r = m->inflight; r;) {
+            moe_comm_req_t *next = r->next;
+            cudaEventDestroy(r->done);
+            free(r);
+            r = next;
+        }
+        if (m->comm) {
+            if (m->dead) ncclCommAbort(m->comm);
+            else {
+                cudaStreamSynchronize(m->stream);
+                ncclCommDestroy(m->comm);
+            }
+        }
+        if (m->dev_scratch) cudaFree(m->dev_scratch);
+        if (m->stream) cudaStreamDestroy(m->stream);
+        free(m);
+    }
+    free(c);
+}
+
+static moe_status_t nccl_split(moe_comm_t *c, int color, int key, const char *name,
+                               moe_comm_t **out);
+
+static const moe_comm_ops_t nccl_ops = {
+    .name = "nccl",
+    .allreduce = nccl_allreduce,
+    .broadcast = nccl_broadcast,
+    .alltoallv = nccl_alltoallv,
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .wait = nccl_wait,
+    .test = nccl_test,
+    .barrier = nccl_barrier,
+    .split = nccl_split,
+    .abort = nccl_abort,
+    .destroy = nccl_destroy,
+};
+
+/* A communicator shell around a settled ncclComm_t; members named by an all-gather of the
+ * world ranks. */
+static moe_status_t wrap(ncclComm_t comm, const moe_comm_t *like, int world_rank, const char *name,
+                         moe_comm_t **out)
+{
+    moe_comm_t *c = calloc(1, sizeof *c);
+    nccl_impl_t *m = calloc(1, sizeof *m);
+    if (!c || !m) {
+        free(c);
+        free(m);
+        ncclCommDestroy(comm);
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "communicator");
+    }
+    c->ops = &nccl_ops;
+    c->impl = m;
+    m->comm = comm;
+    m->world_rank = world_rank;
+    snprintf(c->name, sizeof c->name, "%s", name ? name : "?");
+    c->timeout_ms = like->timeout_ms;
+    c->device_buffers = true;
+    c->logger = like->logger;
+    c->backend = like->backend;
+    ncclCommCount(comm, &c->size);
+    ncclCommUserRank(comm, &c->rank);
+    snprintf(c->members, sizeof c->members, "%d ranks", c->size);
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    int *host = NULL;
+    cudaError_t e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&m->dev_scratch, sizeof(int) * (size_t)c->size);
+    if (e != cudaSuccess) {
+        st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "NCCL communicator stream: %s", cudaGetErrorString(e));
+        goto fail;
+    }
+    host = malloc(sizeof(int) * (size_t)c->size);
+    if (!host) {
+        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "member table");
+        goto fail;
+    }
+    /* members: all-gather of the world ranks */
+    host[0] = world_rank;
+    e = cudaMemcpy(m->dev_scratch + c->rank, host, sizeof(int), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "member table: %s", cudaGetErrorString(e));
+        goto fail;
+    }
+    {
+        moe_comm_req_t *r = NULL;
+        MOE_TRY_GOTO(st, check_live(c, "allgather"));
+        ncclResult_t rc = ncclAllGather(m->dev_scratch + c->rank, m->dev_scratch, 1, ncclInt32,
+                                        m->comm, m->stream);
+        if (rc != ncclSuccess && rc != ncclInProgress) {
+            st = MOE_FAIL(MOE_STATUS_COMM_ERROR, "ncclAllGather of the members of %s: %s",
+                          c->name, ncclGetErrorString(rc));
+            goto fail;
+        }
+        MOE_TRY_GOTO(st, finish_start(c, "allgather", &r));
+        MOE_TRY_GOTO(st, nccl_wait(c, r));
+    }
+    e = cudaMemcpy(host, m->dev_scratch, sizeof(int) * (size_t)c->size, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "member table: %s", cudaGetErrorString(e));
+        goto fail;
+    }
+    {
+        size_t len = (size_t)snprintf(c->members, sizeof c->members, "world ranks ");
+        for (int i = 0; i < c->size && len < sizeof c->members; i++) {
+            int room = (int)(sizeof c->members - len);
+            int w = snprintf(c->members + len, (size_t)room, "%s%d", i ? "," : "", host[i]);
+            if (w >= room) {
+                strcpy(c->members + sizeof c->members - 4, "...");
+                break;
+            }
+            len += (size_t)w;
+        }
+    }
+    free(host);
+    *out = c;
+    return MOE_STATUS_SUCCESS;
+fail:
+    free(host);
+    nccl_destroy(c);
+    return st;
+}
+
+static ncclConfig_t nonblocking_config(void)
+{
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    return cfg;
+}
+
+moe_status_t moe_comm_nccl_create(moe_comm_t *bootstrap, const char *name, moe_comm_t **out)
+{
+    MOE_CHECK_ARG(bootstrap && out, "bootstrap or out is NULL");
+    *out = NULL;
+    MOE_CHECK_ARG(strcmp(bootstrap->ops->name, "mpi") == 0 && !bootstrap->device_buffers,
+                  "the NCCL bootstrap must be an MPI communicator on host buffers");
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (bootstrap->rank == 0) MOE_NCCL_CHECK(ncclGetUniqueId(&id));
+    MOE_TRY(moe_comm_broadcast(bootstrap, &id, sizeof id, MOE_COMM_U8, 0));
+    int world_rank = bootstrap->rank;
+    ncclConfig_t cfg = nonblocking_config();
+    ncclComm_t comm = NULL;
+    ncclResult_t rc = ncclCommInitRankConfig(&comm, bootstrap->size, id, bootstrap->rank, &cfg);
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return MOE_FAIL(MOE_STATUS_COMM_ERROR,
+                        "ncclCommInitRankConfig for the %s communicator (rank %d of %d): %s",
+                        name ? name : "?", bootstrap->rank, bootstrap->size, ncclGetErrorString(rc));
+    moe_comm_t probe = *bootstrap; /* names and timeout for messages while settling */
+    probe.impl = NULL;
+    snprintf(probe.name, sizeof probe.name, "%s", name ? name : "?");
+    MOE_TRY(settle(&probe, comm, "ncclCommInitRankConfig"));
+    return wrap(comm, bootstrap, world_rank, name, out);
+}
+
+static moe_status_t nccl_split(moe_comm_t *c, int color, int key, const char *name, moe_comm_t **out)
+{
+    MOE_CHECK_ARG(out != NULL, "out is NULL");
+    *out = NULL;
+    MOE_CHECK_ARG(color >= 0, "split color %d must be >= 0", color);
+    MOE_TRY(check_live(c, "split"));
+    nccl_impl_t *m = c->impl;
+    ncclConfig_t cfg = nonblocking_config();
+    ncclComm_t nc = NULL;
+    ncclResult_t rc = ncclCommSplit(m->comm, color, key, &nc, &cfg);
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return MOE_FAIL(MOE_STATUS_COMM_ERROR, "ncclCommSplit of the %s communicator: %s", c->name,
+                        ncclGetErrorString(rc));
+    MOE_TRY(settle(c, m->comm, "ncclCommSplit"));
+    moe_comm_t probe = *c;
+    probe.impl = NULL;
+    snprintf(probe.name, sizeof probe.name, "%s", name ? name : "?");
+    MOE_TRY(settle(&probe, nc, "ncclCommSplit"));
+    return wrap(nc, c, m->world_rank, name, out);
+}
+
+bool moe_comm_have_nccl(void) { return true; }

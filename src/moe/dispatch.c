@@ -1,0 +1,650 @@
+/*
+ * Expert-parallel dispatch and combine, tensor-parallel experts, and the global routing
+ * statistics of the distributed layer (see dispatch.h for when it runs, docs/mesh.md for
+ * the schedule and the collective ordering rule).
+ *
+ * Shapes: N tokens on this rank, Nt tokens in the dense group (the global batch), H hidden,
+ * E experts, El = E/ep local experts, K top-k, Fl = F/tp, P = ep.
+ *
+ * Forward, per microbatch:
+ *   1. router (local tokens) -> counts, score means, z/entropy to the host
+ *   2. exchange   one all-reduce over the dense group of a table [D, 3+2E] (f64): every
+ *                 rank's N, counts, N*P_e, N*z, N*entropy -> global counts, capacity
+ *                 C = ceil(cf*Nt*K/E), this rank's prefix per expert (ranks before it in the
+ *                 concatenated order), global aux / z / entropy
+ *   3. plan (host) keep slot (t,k) of expert e iff prefix_e + (earlier selections of e here)
+ *                 < C; rows sorted by (owner rank, local expert, slot) -> row_of_slot,
+ *                 slot_of_row, rows per ep peer
+ *   4. counts     all-to-all over ep of El row counts per peer -> rows from each peer per
+ *                 local expert
+ *   5. pipeline   rows are split per peer block into `a2a_chunks` chunks; chunk c+1's
+ *                 all-to-all is in flight while the experts compute chunk c (non-blocking
+ *                 communicator calls; on the host backend MPI is polled between slices so
+ *                 it progresses), each computed slice is all-reduced over tp (W2 is row
+ *                 parallel), and its rows start back (combine all-to-all of chunk c)
+ *   6. unpermute  y[t] = sum_k w[t,k] * back[row(t,k)]   (backend combine, deterministic)
+ * Backward mirrors it: d_w and the weighted d_rows from dy, the same pipeline with the
+ * experts' backward (d_xp all-reduced over tp: W1 is column parallel), dx by un-gather,
+ * router backward with the global aux/z gradient scale.
+ */
+#include "dispatch.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/error.h"
+
+typedef struct moe_dist {
+    moe_comm_t *ep, *tp;             /* data (device buffers); NULL when the axis is 1 */
+    moe_comm_t *hep, *hdense;        /* host control */
+    int32_t P, me, tp_size, D, dense_rank;
+    moe_comm_dtype_t act_dt;
+    size_t act;                      /* bytes per activation element */
+    int32_t *group;                  /* [E] expert -> owner * El + local (row order) */
+    moe_dist_timing_t timing;
+} moe_dist_t;
+
+typedef struct moe_dist_slot {
+    int64_t n_total;                 /* Nt */
+    int64_t rows_send, rows_recv;    /* token-side rows, expert-side rows */
+    int64_t *sc, *sd, *rc, *rd;      /* [P] rows to / from each ep peer and their offsets */
+    int64_t *cnt;                    /* [P, El] rows from peer q for local expert le */
+    float aux_scale, z_scale;        /* router backward coefficient factors (N/Nt)^2, N/Nt */
+    void *back;                      /* act [Rs,H] expert outputs back on the token side */
+    void *xr, *hpre, *act;           /* act [Rr,H], [Rr,2,Fl], [Rr,Fl] expert side, saved */
+} moe_dist_slot_t;
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+static moe_status_t dalloc(moe_layer_t *l, size_t bytes, void *out)
+{
+    return MOE_OPS(l->rt)->alloc(MOE_CTX(l->rt), bytes, (void **)out);
+}
+
+static void dfree(moe_layer_t *l, void *pp)
+{
+    void **p = pp;
+    if (*p) MOE_OPS(l->rt)->free(MOE_CTX(l->rt), *p);
+    *p = NULL;
+}
+
+/* ---- create / destroy ---------------------------------------------------------------------- */
+
+moe_status_t moe_dist_create(moe_layer_t *l)
+{
+    moe_mesh_t *m = l->rt->mesh;
+    int32_t D = moe_mesh_group_size(m, MOE_MESH_DENSE);
+    if (l->ep_size == 1 && l->tp_size == 1 && D == 1) return MOE_STATUS_SUCCESS;
+    moe_dist_t *d = calloc(1, sizeof *d);
+    if (!d) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "distributed layer state");
+    d->ep = m->comm[MOE_AXIS_EP];
+    d->tp = m->comm[MOE_AXIS_TP];
+    d->hep = m->host[MOE_AXIS_EP];
+    d->hdense = m->host[MOE_MESH_DENSE];
+    d->P = l->ep_size;
+    d->me = l->ep_rank;
+    d->tp_size = l->tp_size;
+    d->D = D;
+    d->dense_rank = m->coord[MOE_AXIS_EP] + m->size[MOE_AXIS_EP] * m->coord[MOE_AXIS_DP];
+    moe_dtype_t cd = MOE_OPS(l->rt)->compute_dtype;
+    d->act_dt = cd == MOE_DTYPE_BF16 ? MOE_COMM_BF16 : MOE_COMM_F32;
+    d->act = moe_dtype_size(cd);
+    d->group = malloc(sizeof(int32_t) * (size_t)l->e);
+    if (!d->group) {
+        free(d);
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "expert map");
+    }
+    for (int32_t e = 0; e < l->e; e++) {
+        int32_t owner = l->cfg.placement == MOE_PLACEMENT_CONTIGUOUS ? e / l->el : e % d->P;
+        int32_t local = l->cfg.placement == MOE_PLACEMENT_CONTIGUOUS ? e % l->el : e / d->P;
+        d->group[e] = owner * l->el + local;
+    }
+    l->dist = d;
+    return MOE_STATUS_SUCCESS;
+}
+
+void moe_dist_destroy(moe_layer_t *l)
+{
+    if (!l->dist) return;
+    free(l->dist->group);
+    free(l->dist);
+    l->dist = NULL;
+}
+
+void moe_dist_slot_free(moe_layer_t *l, moe_slot_t *s)
+{
+    moe_dist_slot_t *ds = s->dist;
+    if (!ds) return;
+    free(ds->sc);
+    free(ds->cnt);
+    dfree(l, &ds->back);
+    dfree(l, &ds->xr);
+    dfree(l, &ds->hpre);
+    dfree(l, &ds->act);
+    free(ds);
+    s->dist = NULL;
+}
+
+void moe_dist_timing(const moe_layer_t *l, moe_dist_timing_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (l->dist) *out = l->dist->timing;
+}
+
+void moe_dist_timing_reset(moe_layer_t *l)
+{
+    if (l->dist) memset(&l->dist->timing, 0, sizeof l->dist->timing);
+}
+
+/* ---- the chunked all-to-all pipeline ------------------------------------------------------- */
+
+/* Chunk c of a block of n rows: [n*c/C, n*(c+1)/C), computed the same way on both sides. */
+static int64_t chunk_lo(int64_t n, int c, int C) { return n * c / C; }
+
+typedef struct a2a_op {
+    moe_comm_req_t *req;   /* NULL: already complete */
+    double t_start;
+    bool done;
+} a2a_op_t;
+
+/* Start the all-to-all of chunk c. Forward direction: token side (send layout sc/sd) to
+ * expert side (rc/rd); reverse: back. Units on the wire: elements of rows * H. */
+static moe_status_t a2a_start(moe_layer_t *l, moe_dist_slot_t *ds, int c, bool reverse,
+                              const void *src, void *dst, a2a_op_t *op)
+{
+    moe_dist_t *d = l->dist;
+    int P = d->P, C = l->cfg.a2a_chunks;
+    size_t H = (size_t)l->h;
+    size_t sc[P], sd[P], rc[P], rd[P];
+    const int64_t *scnt = reverse ? ds->rc : ds->sc, *sdis = reverse ? ds->rd : ds->sd;
+    const int64_t *rcnt = reverse ? ds->sc : ds->rc, *rdis = reverse ? ds->sd : ds->rd;
+    for (int p = 0; p < P; p++) {
+        int64_t lo = chunk_lo(scnt[p], c, C), hi = chunk_lo(scnt[p], c + 1, C);
+        sc[p] = (size_t)(hi - lo) * H;
+        sd[p] = (size_t)(sdis[p] + lo) * H;
+        lo = chunk_lo(rcnt[p], c, C), hi = chunk_lo(rcnt[p], c + 1, C);
+        rc[p] = (size_t)(hi - lo) * H;
+        rd[p] = (size_t)(rdis[p] + lo) * H;
+    }
+    op->t_start = now_ms();
+    op->done = false;
+    op->req = NULL;
+    if (!d->ep) { /* ep = 1: the only peer is this rank */
+        if (sc[0])
+            MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), (char *)dst + rd[0] * d->act,
+                                         (const char *)src + sd[0] * d->act, sc[0] * d->act));
+        op->done = true;
+        return MOE_STATUS_SUCCESS;
+    }
+    return d->ep->ops->alltoallv(d->ep, src, sc, sd, dst, rc, rd, d->act_dt, &op->req);
+}
+
+static moe_status_t a2a_poll(moe_layer_t *l, a2a_op_t *op)
+{
+    moe_dist_t *d = l->dist;
+    if (op->done) return MOE_STATUS_SUCCESS;
+    MOE_TRY(moe_comm_test(d->ep, op->req, &op->done));
+    if (op->done) {
+        d->timing.a2a_started_ms += now_ms() - op->t_start;
+        d->timing.a2a_count++;
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t a2a_wait(moe_layer_t *l, a2a_op_t *op)
+{
+    moe_dist_t *d = l->dist;
+    if (op->done) return MOE_STATUS_SUCCESS;
+    double t0 = now_ms();
+    MOE_TRY(moe_comm_wait(d->ep, op->req));
+    double t1 = now_ms();
+    op->done = true;
+    d->timing.a2a_blocked_ms += t1 - t0;
+    d->timing.a2a_started_ms += t1 - op->t_start;
+    d->timing.a2a_count++;
+    return MOE_STATUS_SUCCESS;
+}
+
+/* The expert computation on rows [row0, row0 + rows) of the expert side, whose local-expert
+ * boundaries are off[0..El] (relative to row0). */
+typedef moe_status_t (*slice_fn)(moe_layer_t *l, moe_slot_t *s, int64_t row0, int64_t rows,
+                                 const int64_t *off, void *exp_in, void *exp_out, void *scratch);
+
+static moe_status_t slice_forward(moe_layer_t *l, moe_slot_t *s, int64_t row0, int64_t rows,
+                                  const int64_t *off, void *exp_in, void *exp_out, void *scratch)
+{
+    (void)rows, (void)exp_in, (void)scratch;
+    moe_dist_slot_t *ds = s->dist;
+    size_t a = l->dist->act, H = (size_t)l->h, F = (size_t)l->f_local, r0 = (size_t)row0;
+    moe_experts_t ex = {
+        .h = l->h, .f = l->f_local, .el = l->el, .host_offsets = off, .w1 = l->w1, .w2 = l->w2,
+        .xp = (char *)ds->xr + r0 * H * a, .hpre = (char *)ds->hpre + r0 * 2 * F * a,
+        .act = (char *)ds->act + r0 * F * a, .out = (char *)exp_out + r0 * H * a,
+    };
+    return MOE_OPS(l->rt)->experts_forward(MOE_CTX(l->rt), &ex);
+}
+
+static moe_status_t slice_backward(moe_layer_t *l, moe_slot_t *s, int64_t row0, int64_t rows,
+                                   const int64_t *off, void *exp_in, void *exp_out, void *scratch)
+{
+    (void)rows;
+    moe_dist_slot_t *ds = s->dist;
+    size_t a = l->dist->act, H = (size_t)l->h, F = (size_t)l->f_local, r0 = (size_t)row0;
+    moe_experts_t ex = {
+        .h = l->h, .f = l->f_local, .el = l->el, .host_offsets = off, .w1 = l->w1, .w2 = l->w2,
+        .xp = (char *)ds->xr + r0 * H * a, .hpre = (char *)ds->hpre + r0 * 2 * F * a,
+        .act = (char *)ds->act + r0 * F * a, .out = NULL,
+        .d_out = (char *)exp_in + r0 * H * a, .d_xp = (char *)exp_out + r0 * H * a,
+        .dw1 = l->dw1, .dw2 = l->dw2, .scratch = scratch,
+    };
+    return MOE_OPS(l->rt)->experts_backward(MOE_CTX(l->rt), &ex);
+}
+
+/* tok_in (token side) -> exp_in (expert side) -> fn -> exp_out -> tok_out (token side). */
+static moe_status_t pipeline(moe_layer_t *l, moe_slot_t *s, const void *tok_in, void *exp_in,
+                             void *exp_out, void *tok_out, slice_fn fn, void *scratch)
+{
+    moe_dist_t *d = l->dist;
+    moe_dist_slot_t *ds = s->dist;
+    int P = d->P, C = l->cfg.a2a_chunks, El = l->el;
+    size_t H = (size_t)l->h, a = d->act;
+    a2a_op_t disp[C], comb[C];
+    int64_t off[El + 1];
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    int started_d = 0, started_c = 0;
+
+    MOE_TRY_GOTO(st, a2a_start(l, ds, 0, false, tok_in, exp_in, &disp[0]));
+    started_d = 1;
+    for (int c = 0; c < C; c++) {
+        if (c + 1 < C) {
+            MOE_TRY_GOTO(st, a2a_start(l, ds, c + 1, false, tok_in, exp_in, &disp[c + 1]));
+            started_d++;
+        }
+        MOE_TRY_GOTO(st, a2a_wait(l, &disp[c]));
+        double t0 = now_ms();
+        for (int q = 0; q < P; q++) {
+            int64_t n = ds->rc[q], lo = chunk_lo(n, c, C), hi = chunk_lo(n, c + 1, C);
+            if (hi == lo) continue;
+            /* local-expert boundaries of this peer's block, clipped to the chunk */
+            int64_t acc = 0;
+            for (int e = 0; e <= El; e++) {
+                int64_t b = acc < lo ? lo : acc > hi ? hi : acc;
+                off[e] = b - lo;
+                if (e < El) acc += ds->cnt[q * El + e];
+            }
+            MOE_TRY_GOTO(st, fn(l, s, ds->rd[q] + lo, hi - lo, off, exp_in, exp_out, scratch));
+            /* let MPI progress the chunks in flight (host backend: no progress thread) */
+            for (int j = c + 1; j < started_d; j++) MOE_TRY_GOTO(st, a2a_poll(l, &disp[j]));
+            for (int j = 0; j < started_c; j++) MOE_TRY_GOTO(st, a2a_poll(l, &comb[j]));
+        }
+        d->timing.compute_ms += now_ms() - t0;
+        if (d->tp) /* row-parallel W2 (forward) / column-parallel W1 (backward): sum over tp */
+            for (int q = 0; q < P; q++) {
+                int64_t n = ds->rc[q], lo = chunk_lo(n, c, C), hi = chunk_lo(n, c + 1, C);
+                if (hi == lo) continue;
+                void *p = (char *)exp_out + (size_t)(ds->rd[q] + lo) * H * a;
+                MOE_TRY_GOTO(st, moe_comm_allreduce(d->tp, p, p, (size_t)(hi - lo) * H, d->act_dt,
+                                                    MOE_REDUCE_SUM));
+            }
+        MOE_TRY_GOTO(st, a2a_start(l, ds, c, true, exp_out, tok_out, &comb[c]));
+        started_c++;
+    }
+    for (int c = 0; c < C; c++) MOE_TRY_GOTO(st, a2a_wait(l, &comb[c]));
+    return MOE_STATUS_SUCCESS;
+fail:
+    /* an operation failed: the others cannot be taken back; abort the communicator so that
+     * the peers fail too (their waits time out) instead of matching stale messages */
+    if (d->ep && (started_d || started_c)) moe_comm_abort(d->ep);
+    return st;
+}
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+static moe_status_t alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
+{
+    size_t nk = (size_t)n * (size_t)l->k, ne = (size_t)n * (size_t)l->e, e = (size_t)l->e;
+    s->n = n;
+    MOE_TRY(dalloc(l, (size_t)n * (size_t)l->h * l->dist->act, &s->x));
+    MOE_TRY(dalloc(l, ne * sizeof(float), &s->logits));
+    MOE_TRY(dalloc(l, nk * sizeof(int32_t), &s->topk_idx));
+    MOE_TRY(dalloc(l, nk * sizeof(float), &s->topk_w));
+    MOE_TRY(dalloc(l, e * sizeof(int32_t), &s->counts));
+    MOE_TRY(dalloc(l, e * sizeof(float), &s->score_mean));
+    MOE_TRY(dalloc(l, 2 * sizeof(float), &s->router_stats));
+    MOE_TRY(dalloc(l, nk * sizeof(int32_t), &s->row_of_slot));
+    MOE_TRY(dalloc(l, nk * sizeof(int32_t), &s->slot_of_row));
+    s->host_kept = calloc(e, sizeof(int64_t));
+    moe_dist_slot_t *ds = calloc(1, sizeof *ds);
+    s->dist = ds;
+    if (!s->host_kept || !ds) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
+    int P = l->dist->P;
+    ds->sc = calloc((size_t)P * 4, sizeof(int64_t));
+    ds->cnt = calloc((size_t)P * (size_t)l->el, sizeof(int64_t));
+    if (!ds->sc || !ds->cnt) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
+    ds->sd = ds->sc + P;
+    ds->rc = ds->sc + 2 * P;
+    ds->rd = ds->sc + 3 * P;
+    return MOE_STATUS_SUCCESS;
+}
+
+/* The global routing table: one all-reduce over the dense group. Row j (dense rank j):
+ * [N, N*z, N*entropy, counts[E], N*P[E]] in f64 (counts are exact below 2^53). */
+typedef struct global_routing {
+    int64_t n_total, capacity;
+    double *counts;      /* [E] global selections per expert (before capacity) */
+    double *prefix;      /* [E] selections on dense ranks before this one */
+    double aux, z, entropy;
+} global_routing_t;
+
+static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_t *counts,
+                                     const float *pmean, const float *rstats, double *table,
+                                     global_routing_t *g)
+{
+    moe_dist_t *d = l->dist;
+    int32_t E = l->e, W = 3 + 2 * E;
+    double n = (double)s->n;
+    double *row = table + (size_t)d->dense_rank * (size_t)W;
+    row[0] = n;
+    row[1] = n * rstats[0];
+    row[2] = n * rstats[1];
+    for (int32_t e = 0; e < E; e++) {
+        row[3 + e] = counts[e];
+        row[3 + E + e] = n * pmean[e];
+    }
+    if (d->hdense)
+        MOE_TRY(moe_comm_allreduce(d->hdense, table, table, (size_t)d->D * (size_t)W,
+                                   MOE_COMM_F64, MOE_REDUCE_SUM));
+    double nt = 0, zs = 0, hs = 0;
+    for (int32_t j = 0; j < d->D; j++) {
+        const double *r = table + (size_t)j * (size_t)W;
+        nt += r[0];
+        zs += r[1];
+        hs += r[2];
+    }
+    g->n_total = (int64_t)nt;
+    double aux = 0;
+    for (int32_t e = 0; e < E; e++) {
+        double c = 0, pre = 0, pm = 0;
+        for (int32_t j = 0; j < d->D; j++) {
+            const double *r = table + (size_t)j * (size_t)W;
+            c += r[3 + e];
+            pm += r[3 + E + e];
+            if (j < d->dense_rank) pre += r[3 + e];
+        }
+        g->counts[e] = c;
+        g->prefix[e] = pre;
+        if (nt > 0) aux += c / (nt * l->k) * (pm / nt);
+    }
+    g->aux = (double)E * aux;
+    g->z = nt > 0 ? zs / nt : 0;
+    g->entropy = nt > 0 ? hs / nt : 0;
+    g->capacity = l->cfg.capacity_factor <= 0
+                      ? -1
+                      : (int64_t)ceil((double)l->cfg.capacity_factor * (double)g->n_total * l->k /
+                                      (double)E);
+    return MOE_STATUS_SUCCESS;
+}
+
+/* Host plan: capacity against the global order, rows sorted by (owner, local expert, slot). */
+static moe_status_t plan_rows(moe_layer_t *l, moe_slot_t *s, const global_routing_t *g,
+                              const int32_t *idx, int32_t *row_of_slot, int32_t *slot_of_row,
+                              int64_t *kept_group)
+{
+    moe_dist_t *d = l->dist;
+    moe_dist_slot_t *ds = s->dist;
+    int32_t E = l->e, El = l->el, K = l->k;
+    int64_t slots = s->n * K;
+    int64_t *seen = calloc((size_t)E, sizeof *seen);
+    int64_t *fill = calloc((size_t)E + 1, sizeof *fill);
+    if (!seen || !fill) {
+        free(seen);
+        free(fill);
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "plan scratch");
+    }
+    memset(kept_group, 0, sizeof(int64_t) * (size_t)E);
+    memset(s->host_kept, 0, sizeof(int64_t) * (size_t)E);
+    for (int64_t sl = 0; sl < slots; sl++) {
+        int32_t e = idx[sl];
+        bool keep = g->capacity < 0 || g->prefix[e] + (double)seen[e] < (double)g->capacity;
+        seen[e]++;
+        row_of_slot[sl] = keep ? 0 : -1;
+        if (keep) {
+            kept_group[d->group[e]]++;
+            s->host_kept[e]++;
+        }
+    }
+    for (int32_t gi = 0; gi < E; gi++) fill[gi + 1] = fill[gi] + kept_group[gi];
+    for (int64_t sl = 0; sl < slots; sl++) {
+        if (row_of_slot[sl] < 0) continue;
+        int64_t r = fill[d->group[idx[sl]]]++;
+        row_of_slot[sl] = (int32_t)r;
+        slot_of_row[r] = (int32_t)sl;
+    }
+    ds->rows_send = 0;
+    for (int p = 0; p < d->P; p++) {
+        ds->sc[p] = 0;
+        for (int32_t j = 0; j < El; j++) ds->sc[p] += kept_group[p * El + j];
+        ds->sd[p] = ds->rows_send;
+        ds->rows_send += ds->sc[p];
+    }
+    free(seen);
+    free(fill);
+    return MOE_STATUS_SUCCESS;
+}
+
+/* Rows from each ep peer per local expert: the counts all-to-all (El per peer). */
+static moe_status_t exchange_counts(moe_layer_t *l, moe_slot_t *s, const int64_t *kept_group)
+{
+    moe_dist_t *d = l->dist;
+    moe_dist_slot_t *ds = s->dist;
+    int P = d->P, El = l->el;
+    if (d->hep) {
+        size_t cnt[P], dis[P];
+        for (int p = 0; p < P; p++) {
+            cnt[p] = (size_t)El;
+            dis[p] = (size_t)p * (size_t)El;
+        }
+        MOE_TRY(moe_comm_alltoallv(d->hep, kept_group, cnt, dis, ds->cnt, cnt, dis, MOE_COMM_I64));
+    } else {
+        memcpy(ds->cnt, kept_group, sizeof(int64_t) * (size_t)El);
+    }
+    ds->rows_recv = 0;
+    for (int q = 0; q < P; q++) {
+        ds->rc[q] = 0;
+        for (int j = 0; j < El; j++) ds->rc[q] += ds->cnt[q * El + j];
+        ds->rd[q] = ds->rows_recv;
+        ds->rows_recv += ds->rc[q];
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+static void fill_stats(moe_layer_t *l, moe_slot_t *s, const global_routing_t *g)
+{
+    int64_t E = l->e, slots = s->n * l->k, accepted = 0, max_load = 0;
+    for (int64_t j = 0; j < E; j++) {
+        l->host_tokens_per_expert[j] = s->host_kept[j];
+        accepted += s->host_kept[j];
+        if (s->host_kept[j] > max_load) max_load = s->host_kept[j];
+    }
+    moe_layer_stats_t *st = &l->stats;
+    st->struct_size = sizeof *st;
+    st->tokens = s->n;
+    st->slots = slots;
+    st->dropped_slots = slots - accepted;
+    st->dropped_ratio = slots ? (double)(slots - accepted) / (double)slots : 0.0;
+    st->max_load = (double)max_load;
+    st->mean_load = (double)accepted / (double)E;
+    st->entropy = g->entropy;
+    st->aux_loss = g->aux;
+    st->z_loss = g->z;
+    st->capacity = g->capacity;
+}
+
+static moe_status_t update_bias(moe_layer_t *l, const global_routing_t *g)
+{
+    if (!l->cfg.expert_bias || g->n_total == 0) return MOE_STATUS_SUCCESS;
+    double mean = (double)g->n_total * l->k / (double)l->e;
+    for (int64_t j = 0; j < l->e; j++) {
+        double dd = mean - g->counts[j];
+        l->host_bias[j] += l->cfg.expert_bias_rate * (float)((dd > 0) - (dd < 0));
+    }
+    return MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), l->bias, l->host_bias,
+                                sizeof(float) * (size_t)l->e);
+}
+
+moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
+                              moe_tensor_t *y)
+{
+    moe_runtime_t *rt = l->rt;
+    const moe_backend_ops_t *ops = MOE_OPS(rt);
+    void *ctx = MOE_CTX(rt);
+    moe_dist_t *d = l->dist;
+    int64_t n = x->shape[0], H = l->h, Fl = l->f_local;
+    int32_t E = l->e, K = l->k;
+    size_t a = d->act, nk = (size_t)n * (size_t)K;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    int32_t *h_counts = NULL, *h_idx = NULL, *h_ros = NULL, *h_sor = NULL;
+    float *h_pmean = NULL, h_rstats[2] = {0, 0};
+    double *table = NULL, *gbuf = NULL;
+    int64_t *kept_group = NULL;
+    void *xs = NULL, *outr = NULL;
+
+    MOE_TRY(alloc_routing(l, s, n));
+    moe_dist_slot_t *ds = s->dist;
+    MOE_TRY(ops->copy(ctx, s->x, x->data, (size_t)n * (size_t)H * a));
+    h_counts = calloc((size_t)E, sizeof *h_counts);
+    h_pmean = calloc((size_t)E, sizeof *h_pmean);
+    table = calloc((size_t)d->D * (size_t)(3 + 2 * E), sizeof *table);
+    gbuf = calloc((size_t)E * 2, sizeof *gbuf);
+    kept_group = calloc((size_t)E, sizeof *kept_group);
+    h_idx = malloc(sizeof(int32_t) * (nk ? nk : 1));
+    h_ros = malloc(sizeof(int32_t) * (nk ? nk : 1));
+    h_sor = malloc(sizeof(int32_t) * (nk ? nk : 1));
+    if (!h_counts || !h_pmean || !table || !gbuf || !kept_group || !h_idx || !h_ros || !h_sor) {
+        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing host buffers");
+        goto fail;
+    }
+    /* 1. router on the local tokens */
+    if (n > 0) {
+        moe_router_fwd_t r = {
+            .n = n, .h = H, .e = E, .k = K, .score_fn = l->cfg.score_fn,
+            .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .bias = l->bias,
+            .logits = s->logits, .topk_idx = s->topk_idx, .topk_w = s->topk_w,
+            .counts = s->counts, .score_mean = s->score_mean, .stats = s->router_stats,
+        };
+        MOE_TRY_GOTO(st, ops->router_forward(ctx, &r));
+        MOE_TRY_GOTO(st, ops->copy(ctx, h_counts, s->counts, sizeof(int32_t) * (size_t)E));
+        MOE_TRY_GOTO(st, ops->copy(ctx, h_pmean, s->score_mean, sizeof(float) * (size_t)E));
+        MOE_TRY_GOTO(st, ops->copy(ctx, h_rstats, s->router_stats, sizeof h_rstats));
+        MOE_TRY_GOTO(st, ops->copy(ctx, h_idx, s->topk_idx, sizeof(int32_t) * nk));
+    }
+    /* 2. global routing statistics, capacity and this rank's place in the global order */
+    global_routing_t g = {.counts = gbuf, .prefix = gbuf + E};
+    MOE_TRY_GOTO(st, exchange_routing(l, s, h_counts, h_pmean, h_rstats, table, &g));
+    ds->n_total = g.n_total;
+    ds->aux_scale = g.n_total ? (float)(((double)n / g.n_total) * ((double)n / g.n_total)) : 0;
+    ds->z_scale = g.n_total ? (float)((double)n / g.n_total) : 0;
+    for (int32_t e = 0; e < E; e++) h_counts[e] = (int32_t)g.counts[e];
+    MOE_TRY_GOTO(st, ops->copy(ctx, s->counts, h_counts, sizeof(int32_t) * (size_t)E));
+    /* 3. plan on the host, 4. row counts to the expert owners */
+    MOE_TRY_GOTO(st, plan_rows(l, s, &g, h_idx, h_ros, h_sor, kept_group));
+    if (nk) {
+        MOE_TRY_GOTO(st, ops->copy(ctx, s->row_of_slot, h_ros, sizeof(int32_t) * nk));
+        MOE_TRY_GOTO(st, ops->copy(ctx, s->slot_of_row, h_sor, sizeof(int32_t) * nk));
+    }
+    MOE_TRY_GOTO(st, exchange_counts(l, s, kept_group));
+    s->rows = ds->rows_recv;
+    /* 5. gather, dispatch / experts / combine pipeline */
+    size_t Rs = (size_t)ds->rows_send, Rr = (size_t)ds->rows_recv;
+    MOE_TRY_GOTO(st, dalloc(l, Rs * (size_t)H * a, &xs));
+    MOE_TRY_GOTO(st, dalloc(l, Rs * (size_t)H * a, &ds->back));
+    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)H * a, &ds->xr));
+    MOE_TRY_GOTO(st, dalloc(l, Rr * 2 * (size_t)Fl * a, &ds->hpre));
+    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)Fl * a, &ds->act));
+    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)H * a, &outr));
+    if (Rs) MOE_TRY_GOTO(st, ops->gather_rows(ctx, xs, s->x, s->slot_of_row, K, NULL, (int64_t)Rs, H));
+    MOE_TRY_GOTO(st, pipeline(l, s, xs, ds->xr, outr, ds->back, slice_forward, NULL));
+    /* 6. unpermute */
+    if (n > 0) MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H));
+    fill_stats(l, s, &g);
+    MOE_TRY_GOTO(st, update_bias(l, &g));
+fail:
+    dfree(l, &xs);
+    dfree(l, &outr);
+    free(h_counts);
+    free(h_pmean);
+    free(table);
+    free(gbuf);
+    free(kept_group);
+    free(h_idx);
+    free(h_ros);
+    free(h_sor);
+    return st;
+}
+
+/* ---- backward ------------------------------------------------------------------------------ */
+
+moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *dy, void *dx)
+{
+    moe_runtime_t *rt = l->rt;
+    const moe_backend_ops_t *ops = MOE_OPS(rt);
+    void *ctx = MOE_CTX(rt);
+    moe_dist_t *d = l->dist;
+    moe_dist_slot_t *ds = s->dist;
+    int64_t n = s->n, H = l->h, Fl = l->f_local;
+    int32_t E = l->e, K = l->k;
+    size_t a = d->act, Rs = (size_t)ds->rows_send, Rr = (size_t)ds->rows_recv;
+    float *d_w = NULL, *dlogits = NULL;
+    void *d_rows = NULL, *d_outr = NULL, *d_xr = NULL, *d_back = NULL, *scratch = NULL;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+
+    MOE_TRY_GOTO(st, dalloc(l, (size_t)n * (size_t)K * sizeof(float), &d_w));
+    MOE_TRY_GOTO(st, dalloc(l, Rs * (size_t)H * a, &d_rows));
+    MOE_TRY_GOTO(st, dalloc(l, Rs * (size_t)H * a, &d_back));
+    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)H * a, &d_outr));
+    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)H * a, &d_xr));
+    /* scratch for the largest slice: a peer block's chunk */
+    int64_t max_slice = 0;
+    for (int q = 0; q < d->P; q++) {
+        int64_t c = (ds->rc[q] + l->cfg.a2a_chunks - 1) / l->cfg.a2a_chunks + 1;
+        if (c > max_slice) max_slice = c;
+    }
+    MOE_TRY_GOTO(st, dalloc(l, (size_t)max_slice * 3 * (size_t)Fl * a, &scratch));
+    if (n > 0)
+        MOE_TRY_GOTO(st, ops->combine_weight_grad(ctx, d_w, dy->data, ds->back, s->row_of_slot, n,
+                                                  K, H));
+    if (Rs)
+        MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_rows, dy->data, s->slot_of_row, K, s->topk_w,
+                                          (int64_t)Rs, H));
+    MOE_TRY_GOTO(st, pipeline(l, s, d_rows, d_outr, d_xr, d_back, slice_backward, scratch));
+    if (n > 0) {
+        MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_back, s->row_of_slot, NULL, n, K, H));
+        MOE_TRY_GOTO(st, dalloc(l, (size_t)n * (size_t)E * sizeof(float), &dlogits));
+        moe_router_bwd_t r = {
+            .n = n, .h = H, .e = E, .k = K, .score_fn = l->cfg.score_fn,
+            .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
+            .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w, .counts = s->counts,
+            /* the op scales by its local N; the global batch's terms need Nt (see top) */
+            .aux_coef = l->cfg.aux_loss_coef * ds->aux_scale,
+            .z_coef = l->cfg.z_loss_coef * ds->z_scale, .dlogits = dlogits, .dx = dx,
+            .dwg = l->dwg,
+        };
+        MOE_TRY_GOTO(st, ops->router_backward(ctx, &r));
+    }
+fail:
+    dfree(l, &d_w);
+    dfree(l, &dlogits);
+    dfree(l, &d_rows);
+    dfree(l, &d_outr);
+    dfree(l, &d_xr);
+    dfree(l, &d_back);
+    dfree(l, &scratch);
+    return st;
+}

@@ -1,0 +1,639 @@
+/*
+ * The MoE layer: validation, parameters, per-microbatch saved state, and the forward and
+ * backward passes composed from backend ops (see backend.h for each op's math).
+ *
+ * Shapes: N tokens, H hidden, E experts, El local experts, K top-k, Fl = F / tp,
+ * R rows processed by local experts (kept slots).
+ *
+ * Forward:  router -> plan (capacity + counting sort; the one device->host sync, which also
+ *           brings the routing statistics) -> gather rows -> experts -> weighted combine.
+ * Backward: d(weights) and d(rows) from dy -> experts backward -> un-gather -> router
+ *           backward (adds the aux and z loss gradients) -> dx.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "../core/tensor.h"
+#include "dispatch.h"
+#include "layer_internal.h"
+
+moe_layer_config_t moe_layer_config_default(void)
+{
+    moe_layer_config_t c = {
+        .struct_size = sizeof c, .hidden = 0, .ffn_hidden = 0, .num_experts = 0, .top_k = 0,
+        .score_fn = MOE_SCORE_SOFTMAX, .renormalize = 1, .capacity_factor = 0.0f,
+        .aux_loss_coef = 0.01f, .z_loss_coef = 0.001f, .expert_bias = 0,
+        .expert_bias_rate = 1e-3f, .max_microbatches = 1, .placement = MOE_PLACEMENT_CONTIGUOUS,
+        .a2a_chunks = 2, .init_std = 0.02f,
+    };
+    return c;
+}
+
+static moe_status_t validate_config(const moe_layer_config_t *c, int32_t ep, int32_t tp)
+{
+    MOE_CHECK_ARG(c->hidden >= 1, "hidden is %lld; must be >= 1", (long long)c->hidden);
+    MOE_CHECK_ARG(c->ffn_hidden >= 1, "ffn_hidden is %lld; must be >= 1", (long long)c->ffn_hidden);
+    MOE_CHECK_ARG(c->num_experts >= 1, "num_experts is %d; must be >= 1", c->num_experts);
+    MOE_CHECK_ARG(c->top_k >= 1 && c->top_k <= c->num_experts,
+                  "top_k is %d; must be in 1..num_experts (%d)", c->top_k, c->num_experts);
+    MOE_CHECK_ARG(c->score_fn == MOE_SCORE_SOFTMAX || c->score_fn == MOE_SCORE_SIGMOID,
+                  "unknown score_fn %d", (int)c->score_fn);
+    MOE_CHECK_ARG(c->placement == MOE_PLACEMENT_CONTIGUOUS ||
+                      c->placement == MOE_PLACEMENT_ROUND_ROBIN,
+                  "unknown placement %d", (int)c->placement);
+    MOE_CHECK_ARG(c->max_microbatches >= 1 && c->max_microbatches <= 1024,
+                  "max_microbatches is %d; must be in 1..1024", c->max_microbatches);
+    MOE_CHECK_ARG(c->a2a_chunks >= 1, "a2a_chunks is %d; must be >= 1", c->a2a_chunks);
+    MOE_CHECK_ARG(isfinite(c->capacity_factor) && isfinite(c->aux_loss_coef) &&
+                      isfinite(c->z_loss_coef) && isfinite(c->expert_bias_rate) &&
+                      isfinite(c->init_std) && c->init_std >= 0,
+                  "capacity_factor, loss coefficients, expert_bias_rate and init_std must be "
+                  "finite (init_std >= 0)");
+    MOE_CHECK_ARG(c->num_experts % ep == 0, "num_experts (%d) is not divisible by ep (%d)",
+                  c->num_experts, ep);
+    MOE_CHECK_ARG(c->ffn_hidden % tp == 0, "ffn_hidden (%lld) is not divisible by tp (%d)",
+                  (long long)c->ffn_hidden, tp);
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- parameter initialisation ------------------------------------------------------------
+ * Each global element draws from a counter-based generator keyed by (seed, tensor, index),
+ * so every mesh shape gives the same global parameters. */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float init_value(uint64_t seed, uint64_t tensor, uint64_t index, float std)
+{
+    uint64_t base = mix64(seed ^ mix64(tensor * 0x9e3779b97f4a7c15ull + index));
+    double u1 = ((double)(mix64(base) >> 11) + 0.5) * 0x1.0p-53;
+    double u2 = (double)(mix64(base + 1) >> 11) * 0x1.0p-53;
+    return (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static int32_t expert_id(const moe_layer_t *l, int32_t local)
+{
+    return l->cfg.placement == MOE_PLACEMENT_CONTIGUOUS ? l->ep_rank * l->el + local
+                                                        : local * l->ep_size + l->ep_rank;
+}
+
+/* Global flat index of local element i of a tensor whose local shard has shape `local`. */
+static uint64_t global_index(const moe_layer_t *l, const moe_param_info_t *p, int64_t i)
+{
+    int64_t idx[MOE_MAX_DIMS];
+    int nd = p->value.ndim;
+    for (int d = nd - 1; d >= 0; d--) {
+        idx[d] = i % p->value.shape[d];
+        i /= p->value.shape[d];
+    }
+    uint64_t g = 0;
+    for (int d = 0; d < nd; d++) {
+        int64_t gi = idx[d] + p->shard_offset[d];
+        if (d == p->expert_dim) gi = expert_id(l, (int32_t)idx[d]);
+        g = g * (uint64_t)p->global_shape[d] + (uint64_t)gi;
+    }
+    return g;
+}
+
+static moe_status_t init_param(moe_layer_t *l, int tensor_id, const moe_param_info_t *p)
+{
+    int64_t n = moe_tensor_numel(&p->value);
+    float *host = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!host) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "init buffer for %s", p->name);
+    for (int64_t i = 0; i < n; i++)
+        host[i] = init_value(l->rt->seed, (uint64_t)tensor_id, global_index(l, p, i),
+                             l->cfg.init_std);
+    moe_runtime_t *rt = l->rt;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    void *dev = NULL;
+    if (n > 0) {
+        MOE_TRY_GOTO(st, MOE_OPS(rt)->alloc(MOE_CTX(rt), sizeof(float) * (size_t)n, &dev));
+        MOE_TRY_GOTO(st, MOE_OPS(rt)->copy(MOE_CTX(rt), dev, host, sizeof(float) * (size_t)n));
+        MOE_TRY_GOTO(st, MOE_OPS(rt)->f32_to_act(MOE_CTX(rt), p->value.data, dev, n));
+        MOE_TRY_GOTO(st, MOE_OPS(rt)->synchronize(MOE_CTX(rt)));
+    }
+fail:
+    if (dev) MOE_OPS(rt)->free(MOE_CTX(rt), dev);
+    free(host);
+    return st;
+}
+
+/* ---- create / destroy --------------------------------------------------------------------- */
+
+static moe_status_t alloc_dev(moe_runtime_t *rt, size_t bytes, void *out)
+{
+    return MOE_OPS(rt)->alloc(MOE_CTX(rt), bytes, (void **)out);
+}
+
+static void free_dev(moe_runtime_t *rt, void *pp)
+{
+    void **p = pp;
+    if (*p) MOE_OPS(rt)->free(MOE_CTX(rt), *p);
+    *p = NULL;
+}
+
+/* Describe one parameter and allocate its value and gradient. */
+static moe_status_t add_param(moe_layer_t *l, const char *name, moe_param_kind_t kind,
+                              moe_dtype_t dtype, int ndim, const int64_t *local,
+                              const int64_t *global, const int64_t *offset, int expert_dim,
+                              int tp_dim, void **value, float **grad)
+{
+    moe_runtime_t *rt = l->rt;
+    moe_param_info_t *p = &l->params[l->num_params];
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->name = name;
+    p->kind = kind;
+    p->expert_dim = expert_dim;
+    p->tp_dim = tp_dim;
+    MOE_TRY(moe_tensor_view(NULL, dtype, MOE_OPS(rt)->device, ndim, local, &p->value));
+    p->value.device_index = rt->device_index;
+    for (int d = 0; d < ndim; d++) {
+        p->global_shape[d] = global[d];
+        p->shard_offset[d] = offset[d];
+    }
+    MOE_TRY(alloc_dev(rt, moe_tensor_bytes(&p->value), value));
+    p->value.data = *value;
+    if (grad) {
+        p->grad = p->value;
+        p->grad.dtype = MOE_DTYPE_F32;
+        MOE_TRY(alloc_dev(rt, moe_tensor_bytes(&p->grad), grad));
+        p->grad.data = *grad;
+        MOE_TRY(MOE_OPS(rt)->memset_zero(MOE_CTX(rt), *grad, moe_tensor_bytes(&p->grad)));
+    }
+    l->num_params++;
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t create_params(moe_layer_t *l)
+{
+    moe_dtype_t act = MOE_OPS(l->rt)->compute_dtype;
+    int64_t h = l->h, e = l->e, el = l->el, fl = l->f_local, f = l->cfg.ffn_hidden;
+    int64_t first_expert = l->cfg.placement == MOE_PLACEMENT_CONTIGUOUS ? l->ep_rank * el : l->ep_rank;
+    int64_t zero[4] = {0, 0, 0, 0};
+
+    int64_t wg_shape[2] = {h, e};
+    MOE_TRY(add_param(l, "router.weight", MOE_PARAM_DENSE, act, 2, wg_shape, wg_shape, zero, -1,
+                      -1, &l->wg, &l->dwg));
+    int64_t w1_local[4] = {el, h, 2, fl}, w1_global[4] = {e, h, 2, f};
+    int64_t w1_off[4] = {first_expert, 0, 0, l->tp_rank * fl};
+    MOE_TRY(add_param(l, "experts.w1", MOE_PARAM_EXPERT, act, 4, w1_local, w1_global, w1_off, 0,
+                      3, &l->w1, &l->dw1));
+    int64_t w2_local[3] = {el, fl, h}, w2_global[3] = {e, f, h};
+    int64_t w2_off[3] = {first_expert, l->tp_rank * fl, 0};
+    MOE_TRY(add_param(l, "experts.w2", MOE_PARAM_EXPERT, act, 3, w2_local, w2_global, w2_off, 0,
+                      1, &l->w2, &l->dw2));
+    for (int i = 0; i < l->num_params; i++) MOE_TRY(init_param(l, i, &l->params[i]));
+
+    if (l->cfg.expert_bias) {
+        int64_t b_shape[1] = {e};
+        MOE_TRY(add_param(l, "router.expert_bias", MOE_PARAM_BUFFER, MOE_DTYPE_F32, 1, b_shape,
+                          b_shape, zero, -1, -1, (void **)&l->bias, NULL));
+        l->host_bias = calloc((size_t)e, sizeof(float));
+        if (!l->host_bias) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "expert bias");
+        MOE_TRY(MOE_OPS(l->rt)->memset_zero(MOE_CTX(l->rt), l->bias, sizeof(float) * (size_t)e));
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+static void slot_free(moe_layer_t *l, moe_slot_t *s);
+
+static void layer_free(moe_layer_t *l)
+{
+    moe_runtime_t *rt = l->rt;
+    if (l->slots)
+        for (int i = 0; i < l->cfg.max_microbatches; i++) slot_free(l, &l->slots[i]);
+    free(l->slots);
+    free_dev(rt, &l->wg);
+    free_dev(rt, &l->w1);
+    free_dev(rt, &l->w2);
+    free_dev(rt, &l->dwg);
+    free_dev(rt, &l->dw1);
+    free_dev(rt, &l->dw2);
+    free_dev(rt, &l->bias);
+    free(l->host_bias);
+    free(l->host_tokens_per_expert);
+    moe_dist_destroy(l);
+    l->magic = MOE_MAGIC_DEAD;
+    free(l);
+}
+
+moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *config,
+                              moe_layer_t **out)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(out != NULL, "out is NULL");
+    *out = NULL;
+    MOE_CHECK_ARG(config != NULL, "config is NULL (hidden, ffn_hidden, num_experts and top_k "
+                                  "have no defaults; start from moe_layer_config_default())");
+    MOE_CHECK_STRUCT_SIZE(config, moe_layer_config_t, sizeof(moe_layer_config_t));
+    int32_t ep = rt->mesh->size[MOE_AXIS_EP], tp = rt->mesh->size[MOE_AXIS_TP];
+    MOE_TRY(validate_config(config, ep, tp));
+    if (!MOE_OPS(rt)->router_forward)
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "the %s backend has no MoE kernels in this build",
+                        MOE_OPS(rt)->name);
+
+    moe_layer_t *l = calloc(1, sizeof *l);
+    if (!l) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "layer allocation");
+    l->rt = rt;
+    l->cfg = *config;
+    l->cfg.struct_size = sizeof l->cfg;
+    l->h = config->hidden;
+    l->e = config->num_experts;
+    l->k = config->top_k;
+    l->ep_size = ep;
+    l->ep_rank = rt->mesh->coord[MOE_AXIS_EP];
+    l->tp_size = tp;
+    l->tp_rank = rt->mesh->coord[MOE_AXIS_TP];
+    l->el = l->e / ep;
+    l->f_local = config->ffn_hidden / tp;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    l->slots = calloc((size_t)config->max_microbatches, sizeof *l->slots);
+    l->host_tokens_per_expert = calloc((size_t)l->e, sizeof(int64_t));
+    if (!l->slots || !l->host_tokens_per_expert) {
+        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "layer slots");
+        goto fail;
+    }
+    MOE_TRY_GOTO(st, create_params(l));
+    MOE_TRY_GOTO(st, moe_dist_create(l)); /* ep, tp or dp > 1: the distributed path */
+    l->magic = MOE_MAGIC_LAYER;
+    *out = l;
+    return MOE_STATUS_SUCCESS;
+fail:
+    layer_free(l);
+    return st;
+}
+
+moe_status_t moe_layer_destroy(moe_layer_t *layer)
+{
+    moe_error_clear();
+    if (!layer) return MOE_STATUS_SUCCESS;
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_OPS(layer->rt)->synchronize(MOE_CTX(layer->rt));
+    layer_free(layer);
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- saved state per microbatch -------------------------------------------------------- */
+
+static void slot_free(moe_layer_t *l, moe_slot_t *s)
+{
+    moe_runtime_t *rt = l->rt;
+    void **dev[] = {&s->x, (void **)&s->logits, (void **)&s->topk_idx, (void **)&s->topk_w,
+                    (void **)&s->counts, (void **)&s->score_mean, (void **)&s->router_stats,
+                    (void **)&s->row_of_slot, (void **)&s->slot_of_row, (void **)&s->kept,
+                    &s->xp, &s->hpre, &s->act, &s->out};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) free_dev(rt, dev[i]);
+    moe_dist_slot_free(l, s);
+    free(s->host_kept);
+    free(s->host_offsets);
+    memset(s, 0, sizeof *s);
+}
+
+static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
+{
+    moe_runtime_t *rt = l->rt;
+    size_t act = moe_dtype_size(MOE_OPS(rt)->compute_dtype);
+    size_t nk = (size_t)n * (size_t)l->k, ne = (size_t)n * (size_t)l->e, e = (size_t)l->e;
+    s->n = n;
+    MOE_TRY(alloc_dev(rt, (size_t)n * (size_t)l->h * act, &s->x));
+    MOE_TRY(alloc_dev(rt, ne * sizeof(float), &s->logits));
+    MOE_TRY(alloc_dev(rt, nk * sizeof(int32_t), &s->topk_idx));
+    MOE_TRY(alloc_dev(rt, nk * sizeof(float), &s->topk_w));
+    MOE_TRY(alloc_dev(rt, e * sizeof(int32_t), &s->counts));
+    MOE_TRY(alloc_dev(rt, e * sizeof(float), &s->score_mean));
+    MOE_TRY(alloc_dev(rt, 2 * sizeof(float), &s->router_stats));
+    MOE_TRY(alloc_dev(rt, nk * sizeof(int32_t), &s->row_of_slot));
+    MOE_TRY(alloc_dev(rt, nk * sizeof(int32_t), &s->slot_of_row));
+    MOE_TRY(alloc_dev(rt, e * sizeof(int32_t), &s->kept));
+    s->host_kept = calloc(e, sizeof(int64_t));
+    s->host_offsets = calloc((size_t)l->el + 1, sizeof(int64_t));
+    if (!s->host_kept || !s->host_offsets)
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t slot_alloc_rows(moe_layer_t *l, moe_slot_t *s, int64_t rows)
+{
+    moe_runtime_t *rt = l->rt;
+    size_t act = moe_dtype_size(MOE_OPS(rt)->compute_dtype);
+    size_t r = (size_t)rows, h = (size_t)l->h, f = (size_t)l->f_local;
+    s->rows = rows;
+    MOE_TRY(alloc_dev(rt, r * h * act, &s->xp));
+    MOE_TRY(alloc_dev(rt, r * 2 * f * act, &s->hpre));
+    MOE_TRY(alloc_dev(rt, r * f * act, &s->act));
+    MOE_TRY(alloc_dev(rt, r * h * act, &s->out));
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t check_slot(const moe_layer_t *l, int32_t slot)
+{
+    MOE_CHECK_ARG(slot >= 0 && slot < l->cfg.max_microbatches,
+                  "slot %d is out of range 0..%d (max_microbatches)", slot,
+                  l->cfg.max_microbatches - 1);
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- statistics and balancing ------------------------------------------------------------ */
+
+/* Fill the layer's stats from the host copies of the routing results and apply the sign
+ * rule to the expert bias: experts loaded above the mean get less bias, below it more. */
+static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t capacity,
+                                         const int32_t *host_counts, const float *host_pmean,
+                                         const float *host_rstats)
+{
+    int64_t e = l->e, slots = s->n * l->k, accepted = 0, max_load = 0;
+    double aux = 0;
+    for (int64_t j = 0; j < e; j++) {
+        l->host_tokens_per_expert[j] = s->host_kept[j];
+        accepted += s->host_kept[j];
+        if (s->host_kept[j] > max_load) max_load = s->host_kept[j];
+        double f = slots ? (double)host_counts[j] / (double)slots : 0.0;
+        aux += f * host_pmean[j];
+    }
+    moe_layer_stats_t *st = &l->stats;
+    st->struct_size = sizeof *st;
+    st->tokens = s->n;
+    st->slots = slots;
+    st->dropped_slots = slots - accepted;
+    st->dropped_ratio = slots ? (double)(slots - accepted) / (double)slots : 0.0;
+    st->max_load = (double)max_load;
+    st->mean_load = (double)accepted / (double)e;
+    st->entropy = host_rstats[1];
+    st->aux_loss = (double)e * aux;
+    st->z_loss = host_rstats[0];
+    st->capacity = capacity;
+
+    if (l->cfg.expert_bias && slots > 0) {
+        double mean = (double)slots / (double)e;
+        for (int64_t j = 0; j < e; j++) {
+            double d = mean - host_counts[j];
+            l->host_bias[j] += l->cfg.expert_bias_rate * (float)((d > 0) - (d < 0));
+        }
+        MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), l->bias, l->host_bias,
+                                     sizeof(float) * (size_t)e));
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+static int64_t capacity_for(const moe_layer_t *l, int64_t n)
+{
+    if (l->cfg.capacity_factor <= 0) return -1;
+    return (int64_t)ceil((double)l->cfg.capacity_factor * (double)n * l->k / (double)l->e);
+}
+
+static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
+                                 moe_tensor_t *y)
+{
+    moe_runtime_t *rt = l->rt;
+    const moe_backend_ops_t *ops = MOE_OPS(rt);
+    void *ctx = MOE_CTX(rt);
+    int64_t n = x->shape[0], h = l->h, capacity = capacity_for(l, n);
+    int32_t e = l->e, k = l->k;
+    size_t act = moe_dtype_size(ops->compute_dtype);
+    if (l->dist) return moe_dist_forward(l, s, x, y);
+
+    MOE_TRY(slot_alloc_routing(l, s, n));
+    MOE_TRY(ops->copy(ctx, s->x, x->data, (size_t)n * (size_t)h * act));
+    if (n > 0) {
+        moe_router_fwd_t r = {
+            .n = n, .h = h, .e = e, .k = k, .score_fn = l->cfg.score_fn,
+            .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .bias = l->bias,
+            .logits = s->logits, .topk_idx = s->topk_idx, .topk_w = s->topk_w,
+            .counts = s->counts, .score_mean = s->score_mean, .stats = s->router_stats,
+        };
+        MOE_TRY(ops->router_forward(ctx, &r));
+    } else {
+        MOE_TRY(ops->memset_zero(ctx, s->counts, sizeof(int32_t) * (size_t)e));
+        MOE_TRY(ops->memset_zero(ctx, s->score_mean, sizeof(float) * (size_t)e));
+        MOE_TRY(ops->memset_zero(ctx, s->router_stats, 2 * sizeof(float)));
+    }
+    moe_plan_t p = {
+        .n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = s->topk_idx,
+        .row_of_slot = s->row_of_slot, .slot_of_row = s->slot_of_row, .kept = s->kept,
+        .host_kept = s->host_kept,
+    };
+    MOE_TRY(ops->plan(ctx, &p));
+
+    /* the small routing results ride on the plan's synchronisation point */
+    int32_t *host_counts = malloc(sizeof(int32_t) * (size_t)e);
+    float *host_pmean = malloc(sizeof(float) * (size_t)e);
+    float host_rstats[2];
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    if (!host_counts || !host_pmean) {
+        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing statistics");
+        goto fail;
+    }
+    MOE_TRY_GOTO(st, ops->copy(ctx, host_counts, s->counts, sizeof(int32_t) * (size_t)e));
+    MOE_TRY_GOTO(st, ops->copy(ctx, host_pmean, s->score_mean, sizeof(float) * (size_t)e));
+    MOE_TRY_GOTO(st, ops->copy(ctx, host_rstats, s->router_stats, sizeof host_rstats));
+
+    s->host_offsets[0] = 0;
+    for (int32_t j = 0; j < l->el; j++) s->host_offsets[j + 1] = s->host_offsets[j] + s->host_kept[j];
+    int64_t rows = s->host_offsets[l->el];
+    MOE_TRY_GOTO(st, slot_alloc_rows(l, s, rows));
+    if (rows > 0) {
+        MOE_TRY_GOTO(st, ops->gather_rows(ctx, s->xp, s->x, s->slot_of_row, k, NULL, rows, h));
+        moe_experts_t ex = {
+            .h = h, .f = l->f_local, .el = l->el, .host_offsets = s->host_offsets,
+            .w1 = l->w1, .w2 = l->w2, .xp = s->xp, .hpre = s->hpre, .act = s->act, .out = s->out,
+        };
+        MOE_TRY_GOTO(st, ops->experts_forward(ctx, &ex));
+    }
+    if (n > 0) MOE_TRY_GOTO(st, ops->combine(ctx, y->data, s->out, s->row_of_slot, s->topk_w, n, k, h));
+    MOE_TRY_GOTO(st, finish_routing_stats(l, s, capacity, host_counts, host_pmean, host_rstats));
+fail:
+    free(host_counts);
+    free(host_pmean);
+    return st;
+}
+
+/* Validate x/y (or dy/dx) against the layer: [N,H] in the compute dtype on the device. */
+static moe_status_t check_activation(const moe_layer_t *l, const moe_tensor_t *t, const char *what,
+                                     int64_t n)
+{
+    int64_t shape[2] = {n, l->h};
+    return moe_tensor_check(t, what, MOE_OPS(l->rt)->compute_dtype, MOE_OPS(l->rt)->device, 2,
+                            shape);
+}
+
+moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *x,
+                               moe_tensor_t *y)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_TRY(check_slot(layer, slot));
+    MOE_TRY(check_activation(layer, x, "x", -1));
+    MOE_TRY(check_activation(layer, y, "y", x->shape[0]));
+    MOE_CHECK_ARG(x->shape[0] <= INT32_MAX / layer->k,
+                  "x has %lld tokens; at most %d with top_k=%d", (long long)x->shape[0],
+                  INT32_MAX / layer->k, layer->k);
+    moe_slot_t *s = &layer->slots[slot];
+    MOE_CHECK_ARG(!s->in_use, "slot %d already holds a forward awaiting backward (or release)",
+                  slot);
+    moe_status_t st = forward_impl(layer, s, x, y);
+    if (st != MOE_STATUS_SUCCESS) {
+        slot_free(layer, s);
+        return st;
+    }
+    s->in_use = true;
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- backward ----------------------------------------------------------------------------- */
+
+static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *dy,
+                                  void *dx)
+{
+    moe_runtime_t *rt = l->rt;
+    const moe_backend_ops_t *ops = MOE_OPS(rt);
+    void *ctx = MOE_CTX(rt);
+    int64_t n = s->n, h = l->h, rows = s->rows, fl = l->f_local;
+    int32_t e = l->e, k = l->k;
+    size_t act = moe_dtype_size(ops->compute_dtype);
+    float *d_w = NULL, *dlogits = NULL;
+    void *d_out = NULL, *d_xp = NULL, *scratch = NULL;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    if (l->dist) return moe_dist_backward(l, s, dy, dx); /* collective even with n == 0 */
+    if (n == 0) return MOE_STATUS_SUCCESS;
+
+    MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)n * (size_t)k * sizeof(float), &d_w));
+    MOE_TRY_GOTO(st, ops->combine_weight_grad(ctx, d_w, dy->data, s->out, s->row_of_slot, n, k, h));
+    if (rows > 0) {
+        MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_out));
+        MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_xp));
+        MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)rows * 3 * (size_t)fl * act, &scratch));
+        MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_out, dy->data, s->slot_of_row, k, s->topk_w,
+                                          rows, h));
+        moe_experts_t ex = {
+            .h = h, .f = fl, .el = l->el, .host_offsets = s->host_offsets, .w1 = l->w1,
+            .w2 = l->w2, .xp = s->xp, .hpre = s->hpre, .act = s->act, .out = s->out,
+            .d_out = d_out, .d_xp = d_xp, .dw1 = l->dw1, .dw2 = l->dw2, .scratch = scratch,
+        };
+        MOE_TRY_GOTO(st, ops->experts_backward(ctx, &ex));
+    }
+    /* dx = sum over the token's kept slots of d_xp (rows == 0: every slot dropped, dx = 0) */
+    MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_xp, s->row_of_slot, NULL, n, k, h));
+    MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)n * (size_t)e * sizeof(float), &dlogits));
+    moe_router_bwd_t r = {
+        .n = n, .h = h, .e = e, .k = k, .score_fn = l->cfg.score_fn,
+        .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
+        .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w, .counts = s->counts,
+        .aux_coef = l->cfg.aux_loss_coef, .z_coef = l->cfg.z_loss_coef, .dlogits = dlogits,
+        .dx = dx, .dwg = l->dwg,
+    };
+    MOE_TRY_GOTO(st, ops->router_backward(ctx, &r));
+fail:
+    free_dev(rt, &d_w);
+    free_dev(rt, &dlogits);
+    free_dev(rt, &d_out);
+    free_dev(rt, &d_xp);
+    free_dev(rt, &scratch);
+    return st;
+}
+
+moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *dy,
+                                moe_tensor_t *dx)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_TRY(check_slot(layer, slot));
+    moe_slot_t *s = &layer->slots[slot];
+    MOE_CHECK_ARG(s->in_use, "slot %d holds no forward to differentiate", slot);
+    MOE_TRY(check_activation(layer, dy, "dy", s->n));
+    if (dx) MOE_TRY(check_activation(layer, dx, "dx", s->n));
+
+    moe_runtime_t *rt = layer->rt;
+    void *dx_data = dx ? dx->data : NULL, *dx_scratch = NULL;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    if (!dx_data && s->n > 0) {
+        size_t bytes = (size_t)s->n * (size_t)layer->h * moe_dtype_size(MOE_OPS(rt)->compute_dtype);
+        MOE_TRY(alloc_dev(rt, bytes, &dx_scratch));
+        dx_data = dx_scratch;
+    }
+    st = backward_impl(layer, s, dy, dx_data);
+    free_dev(rt, &dx_scratch);
+    if (st == MOE_STATUS_SUCCESS) slot_free(layer, s);
+    return st;
+}
+
+moe_status_t moe_layer_release_slot(moe_layer_t *layer, int32_t slot)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_TRY(check_slot(layer, slot));
+    slot_free(layer, &layer->slots[slot]);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_layer_zero_grad(moe_layer_t *layer)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    for (int i = 0; i < layer->num_params; i++) {
+        moe_param_info_t *p = &layer->params[i];
+        if (p->grad.data)
+            MOE_TRY(MOE_OPS(layer->rt)->memset_zero(MOE_CTX(layer->rt), p->grad.data,
+                                                    moe_tensor_bytes(&p->grad)));
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- queries -------------------------------------------------------------------------------- */
+
+moe_status_t moe_layer_num_params(const moe_layer_t *layer, int32_t *count)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_CHECK_ARG(count != NULL, "count is NULL");
+    *count = layer->num_params;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_layer_param(const moe_layer_t *layer, int32_t index, moe_param_info_t *info)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_CHECK_ARG(info != NULL, "info is NULL");
+    MOE_CHECK_STRUCT_SIZE(info, moe_param_info_t, sizeof(moe_param_info_t));
+    MOE_CHECK_ARG(index >= 0 && index < layer->num_params, "index %d is out of range 0..%d",
+                  index, layer->num_params - 1);
+    *info = layer->params[index];
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_layer_expert_id(const moe_layer_t *layer, int32_t local_expert,
+                                 int32_t *global_expert)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_CHECK_ARG(global_expert != NULL, "global_expert is NULL");
+    MOE_CHECK_ARG(local_expert >= 0 && local_expert < layer->el,
+                  "local_expert %d is out of range 0..%d", local_expert, layer->el - 1);
+    *global_expert = expert_id(layer, local_expert);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_layer_stats(const moe_layer_t *layer, moe_layer_stats_t *stats,
+                             int64_t *tokens_per_expert)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_CHECK_ARG(stats != NULL, "stats is NULL");
+    MOE_CHECK_STRUCT_SIZE(stats, moe_layer_stats_t, sizeof(moe_layer_stats_t));
+    *stats = layer->stats;
+    stats->struct_size = sizeof *stats;
+    if (tokens_per_expert)
+        memcpy(tokens_per_expert, layer->host_tokens_per_expert,
+               sizeof(int64_t) * (size_t)layer->e);
+    return MOE_STATUS_SUCCESS;
+}

@@ -1,0 +1,57 @@
+/*
+ * The MoE layer's internal state, shared by layer.c (single-rank path, parameters, stats)
+ * and the distributed dispatch code. Shapes: N tokens, H hidden, E experts, El local experts,
+ * K top-k, Fl = F / tp, R rows processed by the local experts.
+ */
+#ifndef MOE_LAYER_INTERNAL_H
+#define MOE_LAYER_INTERNAL_H
+
+#include <moe/layer.h>
+
+#include "../runtime/runtime.h"
+
+/* What one forward saves for its backward. Device pointers unless named host_*. */
+typedef struct moe_slot {
+    bool in_use;
+    int64_t n;                 /* tokens */
+    int64_t rows;              /* R */
+    void *x;                   /* act [N,H] copy of the input */
+    float *logits;             /* f32 [N,E] */
+    int32_t *topk_idx;         /* i32 [N,K] */
+    float *topk_w;             /* f32 [N,K] */
+    int32_t *counts;           /* i32 [E] selected per expert, before capacity */
+    float *score_mean;         /* f32 [E] */
+    float *router_stats;       /* f32 [2] */
+    int32_t *row_of_slot;      /* i32 [N,K] */
+    int32_t *slot_of_row;      /* i32 [N*K] */
+    int32_t *kept;             /* i32 [E] */
+    int64_t *host_kept;        /* host [E] */
+    int64_t *host_offsets;     /* host [El+1] row offsets of the local experts */
+    void *xp, *hpre, *act, *out; /* act [R,H], [R,2,Fl], [R,Fl], [R,H] */
+    struct moe_dist_slot *dist; /* distributed layer's saved state (dispatch.c), or NULL */
+} moe_slot_t;
+
+struct moe_layer {
+    uint64_t magic;
+    moe_runtime_t *rt;
+    moe_layer_config_t cfg;
+    int64_t h, f_local;
+    int32_t e, el, k;
+    int32_t ep_rank, ep_size, tp_rank, tp_size;
+
+    void *wg, *w1, *w2;        /* act [H,E], [El,H,2,Fl], [El,Fl,H] */
+    float *dwg, *dw1, *dw2;    /* f32, same shapes */
+    float *bias;               /* f32 [E] device, or NULL when expert_bias is off */
+    float *host_bias;          /* host copy the sign rule updates */
+
+    moe_param_info_t params[4];
+    int32_t num_params;
+
+    moe_slot_t *slots;         /* [max_microbatches] */
+
+    moe_layer_stats_t stats;   /* last forward */
+    int64_t *host_tokens_per_expert; /* [E] accepted slots, last forward */
+    struct moe_dist *dist;     /* distributed state (dispatch.c); NULL in a world of one */
+};
+
+#endif /* MOE_LAYER_INTERNAL_H */

@@ -1,0 +1,1 @@
+list(APPEND MOE_SOURCES src/moe/layer.c src/moe/dispatch.c)

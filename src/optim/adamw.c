@@ -1,0 +1,255 @@
+/*
+ * AdamW over layer and user parameters: fp32 masters and moments on the runtime's device,
+ * gradients reduced over their data-parallel groups before each update (grad_sync.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <moe/optim.h>
+
+#include "../core/error.h"
+#include "../core/tensor.h"
+#include "../runtime/runtime.h"
+#include "grad_sync.h"
+
+typedef struct adamw_param {
+    char *name;
+    char *state_names[3];       /* "<name>.master", ".exp_avg", ".exp_avg_sq" */
+    moe_param_info_t info;      /* value, grad and sharding, as registered */
+    float *state[3];            /* master, m, v: f32 on the device */
+} adamw_param_t;
+
+struct moe_adamw {
+    uint64_t magic;
+    moe_runtime_t *rt;
+    moe_adamw_config_t cfg;
+    adamw_param_t *params;
+    int32_t count, capacity;
+    int64_t steps;
+};
+
+moe_adamw_config_t moe_adamw_config_default(void)
+{
+    moe_adamw_config_t c = {.struct_size = sizeof c, .lr = 1e-3f, .beta1 = 0.9f,
+                            .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+    return c;
+}
+
+static moe_status_t validate(const moe_adamw_config_t *c)
+{
+    MOE_CHECK_ARG(c->lr > 0, "lr is %g; must be > 0", c->lr);
+    MOE_CHECK_ARG(c->beta1 >= 0 && c->beta1 < 1, "beta1 is %g; must be in [0, 1)", c->beta1);
+    MOE_CHECK_ARG(c->beta2 >= 0 && c->beta2 < 1, "beta2 is %g; must be in [0, 1)", c->beta2);
+    MOE_CHECK_ARG(c->eps > 0, "eps is %g; must be > 0", c->eps);
+    MOE_CHECK_ARG(c->weight_decay >= 0, "weight_decay is %g; must be >= 0", c->weight_decay);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *config,
+                              moe_adamw_t **out)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(out != NULL, "out is NULL");
+    *out = NULL;
+    moe_adamw_config_t c = moe_adamw_config_default();
+    if (config) {
+        MOE_CHECK_STRUCT_SIZE(config, moe_adamw_config_t, sizeof(moe_adamw_config_t));
+        c = *config;
+    }
+    MOE_TRY(validate(&c));
+    moe_adamw_t *opt = calloc(1, sizeof *opt);
+    if (!opt) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "optimizer allocation");
+    opt->magic = MOE_MAGIC_ADAMW;
+    opt->rt = rt;
+    opt->cfg = c;
+    *out = opt;
+    return MOE_STATUS_SUCCESS;
+}
+
+static void param_free(moe_runtime_t *rt, adamw_param_t *p)
+{
+    for (int i = 0; i < 3; i++) {
+        if (p->state[i]) MOE_OPS(rt)->free(MOE_CTX(rt), p->state[i]);
+        free(p->state_names[i]);
+    }
+    free(p->name);
+}
+
+moe_status_t moe_adamw_destroy(moe_adamw_t *opt)
+{
+    moe_error_clear();
+    if (!opt) return MOE_STATUS_SUCCESS;
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_OPS(opt->rt)->synchronize(MOE_CTX(opt->rt));
+    for (int32_t i = 0; i < opt->count; i++) param_free(opt->rt, &opt->params[i]);
+    free(opt->params);
+    opt->magic = MOE_MAGIC_DEAD;
+    free(opt);
+    return MOE_STATUS_SUCCESS;
+}
+
+static char *concat(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *s = malloc(la + lb + 1);
+    if (s) {
+        memcpy(s, a, la);
+        memcpy(s + la, b, lb + 1);
+    }
+    return s;
+}
+
+/* Register one parameter: copy its description, allocate f32 master and moments, and seed
+ * the master from the current value. */
+static moe_status_t register_param(moe_adamw_t *opt, const char *name, const moe_param_info_t *info)
+{
+    moe_runtime_t *rt = opt->rt;
+    for (int32_t i = 0; i < opt->count; i++)
+        MOE_CHECK_ARG(strcmp(opt->params[i].name, name) != 0,
+                      "a parameter named \"%s\" is already registered", name);
+    if (opt->count == opt->capacity) {
+        int32_t cap = opt->capacity ? opt->capacity * 2 : 8;
+        adamw_param_t *grown = realloc(opt->params, sizeof *grown * (size_t)cap);
+        if (!grown) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "optimizer parameter list");
+        opt->params = grown;
+        opt->capacity = cap;
+    }
+    adamw_param_t *p = &opt->params[opt->count];
+    memset(p, 0, sizeof *p);
+    p->info = *info;
+    int64_t n = moe_tensor_numel(&info->value);
+    size_t bytes = sizeof(float) * (size_t)n;
+    static const char *suffix[3] = {".master", ".exp_avg", ".exp_avg_sq"};
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    p->name = strdup(name);
+    if (!p->name) {
+        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "parameter name");
+        goto fail;
+    }
+    p->info.name = p->name;
+    for (int i = 0; i < 3; i++) {
+        p->state_names[i] = concat(name, suffix[i]);
+        if (!p->state_names[i]) {
+            st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "state name");
+            goto fail;
+        }
+        MOE_TRY_GOTO(st, MOE_OPS(rt)->alloc(MOE_CTX(rt), bytes, (void **)&p->state[i]));
+    }
+    if (n > 0) {
+        MOE_TRY_GOTO(st, MOE_OPS(rt)->act_to_f32(MOE_CTX(rt), p->state[0], info->value.data, n));
+        MOE_TRY_GOTO(st, MOE_OPS(rt)->memset_zero(MOE_CTX(rt), p->state[1], bytes));
+        MOE_TRY_GOTO(st, MOE_OPS(rt)->memset_zero(MOE_CTX(rt), p->state[2], bytes));
+    }
+    opt->count++;
+    return MOE_STATUS_SUCCESS;
+fail:
+    param_free(rt, p);
+    return st;
+}
+
+moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    int32_t count = 0;
+    MOE_TRY(moe_layer_num_params(layer, &count));
+    for (int32_t i = 0; i < count; i++) {
+        moe_param_info_t info = {.struct_size = sizeof info};
+        MOE_TRY(moe_layer_param(layer, i, &info));
+        if (info.kind != MOE_PARAM_BUFFER) MOE_TRY(register_param(opt, info.name, &info));
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_add_param(moe_adamw_t *opt, const char *name, moe_param_kind_t kind,
+                                 const moe_tensor_t *value, const moe_tensor_t *grad)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(name != NULL && name[0] != '\0', "name is NULL or empty");
+    MOE_CHECK_ARG(kind == MOE_PARAM_DENSE || kind == MOE_PARAM_EXPERT,
+                  "kind %d is not a trainable kind (DENSE or EXPERT)", (int)kind);
+    const moe_backend_ops_t *ops = MOE_OPS(opt->rt);
+    MOE_CHECK_ARG(value != NULL && grad != NULL, "value or grad is NULL");
+    MOE_TRY(moe_tensor_check(value, "value", ops->compute_dtype, ops->device, value->ndim,
+                             value->shape));
+    MOE_TRY(moe_tensor_check(grad, "grad", MOE_DTYPE_F32, ops->device, value->ndim, value->shape));
+    moe_param_info_t info = {.struct_size = sizeof info, .name = name, .kind = kind,
+                             .value = *value, .grad = *grad, .expert_dim = -1, .tp_dim = -1};
+    for (int d = 0; d < value->ndim; d++) info.global_shape[d] = value->shape[d];
+    return register_param(opt, name, &info);
+}
+
+moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(grad_scale > 0 && grad_scale == grad_scale, "grad_scale is %g; must be > 0",
+                  grad_scale);
+    moe_runtime_t *rt = opt->rt;
+    for (int32_t i = 0; i < opt->count; i++) {
+        adamw_param_t *p = &opt->params[i];
+        MOE_TRY(moe_grad_sync(rt, p->info.kind, p->info.grad.data, moe_tensor_numel(&p->info.grad)));
+    }
+    opt->steps++;
+    for (int32_t i = 0; i < opt->count; i++) {
+        adamw_param_t *p = &opt->params[i];
+        moe_adamw_update_t u = {
+            .n = moe_tensor_numel(&p->info.value), .lr = lr > 0 ? lr : opt->cfg.lr,
+            .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2, .eps = opt->cfg.eps,
+            .weight_decay = opt->cfg.weight_decay,
+            .grad_scale = grad_scale / (float)moe_grad_replicas(rt), .step = opt->steps,
+            .master = p->state[0], .m = p->state[1], .v = p->state[2],
+            .param = p->info.value.data, .grad = p->info.grad.data,
+        };
+        if (u.n > 0) MOE_TRY(MOE_OPS(rt)->adamw_update(MOE_CTX(rt), &u));
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_num_states(const moe_adamw_t *opt, int32_t *count)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(count != NULL, "count is NULL");
+    *count = opt->count * 3;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_state(const moe_adamw_t *opt, int32_t index, moe_param_info_t *info)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(info != NULL, "info is NULL");
+    MOE_CHECK_STRUCT_SIZE(info, moe_param_info_t, sizeof(moe_param_info_t));
+    MOE_CHECK_ARG(index >= 0 && index < opt->count * 3, "index %d is out of range 0..%d", index,
+                  opt->count * 3 - 1);
+    const adamw_param_t *p = &opt->params[index / 3];
+    *info = p->info;
+    info->struct_size = sizeof *info;
+    info->name = p->state_names[index % 3];
+    info->kind = MOE_PARAM_BUFFER;
+    info->value.dtype = MOE_DTYPE_F32;
+    info->value.data = p->state[index % 3];
+    memset(&info->grad, 0, sizeof info->grad);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_step_count(const moe_adamw_t *opt, int64_t *steps)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(steps != NULL, "steps is NULL");
+    *steps = opt->steps;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_set_step_count(moe_adamw_t *opt, int64_t steps)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(steps >= 0, "steps is %lld; must be >= 0", (long long)steps);
+    opt->steps = steps;
+    return MOE_STATUS_SUCCESS;
+}

@@ -1,0 +1,1 @@
+list(APPEND MOE_SOURCES src/pipeline/schedule.c src/pipeline/executor.c)

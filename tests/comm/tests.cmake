@@ -1,0 +1,25 @@
+# Communicator tests: every operation on 3 and 4 ranks, and the timeout paths.
+moe_add_test(test_comm_ops SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_comm_ops.c NP 4 TIMEOUT 60
+             LABELS comm mpi)
+if(MOE_HAVE_MPI)
+  # the same program on 3 ranks (odd rings, uneven splits)
+  add_test(NAME test_comm_ops_np3 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3
+           --oversubscribe $<TARGET_FILE:test_comm_ops>)
+  # A stalled peer and a killed peer. For the kill, --enable-recovery (Open MPI) keeps the
+  # launcher from killing the survivors as soon as the victim dies, so they can report their
+  # timeouts; its exit code is then 0 whatever the ranks return, hence the verdict regex.
+  add_executable(test_comm_timeout ${CMAKE_CURRENT_LIST_DIR}/test_comm_timeout.c)
+  target_link_libraries(test_comm_timeout PRIVATE moe_static moe_test_support MPI::MPI_C)
+  add_test(NAME test_comm_timeout_stall COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3
+           --oversubscribe $<TARGET_FILE:test_comm_timeout> stall)
+  add_test(NAME test_comm_timeout_kill COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3
+           --oversubscribe --enable-recovery $<TARGET_FILE:test_comm_timeout> kill)
+  set_tests_properties(test_comm_timeout_kill PROPERTIES
+    PASS_REGULAR_EXPRESSION "VERDICT: PASS" FAIL_REGULAR_EXPRESSION "VERDICT: FAIL;Segmentation")
+  set_tests_properties(test_comm_ops_np3 test_comm_timeout_stall test_comm_timeout_kill
+    PROPERTIES TIMEOUT 60 LABELS "comm;mpi" ENVIRONMENT
+    "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+endif()
+if(TARGET test_comm_ops)
+  target_link_libraries(test_comm_ops PRIVATE MPI::MPI_C)
+endif()

@@ -1,0 +1,301 @@
+/*
+ * The distributed MoE layer equals one rank on the concatenated batch.
+ *
+ * Under mpirun with W ranks, for every mesh (tp, ep, dp, 1) of W ranks (W = 2: (1,2,1,1),
+ * (2,1,1,1); W = 4: (1,4,1,1), (2,2,1,1), (1,2,2,1), (4,1,1,1), (1,1,4,1), (2,1,2,1); W = 8:
+ * (2,2,2,1), ...) and every scenario below:
+ *   - the global batch is D = ep*dp pieces; dense rank j = ep + EP*dp holds piece j (n_j
+ *     tokens), tp ranks hold the same piece. Every rank also runs the reference: a world of
+ *     one on the concatenated batch (pieces in order j = 0..D-1), same seed, same config.
+ *   - forward: y_j equals the reference rows of piece j; aux and z equal the reference's;
+ *     the task loss sum_j <y_j, dy_j> equals the reference's.
+ *   - backward: dx_j equals the reference rows; the router gradient summed over the dense
+ *     group and the expert gradients summed over edp equal the reference gradients (this
+ *     rank's expert/TP shard).
+ *   - two AdamW steps (grad_scale 1 distributed, which averages over D replicas; 1/D in
+ *     the reference): every parameter shard equals the reference's slice.
+ * Relative errors (norm of the difference / norm of the reference) must be <= 1e-5.
+ *
+ * Scenarios: dropless K=2; capacity drops (cf 1.0); K=1 with capacity; K=E; skewed routing
+ * (every token's first choice is expert 0) with capacity, expert bias and sigmoid scores;
+ * one dense rank with zero tokens; round-robin placement with 3 chunks.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include <moe/moe.h>
+
+#include "runtime/runtime.h"
+#include "test_support.h"
+
+static int W, R, failures;
+static double worst;
+
+#define TOL 1e-5
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            fprintf(stderr, "rank %d: %s:%d: ", R, __FILE__, __LINE__);                    \
+            fprintf(stderr, __VA_ARGS__);                                                  \
+            fprintf(stderr, "\n");                                                         \
+            failures++;                                                                    \
+        }                                                                                  \
+    } while (0)
+
+typedef struct scenario {
+    const char *name;
+    int32_t e, k;
+    float cf;
+    int skew, bias, sigmoid, zero_rank, round_robin, chunks;
+} scenario_t;
+
+static const scenario_t scenarios[] = {
+    {"dropless K=2", 4, 2, 0, 0, 0, 0, -1, 0, 2},
+    {"capacity cf=1", 4, 2, 1.0f, 0, 0, 0, -1, 0, 2},
+    {"K=1 capacity cf=1.25", 4, 1, 1.25f, 0, 0, 0, -1, 0, 2},
+    {"K=E", 4, 4, 0, 0, 0, 0, -1, 0, 2},
+    {"skewed + capacity + bias + sigmoid", 4, 2, 1.5f, 1, 1, 1, -1, 0, 2},
+    {"zero-token rank + capacity", 4, 2, 1.0f, 0, 0, 0, 1, 0, 2},
+    {"round-robin, 3 chunks", 8, 2, 0, 0, 0, 0, -1, 1, 3},
+};
+
+enum { H = 8, F = 8 };
+
+static void compare(const char *what, const float *got, const float *ref, int64_t n,
+                    const char *ctx)
+{
+    double e = test_rel_err(got, ref, n);
+    if (getenv("MOE_TEST_VERBOSE") && e > 1e-6) fprintf(stderr, "rank %d: %s: %s rel err %.3g\n", R, ctx, what, e);
+    if (e > worst) worst = e;
+    CHECK(e <= TOL, "%s: %s rel err %.3g over %lld values", ctx, what, e, (long long)n);
+}
+
+/* Map local element i of a parameter shard to its global flat index. */
+static int64_t global_flat(moe_layer_t *l, const moe_param_info_t *p, int64_t i)
+{
+    int64_t idx[4];
+    for (int dd = p->value.ndim - 1; dd >= 0; dd--) {
+        idx[dd] = i % p->value.shape[dd];
+        i /= p->value.shape[dd];
+    }
+    int64_t g = 0;
+    for (int dd = 0; dd < p->value.ndim; dd++) {
+        int64_t gi = idx[dd] + p->shard_offset[dd];
+        if (dd == p->expert_dim) {
+            int32_t ge;
+            TEST_OK(moe_layer_expert_id(l, (int32_t)idx[dd], &ge));
+            gi = ge;
+        }
+        g = g * p->global_shape[dd] + gi;
+    }
+    return g;
+}
+
+/* Compare every parameter (value, and gradient if grads) of the distributed layer with the
+ * reference; gradients are first summed over their data-parallel group. */
+static void compare_params(moe_runtime_t *rt, moe_layer_t *l, moe_layer_t *ref, bool grads,
+                           const char *ctx)
+{
+    int32_t np, nr;
+    TEST_OK(moe_layer_num_params(l, &np));
+    TEST_OK(moe_layer_num_params(ref, &nr));
+    CHECK(np == nr, "%s: %d params vs %d", ctx, np, nr);
+    for (int32_t i = 0; i < np && i < nr; i++) {
+        moe_param_info_t p = {.struct_size = sizeof p}, q = {.struct_size = sizeof q};
+        TEST_OK(moe_layer_param(l, i, &p));
+        TEST_OK(moe_layer_param(ref, i, &q));
+        if (grads && !p.grad.data) continue;
+        int64_t n = moe_tensor_numel(&p.value);
+        float *got = malloc(sizeof(float) * (size_t)(n + 1)), *want = malloc(sizeof(float) * (size_t)(n + 1));
+        const float *src = grads ? p.grad.data : p.value.data;
+        const float *rsrc = grads ? q.grad.data : q.value.data;
+        memcpy(got, src, sizeof(float) * (size_t)n);
+        if (grads) {
+            moe_comm_t *c = p.kind == MOE_PARAM_DENSE ? rt->mesh->host[MOE_MESH_DENSE]
+                                                      : rt->mesh->host[MOE_AXIS_EDP];
+            if (c) TEST_OK(moe_comm_allreduce(c, got, got, (size_t)n, MOE_COMM_F32, MOE_REDUCE_SUM));
+        }
+        for (int64_t j = 0; j < n; j++) want[j] = rsrc[global_flat(l, &p, j)];
+        char what[96];
+        snprintf(what, sizeof what, "%s %s", p.name, grads ? "gradient" : "value");
+        compare(what, got, want, n, ctx);
+        free(got);
+        free(want);
+    }
+}
+
+static moe_layer_t *make_layer(moe_runtime_t *rt, const scenario_t *sc)
+{
+    moe_layer_config_t c = moe_layer_config_default();
+    c.hidden = H;
+    c.ffn_hidden = F;
+    c.num_experts = sc->e;
+    c.top_k = sc->k;
+    c.capacity_factor = sc->cf;
+    c.expert_bias = sc->bias;
+    c.expert_bias_rate = 0.01f;
+    c.score_fn = sc->sigmoid ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
+    c.placement = sc->round_robin ? MOE_PLACEMENT_ROUND_ROBIN : MOE_PLACEMENT_CONTIGUOUS;
+    c.a2a_chunks = sc->chunks;
+    c.init_std = 0.5f;
+    c.aux_loss_coef = 0.1f; /* large enough that a wrong aux gradient shows */
+    c.z_loss_coef = 0.05f;
+    moe_layer_t *l = NULL;
+    TEST_OK(moe_layer_create(rt, &c, &l));
+    if (sc->skew) { /* every token's first choice: expert 0 (x has a positive mean) */
+        moe_param_info_t p = {.struct_size = sizeof p};
+        TEST_OK(moe_layer_param(l, 0, &p));
+        float *wg = p.value.data;
+        for (int h = 0; h < H; h++) wg[h * sc->e + 0] += 2.0f;
+    }
+    return l;
+}
+
+static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed)
+{
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "mesh (%d,%d,%d,1) [%s]", tp, ep, dp, sc->name);
+    int D = ep * dp;
+    /* the global batch, identical on every rank */
+    test_rng_t rng = {seed};
+    int64_t n[64], off[65];
+    off[0] = 0;
+    for (int j = 0; j < D; j++) {
+        n[j] = j == sc->zero_rank ? 0 : test_rng_int(&rng, 3, 9);
+        off[j + 1] = off[j] + n[j];
+    }
+    int64_t NT = off[D];
+    float *x = malloc(sizeof(float) * (size_t)(NT * H + 1)), *dy = malloc(sizeof(float) * (size_t)(NT * H + 1));
+    test_fill_normal(&rng, x, NT * H, 1.0);
+    test_fill_normal(&rng, dy, NT * H, 1.0);
+    if (sc->skew)
+        for (int64_t i = 0; i < NT * H; i++) x[i] = 0.3f * x[i] + 1.0f;
+
+    /* reference: a world of one */
+    moe_runtime_config_t rc = moe_runtime_config_default();
+    rc.backend = MOE_BACKEND_HOST;
+    rc.seed = 77;
+    moe_runtime_t *rrt = NULL;
+    TEST_OK(moe_runtime_create(&rc, &rrt));
+    moe_layer_t *ref = make_layer(rrt, sc);
+    moe_adamw_t *ropt = NULL;
+    TEST_OK(moe_adamw_create(rrt, NULL, &ropt));
+    TEST_OK(moe_adamw_add_layer(ropt, ref));
+
+    /* distributed */
+    moe_mesh_config_t mc = moe_mesh_config_default();
+    mc.tp = tp, mc.ep = ep, mc.dp = dp, mc.pp = 1;
+    mc.timeout_ms = 30000;
+    rc.mesh = &mc;
+    moe_runtime_t *rt = NULL;
+    TEST_OK(moe_runtime_create(&rc, &rt));
+    moe_layer_t *l = make_layer(rt, sc);
+    moe_adamw_t *opt = NULL;
+    TEST_OK(moe_adamw_create(rt, NULL, &opt));
+    TEST_OK(moe_adamw_add_layer(opt, l));
+    compare_params(rt, l, ref, false, ctx); /* same global parameters from the seed */
+
+    int32_t er, es, dr, ds_;
+    TEST_OK(moe_runtime_axis(rt, MOE_AXIS_EP, &er, &es));
+    TEST_OK(moe_runtime_axis(rt, MOE_AXIS_DP, &dr, &ds_));
+    int j = er + ep * dr;
+    int64_t nj = n[j];
+    float *yr = malloc(sizeof(float) * (size_t)(NT * H + 1)), *dxr = malloc(sizeof(float) * (size_t)(NT * H + 1));
+    float *y = malloc(sizeof(float) * (size_t)(nj * H + 1)), *dx = malloc(sizeof(float) * (size_t)(nj * H + 1));
+    int64_t shr[2] = {NT, H}, sh[2] = {nj, H};
+    moe_tensor_t tx, ty, tdy, tdx, rtx, rty, rtdy, rtdx;
+    TEST_OK(moe_tensor_view(x, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shr, &rtx));
+    TEST_OK(moe_tensor_view(yr, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shr, &rty));
+    TEST_OK(moe_tensor_view(dy, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shr, &rtdy));
+    TEST_OK(moe_tensor_view(dxr, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shr, &rtdx));
+    TEST_OK(moe_tensor_view(x + off[j] * H, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &tx));
+    TEST_OK(moe_tensor_view(y, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &ty));
+    TEST_OK(moe_tensor_view(dy + off[j] * H, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &tdy));
+    TEST_OK(moe_tensor_view(dx, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &tdx));
+
+    for (int step = 1; step <= 2; step++) {
+        char sctx[200];
+        snprintf(sctx, sizeof sctx, "%s step %d", ctx, step);
+        TEST_OK(moe_layer_zero_grad(ref));
+        TEST_OK(moe_layer_zero_grad(l));
+        TEST_OK(moe_layer_forward(ref, 0, &rtx, &rty));
+        TEST_OK(moe_layer_forward(l, 0, &tx, &ty));
+        compare("y", y, yr + off[j] * H, nj * H, sctx);
+        moe_layer_stats_t s = {.struct_size = sizeof s}, rs = {.struct_size = sizeof rs};
+        TEST_OK(moe_layer_stats(l, &s, NULL));
+        TEST_OK(moe_layer_stats(ref, &rs, NULL));
+        float terms[2] = {(float)s.aux_loss, (float)s.z_loss}, rterms[2] = {(float)rs.aux_loss,
+                                                                             (float)rs.z_loss};
+        compare("aux and z losses", terms, rterms, 2, sctx);
+        CHECK(s.capacity == rs.capacity, "%s: capacity %lld vs %lld", sctx, (long long)s.capacity,
+              (long long)rs.capacity);
+        /* task loss: its error relative to sum |y dy| (the sum cancels, so relative to
+         * |loss| it would measure the cancellation, not the layer) */
+        double loss = 0, rloss = 0, rabs = 0;
+        for (int64_t i = 0; i < nj * H; i++) loss += (double)y[i] * dy[off[j] * H + i];
+        for (int64_t i = 0; i < NT * H; i++) {
+            rloss += (double)yr[i] * dy[i];
+            rabs += fabs((double)yr[i] * dy[i]);
+        }
+        if (rt->mesh->host[MOE_MESH_DENSE])
+            TEST_OK(moe_comm_allreduce(rt->mesh->host[MOE_MESH_DENSE], &loss, &loss, 1,
+                                       MOE_COMM_F64, MOE_REDUCE_SUM));
+        double lerr = rabs > 0 ? fabs(loss - rloss) / rabs : fabs(loss - rloss);
+        if (lerr > worst) worst = lerr;
+        CHECK(lerr <= TOL, "%s: task loss %.9g vs %.9g (error %.3g of sum |y dy|)", sctx, loss,
+              rloss, lerr);
+        if (step == 1 && sc->cf > 0 && R == 0)
+            fprintf(stderr, "  %s: reference dropped %lld of %lld slots\n", sctx,
+                    (long long)rs.dropped_slots, (long long)rs.slots);
+
+        TEST_OK(moe_layer_backward(ref, 0, &rtdy, &rtdx));
+        TEST_OK(moe_layer_backward(l, 0, &tdy, &tdx));
+        compare("dx", dx, dxr + off[j] * H, nj * H, sctx);
+        compare_params(rt, l, ref, true, sctx);
+        TEST_OK(moe_adamw_step(ropt, 0, 1.0f / (float)D));
+        TEST_OK(moe_adamw_step(opt, 0, 1.0f));
+        compare_params(rt, l, ref, false, sctx);
+    }
+    TEST_OK(moe_adamw_destroy(opt));
+    TEST_OK(moe_layer_destroy(l));
+    TEST_OK(moe_runtime_destroy(rt));
+    TEST_OK(moe_adamw_destroy(ropt));
+    TEST_OK(moe_layer_destroy(ref));
+    TEST_OK(moe_runtime_destroy(rrt));
+    free(x), free(dy), free(yr), free(dxr), free(y), free(dx);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_size(MPI_COMM_WORLD, &W);
+    MPI_Comm_rank(MPI_COMM_WORLD, &R);
+    uint64_t seed = 12345;
+    const char *v = getenv("MOE_TEST_SEED");
+    if (v) seed = strtoull(v, NULL, 0);
+    int cases = 0;
+    for (int tp = 1; tp <= W; tp++)
+        for (int ep = 1; ep <= W; ep++)
+            for (int dp = 1; dp <= W; dp++) {
+                if (tp * ep * dp != W) continue;
+                for (size_t s = 0; s < sizeof scenarios / sizeof scenarios[0]; s++) {
+                    if (scenarios[s].e % ep) continue;
+                    if (scenarios[s].zero_rank >= ep * dp) continue;
+                    run_case(tp, ep, dp, &scenarios[s], seed + 1000 * s + 7 * (uint64_t)(tp + 3 * ep));
+                    cases++;
+                }
+            }
+    int total = 0;
+    double w = 0;
+    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&worst, &w, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (R == 0)
+        fprintf(stderr, "world %d: %d mesh x scenario cases, worst relative error %.3g, %d failed checks\n",
+                W, cases, w, total);
+    MPI_Finalize();
+    return total ? 1 : 0;
+}
