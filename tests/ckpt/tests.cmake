@@ -2,6 +2,7 @@
 # scripts/setup-deps.sh --tests) and skip (exit 77) when node or s3rver is missing.
 set(_ckpt_dir ${CMAKE_CURRENT_SOURCE_DIR}/ckpt)
 moe_add_test(test_ckpt_local SOURCES ${_ckpt_dir}/test_ckpt_local.c LABELS ckpt TIMEOUT 120)
+moe_add_test(test_ckpt_cuda SOURCES ${_ckpt_dir}/test_ckpt_cuda.c LABELS ckpt cuda TIMEOUT 120)
 moe_add_test(test_ckpt_crash SOURCES ${_ckpt_dir}/test_ckpt_crash.c ${_ckpt_dir}/s3_fixture.c
              LABELS ckpt TIMEOUT 240)
 moe_add_test(test_ckpt_s3 SOURCES ${_ckpt_dir}/test_ckpt_s3.c ${_ckpt_dir}/s3_fixture.c
