@@ -101,6 +101,10 @@ moe_status_t ck_writer_open(ck_writer_t *w, const char *path);
 moe_status_t ck_writer_write(ck_writer_t *w, int slot, const void *buf, size_t len,
                              uint64_t offset, void *cookie, void (*done)(void *, void *),
                              void *done_ctx);
+/* Requests in flight? Then wait for at least one completion (segments come back through
+ * their done callbacks). */
+bool ck_writer_pending(const ck_writer_t *w);
+void ck_writer_reap_one(ck_writer_t *w);
 /* Wait for all in flight, fsync and close. */
 moe_status_t ck_writer_finish(ck_writer_t *w);
 /* Abandon the current file (close without fsync), reaping what is in flight. */

@@ -299,6 +299,13 @@ moe_status_t ck_writer_write(ck_writer_t *w, int slot, const void *buf, size_t l
     return w->err;
 }
 
+bool ck_writer_pending(const ck_writer_t *w) { return w->uring && w->inflight > 0; }
+
+void ck_writer_reap_one(ck_writer_t *w)
+{
+    if (w->uring && w->inflight > 0) reap(w, 1);
+}
+
 moe_status_t ck_writer_finish(ck_writer_t *w)
 {
     while (w->uring && w->inflight > 0) reap(w, 1);
