@@ -60,10 +60,15 @@ typedef struct job {
     /* checksum walk */
     int32_t hp;
     XXH3_state_t *hs;
+    /* result of the local write, for the commit */
+    bool local_ok;
+    char *mine;               /* this rank's piece list (JSON) */
 } job_t;
 
 typedef struct upload {
     int64_t step;
+    bool manifest_only;       /* rank 0, world > 1: the shards are up, put the manifest */
+    bool ok;                  /* world > 1: this rank's shard upload succeeded */
     struct upload *next;
 } upload_t;
 
@@ -74,17 +79,20 @@ struct moe_ckpt {
     moe_ckpt_config_t cfg;
     char *dir;
     int rank, world;
-    moe_comm_t *comm_w, *comm_s3;   /* NULL in a world of one */
+    moe_comm_t *comm_w;             /* NULL in a world of one; used on the training thread */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
     seg_t *segs;
     int max_segs, nsegs;
     seg_t *free_segs;
-    job_t *jobs, *jobs_tail;
-    upload_t *ups, *ups_tail;
+    job_t *jobs, *jobs_tail;        /* queued for the writer */
+    job_t *done, *done_tail;        /* world > 1: durable here, not yet committed */
+    upload_t *ups, *ups_tail;       /* queued for the S3 thread */
+    upload_t *updone, *updone_tail; /* world > 1: shard uploaded (or failed), not yet agreed */
+    bool retention_due;
     int64_t uploading_step, loading_step;
-    bool stop, aborting, upload_busy;
+    bool stop, aborting;
     bool defer_writer;              /* see write_job; MOE_CKPT_DEFER_WRITER=0 turns it off */
     pthread_t writer_th, s3_th;
     bool writer_started, s3_started;
@@ -383,6 +391,10 @@ static bool step_pinned_locked(const moe_ckpt_t *ck, int64_t step)
         if (u->step == step) return true;
     for (const job_t *j = ck->jobs; j; j = j->next)
         if (j->step == step) return true;
+    for (const job_t *j = ck->done; j; j = j->next)
+        if (j->step == step) return true;
+    for (const upload_t *u = ck->updone; u; u = u->next)
+        if (u->step == step) return true;
     return false;
 }
 
@@ -506,17 +518,19 @@ static moe_status_t write_job(moe_ckpt_t *ck, job_t *j, char *stepdir, char **pi
     return st;
 }
 
-static void process_job(moe_ckpt_t *ck, job_t *j)
+/* Commit job j once every rank's shard is durable: the ranks agree (allreduce MIN of their
+ * local results), rank 0 gathers the piece lists and writes manifest.json (temporary name,
+ * fsync, rename, fsync), everyone learns the outcome. Collective over comm_w: in a world of
+ * one the writer thread calls it; otherwise the training thread does, from progress(), so
+ * that MPI is only ever called from the thread that also drives training (the MPI
+ * communicator runs at MPI_THREAD_SERIALIZED). */
+static void commit_job(moe_ckpt_t *ck, job_t *j)
 {
     char stepdir[PATH_MAX];
     step_path(ck, j->step, stepdir, sizeof stepdir);
-    char *mine = NULL;
-    moe_status_t st = write_job(ck, j, stepdir, &mine);
-    if (st != MOE_STATUS_SUCCESS) set_async_error(ck, st, "writing the local checkpoint");
-
     /* every rank takes part in the agreement, failed or not, so nobody waits for ever */
     int32_t all_ok = 0;
-    moe_status_t cst = agree(ck->comm_w, st == MOE_STATUS_SUCCESS, &all_ok);
+    moe_status_t cst = agree(ck->comm_w, j->local_ok, &all_ok);
     if (cst != MOE_STATUS_SUCCESS) {
         set_async_error(ck, cst, "checkpoint agreement");
         all_ok = 0;
@@ -526,7 +540,7 @@ static void process_job(moe_ckpt_t *ck, job_t *j)
         char **all = calloc((size_t)ck->world, sizeof *all);
         uint64_t *bytes = calloc((size_t)ck->world, sizeof *bytes);
         moe_status_t gst = all && bytes
-                               ? gather_pieces(ck, ck->comm_w, mine, j->file_bytes, all, bytes)
+                               ? gather_pieces(ck, ck->comm_w, j->mine, j->file_bytes, all, bytes)
                                : MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "gather tables");
         if (gst == MOE_STATUS_SUCCESS && ck->rank == 0) {
             moe_mesh_t *m = ck->rt->mesh;
@@ -551,12 +565,11 @@ static void process_job(moe_ckpt_t *ck, job_t *j)
                 committed = 0;
             }
         }
-    } else if (st == MOE_STATUS_SUCCESS) {
+    } else if (j->local_ok) {
         MOE_FAIL(MOE_STATUS_ABORTED, "another rank failed to write its shard of step %" PRId64,
                  j->step);
         set_async_error(ck, MOE_STATUS_ABORTED, "checkpoint agreement");
     }
-    free(mine);
     double t = now_s();
     pthread_mutex_lock(&ck->mu);
     if (committed) {
@@ -573,11 +586,20 @@ static void process_job(moe_ckpt_t *ck, job_t *j)
             }
         }
     }
+    ck->retention_due = ck->rank == 0;
+    pthread_cond_broadcast(&ck->cv);
     pthread_mutex_unlock(&ck->mu);
     if (committed)
         moe_log(ck->log, MOE_LOG_INFO, "checkpoint: step %" PRId64 " durable after %.3f s",
                 j->step, t - j->t_start);
-    local_retention(ck);
+}
+
+static void free_job(job_t *j)
+{
+    ck_pieces_free(j->pieces, j->npieces);
+    if (j->hs) XXH3_freeState(j->hs);
+    free(j->mine);
+    free(j);
 }
 
 static void *writer_main(void *arg)
@@ -585,56 +607,69 @@ static void *writer_main(void *arg)
     moe_ckpt_t *ck = arg;
     for (;;) {
         pthread_mutex_lock(&ck->mu);
-        while (!ck->jobs && !ck->stop) pthread_cond_wait(&ck->cv, &ck->mu);
+        while (!ck->jobs && !ck->stop && !ck->retention_due) pthread_cond_wait(&ck->cv, &ck->mu);
         job_t *j = ck->jobs;
+        bool retention = ck->retention_due;
+        ck->retention_due = false;
         pthread_mutex_unlock(&ck->mu);
-        if (!j) break;
-        process_job(ck, j);
+        if (retention) local_retention(ck);
+        if (!j) {
+            if (retention) continue;
+            break;
+        }
+        char stepdir[PATH_MAX];
+        step_path(ck, j->step, stepdir, sizeof stepdir);
+        moe_status_t st = write_job(ck, j, stepdir, &j->mine);
+        if (st != MOE_STATUS_SUCCESS) set_async_error(ck, st, "writing the local checkpoint");
+        j->local_ok = st == MOE_STATUS_SUCCESS;
+        if (ck->world == 1) {
+            commit_job(ck, j);
+            pthread_mutex_lock(&ck->mu);
+            ck->retention_due = false;
+            pthread_mutex_unlock(&ck->mu);
+            local_retention(ck); /* before the save counts as done: wait() sees its effect */
+        }
         pthread_mutex_lock(&ck->mu);
         ck->jobs = j->next;
         if (!ck->jobs) ck->jobs_tail = NULL;
-        ck->st.pending_saves--;
+        j->next = NULL;
+        if (ck->world == 1) {
+            ck->st.pending_saves--;
+        } else { /* durable here; committed by progress() on the training thread */
+            if (ck->done_tail) ck->done_tail->next = j;
+            else ck->done = j;
+            ck->done_tail = j;
+        }
         pthread_cond_broadcast(&ck->cv);
         pthread_mutex_unlock(&ck->mu);
-        ck_pieces_free(j->pieces, j->npieces);
-        if (j->hs) XXH3_freeState(j->hs);
-        free(j);
+        if (ck->world == 1) free_job(j);
     }
     return NULL;
 }
 
 /* ---- the S3 thread --------------------------------------------------------------------------- */
 
-static moe_status_t mirror_step(moe_ckpt_t *ck, int64_t step)
+static moe_status_t put_step_file(moe_ckpt_t *ck, int64_t step, const char *file)
 {
-    char stepdir[PATH_MAX], name[64], file[64], local[PATH_MAX + 64];
+    char stepdir[PATH_MAX], name[64], local[PATH_MAX + 64];
     step_path(ck, step, stepdir, sizeof stepdir);
     ck_step_dirname(step, name, sizeof name);
-    snprintf(file, sizeof file, "rank-%05d.bin", ck->rank);
     snprintf(local, sizeof local, "%s/%s", stepdir, file);
     uint64_t sent = 0;
-    moe_status_t st = ck_s3_put_file(ck->s3, name, file, local, &sent);
+    moe_status_t st = MOE_STATUS_ABORTED;
+    /* whole-file retries on top of the per-request ones (e.g. an upload id lost when the
+     * server restarted) */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        st = ck_s3_put_file(ck->s3, name, file, local, &sent);
+        if (st == MOE_STATUS_SUCCESS || st == MOE_STATUS_ABORTED || st == MOE_STATUS_IO_ERROR)
+            break;
+        moe_log(ck->log, MOE_LOG_WARN, "checkpoint: uploading %s/%s failed (%s); retrying the "
+                "file", name, file, moe_last_error());
+    }
     pthread_mutex_lock(&ck->mu);
     ck->st.bytes_uploaded += sent;
     pthread_mutex_unlock(&ck->mu);
-    int32_t all_ok = 0;
-    moe_status_t ast = agree(ck->comm_s3, st == MOE_STATUS_SUCCESS, &all_ok);
-    if (st != MOE_STATUS_SUCCESS) return st;
-    if (ast != MOE_STATUS_SUCCESS) return ast;
-    if (!all_ok) return MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "another rank failed to upload its shard");
-    int32_t ok = 1;
-    if (ck->rank == 0) {
-        snprintf(local, sizeof local, "%s/%s", stepdir, CK_MANIFEST);
-        st = ck_s3_put_file(ck->s3, name, CK_MANIFEST, local, NULL); /* the remote commit */
-        ok = st == MOE_STATUS_SUCCESS;
-    }
-    if (ck->comm_s3) {
-        moe_status_t bst = moe_comm_broadcast(ck->comm_s3, &ok, 1, MOE_COMM_I32, 0);
-        if (bst != MOE_STATUS_SUCCESS) return bst;
-    }
-    if (st != MOE_STATUS_SUCCESS) return st;
-    if (!ok) return MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "rank 0 failed to upload the manifest");
-    return MOE_STATUS_SUCCESS;
+    return st;
 }
 
 static void s3_retention(moe_ckpt_t *ck)
@@ -655,6 +690,8 @@ static void s3_retention(moe_ckpt_t *ck)
     free(steps);
 }
 
+/* Uploads: the shard of this rank, then (world of one, or a manifest task on rank 0 once
+ * every rank's shard is up) manifest.json, the remote commit, last. */
 static void *s3_main(void *arg)
 {
     moe_ckpt_t *ck = arg;
@@ -668,39 +705,130 @@ static void *s3_main(void *arg)
         }
         ck->ups = u->next;
         if (!ck->ups) ck->ups_tail = NULL;
+        u->next = NULL;
         ck->uploading_step = u->step;
-        ck->upload_busy = true;
         bool aborting = ck->aborting;
         pthread_mutex_unlock(&ck->mu);
         moe_status_t st = MOE_STATUS_ABORTED;
+        char file[64];
+        snprintf(file, sizeof file, "rank-%05d.bin", ck->rank);
         if (!aborting) {
-            /* whole-step retries on top of the per-request ones (e.g. an upload id lost when
-             * the server restarted) */
-            for (int attempt = 0; attempt < 3; attempt++) {
-                st = mirror_step(ck, u->step);
-                if (st == MOE_STATUS_SUCCESS || st == MOE_STATUS_ABORTED ||
-                    st == MOE_STATUS_COMM_ERROR || st == MOE_STATUS_IO_ERROR)
-                    break;
-                moe_log(ck->log, MOE_LOG_WARN, "checkpoint: mirroring step %" PRId64
-                        " failed (%s); retrying the step", u->step, moe_last_error());
-            }
+            st = put_step_file(ck, u->step, u->manifest_only ? CK_MANIFEST : file);
+            if (st == MOE_STATUS_SUCCESS && ck->world == 1)
+                st = put_step_file(ck, u->step, CK_MANIFEST);
         }
-        if (st == MOE_STATUS_SUCCESS) {
+        bool finished = ck->world == 1 || u->manifest_only;
+        if (st != MOE_STATUS_SUCCESS) set_async_error(ck, st, "mirroring the checkpoint to S3");
+        if (st == MOE_STATUS_SUCCESS && finished) {
             moe_log(ck->log, MOE_LOG_INFO, "checkpoint: step %" PRId64 " mirrored to S3", u->step);
             s3_retention(ck);
-        } else {
-            set_async_error(ck, st, "mirroring the checkpoint to S3");
         }
         pthread_mutex_lock(&ck->mu);
-        if (st == MOE_STATUS_SUCCESS) ck->st.last_uploaded_step = u->step;
         ck->uploading_step = -1;
-        ck->upload_busy = false;
-        ck->st.pending_uploads--;
+        if (finished) {
+            if (st == MOE_STATUS_SUCCESS) ck->st.last_uploaded_step = u->step;
+            ck->st.pending_uploads--;
+            free(u);
+        } else { /* the shard is up (or failed): the ranks agree in progress() */
+            u->ok = st == MOE_STATUS_SUCCESS;
+            if (ck->updone_tail) ck->updone_tail->next = u;
+            else ck->updone = u;
+            ck->updone_tail = u;
+        }
         pthread_cond_broadcast(&ck->cv);
         pthread_mutex_unlock(&ck->mu);
-        free(u);
     }
     return NULL;
+}
+
+/* ---- collective progress (world > 1), on the training thread ------------------------------ */
+
+static int32_t list_len_jobs(const job_t *j)
+{
+    int32_t n = 0;
+    for (; j; j = j->next) n++;
+    return n;
+}
+
+static int32_t list_len_ups(const upload_t *u)
+{
+    int32_t n = 0;
+    for (; u; u = u->next) n++;
+    return n;
+}
+
+/* Commit the saves every rank has made durable and complete the uploads every rank has
+ * finished (rank 0 then puts the manifest). With drain, repeat until nothing is pending on
+ * any rank (saves, and uploads when asked) or timeout_ms passes on some rank. Collective. */
+static moe_status_t progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms)
+{
+    if (ck->world == 1 || !ck->comm_w) return MOE_STATUS_SUCCESS;
+    double t0 = now_s();
+    for (;;) {
+        pthread_mutex_lock(&ck->mu);
+        int32_t mine[2] = {list_len_jobs(ck->done), list_len_ups(ck->updone)}, mins[2];
+        pthread_mutex_unlock(&ck->mu);
+        MOE_TRY(moe_comm_allreduce(ck->comm_w, mine, mins, 2, MOE_COMM_I32, MOE_REDUCE_MIN));
+        for (int32_t i = 0; i < mins[0]; i++) {
+            pthread_mutex_lock(&ck->mu);
+            job_t *j = ck->done;
+            ck->done = j->next;
+            if (!ck->done) ck->done_tail = NULL;
+            pthread_mutex_unlock(&ck->mu);
+            commit_job(ck, j);
+            pthread_mutex_lock(&ck->mu);
+            ck->st.pending_saves--;
+            pthread_cond_broadcast(&ck->cv);
+            pthread_mutex_unlock(&ck->mu);
+            free_job(j);
+        }
+        for (int32_t i = 0; i < mins[1]; i++) {
+            pthread_mutex_lock(&ck->mu);
+            upload_t *u = ck->updone;
+            ck->updone = u->next;
+            if (!ck->updone) ck->updone_tail = NULL;
+            u->next = NULL;
+            pthread_mutex_unlock(&ck->mu);
+            int32_t all_ok = 0;
+            moe_status_t st = agree(ck->comm_w, u->ok, &all_ok);
+            if (st != MOE_STATUS_SUCCESS) {
+                free(u);
+                return st;
+            }
+            if (!all_ok && u->ok) {
+                MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "another rank failed to upload its shard of "
+                         "step %" PRId64, u->step);
+                set_async_error(ck, MOE_STATUS_REMOTE_ERROR, "mirroring the checkpoint to S3");
+            }
+            pthread_mutex_lock(&ck->mu);
+            if (all_ok && ck->rank == 0) { /* the remote commit */
+                u->manifest_only = true;
+                if (ck->ups_tail) ck->ups_tail->next = u;
+                else ck->ups = u;
+                ck->ups_tail = u;
+                u = NULL;
+            } else {
+                if (all_ok) ck->st.last_uploaded_step = u->step;
+                ck->st.pending_uploads--;
+            }
+            pthread_cond_broadcast(&ck->cv);
+            pthread_mutex_unlock(&ck->mu);
+            free(u);
+        }
+        if (!drain) return MOE_STATUS_SUCCESS;
+        pthread_mutex_lock(&ck->mu);
+        int32_t busy[2] = {ck->st.pending_saves > 0 || (uploads && ck->st.pending_uploads > 0),
+                           timeout_ms >= 0 && (now_s() - t0) * 1000.0 > (double)timeout_ms};
+        pthread_mutex_unlock(&ck->mu);
+        int32_t any[2];
+        MOE_TRY(moe_comm_allreduce(ck->comm_w, busy, any, 2, MOE_COMM_I32, MOE_REDUCE_MAX));
+        if (!any[0]) return MOE_STATUS_SUCCESS;
+        if (any[1])
+            return MOE_FAIL(MOE_STATUS_TIMEOUT, "checkpoint work still in progress after %" PRId64
+                            " ms (on some rank)", timeout_ms);
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* ---- create / destroy ---------------------------------------------------------------------- */
@@ -725,8 +853,17 @@ static void free_handle(moe_ckpt_t *ck)
         ck->ups = u->next;
         free(u);
     }
+    while (ck->updone) {
+        upload_t *u = ck->updone;
+        ck->updone = u->next;
+        free(u);
+    }
+    while (ck->done) { /* durable but never agreed on (abort): never committed */
+        job_t *j = ck->done;
+        ck->done = j->next;
+        free_job(j);
+    }
     moe_comm_destroy(ck->comm_w);
-    moe_comm_destroy(ck->comm_s3);
     pthread_mutex_destroy(&ck->mu);
     pthread_cond_destroy(&ck->cv);
     free((char *)ck->cfg.s3_endpoint);
@@ -840,11 +977,8 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
                           "directory");
         if (st == MOE_STATUS_SUCCESS)
             st = world->ops->split(world, 0, ck->rank, "ckpt", &ck->comm_w);
-        if (st == MOE_STATUS_SUCCESS)
-            st = world->ops->split(world, 0, ck->rank, "ckpt-s3", &ck->comm_s3);
         /* agreement buffers are host memory */
         if (ck->comm_w) ck->comm_w->device_buffers = false;
-        if (ck->comm_s3) ck->comm_s3->device_buffers = false;
     }
     if (st != MOE_STATUS_SUCCESS) goto fail;
     MOE_TRY_GOTO(st, ck_writer_create(c.queue_depth, c.io_block_bytes, c.use_direct_io != 0,
@@ -882,6 +1016,10 @@ fail:
 
 static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms)
 {
+    if (ck->world > 1) {
+        MOE_TRY(progress(ck, true, uploads, timeout_ms));
+        return take_async_error(ck);
+    }
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     if (timeout_ms >= 0) {
@@ -917,10 +1055,11 @@ moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck)
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
     /* drain everything; an error is reported but does not stop the drain */
     moe_status_t st = MOE_STATUS_SUCCESS;
-    for (;;) {
+    for (int i = 0; i < 1000; i++) {
         moe_status_t s = wait_idle(ck, true, -1);
         if (s == MOE_STATUS_SUCCESS) break;
         if (st == MOE_STATUS_SUCCESS) st = s;
+        if (s == MOE_STATUS_COMM_ERROR || s == MOE_STATUS_TIMEOUT) break; /* peers gone */
     }
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", moe_last_error());
@@ -955,6 +1094,7 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
     moe_error_clear();
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
     double t0 = now_s();
+    MOE_TRY(progress(ck, false, false, -1)); /* commit what every rank has made durable */
     MOE_TRY(take_async_error(ck));
     MOE_CHECK_ARG(step >= 0, "step is %" PRId64 "; it must be >= 0", step);
     MOE_CHECK_ARG(step > ck->last_saved_step,
@@ -997,7 +1137,7 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
     uint64_t chunk = ck->cfg.chunk_bytes;
     int32_t pi = 0;
     for (uint64_t off = 0; off < j->file_bytes && st == MOE_STATUS_SUCCESS; off += chunk) {
-        seg_t *s;
+        seg_t *s = NULL;
         st = seg_acquire(ck, &s);
         if (st != MOE_STATUS_SUCCESS) break;
         s->off = off;
