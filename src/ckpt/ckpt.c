@@ -968,7 +968,8 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
         }
     }
     int32_t ok = st == MOE_STATUS_SUCCESS, all_ok = ok;
-    moe_comm_t *world = rt->mesh->comm[MOE_AXIS_WORLD];
+    /* host[]: MPI over host buffers (comm[] may be NCCL on device buffers) */
+    moe_comm_t *world = rt->mesh->host[MOE_AXIS_WORLD];
     if (world) {
         moe_status_t cst = moe_comm_allreduce(world, &ok, &all_ok, 1, MOE_COMM_I32, MOE_REDUCE_MIN);
         if (cst != MOE_STATUS_SUCCESS) st = cst;
@@ -977,8 +978,6 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
                           "directory");
         if (st == MOE_STATUS_SUCCESS)
             st = world->ops->split(world, 0, ck->rank, "ckpt", &ck->comm_w);
-        /* agreement buffers are host memory */
-        if (ck->comm_w) ck->comm_w->device_buffers = false;
     }
     if (st != MOE_STATUS_SUCCESS) goto fail;
     MOE_TRY_GOTO(st, ck_writer_create(c.queue_depth, c.io_block_bytes, c.use_direct_io != 0,

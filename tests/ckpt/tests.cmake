@@ -13,3 +13,8 @@ foreach(_t test_ckpt_crash test_ckpt_s3)
       MOE_S3RVER_JS="${CMAKE_CURRENT_SOURCE_DIR}/s3/node_modules/s3rver/bin/s3rver.js")
   endif()
 endforeach()
+moe_add_test(test_ckpt_mpi_np4 SOURCES ${_ckpt_dir}/test_ckpt_mpi.c NP 4 LABELS ckpt mpi
+             TIMEOUT 120)
+if(TARGET test_ckpt_mpi_np4)
+  target_link_libraries(test_ckpt_mpi_np4 PRIVATE MPI::MPI_C)
+endif()
