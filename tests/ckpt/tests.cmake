@@ -1,5 +1,6 @@
 # Checkpointer tests (host backend). The S3 tests start s3rver from tests/s3/ (installed by
-# scripts/setup-deps.sh --tests) and skip (exit 77) when node or s3rver is missing.
+# scripts/setup-deps.sh --tests) and skip their S3 parts (test_ckpt_s3: exit 77) when node or
+# s3rver is missing.
 set(_ckpt_dir ${CMAKE_CURRENT_SOURCE_DIR}/ckpt)
 moe_add_test(test_ckpt_local SOURCES ${_ckpt_dir}/test_ckpt_local.c LABELS ckpt TIMEOUT 120)
 moe_add_test(test_ckpt_cuda SOURCES ${_ckpt_dir}/test_ckpt_cuda.c LABELS ckpt cuda TIMEOUT 120)
@@ -7,14 +8,14 @@ moe_add_test(test_ckpt_crash SOURCES ${_ckpt_dir}/test_ckpt_crash.c ${_ckpt_dir}
              LABELS ckpt TIMEOUT 240)
 moe_add_test(test_ckpt_s3 SOURCES ${_ckpt_dir}/test_ckpt_s3.c ${_ckpt_dir}/s3_fixture.c
              LABELS ckpt TIMEOUT 240)
-foreach(_t test_ckpt_crash test_ckpt_s3)
+moe_add_test(test_ckpt_mpi_np4 SOURCES ${_ckpt_dir}/test_ckpt_mpi.c ${_ckpt_dir}/s3_fixture.c
+             NP 4 LABELS ckpt mpi TIMEOUT 120)
+if(TARGET test_ckpt_mpi_np4)
+  target_link_libraries(test_ckpt_mpi_np4 PRIVATE MPI::MPI_C)
+endif()
+foreach(_t test_ckpt_crash test_ckpt_s3 test_ckpt_mpi_np4)
   if(TARGET ${_t})
     target_compile_definitions(${_t} PRIVATE
       MOE_S3RVER_JS="${CMAKE_CURRENT_SOURCE_DIR}/s3/node_modules/s3rver/bin/s3rver.js")
   endif()
 endforeach()
-moe_add_test(test_ckpt_mpi_np4 SOURCES ${_ckpt_dir}/test_ckpt_mpi.c NP 4 LABELS ckpt mpi
-             TIMEOUT 120)
-if(TARGET test_ckpt_mpi_np4)
-  target_link_libraries(test_ckpt_mpi_np4 PRIVATE MPI::MPI_C)
-endif()
