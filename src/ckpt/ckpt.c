@@ -451,6 +451,8 @@ static moe_status_t write_job(moe_ckpt_t *ck, job_t *j, char *stepdir, char **pi
     snprintf(tmp, sizeof tmp, "%s/rank-%05d.bin.tmp", stepdir, ck->rank);
     snprintf(fin, sizeof fin, "%s/rank-%05d.bin", stepdir, ck->rank);
     bool opened = false;
+    if (j->snap_failed && j->npieces == 0) /* a placeholder for a save refused at once */
+        return MOE_FAIL(MOE_STATUS_ABORTED, "the save of step %" PRId64 " was refused", j->step);
     if (mkdir(stepdir, 0755) != 0 && errno != EEXIST) {
         st = MOE_FAIL(MOE_STATUS_IO_ERROR, "mkdir(%s) failed: %s", stepdir, strerror(errno));
     } else {
@@ -620,7 +622,9 @@ static void *writer_main(void *arg)
         char stepdir[PATH_MAX];
         step_path(ck, j->step, stepdir, sizeof stepdir);
         moe_status_t st = write_job(ck, j, stepdir, &j->mine);
-        if (st != MOE_STATUS_SUCCESS) set_async_error(ck, st, "writing the local checkpoint");
+        /* a failed snapshot was already returned by save_async */
+        if (st != MOE_STATUS_SUCCESS && !j->snap_failed)
+            set_async_error(ck, st, "writing the local checkpoint");
         j->local_ok = st == MOE_STATUS_SUCCESS;
         if (ck->world == 1) {
             commit_job(ck, j);
@@ -1087,13 +1091,10 @@ void moe_ckpt_abort(moe_ckpt_t *ck)
 
 /* ---- save ------------------------------------------------------------------------------------ */
 
-moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_tensor_t *tensors,
-                                 int32_t count)
+/* Everything save_async checks before the snapshot; fills j's layout. */
+static moe_status_t save_checks(moe_ckpt_t *ck, int64_t step, const moe_ckpt_tensor_t *tensors,
+                                int32_t count, job_t *j)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
-    double t0 = now_s();
-    MOE_TRY(progress(ck, false, false, -1)); /* commit what every rank has made durable */
     MOE_TRY(take_async_error(ck));
     MOE_CHECK_ARG(step >= 0, "step is %" PRId64 "; it must be >= 0", step);
     MOE_CHECK_ARG(step > ck->last_saved_step,
@@ -1104,22 +1105,49 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
     snprintf(mpath, sizeof mpath, "%s/%s", stepdir, CK_MANIFEST);
     MOE_CHECK_ARG(!file_exists(mpath), "a complete checkpoint of step %" PRId64
                   " already exists in %s", step, ck->dir);
-    job_t *j = calloc(1, sizeof *j);
-    if (!j) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "save job");
-    moe_status_t st = ck_layout(tensors, count, ck->cfg.chunk_bytes, ck->rank, &j->pieces,
-                                &j->npieces, &j->file_bytes);
-    if (st != MOE_STATUS_SUCCESS) {
-        free(j);
-        return st;
-    }
+    MOE_TRY(ck_layout(tensors, count, ck->cfg.chunk_bytes, ck->rank, &j->pieces, &j->npieces,
+                      &j->file_bytes));
     for (int32_t i = 0; i < j->npieces; i++)
         if (j->pieces[i].src_device == MOE_DEVICE_CUDA &&
-            MOE_OPS(ck->rt)->device != MOE_DEVICE_CUDA) {
-            ck_pieces_free(j->pieces, j->npieces);
-            free(j);
+            MOE_OPS(ck->rt)->device != MOE_DEVICE_CUDA)
             return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "tensor %s is on a CUDA device but the "
-                            "runtime's backend is %s", tensors[i].name, MOE_OPS(ck->rt)->name);
+                            "runtime's backend is %s", j->pieces[i].name, MOE_OPS(ck->rt)->name);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_tensor_t *tensors,
+                                 int32_t count)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    double t0 = now_s();
+    MOE_TRY(progress(ck, false, false, -1)); /* commit what every rank has made durable */
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "save job");
+    moe_status_t st = save_checks(ck, step, tensors, count, j);
+    if (st != MOE_STATUS_SUCCESS) {
+        ck_pieces_free(j->pieces, j->npieces);
+        j->pieces = NULL;
+        j->npieces = 0;
+        j->file_bytes = 0;
+        if (ck->world == 1) {
+            free(j);
+            return st;
         }
+        /* Several ranks: the others are saving this step, so take part anyway with a failed
+         * job; the agreement then fails the step on every rank (nobody waits for ever). */
+        j->step = step;
+        j->t_start = t0;
+        j->all_queued = j->snap_failed = true;
+        pthread_mutex_lock(&ck->mu);
+        if (ck->jobs_tail) ck->jobs_tail->next = j;
+        else ck->jobs = j;
+        ck->jobs_tail = j;
+        ck->st.pending_saves++;
+        pthread_cond_broadcast(&ck->cv);
+        pthread_mutex_unlock(&ck->mu);
+        return st; /* moe_last_error() still holds the reason */
+    }
     j->step = step;
     j->t_start = t0;
     ck->last_saved_step = step;

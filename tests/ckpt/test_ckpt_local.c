@@ -106,6 +106,30 @@ static void test_round_trip_pwrite(void **st)
     assert_true(ct_log_has("pwrite instead"));
 }
 
+static void test_round_trip_buffered(void **st)
+{
+    (void)st;
+    moe_ckpt_config_t c = ct_config(g_dir);
+    c.use_direct_io = 0;
+    moe_ckpt_t *ck = NULL;
+    TEST_OK(moe_ckpt_create(g_rt, &c, &ck));
+    ct_state_t s;
+    ct_init(&s);
+    ct_fill(&s, 4);
+    TEST_OK(moe_ckpt_save_async(ck, 4, s.t, 3));
+    ct_fill(&s, 5);
+    TEST_OK(moe_ckpt_wait(ck, 1, 60000));
+    moe_ckpt_status_t status = {.struct_size = sizeof status};
+    TEST_OK(moe_ckpt_status(ck, &status));
+    assert_int_equal(status.direct_io, 0);
+    int64_t step = -1;
+    TEST_OK(moe_ckpt_load_latest(ck, s.t, 3, &step));
+    assert_int_equal(step, 4);
+    assert_true(ct_check(&s, 4));
+    TEST_OK(moe_ckpt_destroy(ck));
+    ct_free(&s);
+}
+
 /* Experts saved as global ids 1,3,5,7; loaded by other placements. */
 static void test_reshard_experts(void **st)
 {
@@ -428,6 +452,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_round_trip_pwrite, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_round_trip_buffered, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reshard_experts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flipped_byte_falls_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncated_file_falls_back, setup, teardown),

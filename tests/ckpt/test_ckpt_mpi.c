@@ -13,6 +13,9 @@
  *            Before loading, forward(X_r) differs from Y_r (the test can fail); after
  *            load_latest it equals Y_r (relative error <= 1e-6).
  *   phase C  mesh (1,1,4,1): every rank holds all 8 experts. Same checks.
+ *   phase E  at (1,2,2,1) rank 2 calls save_async(6) with a duplicate tensor name: it gets
+ *            INVALID_ARGUMENT at once, the other ranks get ABORTED from wait (the agreement
+ *            failed), step 6 never becomes a checkpoint and nobody hangs.
  *   phase D  (when rank 0 can start s3rver) phase A also mirrored to S3 (each rank uploads
  *            its shard, the ranks agree, rank 0 puts the manifest); mesh (1,2,2,1) with an
  *            empty local directory restores step 5 from S3 and computes the same outputs.
@@ -178,6 +181,38 @@ static void load_and_compare(const char *dir, int ep, int dp, moe_expert_placeme
     TEST_OK(moe_runtime_destroy(rt));
 }
 
+static void refused_save(const char *dir)
+{
+    moe_runtime_t *rt = make_runtime(2, 2);
+    moe_layer_t *l = make_layer(rt, MOE_PLACEMENT_CONTIGUOUS);
+    moe_ckpt_config_t c = moe_ckpt_config_default();
+    c.dir = dir;
+    c.chunk_bytes = 64 << 10;
+    c.pinned_budget_bytes = 1 << 20;
+    moe_ckpt_t *ck = NULL;
+    TEST_OK(moe_ckpt_create(rt, &c, &ck));
+    moe_ckpt_tensor_t t[16];
+    moe_param_info_t info[16];
+    int32_t ids[16][E];
+    int32_t n = entries(l, t, info, ids);
+    if (R == 2) t[1] = t[0]; /* duplicate name on one rank only */
+    moe_status_t s = moe_ckpt_save_async(ck, 6, t, n);
+    CHECK(s == (R == 2 ? MOE_STATUS_INVALID_ARGUMENT : MOE_STATUS_SUCCESS), "save_async: %s",
+          moe_status_string(s));
+    s = moe_ckpt_wait(ck, 1, 60000);
+    CHECK(s == (R == 2 ? MOE_STATUS_SUCCESS : MOE_STATUS_ABORTED), "wait: %s (%s)",
+          moe_status_string(s), moe_last_error());
+    int64_t steps[4];
+    int32_t ns = 0;
+    TEST_OK(moe_ckpt_list(ck, MOE_CKPT_TIER_LOCAL, steps, 4, &ns));
+    CHECK(ns == 1 && steps[0] == 5, "after a refused save: %d checkpoints, newest %lld", ns,
+          ns ? (long long)steps[ns - 1] : -1LL);
+    TEST_OK(moe_ckpt_destroy(ck));
+    TEST_OK(moe_layer_destroy(l));
+    TEST_OK(moe_runtime_destroy(rt));
+    if (R == 0) printf("phase E (one rank refuses a save) done\n");
+}
+
 int main(int argc, char **argv)
 {
     int provided;
@@ -244,6 +279,8 @@ int main(int argc, char **argv)
 
     load_and_compare(dir, 2, 2, MOE_PLACEMENT_CONTIGUOUS, x, yref);
     load_and_compare(dir, 1, 4, MOE_PLACEMENT_CONTIGUOUS, x, yref);
+    refused_save(dir);
+    load_and_compare(dir, 2, 2, MOE_PLACEMENT_CONTIGUOUS, x, yref); /* still step 5 */
     if (g_have_s3) { /* phase D: nothing local, everything from S3 */
         char empty[256] = "/tmp/moe-ckpt-mpi-s3-XXXXXX";
         if (R == 0 && !mkdtemp(empty)) MPI_Abort(MPI_COMM_WORLD, 1);
