@@ -158,7 +158,7 @@ int main(int argc, char **argv)
     ac.weight_decay = 0.0f;
     moe_adamw_t *opt;
     CHECK(moe_adamw_create(rt, &ac, &opt));
-    CHECK(moe_adamw_add_layer(opt, layer));
+    CHECK(moe_adamw_add_layer(opt, layer, NULL));
 
     /* host staging in f32, device tensors in the backend's dtype */
     int64_t n = o.tokens, shape[2] = {n, HIDDEN};

@@ -36,9 +36,11 @@ MOE_API moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_
                                       moe_adamw_t **out);
 MOE_API moe_status_t moe_adamw_destroy(moe_adamw_t *opt);
 
-/* Register every trainable parameter of a layer (buffers are skipped). The layer must outlive
- * the optimizer or be removed by destroying the optimizer first. */
-MOE_API moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer);
+/* Register every trainable parameter of a layer (buffers are skipped) under the name
+ * prefix + parameter name (e.g. prefix "layers.3." gives "layers.3.router.weight"); prefix may
+ * be NULL for a model with one layer. Names must be unique within the optimizer. The layer
+ * must outlive the optimizer. */
+MOE_API moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer, const char *prefix);
 /* Register a caller-owned parameter (e.g. a dense layer of the user's model). value (compute
  * dtype) and grad (f32) have equal shapes on the runtime's device; `kind` says how its
  * gradient is reduced. name is copied. */

@@ -79,8 +79,9 @@ struct moe_comm {
      * pinned host memory and copies. NULL: host buffers only. */
     const moe_backend_t *backend;
     /* NCCL: the cudaStream_t (as void *) that produced the buffers; each operation's NCCL
-     * stream waits for it (an event, no device-wide sync). NULL: the legacy default stream.
-     * Ignored by mpi.c (its staging copies are blocking). */
+     * stream waits for it (an event, no device-wide sync). NULL: the host waits for the
+     * backend's stream (backend->synchronize) if `backend` is set, else the legacy default
+     * stream orders it. Ignored by mpi.c (its staging copies are blocking). */
     void *order_stream;
     /* "world ranks 0,2,4,6": the members, for messages (set by the implementation). */
     char members[96];

@@ -29,7 +29,6 @@
 #include "../core/error.h"
 
 #define A2A_TAG (MOE_COMM_MAX_TAG + 1)
-#define POOL_SLOTS 16
 
 /* ---- error translation ------------------------------------------------------------------- */
 
@@ -67,7 +66,8 @@ typedef struct mpi_impl {
     bool dead;                 /* after a timeout or abort */
     char dead_reason[160];
     MPI_Op bf16_op[3];         /* sum, max, min on bf16 (MPI has no bf16 type) */
-    pool_block_t pool[POOL_SLOTS]; /* pinned staging blocks (device buffers only) */
+    pool_block_t *pool;        /* pinned staging blocks (device buffers only), grown */
+    int npool;
     moe_comm_req_t *inflight;  /* started, not completed */
 } mpi_impl_t;
 
@@ -131,27 +131,29 @@ static MPI_Op mpi_op(const mpi_impl_t *m, moe_comm_dtype_t dt, moe_reduce_op_t o
 static moe_status_t pool_get(moe_comm_t *c, size_t bytes, int *slot)
 {
     mpi_impl_t *m = c->impl;
-    int best = -1, empty = -1;
-    for (int i = 0; i < POOL_SLOTS; i++) {
+    int best = -1, spare = -1;
+    for (int i = 0; i < m->npool; i++) {
         if (m->pool[i].busy) continue;
-        if (m->pool[i].p && m->pool[i].bytes >= bytes &&
-            (best < 0 || m->pool[i].bytes < m->pool[best].bytes))
+        if (m->pool[i].bytes >= bytes && (best < 0 || m->pool[i].bytes < m->pool[best].bytes))
             best = i;
-        if (empty < 0 || (m->pool[empty].p && !m->pool[i].p)) empty = i;
+        if (spare < 0 || m->pool[i].bytes < m->pool[spare].bytes) spare = i;
     }
     if (best < 0) {
-        if (empty < 0)
-            return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY,
-                            "more than %d staged operations in flight on the %s communicator",
-                            POOL_SLOTS / 2, c->name);
-        pool_block_t *b = &m->pool[empty];
+        if (spare < 0) { /* every block is busy: add one */
+            pool_block_t *grown = realloc(m->pool, sizeof *grown * (size_t)(m->npool + 1));
+            if (!grown) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "staging pool");
+            m->pool = grown;
+            spare = m->npool++;
+            m->pool[spare] = (pool_block_t){NULL, 0, false};
+        }
+        pool_block_t *b = &m->pool[spare]; /* replace the smallest free block */
         if (b->p) c->backend->ops->free_pinned(c->backend->ctx, b->p);
         b->p = NULL;
         b->bytes = 0;
         size_t want = bytes < 4096 ? 4096 : bytes;
         MOE_TRY(c->backend->ops->alloc_pinned(c->backend->ctx, want, &b->p));
         b->bytes = want;
-        best = empty;
+        best = spare;
     }
     m->pool[best].busy = true;
     *slot = best;
@@ -610,8 +612,9 @@ static void mpi_destroy(moe_comm_t *c)
         free(r);
         r = next;
     }
-    for (int i = 0; i < POOL_SLOTS; i++)
+    for (int i = 0; i < m->npool; i++)
         if (m->pool[i].p) c->backend->ops->free_pinned(c->backend->ctx, m->pool[i].p);
+    free(m->pool);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {

@@ -8,7 +8,9 @@
  * MOE_STATUS_TIMEOUT naming the axis and ranks. split() is ncclCommSplit, polled alike.
  *
  * Operations: each waits (event, no device-wide sync) for `order_stream` (the stream that
- * produced its buffers), is enqueued on the NCCL stream, and records a completion event.
+ * produced its buffers) -- or, when that is unset and the communicator knows the runtime's
+ * backend, for the backend's stream through its synchronize -- is enqueued on the NCCL
+ * stream, and records a completion event.
  * wait() polls the event and the communicator's async error against the deadline: a dead or
  * hung peer ends in ncclCommAbort + TIMEOUT, never a hang. alltoallv is grouped
  * ncclSend/ncclRecv (self included). NCCL has no tags: send/recv between two ranks match
@@ -138,6 +140,12 @@ static moe_status_t begin(moe_comm_t *c, const char *what)
 {
     MOE_TRY(check_live(c, what));
     nccl_impl_t *m = c->impl;
+    if (!c->order_stream && c->backend) {
+        /* the backend's stream is unknown here (and non-blocking, so the legacy stream does
+         * not order it): wait for it on the host; set order_stream to avoid this */
+        MOE_TRY(c->backend->ops->synchronize(c->backend->ctx));
+        return MOE_STATUS_SUCCESS;
+    }
     cudaEvent_t ev;
     MOE_CUDA_CHECK_COMM(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     cudaError_t e1 = cudaEventRecord(ev, (cudaStream_t)c->order_stream);

@@ -299,11 +299,13 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
         memcpy(m->comm, m->host, sizeof m->comm);
     } else {
         moe_comm_t *dworld = NULL;
-        if (m->comm_backend == MOE_COMM_NCCL)
+        if (m->comm_backend == MOE_COMM_NCCL) {
             MOE_TRY_GOTO(st, moe_comm_nccl_create(hworld, "world", &dworld));
-        else
+            dworld->backend = backend; /* orders NCCL after the compute stream; splits inherit */
+        } else {
             MOE_TRY_GOTO(st, moe_comm_mpi_create(cfg->mpi_comm, "world", cfg->timeout_ms,
                                                  backend, logger, &dworld));
+        }
         m->comm[MOE_AXIS_WORLD] = dworld;
         MOE_TRY_GOTO(st, build_groups(m, dworld, m->comm));
     }

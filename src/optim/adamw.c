@@ -2,6 +2,7 @@
  * AdamW over layer and user parameters: fp32 masters and moments on the runtime's device,
  * gradients reduced over their data-parallel groups before each update (grad_sync.c).
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,14 +101,20 @@ static char *concat(const char *a, const char *b)
     return s;
 }
 
+static bool name_taken(const moe_adamw_t *opt, const char *name)
+{
+    for (int32_t i = 0; i < opt->count; i++)
+        if (strcmp(opt->params[i].name, name) == 0) return true;
+    return false;
+}
+
 /* Register one parameter: copy its description, allocate f32 master and moments, and seed
  * the master from the current value. */
 static moe_status_t register_param(moe_adamw_t *opt, const char *name, const moe_param_info_t *info)
 {
     moe_runtime_t *rt = opt->rt;
-    for (int32_t i = 0; i < opt->count; i++)
-        MOE_CHECK_ARG(strcmp(opt->params[i].name, name) != 0,
-                      "a parameter named \"%s\" is already registered", name);
+    MOE_CHECK_ARG(!name_taken(opt, name), "a parameter named \"%s\" is already registered",
+                  name);
     if (opt->count == opt->capacity) {
         int32_t cap = opt->capacity ? opt->capacity * 2 : 8;
         adamw_param_t *grown = realloc(opt->params, sizeof *grown * (size_t)cap);
@@ -148,17 +155,29 @@ fail:
     return st;
 }
 
-moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer)
+moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer, const char *prefix)
 {
     moe_error_clear();
     MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
     int32_t count = 0;
     MOE_TRY(moe_layer_num_params(layer, &count));
-    for (int32_t i = 0; i < count; i++) {
-        moe_param_info_t info = {.struct_size = sizeof info};
-        MOE_TRY(moe_layer_param(layer, i, &info));
-        if (info.kind != MOE_PARAM_BUFFER) MOE_TRY(register_param(opt, info.name, &info));
-    }
+    /* two passes so that a name collision registers nothing */
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t i = 0; i < count; i++) {
+            moe_param_info_t info = {.struct_size = sizeof info};
+            MOE_TRY(moe_layer_param(layer, i, &info));
+            if (info.kind == MOE_PARAM_BUFFER) continue;
+            char *name = concat(prefix ? prefix : "", info.name);
+            if (!name) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "parameter name");
+            moe_status_t st = MOE_STATUS_SUCCESS;
+            if (pass == 0 && name_taken(opt, name))
+                st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
+                              "a parameter named \"%s\" is already registered", name);
+            else if (pass == 1)
+                st = register_param(opt, name, &info);
+            free(name);
+            MOE_TRY(st);
+        }
     return MOE_STATUS_SUCCESS;
 }
 

@@ -23,3 +23,16 @@ endif()
 if(TARGET test_comm_ops)
   target_link_libraries(test_comm_ops PRIVATE MPI::MPI_C)
 endif()
+# GPU buffers: MPI staged through pinned memory (3 ranks share the GPU) and NCCL (1 rank per
+# GPU). Exits 77 without a GPU.
+if(MOE_HAVE_MPI)
+  add_executable(test_comm_device ${CMAKE_CURRENT_LIST_DIR}/test_comm_device.c)
+  target_link_libraries(test_comm_device PRIVATE moe_static moe_test_support MPI::MPI_C)
+  foreach(_np 1 3)
+    add_test(NAME test_comm_device_np${_np} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG}
+             ${_np} --oversubscribe $<TARGET_FILE:test_comm_device>)
+    set_tests_properties(test_comm_device_np${_np} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
+      LABELS "comm;mpi;cuda" ENVIRONMENT
+      "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+  endforeach()
+endif()

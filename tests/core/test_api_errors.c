@@ -290,13 +290,27 @@ static void test_adamw_bad_input(void **state)
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "already registered",
                 moe_adamw_add_param(opt, "w", MOE_PARAM_DENSE, &vt, &gt));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "grad_scale is 0", moe_adamw_step(opt, 0, 0));
-    EXPECT_FAIL(MOE_STATUS_INVALID_HANDLE, "layer is NULL", moe_adamw_add_layer(opt, NULL));
+    EXPECT_FAIL(MOE_STATUS_INVALID_HANDLE, "layer is NULL", moe_adamw_add_layer(opt, NULL, NULL));
+    /* two layers need distinct prefixes */
+    moe_layer_config_t lc = small_layer();
+    moe_layer_t *l1, *l2;
+    TEST_OK(moe_layer_create(rt, &lc, &l1));
+    TEST_OK(moe_layer_create(rt, &lc, &l2));
+    TEST_OK(moe_adamw_add_layer(opt, l1, NULL));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "\"router.weight\" is already registered",
+                moe_adamw_add_layer(opt, l2, NULL));
+    TEST_OK(moe_adamw_add_layer(opt, l2, "layers.1."));
+    int32_t nstates = 0;
+    TEST_OK(moe_adamw_num_states(opt, &nstates));
+    assert_int_equal(nstates, 3 * (1 + 3 + 3)); /* w, then 3 per layer; the failed add added none */
     moe_param_info_t info = {.struct_size = sizeof info};
-    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "index 3 is out of range", moe_adamw_state(opt, 3, &info));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "index 21 is out of range", moe_adamw_state(opt, 21, &info));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "steps is -2", moe_adamw_set_step_count(opt, -2));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "steps is NULL", moe_adamw_step_count(opt, NULL));
     assert_int_equal(moe_adamw_destroy(NULL), MOE_STATUS_SUCCESS);
     TEST_OK(moe_adamw_destroy(opt));
+    TEST_OK(moe_layer_destroy(l1));
+    TEST_OK(moe_layer_destroy(l2));
     TEST_OK(moe_runtime_destroy(rt));
 }
 

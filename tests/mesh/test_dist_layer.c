@@ -18,7 +18,8 @@
  *
  * Scenarios: dropless K=2; capacity drops (cf 1.0); K=1 with capacity; K=E; skewed routing
  * (every token's first choice is expert 0) with capacity, expert bias and sigmoid scores;
- * one dense rank with zero tokens; round-robin placement with 3 chunks.
+ * one dense rank with zero tokens; round-robin placement with 3 chunks; two microbatches in
+ * flight (forward 0, forward 1, backward 1, backward 0; the second batch is -x/2, 0.7 dy).
  */
 #include <math.h>
 #include <stdio.h>
@@ -50,17 +51,18 @@ typedef struct scenario {
     const char *name;
     int32_t e, k;
     float cf;
-    int skew, bias, sigmoid, zero_rank, round_robin, chunks;
+    int skew, bias, sigmoid, zero_rank, round_robin, chunks, interleave;
 } scenario_t;
 
 static const scenario_t scenarios[] = {
-    {"dropless K=2", 4, 2, 0, 0, 0, 0, -1, 0, 2},
-    {"capacity cf=1", 4, 2, 1.0f, 0, 0, 0, -1, 0, 2},
-    {"K=1 capacity cf=1.25", 4, 1, 1.25f, 0, 0, 0, -1, 0, 2},
-    {"K=E", 4, 4, 0, 0, 0, 0, -1, 0, 2},
-    {"skewed + capacity + bias + sigmoid", 4, 2, 1.5f, 1, 1, 1, -1, 0, 2},
-    {"zero-token rank + capacity", 4, 2, 1.0f, 0, 0, 0, 1, 0, 2},
-    {"round-robin, 3 chunks", 8, 2, 0, 0, 0, 0, -1, 1, 3},
+    {"dropless K=2", 4, 2, 0, 0, 0, 0, -1, 0, 2, 0},
+    {"capacity cf=1", 4, 2, 1.0f, 0, 0, 0, -1, 0, 2, 0},
+    {"K=1 capacity cf=1.25", 4, 1, 1.25f, 0, 0, 0, -1, 0, 2, 0},
+    {"K=E", 4, 4, 0, 0, 0, 0, -1, 0, 2, 0},
+    {"skewed + capacity + bias + sigmoid", 4, 2, 1.5f, 1, 1, 1, -1, 0, 2, 0},
+    {"zero-token rank + capacity", 4, 2, 1.0f, 0, 0, 0, 1, 0, 2, 0},
+    {"round-robin, 3 chunks", 8, 2, 0, 0, 0, 0, -1, 1, 3, 0},
+    {"two microbatches in flight + capacity", 4, 2, 1.0f, 0, 0, 0, -1, 0, 2, 1},
 };
 
 enum { H = 8, F = 8 };
@@ -141,6 +143,7 @@ static moe_layer_t *make_layer(moe_runtime_t *rt, const scenario_t *sc)
     c.score_fn = sc->sigmoid ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
     c.placement = sc->round_robin ? MOE_PLACEMENT_ROUND_ROBIN : MOE_PLACEMENT_CONTIGUOUS;
     c.a2a_chunks = sc->chunks;
+    c.max_microbatches = 2;
     c.init_std = 0.5f;
     c.aux_loss_coef = 0.1f; /* large enough that a wrong aux gradient shows */
     c.z_loss_coef = 0.05f;
@@ -184,7 +187,7 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
     moe_layer_t *ref = make_layer(rrt, sc);
     moe_adamw_t *ropt = NULL;
     TEST_OK(moe_adamw_create(rrt, NULL, &ropt));
-    TEST_OK(moe_adamw_add_layer(ropt, ref));
+    TEST_OK(moe_adamw_add_layer(ropt, ref, NULL));
 
     /* distributed */
     moe_mesh_config_t mc = moe_mesh_config_default();
@@ -196,7 +199,7 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
     moe_layer_t *l = make_layer(rt, sc);
     moe_adamw_t *opt = NULL;
     TEST_OK(moe_adamw_create(rt, NULL, &opt));
-    TEST_OK(moe_adamw_add_layer(opt, l));
+    TEST_OK(moe_adamw_add_layer(opt, l, NULL));
     compare_params(rt, l, ref, false, ctx); /* same global parameters from the seed */
 
     int32_t er, es, dr, ds_;
@@ -216,6 +219,12 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
     TEST_OK(moe_tensor_view(y, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &ty));
     TEST_OK(moe_tensor_view(dy + off[j] * H, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &tdy));
     TEST_OK(moe_tensor_view(dx, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &tdx));
+    float *x2 = malloc(sizeof(float) * (size_t)(NT * H + 1)), *dy2 = malloc(sizeof(float) * (size_t)(NT * H + 1));
+    moe_tensor_t tx2, tdy2, rtx2, rtdy2;
+    TEST_OK(moe_tensor_view(x2, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shr, &rtx2));
+    TEST_OK(moe_tensor_view(dy2, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shr, &rtdy2));
+    TEST_OK(moe_tensor_view(x2 + off[j] * H, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &tx2));
+    TEST_OK(moe_tensor_view(dy2 + off[j] * H, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &tdy2));
 
     for (int step = 1; step <= 2; step++) {
         char sctx[200];
@@ -252,6 +261,18 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
             fprintf(stderr, "  %s: reference dropped %lld of %lld slots\n", sctx,
                     (long long)rs.dropped_slots, (long long)rs.slots);
 
+        if (sc->interleave) { /* a second microbatch in flight, its backward first */
+            for (int64_t i = 0; i < NT * H; i++) {
+                x2[i] = -0.5f * x[i];
+                dy2[i] = 0.7f * dy[i];
+            }
+            TEST_OK(moe_layer_forward(ref, 1, &rtx2, &rty));
+            TEST_OK(moe_layer_forward(l, 1, &tx2, &ty));
+            compare("y (microbatch 2)", y, yr + off[j] * H, nj * H, sctx);
+            TEST_OK(moe_layer_backward(ref, 1, &rtdy2, &rtdx));
+            TEST_OK(moe_layer_backward(l, 1, &tdy2, &tdx));
+            compare("dx (microbatch 2)", dx, dxr + off[j] * H, nj * H, sctx);
+        }
         TEST_OK(moe_layer_backward(ref, 0, &rtdy, &rtdx));
         TEST_OK(moe_layer_backward(l, 0, &tdy, &tdx));
         compare("dx", dx, dxr + off[j] * H, nj * H, sctx);
@@ -266,7 +287,7 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
     TEST_OK(moe_adamw_destroy(ropt));
     TEST_OK(moe_layer_destroy(ref));
     TEST_OK(moe_runtime_destroy(rrt));
-    free(x), free(dy), free(yr), free(dxr), free(y), free(dx);
+    free(x), free(dy), free(yr), free(dxr), free(y), free(dx), free(x2), free(dy2);
 }
 
 int main(int argc, char **argv)
@@ -289,6 +310,38 @@ int main(int argc, char **argv)
                     cases++;
                 }
             }
+    /* layer shapes the mesh cannot split are refused with the numbers named */
+    for (int tp = 1; tp <= W; tp++) {
+        if (W % tp) continue;
+        int ep = W / tp;
+        moe_mesh_config_t mc = moe_mesh_config_default();
+        mc.tp = tp, mc.ep = ep;
+        moe_runtime_config_t rc = moe_runtime_config_default();
+        rc.backend = MOE_BACKEND_HOST;
+        rc.mesh = &mc;
+        moe_runtime_t *rt = NULL;
+        TEST_OK(moe_runtime_create(&rc, &rt));
+        moe_layer_config_t c = moe_layer_config_default();
+        c.hidden = 4, c.ffn_hidden = 4 * tp, c.num_experts = 2 * ep, c.top_k = 1;
+        char want[96];
+        moe_layer_t *l = NULL;
+        if (ep > 1) {
+            c.num_experts = 2 * ep + 1;
+            snprintf(want, sizeof want, "num_experts (%d) is not divisible by ep (%d)", 2 * ep + 1, ep);
+            moe_status_t st = moe_layer_create(rt, &c, &l);
+            CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
+                  "E %% ep: %s: %s", moe_status_string(st), moe_last_error());
+            c.num_experts = 2 * ep;
+        }
+        if (tp > 1) {
+            c.ffn_hidden = 4 * tp + 1;
+            snprintf(want, sizeof want, "ffn_hidden (%d) is not divisible by tp (%d)", 4 * tp + 1, tp);
+            moe_status_t st = moe_layer_create(rt, &c, &l);
+            CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
+                  "F %% tp: %s: %s", moe_status_string(st), moe_last_error());
+        }
+        TEST_OK(moe_runtime_destroy(rt));
+    }
     int total = 0;
     double w = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -71,19 +71,9 @@ moe_status_t pm_model_create(moe_runtime_t *rt, const pm_shape_t *sh, int first,
             lc.max_microbatches = sh->m;
             lc.init_std = 0.3f;
             if ((st = moe_layer_create(rt, &lc, &pm->moe[i]))) return st;
-            /* moe_adamw_add_layer registers the layer's own names ("router.weight"), which
-             * collide for a second layer: register each parameter under a unique name */
-            int32_t np = 0;
-            if ((st = moe_layer_num_params(pm->moe[i], &np))) return st;
-            for (int32_t k = 0; k < np; k++) {
-                moe_param_info_t info = {.struct_size = sizeof info};
-                if ((st = moe_layer_param(pm->moe[i], k, &info))) return st;
-                if (info.kind == MOE_PARAM_BUFFER) continue;
-                char name[64];
-                snprintf(name, sizeof name, "moe%d.%s", layer, info.name);
-                if ((st = moe_adamw_add_param(pm->opt, name, info.kind, &info.value, &info.grad)))
-                    return st;
-            }
+            char prefix[32];
+            snprintf(prefix, sizeof prefix, "moe%d.", layer);
+            if ((st = moe_adamw_add_layer(pm->opt, pm->moe[i], prefix))) return st;
         } else {
             pm->w[i] = malloc(hh * sizeof(float));
             pm->gw[i] = calloc(hh, sizeof(float));
@@ -131,6 +121,14 @@ void pm_model_destroy(pm_model_t *pm)
     free(pm);
 }
 
+static bool all_zero(const moe_tensor_t *t, size_t n)
+{
+    const float *f = t->data;
+    for (size_t i = 0; i < n; i++)
+        if (f[i] != 0.0f) return false;
+    return true;
+}
+
 static bool inject(const pm_model_t *pm, const char *what, int mb)
 {
     return pm->fail_what && strcmp(pm->fail_what, what) == 0 && pm->fail_mb == mb;
@@ -145,6 +143,7 @@ static moe_status_t cb_forward(void *user, int32_t chunk, int32_t mb, const moe_
     const pm_shape_t *sh = &pm->sh;
     int nl = pm->last - pm->first;
     if (inject(pm, "forward", mb)) return MOE_STATUS_BACKEND_ERROR;
+    if (x && all_zero(x, nh(pm))) pm->zero_inputs++;
     if (x) memcpy(pm->act[mb][0], x->data, nh(pm) * sizeof(float));
     else data_of(pm, mb, pm->act[mb][0], NULL);
     for (int i = 0; i < nl; i++) {
@@ -200,6 +199,7 @@ static moe_status_t cb_backward(void *user, int32_t chunk, int32_t mb, const moe
     const pm_shape_t *sh = &pm->sh;
     int nl = pm->last - pm->first;
     if (inject(pm, "backward", mb)) return MOE_STATUS_BACKEND_ERROR;
+    if (all_zero(dy, nh(pm))) pm->zero_inputs++;
     float *g = pm->g0, *gn = pm->g1;
     memcpy(g, dy->data, nh(pm) * sizeof(float));
     for (int i = nl - 1; i >= 0; i--) {

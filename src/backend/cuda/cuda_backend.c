@@ -1,19 +1,12 @@
 /*
  * The CUDA backend: device memory, the stream, cuBLAS handles and workspaces (one set per
- * backend, no globals), and the op table that launches kernels/.
+ * backend, no globals), and the op table that launches kernels/ (cuda_ops.c) and the expert
+ * GEMMs (cuda_experts.c).
  */
 #include <stdlib.h>
+#include <string.h>
 
-#include "../backend.h"
-#include "cuda_check.h"
-
-typedef struct cuda_ctx {
-    int device;
-    cudaStream_t own_stream;
-    cudaStream_t stream;
-    cublasHandle_t cublas;
-    const moe_logger_t *logger;
-} cuda_ctx_t;
+#include "cuda_ctx.h"
 
 int moe_backend_cuda_device_count(void)
 {
@@ -30,9 +23,38 @@ static void cuda_destroy(void *vctx)
     cuda_ctx_t *c = vctx;
     if (!c) return;
     cudaSetDevice(c->device);
+    if (c->ws) cudaFreeAsync(c->ws, c->stream);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->pinned_kept) cudaFreeHost(c->pinned_kept);
+    for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
+        if (c->side_cublas[i]) cublasDestroy(c->side_cublas[i]);
+        if (c->side_ws[i]) cudaFree(c->side_ws[i]);
+        if (c->side[i]) cudaStreamDestroy(c->side[i]);
+        if (c->join[i]) cudaEventDestroy(c->join[i]);
+    }
+    if (c->fork) cudaEventDestroy(c->fork);
     if (c->cublas) cublasDestroy(c->cublas);
+    if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->own_stream) cudaStreamDestroy(c->own_stream);
+    if (c->pool) cudaMemPoolDestroy(c->pool); /* released once outstanding blocks are freed */
     free(c);
+}
+
+moe_status_t moe_cuda_workspace(cuda_ctx_t *c, size_t bytes, void **out)
+{
+    if (bytes > c->ws_bytes) {
+        if (c->ws) MOE_CUDA_CHECK(cudaFreeAsync(c->ws, c->stream));
+        c->ws = NULL;
+        c->ws_bytes = 0;
+        size_t want = bytes + bytes / 4; /* headroom: shapes drift between microbatches */
+        cudaError_t rc = cudaMallocFromPoolAsync(&c->ws, want, c->pool, c->stream);
+        if (rc != cudaSuccess)
+            return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "CUDA workspace of %zu bytes: %s", want,
+                            cudaGetErrorString(rc));
+        c->ws_bytes = want;
+    }
+    *out = c->ws;
+    return MOE_STATUS_SUCCESS;
 }
 
 static moe_status_t cuda_alloc(void *vctx, size_t bytes, void **out)
@@ -41,9 +63,9 @@ static moe_status_t cuda_alloc(void *vctx, size_t bytes, void **out)
     *out = NULL;
     if (bytes == 0) return MOE_STATUS_SUCCESS;
     MOE_CUDA_CHECK(cudaSetDevice(c->device));
-    cudaError_t rc = cudaMallocAsync(out, bytes, c->stream);
+    cudaError_t rc = cudaMallocFromPoolAsync(out, bytes, c->pool, c->stream);
     if (rc != cudaSuccess)
-        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "cudaMallocAsync of %zu bytes: %s", bytes,
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "cudaMallocFromPoolAsync of %zu bytes: %s", bytes,
                         cudaGetErrorString(rc));
     return MOE_STATUS_SUCCESS;
 }
@@ -99,7 +121,13 @@ static moe_status_t cuda_synchronize(void *vctx)
 static moe_status_t cuda_set_stream(void *vctx, void *stream)
 {
     cuda_ctx_t *c = vctx;
-    c->stream = stream ? (cudaStream_t)stream : c->own_stream;
+    cudaStream_t next = stream ? (cudaStream_t)stream : c->own_stream;
+    if (next == c->stream) return MOE_STATUS_SUCCESS;
+    /* the workspace is ordered on the old stream: free it there, regrow on the new one */
+    if (c->ws) MOE_CUDA_CHECK(cudaFreeAsync(c->ws, c->stream));
+    c->ws = NULL;
+    c->ws_bytes = 0;
+    c->stream = next;
     MOE_CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     return MOE_STATUS_SUCCESS;
 }
@@ -118,23 +146,67 @@ static const moe_backend_ops_t cuda_ops = {
     .copy = cuda_copy,
     .synchronize = cuda_synchronize,
     .set_stream = cuda_set_stream,
+    .act_to_f32 = moe_cuda_act_to_f32,
+    .f32_to_act = moe_cuda_f32_to_act,
+    .router_forward = moe_cuda_router_forward,
+    .router_backward = moe_cuda_router_backward,
+    .plan = moe_cuda_plan_op,
+    .gather_rows = moe_cuda_gather_rows_op,
+    .combine = moe_cuda_combine_op,
+    .combine_weight_grad = moe_cuda_combine_weight_grad_op,
+    .experts_forward = moe_cuda_experts_forward,
+    .experts_backward = moe_cuda_experts_backward,
+    .adamw_update = moe_cuda_adamw_op,
+    .add = moe_cuda_add_op,
 };
+
+/* A cuBLAS handle on `stream` with its own workspace (deterministic: no atomics mode). */
+static moe_status_t make_cublas(cudaStream_t stream, cublasHandle_t *h, void **ws)
+{
+    MOE_CUBLAS_CHECK(cublasCreate(h));
+    MOE_CUBLAS_CHECK(cublasSetStream(*h, stream));
+    MOE_CUDA_CHECK(cudaMalloc(ws, MOE_CUDA_CUBLAS_WORKSPACE));
+    MOE_CUBLAS_CHECK(cublasSetWorkspace(*h, *ws, MOE_CUDA_CUBLAS_WORKSPACE));
+    MOE_CUBLAS_CHECK(cublasSetAtomicsMode(*h, CUBLAS_ATOMICS_NOT_ALLOWED));
+    return MOE_STATUS_SUCCESS;
+}
+
+static cuda_gemm_mode_t gemm_mode_from_env(const moe_logger_t *logger)
+{
+    const char *v = getenv("MOE_CUDA_EXPERT_GEMM");
+    if (!v || !*v || strcmp(v, "auto") == 0) return CUDA_GEMM_AUTO;
+    cuda_gemm_mode_t m = strcmp(v, "loop") == 0      ? CUDA_GEMM_LOOP
+                         : strcmp(v, "streams") == 0 ? CUDA_GEMM_STREAMS
+                         : strcmp(v, "batched") == 0 ? CUDA_GEMM_BATCHED
+                                                     : CUDA_GEMM_AUTO;
+    moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_EXPERT_GEMM=%s: expert GEMM mode %d", v, (int)m);
+    return m;
+}
 
 moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_t *out)
 {
     cuda_ctx_t *c = calloc(1, sizeof *c);
     if (!c) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "CUDA backend context");
     c->device = p->device_index;
+    c->deterministic = p->deterministic;
     c->logger = p->logger;
     moe_status_t st;
     MOE_CUDA_CHECK_GOTO(st, cudaSetDevice(c->device));
     MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->own_stream, cudaStreamNonBlocking));
     c->stream = c->own_stream;
-    MOE_CHECK_GEN_GOTO(st, cublasStatus_t, cublasCreate(&c->cublas), rc_ == CUBLAS_STATUS_SUCCESS,
-                       MOE_STATUS_BACKEND_ERROR, cublasGetStatusString);
-    MOE_CHECK_GEN_GOTO(st, cublasStatus_t, cublasSetStream(c->cublas, c->stream),
-                       rc_ == CUBLAS_STATUS_SUCCESS, MOE_STATUS_BACKEND_ERROR,
-                       cublasGetStatusString);
+    struct cudaMemPoolProps props = {.allocType = cudaMemAllocationTypePinned,
+                              .location = {.type = cudaMemLocationTypeDevice, .id = c->device}};
+    MOE_CUDA_CHECK_GOTO(st, cudaMemPoolCreate(&c->pool, &props));
+    uint64_t keep = UINT64_MAX;
+    MOE_CUDA_CHECK_GOTO(st, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    MOE_TRY_GOTO(st, make_cublas(c->stream, &c->cublas, &c->cublas_ws));
+    MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
+    for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
+        MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
+        MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming));
+        MOE_TRY_GOTO(st, make_cublas(c->side[i], &c->side_cublas[i], &c->side_ws[i]));
+    }
+    c->gemm_mode = gemm_mode_from_env(c->logger);
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;

@@ -1,0 +1,361 @@
+/*
+ * libmoe CUDA benchmarks: router forward/backward, the SwiGLU expert FFN (each GEMM issue mode)
+ * and the whole layer forward+backward, on the shapes of issue 3. Prints one JSON line per
+ * measurement: median over `iters` timed runs (CUDA events on the work's stream, after
+ * warm-up), random non-zero inputs (router inputs rotate over 3 buffers so repeated runs do
+ * not hit a warm L2), and the floor the time is measured against:
+ *   hbm: bytes that must move / 4.3 TB/s (device-to-device copy measured on this H200 kind)
+ *   tc:  FLOPs / 790 TFLOP/s (8192^3 bf16 GEMM measured on this H200 kind)
+ * bench/torch_moe.py measures the same shapes in PyTorch in the same run and re-measures both
+ * ceilings.
+ *
+ * Shape legend: N tokens, H hidden, E experts, K top-k, T tokens per expert, F expert width.
+ * Usage: bench_moe [router|experts|layer|all]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <moe/moe.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ctx.h"
+#include "bench_fill.h"
+#include "kernels.h"
+
+#define HBM_BPS 4.3e12
+#define TC_FLOPS 790e12
+
+#define CK(call)                                                                           \
+    do {                                                                                   \
+        moe_status_t s_ = (call);                                                          \
+        if (s_ != MOE_STATUS_SUCCESS) {                                                    \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, moe_last_error()); \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+#define CU(call)                                                                           \
+    do {                                                                                   \
+        cudaError_t e_ = (cudaError_t)(call);                                              \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                  \
+                    cudaGetErrorString(e_));                                               \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static char gpu_name[256], today[32];
+
+typedef void (*bench_fn)(void *arg, int iter);
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median milliseconds of fn over iters runs, each bracketed by events on stream. */
+static double time_median(cudaStream_t stream, bench_fn fn, void *arg, int warm, int iters)
+{
+    for (int i = 0; i < warm; i++) fn(arg, i);
+    CU(cudaStreamSynchronize(stream));
+    cudaEvent_t *ev = malloc(sizeof(cudaEvent_t) * 2 * (size_t)iters);
+    float *ms = malloc(sizeof(float) * (size_t)iters);
+    for (int i = 0; i < 2 * iters; i++) CU(cudaEventCreate(&ev[i]));
+    for (int i = 0; i < iters; i++) {
+        CU(cudaEventRecord(ev[2 * i], stream));
+        fn(arg, warm + i);
+        CU(cudaEventRecord(ev[2 * i + 1], stream));
+    }
+    CU(cudaStreamSynchronize(stream));
+    for (int i = 0; i < iters; i++) CU(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    qsort(ms, (size_t)iters, sizeof(float), cmp_float);
+    double med = iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+    for (int i = 0; i < 2 * iters; i++) cudaEventDestroy(ev[i]);
+    free(ev);
+    free(ms);
+    return med;
+}
+
+static void *dalloc(size_t bytes)
+{
+    void *p = NULL;
+    CU(cudaMalloc(&p, bytes ? bytes : 16));
+    return p;
+}
+
+static void emit(const char *bench, const char *shape, const char *variant, double ms,
+                 double floor_ms, const char *floor_kind, double tflops)
+{
+    printf("{\"impl\":\"libmoe\",\"bench\":\"%s\",\"shape\":\"%s\",\"variant\":\"%s\",\"ms\":%.4f,"
+           "\"floor_ms\":%.4f,\"floor\":\"%s\",\"tflops\":%.1f,\"gpu\":\"%s\",\"date\":\"%s\"}\n",
+           bench, shape, variant, ms, floor_ms, floor_kind, tflops, gpu_name, today);
+    fflush(stdout);
+}
+
+/* ---- router ------------------------------------------------------------------------------- */
+
+typedef struct router_arg {
+    moe_backend_t be;
+    cudaStream_t stream;
+    float *scratch;
+    moe_router_fwd_t f[3];
+    moe_router_bwd_t b[3];
+} router_arg_t;
+
+static void run_router_fwd(void *p, int i)
+{
+    router_arg_t *a = p;
+    CK(a->be.ops->router_forward(a->be.ctx, &a->f[i % 3]));
+}
+
+/* the selection kernels alone (logits already computed), to split the forward's time */
+static void run_router_select(void *p, int i)
+{
+    router_arg_t *a = p;
+    const moe_router_fwd_t *f = &a->f[i % 3];
+    CU(moe_cuda_router_select(f->logits, f->bias, f->n, f->e, f->k, (int)f->score_fn,
+                              f->renormalize, f->topk_idx, f->topk_w, f->counts, f->score_mean,
+                              f->stats, a->scratch, a->stream));
+}
+
+static void run_router_bwd(void *p, int i)
+{
+    router_arg_t *a = p;
+    CK(a->be.ops->router_backward(a->be.ctx, &a->b[i % 3]));
+}
+
+static void bench_router(moe_backend_t be, cudaStream_t stream)
+{
+    const int64_t shapes[][4] = {{65536, 4096, 64, 2}, {65536, 7168, 256, 8}, {512, 256, 16, 2},
+                                 {1024, 512, 32, 2},   {2048, 1024, 64, 2},  {4096, 2048, 64, 4}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t n = shapes[s][0], h = shapes[s][1], e = shapes[s][2], k = shapes[s][3];
+        router_arg_t a = {.be = be, .stream = stream};
+        a.scratch = dalloc(4 * (size_t)moe_cuda_router_select_scratch(n, (int32_t)e));
+        void *wg = dalloc(2 * h * e);
+        float *dwg = dalloc(4 * h * e);
+        CU(bench_fill_bf16(wg, h * e, 7, 1.0f / sqrtf((float)h), stream));
+        CU(bench_fill_f32(dwg, h * e, 8, 0.0f, stream));
+        for (int b = 0; b < 3; b++) {
+            void *x = dalloc(2 * n * h);
+            CU(bench_fill_bf16(x, n * h, 100 + b + 10 * s, 1.0f, stream));
+            a.f[b] = (moe_router_fwd_t){
+                .n = n, .h = h, .e = (int32_t)e, .k = (int32_t)k, .score_fn = MOE_SCORE_SOFTMAX,
+                .renormalize = true, .x = x, .wg = wg, .bias = NULL, .logits = dalloc(4 * n * e),
+                .topk_idx = dalloc(4 * n * k), .topk_w = dalloc(4 * n * k),
+                .counts = dalloc(4 * e), .score_mean = dalloc(4 * e), .stats = dalloc(8)};
+            CK(be.ops->router_forward(be.ctx, &a.f[b]));
+            float *dtw = dalloc(4 * n * k);
+            CU(bench_fill_f32(dtw, n * k, 200 + b, 1.0f, stream));
+            void *dx = dalloc(2 * n * h);
+            CU(bench_fill_bf16(dx, n * h, 300 + b, 0.01f, stream));
+            a.b[b] = (moe_router_bwd_t){
+                .n = n, .h = h, .e = (int32_t)e, .k = (int32_t)k, .score_fn = MOE_SCORE_SOFTMAX,
+                .renormalize = true, .x = x, .wg = wg, .logits = a.f[b].logits,
+                .topk_idx = a.f[b].topk_idx, .topk_w = a.f[b].topk_w, .d_topk_w = dtw,
+                .counts = a.f[b].counts, .aux_coef = 0.01f, .z_coef = 0.001f,
+                .dlogits = dalloc(4 * n * e), .dx = dx, .dwg = dwg};
+        }
+        char shape[96];
+        snprintf(shape, sizeof shape, "N=%lld H=%lld E=%lld K=%lld", (long long)n, (long long)h,
+                 (long long)e, (long long)k);
+        int iters = n >= 65536 ? 30 : 200;
+        double flops_f = 2.0 * n * h * e;
+        double bytes_f = 2.0 * n * h + 2.0 * h * e + 4.0 * n * e + 8.0 * n * k;
+        double fl_hbm = bytes_f / HBM_BPS * 1e3, fl_tc = flops_f / TC_FLOPS * 1e3, ms;
+        ms = time_median(stream, run_router_fwd, &a, 5, iters);
+        emit("router_fwd", shape, "gemm+select", ms, fmax(fl_hbm, fl_tc),
+             fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
+        ms = time_median(stream, run_router_select, &a, 5, iters);
+        emit("router_select_only", shape, "select+finalize", ms, 4.0 * n * e / HBM_BPS * 1e3, "hbm", 0);
+        /* backward: read x, logits, write dlogits, read+write dx; two GEMMs */
+        double flops_b = 4.0 * n * h * e;
+        double bytes_b = 2.0 * n * h + 4.0 * n * e * 2 + 4.0 * n * h + 4.0 * h * e * 2;
+        ms = time_median(stream, run_router_bwd, &a, 5, iters);
+        fl_hbm = bytes_b / HBM_BPS * 1e3;
+        fl_tc = flops_b / TC_FLOPS * 1e3;
+        emit("router_bwd", shape, "dlogits+2xcublas", ms, fmax(fl_hbm, fl_tc),
+             fl_hbm >= fl_tc ? "hbm" : "tc", flops_b / ms * 1e-9);
+        CU(cudaDeviceSynchronize());
+        for (int b = 0; b < 3; b++) {
+            void *p[] = {(void *)a.f[b].x, a.f[b].logits, a.f[b].topk_idx, a.f[b].topk_w,
+                         a.f[b].counts, a.f[b].score_mean, a.f[b].stats, (void *)a.b[b].d_topk_w,
+                         a.b[b].dx, a.b[b].dlogits};
+            for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
+        }
+        cudaFree(wg);
+        cudaFree(dwg);
+        cudaFree(a.scratch);
+    }
+}
+
+/* ---- experts ------------------------------------------------------------------------------ */
+
+typedef struct experts_arg {
+    moe_backend_t be;
+    moe_experts_t x;
+} experts_arg_t;
+
+static void run_experts_fwd(void *p, int i)
+{
+    (void)i;
+    experts_arg_t *a = p;
+    CK(a->be.ops->experts_forward(a->be.ctx, &a->x));
+}
+
+static void run_experts_bwd(void *p, int i)
+{
+    (void)i;
+    experts_arg_t *a = p;
+    CK(a->be.ops->experts_backward(a->be.ctx, &a->x));
+}
+
+static void bench_experts(moe_backend_t be, cudaStream_t stream)
+{
+    const int64_t shapes[][4] = {{8, 4096, 4096, 14336}, {16, 2048, 2048, 8192}, {64, 512, 2048, 1408}};
+    cuda_ctx_t *c = be.ctx;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int32_t el = (int32_t)shapes[s][0];
+        int64_t t = shapes[s][1], h = shapes[s][2], f = shapes[s][3], r = el * t;
+        int64_t *off = calloc((size_t)el + 1, sizeof(int64_t));
+        experts_arg_t a = {.be = be};
+        a.x = (moe_experts_t){.h = h, .f = f, .el = el, .host_offsets = off,
+                              .w1 = dalloc(2 * el * h * 2 * f), .w2 = dalloc(2 * el * f * h),
+                              .xp = dalloc(2 * r * h), .hpre = dalloc(2 * r * 2 * f),
+                              .act = dalloc(2 * r * f), .out = dalloc(2 * r * h),
+                              .d_out = dalloc(2 * r * h), .d_xp = dalloc(2 * r * h),
+                              .dw1 = dalloc(4 * el * h * 2 * f), .dw2 = dalloc(4 * el * f * h),
+                              .scratch = dalloc(2 * r * 3 * f)};
+        CU(bench_fill_bf16((void *)a.x.w1, el * h * 2 * f, 11, 1.0f / sqrtf((float)h), stream));
+        CU(bench_fill_bf16((void *)a.x.w2, el * f * h, 12, 1.0f / sqrtf((float)f), stream));
+        CU(bench_fill_bf16((void *)a.x.xp, r * h, 13, 1.0f, stream));
+        CU(bench_fill_bf16((void *)a.x.d_out, r * h, 14, 1.0f, stream));
+        CU(bench_fill_f32(a.x.dw1, el * h * 2 * f, 15, 0.0f, stream));
+        CU(bench_fill_f32(a.x.dw2, el * f * h, 16, 0.0f, stream));
+        const char *names[] = {"auto", "loop", "streams", "batched"};
+        const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
+                                          CUDA_GEMM_BATCHED};
+        for (int uneven = 0; uneven < 2; uneven++) {
+            /* uneven: loads drawn from [0.25, 1.75) x T, the same total rows */
+            int64_t acc = 0;
+            for (int32_t e = 0; e < el; e++) {
+                int64_t rows = t;
+                if (uneven) rows = e == el - 1 ? r - acc : (int64_t)(t * (0.25 + 1.5 * ((e * 37 % el) + 0.5) / el));
+                off[e + 1] = off[e] + rows;
+                acc += rows;
+            }
+            char shape[96];
+            snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
+                     (long long)h, (long long)f, uneven ? " uneven" : "");
+            double flops = 6.0 * r * h * f;
+            for (int m = 0; m < 4; m++) {
+                if (uneven && modes[m] == CUDA_GEMM_BATCHED) continue;
+                c->gemm_mode = modes[m];
+                double ms = time_median(stream, run_experts_fwd, &a, 3, 20);
+                emit("experts_fwd", shape, names[m], ms, flops / TC_FLOPS * 1e3, "tc",
+                     flops / ms * 1e-9);
+                ms = time_median(stream, run_experts_bwd, &a, 3, 10);
+                emit("experts_bwd", shape, names[m], ms, 2 * flops / TC_FLOPS * 1e3, "tc",
+                     2 * flops / ms * 1e-9);
+            }
+            c->gemm_mode = CUDA_GEMM_AUTO;
+        }
+        CU(cudaDeviceSynchronize());
+        void *p[] = {(void *)a.x.w1, (void *)a.x.w2, (void *)a.x.xp, a.x.hpre, a.x.act, a.x.out,
+                     (void *)a.x.d_out, a.x.d_xp, a.x.dw1, a.x.dw2, a.x.scratch};
+        for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
+        free(off);
+    }
+}
+
+/* ---- layer -------------------------------------------------------------------------------- */
+
+typedef struct layer_arg {
+    moe_layer_t *layer;
+    moe_tensor_t x, y, dy, dx;
+} layer_arg_t;
+
+static void run_layer(void *p, int i)
+{
+    (void)i;
+    layer_arg_t *a = p;
+    CK(moe_layer_forward(a->layer, 0, &a->x, &a->y));
+    CK(moe_layer_backward(a->layer, 0, &a->dy, &a->dx));
+}
+
+static void run_layer_fwd(void *p, int i)
+{
+    (void)i;
+    layer_arg_t *a = p;
+    CK(moe_layer_forward(a->layer, 0, &a->x, &a->y));
+    CK(moe_layer_release_slot(a->layer, 0));
+}
+
+static void bench_layer(cudaStream_t stream)
+{
+    const int64_t shapes[][5] = {{16384, 4096, 1408, 64, 2}, {16384, 2048, 8192, 8, 2},
+                                 {32768, 4096, 14336, 8, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t n = shapes[s][0], h = shapes[s][1], f = shapes[s][2], e = shapes[s][3], k = shapes[s][4];
+        moe_runtime_config_t rc = moe_runtime_config_default();
+        rc.backend = MOE_BACKEND_CUDA;
+        moe_runtime_t *rt;
+        CK(moe_runtime_create(&rc, &rt));
+        CK(moe_runtime_set_stream(rt, stream));
+        moe_layer_config_t cfg = moe_layer_config_default();
+        cfg.hidden = h;
+        cfg.ffn_hidden = f;
+        cfg.num_experts = (int32_t)e;
+        cfg.top_k = (int32_t)k;
+        layer_arg_t a;
+        CK(moe_layer_create(rt, &cfg, &a.layer));
+        int64_t shape[2] = {n, h};
+        moe_tensor_t *ts[] = {&a.x, &a.y, &a.dy, &a.dx};
+        for (int i = 0; i < 4; i++) CK(moe_tensor_alloc(rt, MOE_DTYPE_BF16, MOE_DEVICE_CUDA, 2, shape, ts[i]));
+        CU(bench_fill_bf16(a.x.data, n * h, 21 + s, 1.0f, stream));
+        CU(bench_fill_bf16(a.dy.data, n * h, 22 + s, 1.0f, stream));
+        char sh[96];
+        snprintf(sh, sizeof sh, "N=%lld H=%lld F=%lld E=%lld K=%lld", (long long)n, (long long)h,
+                 (long long)f, (long long)e, (long long)k);
+        double r = (double)n * k;
+        double flops = 3 * (2.0 * n * h * e) + 3 * (6.0 * r * h * f);
+        double ms = time_median(stream, run_layer, &a, 2, 10);
+        emit("layer_fwd_bwd", sh, "cuda", ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
+        ms = time_median(stream, run_layer_fwd, &a, 2, 10);
+        emit("layer_fwd", sh, "cuda", ms, flops / 3 / TC_FLOPS * 1e3, "tc", flops / 3 / ms * 1e-9);
+        for (int i = 0; i < 4; i++) CK(moe_tensor_free(rt, ts[i]));
+        CK(moe_layer_destroy(a.layer));
+        CK(moe_runtime_set_stream(rt, NULL));
+        CK(moe_runtime_destroy(rt));
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *what = argc > 1 ? argv[1] : "all";
+    if (moe_backend_cuda_device_count() <= 0) {
+        fprintf(stderr, "no CUDA device\n");
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    snprintf(gpu_name, sizeof gpu_name, "%s", prop.name);
+    time_t now = time(NULL);
+    strftime(today, sizeof today, "%Y-%m-%dT%H:%MZ", gmtime(&now));
+    cudaStream_t stream;
+    CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    moe_backend_params_t bp = {.device_index = 0, .deterministic = true, .logger = NULL};
+    moe_backend_t be;
+    CK(moe_backend_cuda_create(&bp, &be));
+    CK(be.ops->set_stream(be.ctx, stream));
+    if (!strcmp(what, "router") || !strcmp(what, "all")) bench_router(be, stream);
+    if (!strcmp(what, "experts") || !strcmp(what, "all")) bench_experts(be, stream);
+    CK(be.ops->set_stream(be.ctx, NULL));
+    be.ops->destroy(be.ctx);
+    if (!strcmp(what, "layer") || !strcmp(what, "all")) bench_layer(stream);
+    cudaStreamDestroy(stream);
+    return 0;
+}

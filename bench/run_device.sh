@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Everything the GPU machine runs for the CUDA backend, in one call:
+#   build (sm_90, Release) -> GPU tests -> compute-sanitizer memcheck + racecheck on the test
+#   binaries -> bench_moe -> bench/torch_moe.py, logs and JSON lines under $OUT.
+# Usage (from the repository root, deps unpacked): bash bench/run_device.sh [phases...]
+#   phases: build tests sanitize bench torch (default: all of them)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/moe-out}
+B=${MOE_BUILD_DIR:-/tmp/build-device}
+mkdir -p "$OUT"
+phases=${*:-build tests sanitize bench torch}
+has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }
+status=0
+# The bundled cmocka .pc names -I/usr/include and -L/usr/lib, which .deps/unpack.sh does not
+# repoint: let the compiler and linker find the unpacked copies.
+_deps=${MOE_DEPS_PREFIX:-/opt/libmoe-deps}/usr
+if [ -d "$_deps/include" ]; then
+  export CPATH="$_deps/include${CPATH:+:$CPATH}"
+  export LIBRARY_PATH="$_deps/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+fi
+
+if has build; then
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON \
+    >"$OUT/build.log" 2>&1 &&
+    cmake --build "$B" -j16 --target test_cuda_ops test_cuda_layer bench_moe >>"$OUT/build.log" 2>&1 ||
+    { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
+  echo "build ok"
+fi
+T="$B/tests"
+
+if has tests; then
+  for t in test_cuda_ops test_cuda_layer; do
+    "$T/$t" >/tmp/$t.log 2>&1
+    rc=$?
+    { echo "== $t rc=$rc"; cat /tmp/$t.log; } >>"$OUT/tests.log"
+    echo "$t: rc=$rc"
+    grep -E "FAILED|PASSED|ERROR|seed|bitwise|differently" /tmp/$t.log | head -20
+    [ $rc -eq 0 ] || status=1
+  done
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    for t in test_cuda_ops test_cuda_layer; do
+      log=/tmp/sanitize_${tool}_$t.log
+      timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 "$T/$t" >"$log" 2>&1
+      rc=$?
+      { echo "== $tool $t rc=$rc"; cat "$log"; } >>"$OUT/sanitize.log"
+      echo "compute-sanitizer $tool $t: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+      [ $rc -eq 0 ] || { status=1; grep -m5 -A8 -E "Invalid|Race|Error" "$log"; }
+    done
+  done
+fi
+
+if has bench; then
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >"$OUT/gpu.txt" 2>&1
+  "$B/bench/bench_moe" ${MOE_BENCH_PART:-all} | tee "$OUT/bench_libmoe.jsonl" || status=1
+fi
+
+if has torch; then
+  PYTHONUNBUFFERED=1 python3 bench/torch_moe.py ${MOE_BENCH_PART:-all} | tee "$OUT/bench_torch.jsonl" || status=1
+fi
+exit $status

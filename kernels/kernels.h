@@ -1,0 +1,88 @@
+/*
+ * extern "C" launchers of libmoe's CUDA kernels (one .cu per op family). Each enqueues on
+ * `stream` and returns the launch status (cudaGetLastError), so the C backend translates it
+ * into a moe_status_t at one place. Nothing here allocates: scratch comes from the caller.
+ *
+ * Shape legend: N tokens, H hidden, E experts, K top-k, F expert FFN width, R permuted rows.
+ * "bf16" pointers are __nv_bfloat16 on the device, passed as void * so C can call these.
+ */
+#ifndef MOE_KERNELS_H
+#define MOE_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- router (router.cu) ---- */
+
+/* The router kernels keep a token's E scores in registers, at most 16 on each of 32 lanes. */
+#define MOE_ROUTER_MAX_E 512
+
+/* Floats of scratch router_select needs for its per-block partial sums. */
+int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e);
+
+/* From logits f32 [N,E]: scores, top-k on score + bias, weights, and the statistics.
+ * counts/score_mean/stats are written (not accumulated); scratch as sized above. */
+cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n, int32_t e,
+                                   int32_t k, int score_fn, bool renormalize, int32_t *topk_idx,
+                                   float *topk_w, int32_t *counts, float *score_mean,
+                                   float *stats, float *scratch, cudaStream_t stream);
+
+/* dlogits f32 [N,E] (and its bf16 copy for the tensor-core GEMMs) from d(topk_w) and the
+ * aux/z coefficients; see host_router.c for the formulas. */
+cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_t *topk_idx,
+                                    const float *topk_w, const float *d_topk_w,
+                                    const int32_t *counts, int64_t n, int32_t e, int32_t k,
+                                    int score_fn, bool renormalize, float aux_coef, float z_coef,
+                                    float *dlogits, void *dlogits_bf16, cudaStream_t stream);
+
+/* ---- dispatch (dispatch.cu) ---- */
+
+/* Int32 scratch the plan needs: per-chunk expert histograms plus row bases. */
+int64_t moe_cuda_plan_scratch(int64_t n, int32_t k, int32_t e);
+
+/* Stable counting sort of the N*K slots by expert with capacity drop (see moe_plan_t). */
+cudaError_t moe_cuda_plan(const int32_t *topk_idx, int64_t n, int32_t k, int32_t e,
+                          int64_t capacity, int32_t *row_of_slot, int32_t *slot_of_row,
+                          int32_t *kept, int32_t *scratch, cudaStream_t stream);
+
+cudaError_t moe_cuda_gather_rows(void *dst, const void *src, const int32_t *slot_of_row,
+                                 int32_t k, const float *scale, int64_t rows, int64_t h,
+                                 cudaStream_t stream);
+cudaError_t moe_cuda_combine(void *dst, const void *src, const int32_t *row_of_slot,
+                             const float *w, int64_t n, int32_t k, int64_t h,
+                             cudaStream_t stream);
+cudaError_t moe_cuda_combine_weight_grad(float *dw, const void *dy, const void *rows,
+                                         const int32_t *row_of_slot, int64_t n, int32_t k,
+                                         int64_t h, cudaStream_t stream);
+
+/* ---- SwiGLU (swiglu.cu) ---- */
+
+/* act[r,:] = silu(hpre[r,0,:]) * hpre[r,1,:], R rows of F */
+cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, int64_t f,
+                                    cudaStream_t stream);
+/* d_hpre[r,0,:] = d_act * up * silu'(gate), d_hpre[r,1,:] = d_act * silu(gate) */
+cudaError_t moe_cuda_swiglu_backward(void *d_hpre, const void *d_act, const void *hpre,
+                                     int64_t rows, int64_t f, cudaStream_t stream);
+
+/* ---- element-wise (elementwise.cu) ---- */
+
+cudaError_t moe_cuda_bf16_to_f32(float *dst, const void *src, int64_t n, cudaStream_t stream);
+cudaError_t moe_cuda_f32_to_bf16(void *dst, const float *src, int64_t n, cudaStream_t stream);
+/* dst += src over bf16 */
+cudaError_t moe_cuda_add_bf16(void *dst, const void *src, int64_t n, cudaStream_t stream);
+/* AdamW (moe/optim.h); bc1/bc2 are the bias corrections 1 - beta^step. */
+cudaError_t moe_cuda_adamw(float *master, float *m, float *v, void *param, const float *grad,
+                           int64_t n, float lr, float beta1, float beta2, float eps,
+                           float weight_decay, float grad_scale, float inv_bc1,
+                           float inv_sqrt_bc2, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOE_KERNELS_H */

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The comm/mesh checks on the GPU machine, in one call (logs under $OUT):
+#   build (CUDA + NCCL + MPI) -> GPU communicator tests (MPI staged with 1 and 3 ranks
+#   sharing the GPU, NCCL with one rank) -> the MPI/mesh/distributed-layer suite ->
+#   bench_dist_layer (hidden all-to-all fraction, host backend, 4 ranks on 16 cores).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/moe-out}
+B=${MOE_BUILD_DIR:-/tmp/build-device}
+mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+[ -f .deps/unpack.sh ] && source .deps/unpack.sh >/dev/null
+_deps=${MOE_DEPS_PREFIX:-/opt/libmoe-deps}/usr
+if [ -d "$_deps/include" ]; then
+  export CPATH="$_deps/include${CPATH:+:$CPATH}"
+  export LIBRARY_PATH="$_deps/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+fi
+cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON \
+  -DMOE_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 &&
+  cmake --build "$B" -j16 --target test_comm_device test_comm_ops test_dist_layer_np4 \
+    bench_dist_layer >>"$OUT/build.log" 2>&1 ||
+  { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
+grep -E "libmoe .*CUDA=" "$OUT/build.log"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+(cd "$B" && ctest -R "comm_device|comm_ops|dist_layer_np4" --output-on-failure -j4 \
+  --timeout 200) >"$OUT/ctest.log" 2>&1
+grep -E "Test +#|tests passed|Skipped" "$OUT/ctest.log"
+grep -hE "device buffers|NCCL part|VERDICT|^world" "$OUT/ctest.log" | sort | uniq | head -20
+mpirun -np 4 --bind-to none "$B/bench/bench_dist_layer" 512 1024 32 8 2 5 2>&1 |
+  tee -a "$OUT/bench.jsonl"

@@ -1,0 +1,74 @@
+/*
+ * The CUDA backend's context: one per runtime (no globals). Holds the stream ops are enqueued
+ * on, the side streams and cuBLAS handles the expert GEMMs fan out over, a stream-ordered
+ * scratch workspace the ops share, and the pinned buffer of the plan's device->host copy.
+ */
+#ifndef MOE_CUDA_CTX_H
+#define MOE_CUDA_CTX_H
+
+#include <stdbool.h>
+
+#include "../backend.h"
+#include "cuda_check.h"
+
+/* Side streams for the expert GEMMs (each with its own cuBLAS handle and workspace, so that
+ * concurrent GEMMs never share a workspace). */
+#define MOE_CUDA_SIDE_STREAMS 4
+#define MOE_CUDA_CUBLAS_WORKSPACE (32u << 20)
+
+/* How experts_forward/backward issue their GEMMs (MOE_CUDA_EXPERT_GEMM overrides AUTO). */
+typedef enum cuda_gemm_mode {
+    CUDA_GEMM_AUTO = 0,
+    CUDA_GEMM_LOOP,      /* one cublasGemmEx per expert on the current stream */
+    CUDA_GEMM_STREAMS,   /* the loop spread round-robin over the side streams */
+    CUDA_GEMM_BATCHED    /* cublasGemmStridedBatchedEx when every expert has the same rows */
+} cuda_gemm_mode_t;
+
+typedef struct cuda_ctx {
+    int device;
+    bool deterministic;
+    cudaStream_t own_stream;
+    cudaStream_t stream;                 /* current: own_stream or the caller's */
+    cublasHandle_t cublas;               /* bound to `stream` */
+    void *cublas_ws;
+    cudaStream_t side[MOE_CUDA_SIDE_STREAMS];
+    cublasHandle_t side_cublas[MOE_CUDA_SIDE_STREAMS];
+    void *side_ws[MOE_CUDA_SIDE_STREAMS];
+    cudaEvent_t fork, join[MOE_CUDA_SIDE_STREAMS];
+    cuda_gemm_mode_t gemm_mode;
+    /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
+     * so the layer's per-call buffers cost no page mapping after the first step */
+    cudaMemPool_t pool;
+    /* scratch shared by the ops; stream-ordered on `stream` (grown with cudaMallocAsync) */
+    void *ws;
+    size_t ws_bytes;
+    /* pinned landing buffer of the plan's kept counts */
+    int32_t *pinned_kept;
+    size_t pinned_kept_n;
+    const moe_logger_t *logger;
+} cuda_ctx_t;
+
+/* A scratch pointer of at least `bytes`, valid for work enqueued on c->stream until the next
+ * call. */
+moe_status_t moe_cuda_workspace(cuda_ctx_t *c, size_t bytes, void **out);
+
+/* op implementations (cuda_ops.c, cuda_experts.c) */
+moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a);
+moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a);
+moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a);
+moe_status_t moe_cuda_gather_rows_op(void *ctx, void *dst, const void *src,
+                                     const int32_t *slot_of_row, int32_t k, const float *scale,
+                                     int64_t rows, int64_t h);
+moe_status_t moe_cuda_combine_op(void *ctx, void *dst, const void *src, const int32_t *row_of_slot,
+                                 const float *w, int64_t n, int32_t k, int64_t h);
+moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *dy,
+                                             const void *rows, const int32_t *row_of_slot,
+                                             int64_t n, int32_t k, int64_t h);
+moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a);
+moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a);
+moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a);
+moe_status_t moe_cuda_add_op(void *ctx, void *dst, const void *src, int64_t n);
+moe_status_t moe_cuda_act_to_f32(void *ctx, float *dst, const void *src, int64_t n);
+moe_status_t moe_cuda_f32_to_act(void *ctx, void *dst, const float *src, int64_t n);
+
+#endif /* MOE_CUDA_CTX_H */

@@ -1,0 +1,188 @@
+/*
+ * SwiGLU experts on cuBLAS: per local expert e with rows [o_e, o_e + n_e),
+ *   forward   hpre = xp · w1[e]          (GEMM1, [n_e,H]·[H,2F])
+ *             act  = silu(gate) * up     (one kernel over all R rows)
+ *             out  = act · w2[e]         (GEMM2, [n_e,F]·[F,H])
+ *   backward  d_act = d_out · w2[e]^T    dw2[e] += act^T · d_out
+ *             d_hpre = swiglu'(...)      (one kernel over all R rows)
+ *             d_xp = d_hpre · w1[e]^T    dw1[e] += xp^T · d_hpre
+ * Shape legend: El local experts, H hidden, F expert width, R rows, n_e rows of expert e.
+ *
+ * How the per-expert GEMMs are issued (see /work/shared/notes and docs/cuda-backend.md for the
+ * numbers behind the choice):
+ *   BATCHED  every expert has the same n_e: one cublasGemmStridedBatchedEx per GEMM kind;
+ *            holds ~700 TFLOP/s for small experts where a loop is launch-bound.
+ *   STREAMS  uneven n_e and many experts: the loop round-robin over side streams, each with
+ *            its own cuBLAS handle and workspace, joined back with events.
+ *   LOOP     few large experts: one cublasGemmEx after the other on the current stream.
+ * Every GEMM writes a disjoint output, so all three give bitwise-identical results.
+ */
+#include "cuda_ctx.h"
+#include "../../../kernels/kernels.h"
+
+typedef enum gemm_kind { FWD1, FWD2, BWD_DACT, BWD_DW2, BWD_DXP, BWD_DW1 } gemm_kind_t;
+
+/* One GEMM kind for experts sharing `rows` (column-major view of the row-major arrays):
+ * pointers of expert 0's operands (or of expert e's when called per expert) and the strides
+ * between consecutive experts for the batched call. */
+typedef struct gemm_desc {
+    cublasOperation_t ta, tb;
+    int64_t m, n, k;
+    const void *a, *b;
+    void *c;
+    int64_t lda, ldb, ldc;
+    long long sa, sb, sc;
+    cudaDataType_t ctype;
+    float beta;
+} gemm_desc_t;
+
+static gemm_desc_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e, int64_t r0,
+                            int64_t rows)
+{
+    int64_t h = x->h, f = x->f, f2 = 2 * x->f, total = x->host_offsets[x->el];
+    const uint16_t *w1 = (const uint16_t *)x->w1 + e * h * f2;
+    const uint16_t *w2 = (const uint16_t *)x->w2 + e * f * h;
+    uint16_t *d_act = (uint16_t *)x->scratch, *d_hpre = d_act + total * f;
+    gemm_desc_t g = {.ctype = CUDA_R_16BF, .beta = 0.0f};
+    switch (kind) {
+    case FWD1: /* hpre^T [2F,n] = w1^T [2F,H] · xp^T [H,n] */
+        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_N, f2, rows, h, w1, (const uint16_t *)x->xp + r0 * h,
+                          (uint16_t *)x->hpre + r0 * f2, f2, h, f2, h * f2, rows * h, rows * f2,
+                          CUDA_R_16BF, 0.0f};
+        break;
+    case FWD2: /* out^T [H,n] = w2^T [H,F] · act^T [F,n] */
+        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_N, h, rows, f, w2, (const uint16_t *)x->act + r0 * f,
+                          (uint16_t *)x->out + r0 * h, h, f, h, f * h, rows * f, rows * h,
+                          CUDA_R_16BF, 0.0f};
+        break;
+    case BWD_DACT: /* d_act^T [F,n] = w2 [F,H] · d_out^T [H,n] */
+        g = (gemm_desc_t){CUBLAS_OP_T, CUBLAS_OP_N, f, rows, h, w2, (const uint16_t *)x->d_out + r0 * h,
+                          d_act + r0 * f, h, h, f, f * h, rows * h, rows * f, CUDA_R_16BF, 0.0f};
+        break;
+    case BWD_DW2: /* dw2^T [H,F] += d_out^T [H,n] · act [n,F] */
+        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_T, h, f, rows, (const uint16_t *)x->d_out + r0 * h,
+                          (const uint16_t *)x->act + r0 * f, x->dw2 + e * f * h, h, f, h, rows * h,
+                          rows * f, f * h, CUDA_R_32F, 1.0f};
+        break;
+    case BWD_DXP: /* d_xp^T [H,n] = w1 [H,2F] · d_hpre^T [2F,n] */
+        g = (gemm_desc_t){CUBLAS_OP_T, CUBLAS_OP_N, h, rows, f2, w1, d_hpre + r0 * f2,
+                          (uint16_t *)x->d_xp + r0 * h, f2, f2, h, h * f2, rows * f2, rows * h,
+                          CUDA_R_16BF, 0.0f};
+        break;
+    case BWD_DW1: /* dw1^T [2F,H] += d_hpre^T [2F,n] · xp [n,H] */
+        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_T, f2, h, rows, d_hpre + r0 * f2,
+                          (const uint16_t *)x->xp + r0 * h, x->dw1 + e * h * f2, f2, h, f2,
+                          rows * f2, rows * h, h * f2, CUDA_R_32F, 1.0f};
+        break;
+    }
+    return g;
+}
+
+static moe_status_t run_one(cublasHandle_t h, const gemm_desc_t *g)
+{
+    const float alpha = 1.0f;
+    MOE_CUBLAS_CHECK(cublasGemmEx(h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &alpha, g->a,
+                                  CUDA_R_16BF, (int)g->lda, g->b, CUDA_R_16BF, (int)g->ldb,
+                                  &g->beta, g->c, g->ctype, (int)g->ldc, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t run_batched(cublasHandle_t h, const gemm_desc_t *g, int32_t batch)
+{
+    const float alpha = 1.0f;
+    MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &alpha, g->a, CUDA_R_16BF, (int)g->lda,
+        g->sa, g->b, CUDA_R_16BF, (int)g->ldb, g->sb, &g->beta, g->c, g->ctype, (int)g->ldc, g->sc,
+        batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MOE_STATUS_SUCCESS;
+}
+
+/* The rows every expert has, or -1 when they differ (or some expert has none). */
+static int64_t uniform_rows(const moe_experts_t *x)
+{
+    int64_t rows = x->host_offsets[1] - x->host_offsets[0];
+    for (int32_t e = 1; e < x->el; e++)
+        if (x->host_offsets[e + 1] - x->host_offsets[e] != rows) return -1;
+    return rows > 0 ? rows : -1;
+}
+
+static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
+{
+    int64_t uni = uniform_rows(x);
+    cuda_gemm_mode_t m = c->gemm_mode;
+    if (m == CUDA_GEMM_BATCHED && uni < 0) m = CUDA_GEMM_AUTO; /* not applicable: fall back */
+    if (m != CUDA_GEMM_AUTO) return m;
+    int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
+    /* Measured on the H200 (docs/cuda-backend.md): the loop wins for a few large experts,
+     * strided batched whenever sizes are equal and experts are small, side streams for
+     * uneven small ones. */
+    if (uni > 0 && (x->el >= 16 || uni < 4096)) return CUDA_GEMM_BATCHED;
+    if (x->el >= 4 && mean_rows < 2048) return CUDA_GEMM_STREAMS;
+    return CUDA_GEMM_LOOP;
+}
+
+/* Issue the GEMM kinds kinds[0..nk) for every expert with rows, in the given mode. Within one
+ * expert the kinds run in order on one stream (they may depend on each other). */
+static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm_mode_t mode,
+                                const gemm_kind_t *kinds, int nk)
+{
+    if (mode == CUDA_GEMM_BATCHED) {
+        int64_t rows = uniform_rows(x);
+        for (int i = 0; i < nk; i++) {
+            gemm_desc_t g = describe(kinds[i], x, 0, 0, rows);
+            MOE_TRY(run_batched(c->cublas, &g, x->el));
+        }
+        return MOE_STATUS_SUCCESS;
+    }
+    bool fan = mode == CUDA_GEMM_STREAMS;
+    if (fan) {
+        MOE_CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
+        for (int s = 0; s < MOE_CUDA_SIDE_STREAMS; s++)
+            MOE_CUDA_CHECK(cudaStreamWaitEvent(c->side[s], c->fork, 0));
+    }
+    int next = 0;
+    for (int32_t e = 0; e < x->el; e++) {
+        int64_t r0 = x->host_offsets[e], rows = x->host_offsets[e + 1] - r0;
+        if (rows == 0) continue;
+        cublasHandle_t h = fan ? c->side_cublas[next] : c->cublas;
+        next = (next + 1) % MOE_CUDA_SIDE_STREAMS;
+        for (int i = 0; i < nk; i++) {
+            gemm_desc_t g = describe(kinds[i], x, e, r0, rows);
+            MOE_TRY(run_one(h, &g));
+        }
+    }
+    if (fan)
+        for (int s = 0; s < MOE_CUDA_SIDE_STREAMS; s++) {
+            MOE_CUDA_CHECK(cudaEventRecord(c->join[s], c->side[s]));
+            MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[s], 0));
+        }
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a)
+{
+    cuda_ctx_t *c = ctx;
+    int64_t total = a->host_offsets[a->el];
+    if (total == 0) return MOE_STATUS_SUCCESS;
+    cuda_gemm_mode_t mode = choose_mode(c, a);
+    static const gemm_kind_t k1[] = {FWD1}, k2[] = {FWD2};
+    MOE_TRY(run_experts(c, a, mode, k1, 1));
+    MOE_CUDA_CHECK(moe_cuda_swiglu_forward(a->act, a->hpre, total, a->f, c->stream));
+    MOE_TRY(run_experts(c, a, mode, k2, 1));
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a)
+{
+    cuda_ctx_t *c = ctx;
+    int64_t total = a->host_offsets[a->el];
+    if (total == 0) return MOE_STATUS_SUCCESS;
+    cuda_gemm_mode_t mode = choose_mode(c, a);
+    static const gemm_kind_t k1[] = {BWD_DACT, BWD_DW2}, k2[] = {BWD_DXP, BWD_DW1};
+    uint16_t *d_act = a->scratch, *d_hpre = d_act + total * a->f;
+    MOE_TRY(run_experts(c, a, mode, k1, 2));
+    MOE_CUDA_CHECK(moe_cuda_swiglu_backward(d_hpre, d_act, a->hpre, total, a->f, c->stream));
+    MOE_TRY(run_experts(c, a, mode, k2, 2));
+    return MOE_STATUS_SUCCESS;
+}

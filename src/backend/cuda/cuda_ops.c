@@ -1,0 +1,170 @@
+/*
+ * The CUDA backend's router, dispatch and element-wise ops: argument plumbing around the
+ * kernels/ launchers and the router's cuBLAS GEMMs.
+ *
+ * Shape legend: N tokens, H hidden, E experts, K top-k, R kept rows.
+ * Row-major [rows, cols] arrays are handed to column-major cuBLAS as their transposes, so
+ * C = A·B (row-major) is computed as C^T = B^T·A^T.
+ */
+#include <math.h>
+
+#include "../../../kernels/kernels.h"
+#include "cuda_ctx.h"
+
+#define MOE_LAUNCH(call) MOE_CUDA_CHECK(call)
+
+/* bf16 x bf16 -> f32 or bf16, fp32 accumulation, tensor cores. */
+static moe_status_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                         int64_t n, int64_t k, const void *a, int64_t lda, const void *b,
+                         int64_t ldb, float beta, void *c, cudaDataType_t ctype, int64_t ldc)
+{
+    const float alpha = 1.0f;
+    MOE_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, &alpha, a, CUDA_R_16BF,
+                                  (int)lda, b, CUDA_R_16BF, (int)ldb, &beta, c, ctype, (int)ldc,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- router --------------------------------------------------------------------------------- */
+
+moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
+{
+    cuda_ctx_t *c = ctx;
+    if (a->e > MOE_ROUTER_MAX_E || a->k > 8)
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= 8 (E=%d K=%d)",
+                        MOE_ROUTER_MAX_E, a->e, a->k);
+    if (a->n == 0) {
+        MOE_CUDA_CHECK(cudaMemsetAsync(a->counts, 0, sizeof(int32_t) * (size_t)a->e, c->stream));
+        MOE_CUDA_CHECK(cudaMemsetAsync(a->score_mean, 0, sizeof(float) * (size_t)a->e, c->stream));
+        MOE_CUDA_CHECK(cudaMemsetAsync(a->stats, 0, 2 * sizeof(float), c->stream));
+        return MOE_STATUS_SUCCESS;
+    }
+    void *scratch;
+    MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_select_scratch(a->n, a->e),
+                               &scratch));
+    /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T. Measured alternatives
+     * (docs/cuda-backend.md): a copy of wg transposed to K-major was 1.2x-2.1x slower in
+     * cuBLAS; logits computed inside the selection kernel (no GEMM launch) were 3.6x-21x
+     * slower even at N*H*E <= 2^27. */
+    MOE_TRY(gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x, a->h,
+                 0.0f, a->logits, CUDA_R_32F, a->e));
+    MOE_LAUNCH(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
+                                      a->renormalize, a->topk_idx, a->topk_w, a->counts,
+                                      a->score_mean, a->stats, scratch, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
+{
+    cuda_ctx_t *c = ctx;
+    if (a->e > MOE_ROUTER_MAX_E || a->k > 8)
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= 8 (E=%d K=%d)",
+                        MOE_ROUTER_MAX_E, a->e, a->k);
+    if (a->n == 0) return MOE_STATUS_SUCCESS;
+    /* dlogits in bf16 feeds the tensor-core GEMMs (the f32 copy is the op's output) */
+    void *dl16;
+    MOE_TRY(moe_cuda_workspace(c, 2 * (size_t)a->n * (size_t)a->e, &dl16));
+    MOE_LAUNCH(moe_cuda_router_dlogits(a->logits, a->topk_idx, a->topk_w, a->d_topk_w, a->counts,
+                                       a->n, a->e, a->k, (int)a->score_fn, a->renormalize,
+                                       a->aux_coef, a->z_coef, a->dlogits, dl16, c->stream));
+    /* The two GEMMs only share their read-only input dl16: dwg runs on a side stream while
+     * dx runs here, so one's memory-bound phases overlap the other's math. */
+    MOE_CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
+    MOE_CUDA_CHECK(cudaStreamWaitEvent(c->side[0], c->fork, 0));
+    /* dwg [H,E] += x^T · dlogits  ==  dwg^T += dlogits^T · x */
+    MOE_TRY(gemm(c->side_cublas[0], CUBLAS_OP_N, CUBLAS_OP_T, a->e, a->h, a->n, dl16, a->e, a->x,
+                 a->h, 1.0f, a->dwg, CUDA_R_32F, a->e));
+    /* dx [N,H] += dlogits [N,E] · wg^T  ==  dx^T += wg · dlogits^T */
+    MOE_TRY(gemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, a->h, a->n, a->e, a->wg, a->e, dl16, a->e,
+                 1.0f, a->dx, CUDA_R_16BF, a->h));
+    MOE_CUDA_CHECK(cudaEventRecord(c->join[0], c->side[0]));
+    MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[0], 0));
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
+
+/* The plan ends with the layer's one device->host synchronisation: the kept counts size the
+ * expert GEMMs, which the host launches. */
+moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a)
+{
+    cuda_ctx_t *c = ctx;
+    void *scratch;
+    MOE_TRY(moe_cuda_workspace(c, sizeof(int32_t) * (size_t)moe_cuda_plan_scratch(a->n, a->k, a->e),
+                               &scratch));
+    MOE_LAUNCH(moe_cuda_plan(a->topk_idx, a->n, a->k, a->e, a->capacity, a->row_of_slot,
+                             a->slot_of_row, a->kept, scratch, c->stream));
+    if ((size_t)a->e > c->pinned_kept_n) {
+        if (c->pinned_kept) MOE_CUDA_CHECK(cudaFreeHost(c->pinned_kept));
+        c->pinned_kept = NULL;
+        c->pinned_kept_n = 0;
+        MOE_CUDA_CHECK(cudaHostAlloc((void **)&c->pinned_kept, sizeof(int32_t) * (size_t)a->e,
+                                     cudaHostAllocDefault));
+        c->pinned_kept_n = (size_t)a->e;
+    }
+    MOE_CUDA_CHECK(cudaMemcpyAsync(c->pinned_kept, a->kept, sizeof(int32_t) * (size_t)a->e,
+                                   cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    for (int32_t j = 0; j < a->e; j++) a->host_kept[j] = c->pinned_kept[j];
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_gather_rows_op(void *ctx, void *dst, const void *src,
+                                     const int32_t *slot_of_row, int32_t k, const float *scale,
+                                     int64_t rows, int64_t h)
+{
+    cuda_ctx_t *c = ctx;
+    MOE_LAUNCH(moe_cuda_gather_rows(dst, src, slot_of_row, k, scale, rows, h, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_combine_op(void *ctx, void *dst, const void *src, const int32_t *row_of_slot,
+                                 const float *w, int64_t n, int32_t k, int64_t h)
+{
+    cuda_ctx_t *c = ctx;
+    MOE_LAUNCH(moe_cuda_combine(dst, src, row_of_slot, w, n, k, h, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *dy,
+                                             const void *rows, const int32_t *row_of_slot,
+                                             int64_t n, int32_t k, int64_t h)
+{
+    cuda_ctx_t *c = ctx;
+    MOE_LAUNCH(moe_cuda_combine_weight_grad(dw, dy, rows, row_of_slot, n, k, h, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
+/* ---- element-wise ------------------------------------------------------------------------- */
+
+moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a)
+{
+    cuda_ctx_t *c = ctx;
+    /* bias corrections in fp64 on the host, as the host twin computes them */
+    double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    MOE_LAUNCH(moe_cuda_adamw(a->master, a->m, a->v, a->param, a->grad, a->n, a->lr, a->beta1,
+                              a->beta2, a->eps, a->weight_decay, a->grad_scale,
+                              (float)(1.0 / bc1), (float)(1.0 / sqrt(bc2)), c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_add_op(void *ctx, void *dst, const void *src, int64_t n)
+{
+    cuda_ctx_t *c = ctx;
+    MOE_LAUNCH(moe_cuda_add_bf16(dst, src, n, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_act_to_f32(void *ctx, float *dst, const void *src, int64_t n)
+{
+    cuda_ctx_t *c = ctx;
+    MOE_LAUNCH(moe_cuda_bf16_to_f32(dst, src, n, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_f32_to_act(void *ctx, void *dst, const float *src, int64_t n)
+{
+    cuda_ctx_t *c = ctx;
+    MOE_LAUNCH(moe_cuda_f32_to_bf16(dst, src, n, c->stream));
+    return MOE_STATUS_SUCCESS;
+}

@@ -1,0 +1,474 @@
+/*
+ * Every CUDA op against its host twin on fresh random inputs (seed printed; MOE_TEST_SEED
+ * replays). Inputs are rounded to bf16 first so both backends see the same numbers; outputs
+ * start poisoned (NaN / 0x7f7f7f7f) so an unwritten element fails.
+ * Bounds: bf16 outputs (or bf16-operand GEMMs) ||gpu-ref||/||ref|| <= 1e-2; fp32 paths
+ * (logits, weights, statistics, dlogits, AdamW state, weight gradients of the combine) <= 1e-5;
+ * indices and counts exactly, except routing where two keys tie within 1e-6 (tie rule: the
+ * lower expert index wins; a GPU choice that differs must be such a tie).
+ * Shape legend: N tokens, H hidden, E experts, K top-k, F expert width, El local experts.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpu_check.h"
+
+static uint64_t seed;
+static gpu_pair_t P;
+
+#define HOST(op, ...) TEST_OK(P.host.ops->op(P.host.ctx, __VA_ARGS__))
+#define CUDA(op, ...) TEST_OK(P.cuda.ops->op(P.cuda.ctx, __VA_ARGS__))
+
+/* ---- router ---------------------------------------------------------------------------- */
+
+typedef struct router_case {
+    int64_t n, h;
+    int32_t e, k;
+    moe_score_fn_t fn;
+    bool renorm, bias;
+} router_case_t;
+
+/* The host's selection key of expert j for token t (score + bias), in fp64. */
+static double host_key(const router_case_t *rc, const float *logits, const float *bias, int64_t t,
+                       int32_t j)
+{
+    const float *l = logits + t * rc->e;
+    double s;
+    if (rc->fn == MOE_SCORE_SOFTMAX) {
+        double mx = -INFINITY, sum = 0;
+        for (int32_t i = 0; i < rc->e; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int32_t i = 0; i < rc->e; i++) sum += exp(l[i] - mx);
+        s = exp(l[j] - mx) / sum;
+    } else {
+        s = 1.0 / (1.0 + exp(-(double)l[j]));
+    }
+    return s + (bias ? bias[j] : 0.0);
+}
+
+static void run_router_case(const router_case_t *rc, test_rng_t *rng)
+{
+    fprintf(stderr, "router N=%lld H=%lld E=%d K=%d %s renorm=%d bias=%d\n", (long long)rc->n,
+            (long long)rc->h, rc->e, rc->k, rc->fn == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid",
+            rc->renorm, rc->bias);
+    int64_t n = rc->n, h = rc->h, e = rc->e, k = rc->k;
+    float *x = rand_f32(rng, n * h, 1.0), *wg = rand_f32(rng, h * e, 1.0 / sqrt((double)h));
+    float *bias = rc->bias ? rand_f32(rng, e, 0.05) : NULL;
+    void *dx_ = gpu_up_bf16(&P, x, n * h), *dwg_ = gpu_up_bf16(&P, wg, h * e);
+    float *dbias = bias ? gpu_up_f32(&P, bias, e) : NULL;
+
+    /* host forward */
+    float *logits = malloc(4 * n * e), *tw = malloc(4 * n * k), *pm = malloc(4 * e), st[2];
+    int32_t *idx = malloc(4 * n * k), *counts = malloc(4 * e);
+    moe_router_fwd_t hf = {.n = n, .h = h, .e = rc->e, .k = rc->k, .score_fn = rc->fn,
+                           .renormalize = rc->renorm, .x = x, .wg = wg, .bias = bias,
+                           .logits = logits, .topk_idx = idx, .topk_w = tw, .counts = counts,
+                           .score_mean = pm, .stats = st};
+    TEST_OK(P.host.ops->router_forward(P.host.ctx, &hf));
+
+    /* GPU forward into poisoned buffers */
+    moe_router_fwd_t gf = hf;
+    gf.x = dx_;
+    gf.wg = dwg_;
+    gf.bias = dbias;
+    gf.logits = gpu_poison(&P, 4 * n * e, false);
+    gf.topk_idx = gpu_poison(&P, 4 * n * k, true);
+    gf.topk_w = gpu_poison(&P, 4 * n * k, false);
+    gf.counts = gpu_poison(&P, 4 * e, true);
+    gf.score_mean = gpu_poison(&P, 4 * e, false);
+    gf.stats = gpu_poison(&P, 8, false);
+    TEST_OK(P.cuda.ops->router_forward(P.cuda.ctx, &gf));
+    float *g_logits = malloc(4 * n * e), *g_tw = malloc(4 * n * k), *g_pm = malloc(4 * e), g_st[2];
+    int32_t *g_idx = malloc(4 * n * k), *g_counts = malloc(4 * e);
+    gpu_down_f32(&P, g_logits, gf.logits, n * e);
+    gpu_down_f32(&P, g_tw, gf.topk_w, n * k);
+    gpu_down_f32(&P, g_pm, gf.score_mean, e);
+    gpu_down_f32(&P, g_st, gf.stats, 2);
+    gpu_down_i32(&P, g_idx, gf.topk_idx, n * k);
+    gpu_down_i32(&P, g_counts, gf.counts, e);
+
+    /* deterministic: a second run gives the same bits */
+    {
+        float *again = malloc(4 * n * e), st2[2], *pm2 = malloc(4 * e);
+        TEST_OK(P.cuda.ops->router_forward(P.cuda.ctx, &gf));
+        gpu_down_f32(&P, again, gf.logits, n * e);
+        assert_memory_equal(again, g_logits, 4 * n * e);
+        gpu_down_f32(&P, again, gf.topk_w, n * k);
+        assert_memory_equal(again, g_tw, 4 * n * k);
+        gpu_down_f32(&P, pm2, gf.score_mean, e);
+        assert_memory_equal(pm2, g_pm, 4 * e);
+        gpu_down_f32(&P, st2, gf.stats, 2);
+        assert_memory_equal(st2, g_st, sizeof st2);
+        free(again);
+        free(pm2);
+    }
+    check_close("logits", g_logits, logits, n * e, 1e-5);
+    int64_t ties = 0;
+    for (int64_t t = 0; t < n; t++) {
+        bool same = true;
+        for (int32_t j = 0; j < k; j++) {
+            int32_t a = g_idx[t * k + j], b = idx[t * k + j];
+            assert_true(a >= 0 && a < e);
+            if (a == b) continue;
+            same = false;
+            double ka = host_key(rc, logits, bias, t, a), kb = host_key(rc, logits, bias, t, b);
+            if (fabs(ka - kb) > 1e-6 * (1 + fabs(kb)))
+                fail_msg("token %lld choice %d: GPU expert %d (key %.9g) vs host %d (key %.9g)",
+                         (long long)t, j, a, ka, b, kb);
+        }
+        if (!same) {
+            ties++;
+            /* a near-tie swapped: compare this token's weights as the host would give them */
+            memcpy(g_tw + t * k, tw + t * k, 4 * k);
+        }
+    }
+    fprintf(stderr, "  routing: %lld of %lld tokens differ, all within the tie tolerance\n",
+            (long long)ties, (long long)n);
+    check_close("topk_w", g_tw, tw, n * k, 1e-5);
+    if (ties == 0)
+        for (int32_t j = 0; j < e; j++) assert_int_equal(g_counts[j], counts[j]);
+    check_close("score_mean", g_pm, pm, e, 1e-5);
+    check_close("stats (z, entropy)", g_st, st, 2, 1e-5);
+
+    /* backward, both from the host's forward results so they see identical inputs */
+    float *d_tw = rand_f32(rng, n * k, 1.0);
+    float *dx_h = rand_f32(rng, n * h, 0.01), *dwg_h = rand_f32(rng, h * e, 0.01);
+    void *dx_g = gpu_up_bf16(&P, dx_h, n * h);
+    float *dwg_g = gpu_up_f32(&P, dwg_h, h * e);
+    float *dl_h = malloc(4 * n * e);
+    moe_router_bwd_t hb = {.n = n, .h = h, .e = rc->e, .k = rc->k, .score_fn = rc->fn,
+                           .renormalize = rc->renorm, .x = x, .wg = wg, .logits = logits,
+                           .topk_idx = idx, .topk_w = tw, .d_topk_w = d_tw, .counts = counts,
+                           .aux_coef = 0.3f, .z_coef = 0.2f, .dlogits = dl_h, .dx = dx_h,
+                           .dwg = dwg_h};
+    TEST_OK(P.host.ops->router_backward(P.host.ctx, &hb));
+    moe_router_bwd_t gb = hb;
+    gb.x = dx_;
+    gb.wg = dwg_;
+    gb.logits = gpu_up_f32(&P, logits, n * e);
+    gb.topk_idx = gpu_up_i32(&P, idx, n * k);
+    gb.topk_w = gpu_up_f32(&P, tw, n * k);
+    gb.d_topk_w = gpu_up_f32(&P, d_tw, n * k);
+    gb.counts = gpu_up_i32(&P, counts, e);
+    gb.dlogits = gpu_poison(&P, 4 * n * e, false);
+    gb.dx = dx_g;
+    gb.dwg = dwg_g;
+    TEST_OK(P.cuda.ops->router_backward(P.cuda.ctx, &gb));
+    float *g_dl = malloc(4 * n * e), *g_dx = malloc(4 * n * h), *g_dwg = malloc(4 * h * e);
+    gpu_down_f32(&P, g_dl, gb.dlogits, n * e);
+    gpu_down_bf16(&P, g_dx, gb.dx, n * h);
+    gpu_down_f32(&P, g_dwg, gb.dwg, h * e);
+    check_close("dlogits", g_dl, dl_h, n * e, 1e-5);
+    check_close("dx (+=, bf16)", g_dx, dx_h, n * h, 1e-2);
+    check_close("dwg (+=, bf16 operands)", g_dwg, dwg_h, h * e, 1e-2);
+
+    void *dev[] = {dx_, dwg_, dbias, gf.logits, gf.topk_idx, gf.topk_w, gf.counts, gf.score_mean,
+                   gf.stats, dx_g, dwg_g, (void *)gb.logits, (void *)gb.topk_idx,
+                   (void *)gb.topk_w, (void *)gb.d_topk_w, (void *)gb.counts, gb.dlogits};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(&P, dev[i]);
+    void *hostp[] = {x, wg, bias, logits, tw, pm, idx, counts, g_logits, g_tw, g_pm, g_idx,
+                     g_counts, d_tw, dx_h, dwg_h, dl_h, g_dl, g_dx, g_dwg};
+    for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
+}
+
+static void test_router(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed};
+    const router_case_t cases[] = {
+        {300, 72, 16, 2, MOE_SCORE_SOFTMAX, true, false},
+        {257, 128, 64, 4, MOE_SCORE_SIGMOID, true, true},
+        {130, 40, 256, 8, MOE_SCORE_SOFTMAX, false, true},
+        {65, 64, 300, 3, MOE_SCORE_SIGMOID, false, false},
+        {1000, 256, 8, 1, MOE_SCORE_SOFTMAX, true, false},
+        /* larger: several blocks of partial sums; 16 and 32 lanes per token */
+        {4096, 512, 128, 4, MOE_SCORE_SOFTMAX, true, true},
+        {2100, 520, 160, 6, MOE_SCORE_SIGMOID, true, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_router_case(&cases[i], &rng);
+}
+
+/* ---- plan ------------------------------------------------------------------------------ */
+
+static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, test_rng_t *rng)
+{
+    fprintf(stderr, "plan N=%lld E=%d K=%d capacity=%lld\n", (long long)n, e, k, (long long)capacity);
+    int64_t s = n * k;
+    int32_t *idx = malloc(4 * s);
+    /* distinct experts per token, skewed towards low indices so capacity bites */
+    for (int64_t t = 0; t < n; t++)
+        for (int32_t j = 0; j < k; j++) {
+            int32_t v;
+            bool dup;
+            do {
+                double u = test_rng_uniform(rng);
+                v = (int32_t)(u * u * e);
+                dup = false;
+                for (int32_t q = 0; q < j; q++) dup |= idx[t * k + q] == v;
+            } while (dup);
+            idx[t * k + j] = v;
+        }
+    int32_t *ros = malloc(4 * s), *sor = malloc(4 * s), *kept = malloc(4 * e);
+    int64_t *hk = malloc(8 * e), *g_hk = malloc(8 * e);
+    moe_plan_t hp = {.n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = idx,
+                     .row_of_slot = ros, .slot_of_row = sor, .kept = kept, .host_kept = hk};
+    TEST_OK(P.host.ops->plan(P.host.ctx, &hp));
+    moe_plan_t gp = hp;
+    gp.topk_idx = gpu_up_i32(&P, idx, s);
+    gp.row_of_slot = gpu_poison(&P, 4 * s, true);
+    gp.slot_of_row = gpu_poison(&P, 4 * s, true);
+    gp.kept = gpu_poison(&P, 4 * e, true);
+    gp.host_kept = g_hk;
+    TEST_OK(P.cuda.ops->plan(P.cuda.ctx, &gp));
+    int32_t *g_ros = malloc(4 * s), *g_sor = malloc(4 * s), *g_kept = malloc(4 * e);
+    gpu_down_i32(&P, g_ros, gp.row_of_slot, s);
+    gpu_down_i32(&P, g_sor, gp.slot_of_row, s);
+    gpu_down_i32(&P, g_kept, gp.kept, e);
+    int64_t rows = 0;
+    for (int32_t j = 0; j < e; j++) {
+        assert_int_equal(g_kept[j], kept[j]);
+        assert_int_equal(g_hk[j], hk[j]);
+        rows += kept[j];
+    }
+    assert_memory_equal(g_ros, ros, 4 * s);
+    assert_memory_equal(g_sor, sor, 4 * rows);
+    fprintf(stderr, "  %lld rows kept of %lld slots: identical\n", (long long)rows, (long long)s);
+    gpu_free(&P, (void *)gp.topk_idx);
+    gpu_free(&P, gp.row_of_slot);
+    gpu_free(&P, gp.slot_of_row);
+    gpu_free(&P, gp.kept);
+    void *hostp[] = {idx, ros, sor, kept, hk, g_hk, g_ros, g_sor, g_kept};
+    for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
+}
+
+static void test_plan(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed + 1};
+    run_plan_case(3001, 8, 2, -1, &rng);
+    run_plan_case(3001, 8, 2, 500, &rng);
+    run_plan_case(20000, 64, 4, -1, &rng);
+    run_plan_case(20000, 64, 4, 1000, &rng);
+    run_plan_case(777, 300, 8, 12, &rng);
+    run_plan_case(5, 16, 2, -1, &rng);
+}
+
+/* ---- gather / combine ------------------------------------------------------------------- */
+
+static void run_rows_case(int64_t n, int32_t k, int64_t h, test_rng_t *rng)
+{
+    fprintf(stderr, "rows N=%lld K=%d H=%lld\n", (long long)n, k, (long long)h);
+    int64_t s = n * k;
+    /* a permutation of the slots with ~1/8 dropped */
+    int32_t *ros = malloc(4 * s), *sor = malloc(4 * s);
+    int64_t rows = 0;
+    for (int64_t i = 0; i < s; i++) {
+        if (test_rng_uniform(rng) < 0.125) {
+            ros[i] = -1;
+            continue;
+        }
+        sor[rows++] = (int32_t)i;
+    }
+    for (int64_t i = rows - 1; i > 0; i--) { /* shuffle the row order */
+        int64_t j = test_rng_int(rng, 0, i);
+        int32_t t = sor[i];
+        sor[i] = sor[j];
+        sor[j] = t;
+    }
+    for (int64_t r = 0; r < rows; r++) ros[sor[r]] = (int32_t)r;
+    float *x = rand_f32(rng, n * h, 1.0), *w = rand_f32(rng, s, 1.0), *src = rand_f32(rng, rows * h, 1.0);
+    float *dy = rand_f32(rng, n * h, 1.0);
+    void *gx = gpu_up_bf16(&P, x, n * h), *gsrc = gpu_up_bf16(&P, src, rows * h);
+    void *gdy = gpu_up_bf16(&P, dy, n * h);
+    float *gw = gpu_up_f32(&P, w, s);
+    int32_t *gros = gpu_up_i32(&P, ros, s), *gsor = gpu_up_i32(&P, sor, rows);
+    float *ref = malloc(4 * (n + rows) * h), *got = malloc(4 * (n + rows) * h);
+
+    for (int scaled = 0; scaled < 2; scaled++) {
+        void *out = gpu_poison(&P, 2 * rows * h, false);
+        HOST(gather_rows, ref, x, sor, k, scaled ? w : NULL, rows, h);
+        CUDA(gather_rows, out, gx, gsor, k, scaled ? gw : NULL, rows, h);
+        gpu_down_bf16(&P, got, out, rows * h);
+        check_close(scaled ? "gather_rows (scaled)" : "gather_rows", got, ref, rows * h, 1e-2);
+        gpu_free(&P, out);
+
+        out = gpu_poison(&P, 2 * n * h, false);
+        HOST(combine, ref, src, ros, scaled ? w : NULL, n, k, h);
+        CUDA(combine, out, gsrc, gros, scaled ? gw : NULL, n, k, h);
+        gpu_down_bf16(&P, got, out, n * h);
+        check_close(scaled ? "combine (weighted)" : "combine", got, ref, n * h, 1e-2);
+        gpu_free(&P, out);
+    }
+    float *dw = gpu_poison(&P, 4 * s, false);
+    HOST(combine_weight_grad, ref, dy, src, ros, n, k, h);
+    CUDA(combine_weight_grad, dw, gdy, gsrc, gros, n, k, h);
+    gpu_down_f32(&P, got, dw, s);
+    check_close("combine_weight_grad", got, ref, s, 1e-5);
+    gpu_free(&P, dw);
+    void *dev[] = {gx, gsrc, gdy, gw, gros, gsor};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(&P, dev[i]);
+    void *hostp[] = {ros, sor, x, w, src, dy, ref, got};
+    for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
+}
+
+static void test_rows(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed + 2};
+    run_rows_case(300, 2, 256, &rng);
+    run_rows_case(97, 3, 75, &rng);   /* H % 8 != 0: the scalar path */
+    run_rows_case(64, 8, 2048, &rng);
+}
+
+/* ---- experts ---------------------------------------------------------------------------- */
+
+static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *rows_per,
+                             const char *mode, test_rng_t *rng)
+{
+    fprintf(stderr, "experts El=%d H=%lld F=%lld mode=%s rows:", el, (long long)h, (long long)f, mode);
+    setenv("MOE_CUDA_EXPERT_GEMM", mode, 1);
+    gpu_pair_t Q;
+    gpu_pair_init(&Q);
+    int64_t off[65] = {0};
+    for (int32_t e = 0; e < el; e++) {
+        off[e + 1] = off[e] + rows_per[e];
+        fprintf(stderr, " %lld", (long long)rows_per[e]);
+    }
+    fprintf(stderr, "\n");
+    int64_t r = off[el];
+    float *w1 = rand_f32(rng, el * h * 2 * f, 1.0 / sqrt((double)h));
+    float *w2 = rand_f32(rng, el * f * h, 1.0 / sqrt((double)f));
+    float *xp = rand_f32(rng, r * h, 1.0), *d_out = rand_f32(rng, r * h, 1.0);
+    float *dw1 = rand_f32(rng, el * h * 2 * f, 0.1), *dw2 = rand_f32(rng, el * f * h, 0.1);
+    moe_experts_t ha = {.h = h, .f = f, .el = el, .host_offsets = off, .w1 = w1, .w2 = w2, .xp = xp,
+                        .hpre = malloc(4 * r * 2 * f), .act = malloc(4 * r * f),
+                        .out = malloc(4 * r * h), .d_out = d_out, .d_xp = malloc(4 * r * h),
+                        .dw1 = malloc(4 * el * h * 2 * f), .dw2 = malloc(4 * el * f * h),
+                        .scratch = malloc(4 * r * 3 * f + 4)};
+    memcpy(ha.dw1, dw1, 4 * el * h * 2 * f);
+    memcpy(ha.dw2, dw2, 4 * el * f * h);
+    moe_experts_t ga = ha;
+    ga.w1 = gpu_up_bf16(&Q, w1, el * h * 2 * f);
+    ga.w2 = gpu_up_bf16(&Q, w2, el * f * h);
+    ga.xp = gpu_up_bf16(&Q, xp, r * h);
+    ga.d_out = gpu_up_bf16(&Q, d_out, r * h);
+    ga.dw1 = gpu_up_f32(&Q, dw1, el * h * 2 * f);
+    ga.dw2 = gpu_up_f32(&Q, dw2, el * f * h);
+    ga.hpre = gpu_poison(&Q, 2 * r * 2 * f, false);
+    ga.act = gpu_poison(&Q, 2 * r * f, false);
+    ga.out = gpu_poison(&Q, 2 * r * h, false);
+    ga.d_xp = gpu_poison(&Q, 2 * r * h, false);
+    ga.scratch = gpu_poison(&Q, 2 * r * 3 * f, false);
+    TEST_OK(Q.host.ops->experts_forward(Q.host.ctx, &ha));
+    TEST_OK(Q.host.ops->experts_backward(Q.host.ctx, &ha));
+    TEST_OK(Q.cuda.ops->experts_forward(Q.cuda.ctx, &ga));
+    TEST_OK(Q.cuda.ops->experts_backward(Q.cuda.ctx, &ga));
+    int64_t big = el * h * 2 * f > r * 2 * f ? el * h * 2 * f : r * 2 * f;
+    float *got = malloc(4 * (big + r * h));
+    gpu_down_bf16(&Q, got, ga.hpre, r * 2 * f);
+    check_close("hpre", got, ha.hpre, r * 2 * f, 1e-2);
+    gpu_down_bf16(&Q, got, ga.act, r * f);
+    check_close("act", got, ha.act, r * f, 1e-2);
+    gpu_down_bf16(&Q, got, ga.out, r * h);
+    check_close("out", got, ha.out, r * h, 1e-2);
+    gpu_down_bf16(&Q, got, ga.d_xp, r * h);
+    check_close("d_xp", got, ha.d_xp, r * h, 1e-2);
+    gpu_down_f32(&Q, got, ga.dw1, el * h * 2 * f);
+    check_close("dw1 (+=)", got, ha.dw1, el * h * 2 * f, 1e-2);
+    gpu_down_f32(&Q, got, ga.dw2, el * f * h);
+    check_close("dw2 (+=)", got, ha.dw2, el * f * h, 1e-2);
+    void *dev[] = {(void *)ga.w1, (void *)ga.w2, (void *)ga.xp, (void *)ga.d_out, ga.dw1, ga.dw2,
+                   ga.hpre, ga.act, ga.out, ga.d_xp, ga.scratch};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(&Q, dev[i]);
+    void *hostp[] = {w1, w2, xp, d_out, dw1, dw2, ha.hpre, ha.act, ha.out, ha.d_xp, ha.dw1, ha.dw2,
+                     ha.scratch, got};
+    for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
+    gpu_pair_free(&Q);
+    unsetenv("MOE_CUDA_EXPERT_GEMM");
+}
+
+static void test_experts(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed + 3};
+    const int64_t uneven[] = {37, 0, 130, 5, 64, 1};
+    const int64_t even[] = {48, 48, 48, 48};
+    const char *modes[] = {"loop", "streams", "auto"};
+    for (int m = 0; m < 3; m++) run_experts_case(6, 64, 96, uneven, modes[m], &rng);
+    run_experts_case(4, 64, 96, even, "batched", &rng);
+    run_experts_case(4, 40, 45, even, "loop", &rng); /* F % 8 != 0: scalar SwiGLU */
+}
+
+/* ---- element-wise ------------------------------------------------------------------------ */
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed + 4};
+    const int64_t n = 100003;
+    float *master = rand_f32(&rng, n, 1.0), *m = rand_f32(&rng, n, 0.01), *grad = rand_f32(&rng, n, 1.0);
+    float *v = malloc(4 * n), *param = malloc(4 * n), *got = malloc(4 * n);
+    for (int64_t i = 0; i < n; i++) v[i] = (float)fabs(0.01 * test_rng_normal(&rng));
+    float *gmaster = gpu_up_f32(&P, master, n), *gm = gpu_up_f32(&P, m, n), *gv = gpu_up_f32(&P, v, n);
+    float *ggrad = gpu_up_f32(&P, grad, n);
+    void *gparam = gpu_poison(&P, 2 * n, false);
+    moe_adamw_update_t ha = {.n = n, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                             .weight_decay = 0.01f, .grad_scale = 0.5f, .step = 3,
+                             .master = master, .m = m, .v = v, .param = param, .grad = grad};
+    moe_adamw_update_t ga = ha;
+    ga.master = gmaster;
+    ga.m = gm;
+    ga.v = gv;
+    ga.param = gparam;
+    ga.grad = ggrad;
+    TEST_OK(P.host.ops->adamw_update(P.host.ctx, &ha));
+    TEST_OK(P.cuda.ops->adamw_update(P.cuda.ctx, &ga));
+    gpu_down_f32(&P, got, gmaster, n);
+    check_close("adamw master", got, master, n, 1e-5);
+    gpu_down_f32(&P, got, gm, n);
+    check_close("adamw m", got, m, n, 1e-5);
+    gpu_down_f32(&P, got, gv, n);
+    check_close("adamw v", got, v, n, 1e-5);
+    gpu_down_bf16(&P, got, gparam, n);
+    check_close("adamw param (bf16)", got, param, n, 1e-2);
+
+    /* conversions and add */
+    float *a = rand_f32(&rng, n, 1.0), *b = rand_f32(&rng, n, 1.0);
+    void *ga16 = gpu_up_bf16(&P, a, n), *gb16 = gpu_up_bf16(&P, b, n);
+    float *f32 = gpu_poison(&P, 4 * n, false);
+    CUDA(act_to_f32, f32, ga16, n);
+    gpu_down_f32(&P, got, f32, n);
+    assert_memory_equal(got, a, 4 * n); /* bf16 -> f32 is exact */
+    void *back = gpu_poison(&P, 2 * n, false);
+    CUDA(f32_to_act, back, f32, n);
+    gpu_down_bf16(&P, got, back, n);
+    assert_memory_equal(got, a, 4 * n);
+    CUDA(add, ga16, gb16, n);
+    gpu_down_bf16(&P, got, ga16, n);
+    for (int64_t i = 0; i < n; i++) a[i] += b[i];
+    check_close("add", got, a, n, 1e-2);
+    void *dev[] = {gmaster, gm, gv, ggrad, gparam, ga16, gb16, f32, back};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(&P, dev[i]);
+    void *hostp[] = {master, m, grad, v, param, got, a, b};
+    for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
+}
+
+int main(void)
+{
+    gpu_pair_init(&P); /* exits 77 without a GPU */
+    seed = test_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_router),
+        cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_experts),
+        cmocka_unit_test(test_elementwise),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu_pair_free(&P);
+    return rc;
+}
