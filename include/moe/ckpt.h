@@ -23,7 +23,12 @@
  * every element a rank asks for, the piece of whichever file holds it.
  *
  * Threads: a checkpointer is used from one thread (the training thread). Its background
- * threads call the runtime's log callback. Two checkpointers must not share a directory.
+ * threads do file and S3 I/O only and call the runtime's log callback; they never use MPI.
+ * With several ranks, the agreement that commits a step (and completes its S3 mirror) runs
+ * on the calling thread inside the collective calls below (save_async, wait, load_*,
+ * destroy), once every rank's shard is durable: call wait (or keep saving) to finish a save.
+ * The checkpoint directory must then be shared by the ranks (or use S3 as the shared tier).
+ * Two checkpointers must not share a directory.
  */
 #ifndef MOE_CKPT_H
 #define MOE_CKPT_H
@@ -110,7 +115,9 @@ MOE_API void moe_ckpt_abort(moe_ckpt_t *ck);
  * runtime's stream has completed the work enqueued before the call, then device->host copies);
  * the caller may then modify or free the tensors. When the state exceeds the pinned budget,
  * the call waits for the writer to release staging segments (bounded memory, longer stall).
- * A background failure of an earlier save is returned here (and cleared). */
+ * A background failure of an earlier save is returned here (and cleared); the new save is
+ * then not made. With several ranks, a save refused on one rank (bad argument, earlier
+ * failure) fails on every rank: the others get ABORTED from a later call. */
 MOE_API moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step,
                                          const moe_ckpt_tensor_t *tensors, int32_t count);
 
@@ -135,13 +142,17 @@ typedef struct moe_ckpt_status {
     int32_t direct_io;            /* 1 while O_DIRECT is in use, 0 after the fallback */
 } moe_ckpt_status_t;
 
-/* [out] status (set struct_size first). Never blocks on I/O. */
+/* [out] status (set struct_size first). Never blocks on I/O. Not collective. On ranks other
+ * than 0 of a multi-rank run, last_uploaded_step is the newest step whose shards all ranks
+ * uploaded (rank 0 then puts the manifest). */
 MOE_API moe_status_t moe_ckpt_status(moe_ckpt_t *ck, moe_ckpt_status_t *status);
 /* SUCCESS when every queued save is committed locally (and, with include_uploads, mirrored),
- * IN_PROGRESS while work remains, or the first unreported background error (then cleared). */
+ * IN_PROGRESS while work remains, or the first unreported background error (then cleared).
+ * Not collective, so with several ranks it does not commit anything itself (see the top). */
 MOE_API moe_status_t moe_ckpt_poll(moe_ckpt_t *ck, int include_uploads);
 /* Blocks until poll would not return IN_PROGRESS, or timeout_ms passes (TIMEOUT); a negative
- * timeout waits for ever. */
+ * timeout waits for ever. Collective over the world when it has several ranks (all return
+ * together; TIMEOUT when the timeout passed on any rank). */
 MOE_API moe_status_t moe_ckpt_wait(moe_ckpt_t *ck, int include_uploads, int64_t timeout_ms);
 /* The first background error not yet reported, without clearing it (SUCCESS if none);
  * [out] message (may be NULL) receives its text, truncated to message_len. */
