@@ -193,7 +193,7 @@ int main(int argc, char **argv)
            kind == MOE_BACKEND_CUDA ? "cuda" : "host", total, ntensors, runs, chunk_mib, qd,
            block_mib, direct, ms, total / ms / 1e9, md, total / md / 1e9, dd_before, dd_after,
            dd > 0 ? total / md / 1e9 / dd : 0, d2h_ref,
-           getenv("MOE_CKPT_DEFER_WRITER") ? atoi(getenv("MOE_CKPT_DEFER_WRITER")) : 0, ms <= 0.2 ? "true" : "false",
+           getenv("MOE_CKPT_DEFER_WRITER") ? atoi(getenv("MOE_CKPT_DEFER_WRITER")) : 1, ms <= 0.2 ? "true" : "false",
            dd > 0 && total / md / 1e9 >= 0.9 * dd ? "true" : "false", dir);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckdir);
