@@ -164,7 +164,8 @@ MOE_API moe_status_t moe_ckpt_get_async_error(moe_ckpt_t *ck, char *message, siz
  * logged reason, when a file is missing, truncated or fails its checksum, or its manifest is
  * malformed or names a path outside its directory; when the same step exists on S3 it is
  * downloaded (replacing the bad local copy) before falling back to an older one.
- * Collective over the world: all ranks load the same step. Waits for queued saves first.
+ * Collective over the world: all ranks load the same step. Waits for queued saves first
+ * (a background error stays on the handle for poll/wait; it does not fail the load).
  * [out] step (may be NULL). NOT_FOUND when no checkpoint exists; INVALID_ARGUMENT when a
  * requested tensor is absent, its global shape differs, or the checkpoint does not cover the
  * requested slice. On failure the tensors' contents are unspecified. */

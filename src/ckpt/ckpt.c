@@ -1051,6 +1051,16 @@ static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms)
     return take_async_error(ck);
 }
 
+/* Wait until every queued save is committed (or failed), without taking the async error. */
+static moe_status_t drain_saves(moe_ckpt_t *ck)
+{
+    if (ck->world > 1) return progress(ck, true, false, -1);
+    pthread_mutex_lock(&ck->mu);
+    while (ck->st.pending_saves > 0) pthread_cond_wait(&ck->cv, &ck->mu);
+    pthread_mutex_unlock(&ck->mu);
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck)
 {
     moe_error_clear();
@@ -1458,7 +1468,7 @@ static moe_status_t load_common(moe_ckpt_t *ck, bool one, int64_t want,
                                 const moe_ckpt_tensor_t *t, int32_t count, int64_t *step)
 {
     MOE_TRY(ck_check_request(t, count));
-    MOE_TRY(wait_idle(ck, false, -1));
+    MOE_TRY(drain_saves(ck)); /* background errors stay on the handle for poll/wait */
     int64_t *cand = NULL, *rem = NULL;
     int32_t nc = 0, nr = 0;
     MOE_TRY(candidates(ck, &cand, &nc, &rem, &nr));

@@ -272,6 +272,15 @@ static void test_wrong_bucket_and_secrets(void **st)
     int32_t n;
     TEST_OK(moe_ckpt_list(ck, MOE_CKPT_TIER_LOCAL, steps, 4, &n)); /* local tier unaffected */
     assert_int_equal(n, 1);
+    /* a second failed upload stays on the handle; loading is not blocked by it */
+    st5_fill(&x, 2);
+    TEST_OK(moe_ckpt_save_async(ck, 2, x.t, 3));
+    int64_t step = -1;
+    memset(x.s.a, 0, CT_A_N * 4);
+    TEST_OK(moe_ckpt_load_latest(ck, x.t, 3, &step));
+    assert_int_equal(step, 2);
+    assert_true(ct_check(&x.s, 2));
+    assert_int_equal(moe_ckpt_wait(ck, 1, 60000), MOE_STATUS_TIMEOUT); /* reported here */
     TEST_OK(moe_ckpt_destroy(ck));
     unsetenv("AWS_ACCESS_KEY_ID");
     unsetenv("AWS_SECRET_ACCESS_KEY");
