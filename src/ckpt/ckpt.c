@@ -1,21 +1,25 @@
 /*
  * The checkpointer: the public API, the snapshot into pinned staging segments, the writer
- * thread (one data file per rank, then the collective agreement and rank 0's commit marker),
- * the S3 mirror thread, retention, listing and load with fallback.
+ * thread (one data file per rank), the commit (agreement + rank 0's manifest), the S3 mirror
+ * thread, retention, listing and load with fallback.
  *
  * Data flow of one save (rank r, step N):
  *   save_async (training thread)          writer thread                    S3 thread
  *   layout pieces in rank-r.bin  ------>  open step-N/rank-r.bin.tmp
- *   for each chunk_bytes range:           for each filled segment:
- *     take a free pinned segment            XXH3 of each piece chunk
- *     D2H / memcpy the bytes in   ------>   io_uring writes (O_DIRECT)
- *   return (tensors reusable)               segment back to the free list
+ *   for each chunk_bytes range:           (state fits the budget: wait
+ *     take a free pinned segment            for the whole snapshot)
+ *     D2H / memcpy the bytes in   ------>  for each filled segment:
+ *   return (tensors reusable)               XXH3 of each piece chunk, io_uring writes
+ *                                           (O_DIRECT), segment back to the free list
  *                                         fsync, rename rank-r.bin, fsync dir
- *                                         agree (allreduce MIN ok), gather piece lists
- *                                         rank 0: manifest.json (tmp, fsync, rename, fsync)
- *                                         retention (rank 0)          -->  upload rank-r.bin
- *                                                                         agree; rank 0 puts
- *                                                                         manifest.json last
+ *   commit_job: agree (allreduce MIN), gather piece lists, rank 0 writes manifest.json
+ *   (tmp, fsync, rename, fsync); retention (rank 0, writer thread)   -->  upload rank-r.bin;
+ *                                                                        manifest.json last
+ * World of one: the writer thread runs commit_job and the S3 thread puts the manifest after
+ * the shard. Several ranks: MPI is only called on the training thread (the communicator is
+ * MPI_THREAD_SERIALIZED), so commit_job and the upload agreement run in progress(), inside
+ * the collective calls (save_async, wait, load, destroy); rank 0's S3 thread then puts the
+ * manifest.
  * Locking: one mutex + condition variable guard the queues, the free segments, the status and
  * the async error; the I/O itself runs unlocked.
  */
