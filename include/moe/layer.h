@@ -79,12 +79,14 @@ MOE_API moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_
 MOE_API moe_status_t moe_layer_destroy(moe_layer_t *layer);
 
 /* [in] x [N,H] on the runtime's device in its compute dtype, N >= 0 (N may differ by rank).
- * [out] y [N,H], caller-allocated. Collective over ep and tp. Enqueued on the runtime's
+ * [out] y [N,H], caller-allocated. Collective over tp, ep and dp (capacity, the aux and z
+ * terms and the expert-bias update use counts over the ep x dp group, so every rank of it
+ * calls, also with N = 0). Enqueued on the runtime's
  * stream (CUDA); the host sees y after synchronising. slot must not be in use. */
 MOE_API moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *x,
                                        moe_tensor_t *y);
 /* [in] dy [N,H] for the forward saved in slot. [out] dx [N,H] (may be NULL if not needed).
- * Accumulates into the parameter gradients and frees the slot. Collective over ep and tp. */
+ * Accumulates into the parameter gradients and frees the slot. Collective like forward. */
 MOE_API moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *dy,
                                         moe_tensor_t *dx);
 /* Drop the state saved by forward in slot without a backward. */
@@ -140,7 +142,9 @@ typedef struct moe_layer_stats {
 } moe_layer_stats_t;
 
 /* [out] stats (set struct_size first) [out] tokens_per_expert: E entries of accepted slots
- * per expert, or NULL. Reflects the last forward on this layer (any slot). */
+ * per expert, or NULL. Reflects the last forward on this layer (any slot). With a mesh,
+ * aux_loss, z_loss, entropy and capacity are global over the ep x dp group; the token, slot,
+ * drop and load fields are this rank's. */
 MOE_API moe_status_t moe_layer_stats(const moe_layer_t *layer, moe_layer_stats_t *stats,
                                      int64_t *tokens_per_expert);
 

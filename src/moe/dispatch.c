@@ -307,23 +307,12 @@ fail:
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
-static moe_status_t alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
+/* The distributed part of a slot; the routing state itself comes from moe_layer_route. */
+static moe_status_t alloc_dist_slot(moe_layer_t *l, moe_slot_t *s)
 {
-    size_t nk = (size_t)n * (size_t)l->k, ne = (size_t)n * (size_t)l->e, e = (size_t)l->e;
-    s->n = n;
-    MOE_TRY(dalloc(l, (size_t)n * (size_t)l->h * l->dist->act, &s->x));
-    MOE_TRY(dalloc(l, ne * sizeof(float), &s->logits));
-    MOE_TRY(dalloc(l, nk * sizeof(int32_t), &s->topk_idx));
-    MOE_TRY(dalloc(l, nk * sizeof(float), &s->topk_w));
-    MOE_TRY(dalloc(l, e * sizeof(int32_t), &s->counts));
-    MOE_TRY(dalloc(l, e * sizeof(float), &s->score_mean));
-    MOE_TRY(dalloc(l, 2 * sizeof(float), &s->router_stats));
-    MOE_TRY(dalloc(l, nk * sizeof(int32_t), &s->row_of_slot));
-    MOE_TRY(dalloc(l, nk * sizeof(int32_t), &s->slot_of_row));
-    s->host_kept = calloc(e, sizeof(int64_t));
     moe_dist_slot_t *ds = calloc(1, sizeof *ds);
     s->dist = ds;
-    if (!s->host_kept || !ds) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
+    if (!ds) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
     int P = l->dist->P;
     ds->sc = calloc((size_t)P * 4, sizeof(int64_t));
     ds->cnt = calloc((size_t)P * (size_t)l->el, sizeof(int64_t));
@@ -465,40 +454,6 @@ static moe_status_t exchange_counts(moe_layer_t *l, moe_slot_t *s, const int64_t
     return MOE_STATUS_SUCCESS;
 }
 
-static void fill_stats(moe_layer_t *l, moe_slot_t *s, const global_routing_t *g)
-{
-    int64_t E = l->e, slots = s->n * l->k, accepted = 0, max_load = 0;
-    for (int64_t j = 0; j < E; j++) {
-        l->host_tokens_per_expert[j] = s->host_kept[j];
-        accepted += s->host_kept[j];
-        if (s->host_kept[j] > max_load) max_load = s->host_kept[j];
-    }
-    moe_layer_stats_t *st = &l->stats;
-    st->struct_size = sizeof *st;
-    st->tokens = s->n;
-    st->slots = slots;
-    st->dropped_slots = slots - accepted;
-    st->dropped_ratio = slots ? (double)(slots - accepted) / (double)slots : 0.0;
-    st->max_load = (double)max_load;
-    st->mean_load = (double)accepted / (double)E;
-    st->entropy = g->entropy;
-    st->aux_loss = g->aux;
-    st->z_loss = g->z;
-    st->capacity = g->capacity;
-}
-
-static moe_status_t update_bias(moe_layer_t *l, const global_routing_t *g)
-{
-    if (!l->cfg.expert_bias || g->n_total == 0) return MOE_STATUS_SUCCESS;
-    double mean = (double)g->n_total * l->k / (double)l->e;
-    for (int64_t j = 0; j < l->e; j++) {
-        double dd = mean - g->counts[j];
-        l->host_bias[j] += l->cfg.expert_bias_rate * (float)((dd > 0) - (dd < 0));
-    }
-    return MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), l->bias, l->host_bias,
-                                sizeof(float) * (size_t)l->e);
-}
-
 moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
                               moe_tensor_t *y)
 {
@@ -510,49 +465,37 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     int32_t E = l->e, K = l->k;
     size_t a = d->act, nk = (size_t)n * (size_t)K;
     moe_status_t st = MOE_STATUS_SUCCESS;
-    int32_t *h_counts = NULL, *h_idx = NULL, *h_ros = NULL, *h_sor = NULL;
-    float *h_pmean = NULL, h_rstats[2] = {0, 0};
+    int32_t *h_idx = NULL, *h_ros = NULL, *h_sor = NULL;
     double *table = NULL, *gbuf = NULL;
     int64_t *kept_group = NULL;
     void *xs = NULL, *outr = NULL;
+    moe_routing_host_t routing = {0};
 
-    MOE_TRY(alloc_routing(l, s, n));
+    /* 1. router on the local tokens */
+    MOE_TRY_GOTO(st, moe_layer_route(l, s, x, &routing));
+    MOE_TRY_GOTO(st, alloc_dist_slot(l, s));
     moe_dist_slot_t *ds = s->dist;
-    MOE_TRY(ops->copy(ctx, s->x, x->data, (size_t)n * (size_t)H * a));
-    h_counts = calloc((size_t)E, sizeof *h_counts);
-    h_pmean = calloc((size_t)E, sizeof *h_pmean);
     table = calloc((size_t)d->D * (size_t)(3 + 2 * E), sizeof *table);
     gbuf = calloc((size_t)E * 2, sizeof *gbuf);
     kept_group = calloc((size_t)E, sizeof *kept_group);
     h_idx = malloc(sizeof(int32_t) * (nk ? nk : 1));
     h_ros = malloc(sizeof(int32_t) * (nk ? nk : 1));
     h_sor = malloc(sizeof(int32_t) * (nk ? nk : 1));
-    if (!h_counts || !h_pmean || !table || !gbuf || !kept_group || !h_idx || !h_ros || !h_sor) {
+    if (!table || !gbuf || !kept_group || !h_idx || !h_ros || !h_sor) {
         st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing host buffers");
         goto fail;
     }
-    /* 1. router on the local tokens */
-    if (n > 0) {
-        moe_router_fwd_t r = {
-            .n = n, .h = H, .e = E, .k = K, .score_fn = l->cfg.score_fn,
-            .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .bias = l->bias,
-            .logits = s->logits, .topk_idx = s->topk_idx, .topk_w = s->topk_w,
-            .counts = s->counts, .score_mean = s->score_mean, .stats = s->router_stats,
-        };
-        MOE_TRY_GOTO(st, ops->router_forward(ctx, &r));
-        MOE_TRY_GOTO(st, ops->copy(ctx, h_counts, s->counts, sizeof(int32_t) * (size_t)E));
-        MOE_TRY_GOTO(st, ops->copy(ctx, h_pmean, s->score_mean, sizeof(float) * (size_t)E));
-        MOE_TRY_GOTO(st, ops->copy(ctx, h_rstats, s->router_stats, sizeof h_rstats));
-        MOE_TRY_GOTO(st, ops->copy(ctx, h_idx, s->topk_idx, sizeof(int32_t) * nk));
-    }
+    if (nk) MOE_TRY_GOTO(st, ops->copy(ctx, h_idx, s->topk_idx, sizeof(int32_t) * nk));
     /* 2. global routing statistics, capacity and this rank's place in the global order */
     global_routing_t g = {.counts = gbuf, .prefix = gbuf + E};
-    MOE_TRY_GOTO(st, exchange_routing(l, s, h_counts, h_pmean, h_rstats, table, &g));
+    MOE_TRY_GOTO(st, exchange_routing(l, s, routing.counts, routing.score_mean, routing.stats,
+                                       table, &g));
     ds->n_total = g.n_total;
     ds->aux_scale = g.n_total ? (float)(((double)n / g.n_total) * ((double)n / g.n_total)) : 0;
     ds->z_scale = g.n_total ? (float)((double)n / g.n_total) : 0;
-    for (int32_t e = 0; e < E; e++) h_counts[e] = (int32_t)g.counts[e];
-    MOE_TRY_GOTO(st, ops->copy(ctx, s->counts, h_counts, sizeof(int32_t) * (size_t)E));
+    /* backward's aux gradient needs the global selections */
+    for (int32_t e = 0; e < E; e++) routing.counts[e] = (int32_t)g.counts[e];
+    MOE_TRY_GOTO(st, ops->copy(ctx, s->counts, routing.counts, sizeof(int32_t) * (size_t)E));
     /* 3. plan on the host, 4. row counts to the expert owners */
     MOE_TRY_GOTO(st, plan_rows(l, s, &g, h_idx, h_ros, h_sor, kept_group));
     if (nk) {
@@ -573,13 +516,12 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     MOE_TRY_GOTO(st, pipeline(l, s, xs, ds->xr, outr, ds->back, slice_forward, NULL));
     /* 6. unpermute */
     if (n > 0) MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H));
-    fill_stats(l, s, &g);
-    MOE_TRY_GOTO(st, update_bias(l, &g));
+    moe_layer_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
+    MOE_TRY_GOTO(st, moe_layer_update_bias(l, g.counts, (double)g.n_total * K));
 fail:
     dfree(l, &xs);
     dfree(l, &outr);
-    free(h_counts);
-    free(h_pmean);
+    moe_routing_host_free(&routing);
     free(table);
     free(gbuf);
     free(kept_group);
@@ -599,9 +541,9 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
     moe_dist_t *d = l->dist;
     moe_dist_slot_t *ds = s->dist;
     int64_t n = s->n, H = l->h, Fl = l->f_local;
-    int32_t E = l->e, K = l->k;
+    int32_t K = l->k;
     size_t a = d->act, Rs = (size_t)ds->rows_send, Rr = (size_t)ds->rows_recv;
-    float *d_w = NULL, *dlogits = NULL;
+    float *d_w = NULL;
     void *d_rows = NULL, *d_outr = NULL, *d_xr = NULL, *d_back = NULL, *scratch = NULL;
     moe_status_t st = MOE_STATUS_SUCCESS;
 
@@ -626,21 +568,13 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
     MOE_TRY_GOTO(st, pipeline(l, s, d_rows, d_outr, d_xr, d_back, slice_backward, scratch));
     if (n > 0) {
         MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_back, s->row_of_slot, NULL, n, K, H));
-        MOE_TRY_GOTO(st, dalloc(l, (size_t)n * (size_t)E * sizeof(float), &dlogits));
-        moe_router_bwd_t r = {
-            .n = n, .h = H, .e = E, .k = K, .score_fn = l->cfg.score_fn,
-            .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
-            .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w, .counts = s->counts,
-            /* the op scales by its local N; the global batch's terms need Nt (see top) */
-            .aux_coef = l->cfg.aux_loss_coef * ds->aux_scale,
-            .z_coef = l->cfg.z_loss_coef * ds->z_scale, .dlogits = dlogits, .dx = dx,
-            .dwg = l->dwg,
-        };
-        MOE_TRY_GOTO(st, ops->router_backward(ctx, &r));
+        /* the op scales by its local N; the global batch's terms need Nt (see top) */
+        MOE_TRY_GOTO(st, moe_layer_router_backward(l, s, d_w, dx,
+                                                   l->cfg.aux_loss_coef * ds->aux_scale,
+                                                   l->cfg.z_loss_coef * ds->z_scale));
     }
 fail:
     dfree(l, &d_w);
-    dfree(l, &dlogits);
     dfree(l, &d_rows);
     dfree(l, &d_outr);
     dfree(l, &d_xr);

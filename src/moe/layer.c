@@ -320,6 +320,45 @@ static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
     return MOE_STATUS_SUCCESS;
 }
 
+moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
+                             moe_routing_host_t *out)
+{
+    const moe_backend_ops_t *ops = MOE_OPS(l->rt);
+    void *ctx = MOE_CTX(l->rt);
+    int64_t n = x->shape[0];
+    size_t e = (size_t)l->e;
+    MOE_TRY(slot_alloc_routing(l, s, n));
+    MOE_TRY(ops->copy(ctx, s->x, x->data, (size_t)n * (size_t)l->h * moe_dtype_size(ops->compute_dtype)));
+    out->counts = calloc(e, sizeof(int32_t));
+    out->score_mean = calloc(e, sizeof(float));
+    out->stats[0] = out->stats[1] = 0;
+    if (!out->counts || !out->score_mean) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing results");
+    if (n == 0) {
+        /* the device copies must hold zeros too: backward and the plan read them */
+        MOE_TRY(ops->memset_zero(ctx, s->counts, sizeof(int32_t) * e));
+        MOE_TRY(ops->memset_zero(ctx, s->score_mean, sizeof(float) * e));
+        return ops->memset_zero(ctx, s->router_stats, 2 * sizeof(float));
+    }
+    moe_router_fwd_t r = {
+        .n = n, .h = l->h, .e = l->e, .k = l->k, .score_fn = l->cfg.score_fn,
+        .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .bias = l->bias,
+        .logits = s->logits, .topk_idx = s->topk_idx, .topk_w = s->topk_w,
+        .counts = s->counts, .score_mean = s->score_mean, .stats = s->router_stats,
+    };
+    MOE_TRY(ops->router_forward(ctx, &r));
+    MOE_TRY(ops->copy(ctx, out->counts, s->counts, sizeof(int32_t) * e));
+    MOE_TRY(ops->copy(ctx, out->score_mean, s->score_mean, sizeof(float) * e));
+    return ops->copy(ctx, out->stats, s->router_stats, sizeof out->stats);
+}
+
+void moe_routing_host_free(moe_routing_host_t *r)
+{
+    free(r->counts);
+    free(r->score_mean);
+    r->counts = NULL;
+    r->score_mean = NULL;
+}
+
 static moe_status_t slot_alloc_rows(moe_layer_t *l, moe_slot_t *s, int64_t rows)
 {
     moe_runtime_t *rt = l->rt;
@@ -343,20 +382,14 @@ static moe_status_t check_slot(const moe_layer_t *l, int32_t slot)
 
 /* ---- statistics and balancing ------------------------------------------------------------ */
 
-/* Fill the layer's stats from the host copies of the routing results and apply the sign
- * rule to the expert bias: experts loaded above the mean get less bias, below it more. */
-static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t capacity,
-                                         const int32_t *host_counts, const float *host_pmean,
-                                         const float *host_rstats)
+void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, double aux,
+                         double z, double entropy)
 {
     int64_t e = l->e, slots = s->n * l->k, accepted = 0, max_load = 0;
-    double aux = 0;
     for (int64_t j = 0; j < e; j++) {
         l->host_tokens_per_expert[j] = s->host_kept[j];
         accepted += s->host_kept[j];
         if (s->host_kept[j] > max_load) max_load = s->host_kept[j];
-        double f = slots ? (double)host_counts[j] / (double)slots : 0.0;
-        aux += f * host_pmean[j];
     }
     moe_layer_stats_t *st = &l->stats;
     st->struct_size = sizeof *st;
@@ -366,21 +399,39 @@ static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t 
     st->dropped_ratio = slots ? (double)(slots - accepted) / (double)slots : 0.0;
     st->max_load = (double)max_load;
     st->mean_load = (double)accepted / (double)e;
-    st->entropy = host_rstats[1];
-    st->aux_loss = (double)e * aux;
-    st->z_loss = host_rstats[0];
+    st->entropy = entropy;
+    st->aux_loss = aux;
+    st->z_loss = z;
     st->capacity = capacity;
+}
 
-    if (l->cfg.expert_bias && slots > 0) {
-        double mean = (double)slots / (double)e;
-        for (int64_t j = 0; j < e; j++) {
-            double d = mean - host_counts[j];
-            l->host_bias[j] += l->cfg.expert_bias_rate * (float)((d > 0) - (d < 0));
-        }
-        MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), l->bias, l->host_bias,
-                                     sizeof(float) * (size_t)e));
+moe_status_t moe_layer_update_bias(moe_layer_t *l, const double *selected, double slots)
+{
+    if (!l->cfg.expert_bias || slots <= 0) return MOE_STATUS_SUCCESS;
+    double mean = slots / (double)l->e;
+    for (int64_t j = 0; j < l->e; j++) {
+        double d = mean - selected[j];
+        l->host_bias[j] += l->cfg.expert_bias_rate * (float)((d > 0) - (d < 0));
     }
-    return MOE_STATUS_SUCCESS;
+    return MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), l->bias, l->host_bias, sizeof(float) * (size_t)l->e);
+}
+
+/* The single-rank routing summary: aux from local counts and P, then the bias rule. */
+static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t capacity,
+                                         const moe_routing_host_t *r)
+{
+    int64_t e = l->e, slots = s->n * l->k;
+    double aux = 0;
+    double *selected = malloc(sizeof(double) * (size_t)e);
+    if (!selected) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing statistics");
+    for (int64_t j = 0; j < e; j++) {
+        selected[j] = r->counts[j];
+        aux += (slots ? (double)r->counts[j] / (double)slots : 0.0) * r->score_mean[j];
+    }
+    moe_layer_set_stats(l, s, capacity, (double)e * aux, r->stats[0], r->stats[1]);
+    moe_status_t st = moe_layer_update_bias(l, selected, (double)slots);
+    free(selected);
+    return st;
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */
@@ -394,49 +445,22 @@ static int64_t capacity_for(const moe_layer_t *l, int64_t n)
 static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
                                  moe_tensor_t *y)
 {
+    if (l->dist) return moe_dist_forward(l, s, x, y);
     moe_runtime_t *rt = l->rt;
     const moe_backend_ops_t *ops = MOE_OPS(rt);
     void *ctx = MOE_CTX(rt);
     int64_t n = x->shape[0], h = l->h, capacity = capacity_for(l, n);
     int32_t e = l->e, k = l->k;
-    size_t act = moe_dtype_size(ops->compute_dtype);
-    if (l->dist) return moe_dist_forward(l, s, x, y);
+    moe_routing_host_t routing = {0};
+    moe_status_t st = MOE_STATUS_SUCCESS;
 
-    MOE_TRY(slot_alloc_routing(l, s, n));
-    MOE_TRY(ops->copy(ctx, s->x, x->data, (size_t)n * (size_t)h * act));
-    if (n > 0) {
-        moe_router_fwd_t r = {
-            .n = n, .h = h, .e = e, .k = k, .score_fn = l->cfg.score_fn,
-            .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .bias = l->bias,
-            .logits = s->logits, .topk_idx = s->topk_idx, .topk_w = s->topk_w,
-            .counts = s->counts, .score_mean = s->score_mean, .stats = s->router_stats,
-        };
-        MOE_TRY(ops->router_forward(ctx, &r));
-    } else {
-        MOE_TRY(ops->memset_zero(ctx, s->counts, sizeof(int32_t) * (size_t)e));
-        MOE_TRY(ops->memset_zero(ctx, s->score_mean, sizeof(float) * (size_t)e));
-        MOE_TRY(ops->memset_zero(ctx, s->router_stats, 2 * sizeof(float)));
-    }
+    MOE_TRY_GOTO(st, moe_layer_route(l, s, x, &routing));
     moe_plan_t p = {
         .n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = s->topk_idx,
         .row_of_slot = s->row_of_slot, .slot_of_row = s->slot_of_row, .kept = s->kept,
         .host_kept = s->host_kept,
     };
-    MOE_TRY(ops->plan(ctx, &p));
-
-    /* the small routing results ride on the plan's synchronisation point */
-    int32_t *host_counts = malloc(sizeof(int32_t) * (size_t)e);
-    float *host_pmean = malloc(sizeof(float) * (size_t)e);
-    float host_rstats[2];
-    moe_status_t st = MOE_STATUS_SUCCESS;
-    if (!host_counts || !host_pmean) {
-        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing statistics");
-        goto fail;
-    }
-    MOE_TRY_GOTO(st, ops->copy(ctx, host_counts, s->counts, sizeof(int32_t) * (size_t)e));
-    MOE_TRY_GOTO(st, ops->copy(ctx, host_pmean, s->score_mean, sizeof(float) * (size_t)e));
-    MOE_TRY_GOTO(st, ops->copy(ctx, host_rstats, s->router_stats, sizeof host_rstats));
-
+    MOE_TRY_GOTO(st, ops->plan(ctx, &p));
     s->host_offsets[0] = 0;
     for (int32_t j = 0; j < l->el; j++) s->host_offsets[j + 1] = s->host_offsets[j] + s->host_kept[j];
     int64_t rows = s->host_offsets[l->el];
@@ -450,10 +474,9 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
         MOE_TRY_GOTO(st, ops->experts_forward(ctx, &ex));
     }
     if (n > 0) MOE_TRY_GOTO(st, ops->combine(ctx, y->data, s->out, s->row_of_slot, s->topk_w, n, k, h));
-    MOE_TRY_GOTO(st, finish_routing_stats(l, s, capacity, host_counts, host_pmean, host_rstats));
+    MOE_TRY_GOTO(st, finish_routing_stats(l, s, capacity, &routing));
 fail:
-    free(host_counts);
-    free(host_pmean);
+    moe_routing_host_free(&routing);
     return st;
 }
 
@@ -491,6 +514,23 @@ moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tenso
 
 /* ---- backward ----------------------------------------------------------------------------- */
 
+moe_status_t moe_layer_router_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w,
+                                       void *dx, float aux_coef, float z_coef)
+{
+    moe_runtime_t *rt = l->rt;
+    float *dlogits = NULL;
+    MOE_TRY(alloc_dev(rt, (size_t)s->n * (size_t)l->e * sizeof(float), &dlogits));
+    moe_router_bwd_t r = {
+        .n = s->n, .h = l->h, .e = l->e, .k = l->k, .score_fn = l->cfg.score_fn,
+        .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
+        .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w, .counts = s->counts,
+        .aux_coef = aux_coef, .z_coef = z_coef, .dlogits = dlogits, .dx = dx, .dwg = l->dwg,
+    };
+    moe_status_t st = MOE_OPS(rt)->router_backward(MOE_CTX(rt), &r);
+    free_dev(rt, &dlogits);
+    return st;
+}
+
 static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *dy,
                                   void *dx)
 {
@@ -498,9 +538,9 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
     const moe_backend_ops_t *ops = MOE_OPS(rt);
     void *ctx = MOE_CTX(rt);
     int64_t n = s->n, h = l->h, rows = s->rows, fl = l->f_local;
-    int32_t e = l->e, k = l->k;
+    int32_t k = l->k;
     size_t act = moe_dtype_size(ops->compute_dtype);
-    float *d_w = NULL, *dlogits = NULL;
+    float *d_w = NULL;
     void *d_out = NULL, *d_xp = NULL, *scratch = NULL;
     moe_status_t st = MOE_STATUS_SUCCESS;
     if (l->dist) return moe_dist_backward(l, s, dy, dx); /* collective even with n == 0 */
@@ -523,18 +563,10 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
     }
     /* dx = sum over the token's kept slots of d_xp (rows == 0: every slot dropped, dx = 0) */
     MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_xp, s->row_of_slot, NULL, n, k, h));
-    MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)n * (size_t)e * sizeof(float), &dlogits));
-    moe_router_bwd_t r = {
-        .n = n, .h = h, .e = e, .k = k, .score_fn = l->cfg.score_fn,
-        .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
-        .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w, .counts = s->counts,
-        .aux_coef = l->cfg.aux_loss_coef, .z_coef = l->cfg.z_loss_coef, .dlogits = dlogits,
-        .dx = dx, .dwg = l->dwg,
-    };
-    MOE_TRY_GOTO(st, ops->router_backward(ctx, &r));
+    MOE_TRY_GOTO(st, moe_layer_router_backward(l, s, d_w, dx, l->cfg.aux_loss_coef,
+                                               l->cfg.z_loss_coef));
 fail:
     free_dev(rt, &d_w);
-    free_dev(rt, &dlogits);
     free_dev(rt, &d_out);
     free_dev(rt, &d_xp);
     free_dev(rt, &scratch);

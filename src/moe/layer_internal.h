@@ -54,4 +54,27 @@ struct moe_layer {
     struct moe_dist *dist;     /* distributed state (dispatch.c); NULL in a world of one */
 };
 
+/* ---- steps shared by the single-rank path (layer.c) and the distributed one (dispatch.c) */
+
+/* The router's small per-forward results, copied to the host. */
+typedef struct moe_routing_host {
+    int32_t *counts;       /* [E] selections per expert (before capacity) */
+    float *score_mean;     /* [E] P_e over this rank's tokens */
+    float stats[2];        /* mean lse^2, mean entropy, over this rank's tokens */
+} moe_routing_host_t;
+
+/* Allocate the slot's routing state for x's N tokens, save x, run the router (zeros when
+ * N = 0) and bring its small results to the host (free them with moe_routing_host_free). */
+moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
+                             moe_routing_host_t *out);
+void moe_routing_host_free(moe_routing_host_t *r);
+/* Fill the layer's stats from s->host_kept and the given loss terms. */
+void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, double aux,
+                         double z, double entropy);
+/* The expert-bias sign rule from selections per expert ([E]) out of `slots` in total. */
+moe_status_t moe_layer_update_bias(moe_layer_t *l, const double *selected, double slots);
+/* Router backward into dx (+=) and the router gradient, with the given loss coefficients. */
+moe_status_t moe_layer_router_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w,
+                                       void *dx, float aux_coef, float z_coef);
+
 #endif /* MOE_LAYER_INTERNAL_H */
