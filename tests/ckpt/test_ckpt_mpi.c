@@ -1,6 +1,8 @@
 /*
- * Reshard under mpirun (4 ranks, host backend): a layer saved at ep = 4 loads at ep = 2 and
- * ep = 1 and computes the same outputs.
+ * Reshard under mpirun (W = 4 or 8 ranks, host backend): a layer saved at ep = 4 loads at
+ * ep = 2, ep = 1 and (W = 8) ep = 8 and computes the same outputs. Meshes below are for W = 4;
+ * with W = 8 dp doubles (phase A saves at (1,4,2,1): the dp replicas' expert pieces overlap),
+ * and a phase at (1,8,1,1), round-robin, follows phase C.
  *
  *   phase A  mesh (tp,ep,dp,pp) = (1,4,1,1), E = 8 experts, round-robin placement (rank r
  *            holds experts r and r+4). Every parameter is perturbed by a function of its
@@ -183,7 +185,7 @@ static void load_and_compare(const char *dir, int ep, int dp, moe_expert_placeme
 
 static void refused_save(const char *dir)
 {
-    moe_runtime_t *rt = make_runtime(2, 2);
+    moe_runtime_t *rt = make_runtime(2, W / 2);
     moe_layer_t *l = make_layer(rt, MOE_PLACEMENT_CONTIGUOUS);
     moe_ckpt_config_t c = moe_ckpt_config_default();
     c.dir = dir;
@@ -219,8 +221,8 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &R);
     MPI_Comm_size(MPI_COMM_WORLD, &W);
-    if (W != 4) {
-        if (R == 0) fprintf(stderr, "run with 4 ranks\n");
+    if (W != 4 && W != 8) {
+        if (R == 0) fprintf(stderr, "run with 4 or 8 ranks\n");
         MPI_Finalize();
         return 77;
     }
@@ -240,7 +242,7 @@ int main(int argc, char **argv)
     test_fill_normal(&rng, x, NTOK * H, 1.0);
 
     /* phase A: ep = 4, round robin */
-    moe_runtime_t *rt = make_runtime(4, 1);
+    moe_runtime_t *rt = make_runtime(4, W / 4);
     moe_layer_t *l = make_layer(rt, MOE_PLACEMENT_ROUND_ROBIN);
     moe_ckpt_tensor_t t[16];
     moe_param_info_t info[16];
@@ -270,22 +272,23 @@ int main(int argc, char **argv)
         snprintf(sd, sizeof sd, "%s/step-000000000005", dir);
         ck_manifest_t m;
         TEST_OK(ck_manifest_read(sd, &m));
-        CHECK(m.nfiles == 4 && m.world == 4 && m.mesh[1] == 4, "manifest: %d files, world %d, ep %d",
+        CHECK(m.nfiles == W && m.world == W && m.mesh[1] == 4, "manifest: %d files, world %d, ep %d",
               m.nfiles, m.world, m.mesh[1]);
         ck_manifest_free(&m);
     }
     TEST_OK(moe_layer_destroy(l));
     TEST_OK(moe_runtime_destroy(rt));
 
-    load_and_compare(dir, 2, 2, MOE_PLACEMENT_CONTIGUOUS, x, yref);
-    load_and_compare(dir, 1, 4, MOE_PLACEMENT_CONTIGUOUS, x, yref);
+    load_and_compare(dir, 2, W / 2, MOE_PLACEMENT_CONTIGUOUS, x, yref);
+    load_and_compare(dir, 1, W, MOE_PLACEMENT_CONTIGUOUS, x, yref);
+    if (W == 8) load_and_compare(dir, 8, 1, MOE_PLACEMENT_ROUND_ROBIN, x, yref);
     refused_save(dir);
-    load_and_compare(dir, 2, 2, MOE_PLACEMENT_CONTIGUOUS, x, yref); /* still step 5 */
+    load_and_compare(dir, 2, W / 2, MOE_PLACEMENT_CONTIGUOUS, x, yref); /* still step 5 */
     if (g_have_s3) { /* phase D: nothing local, everything from S3 */
         char empty[256] = "/tmp/moe-ckpt-mpi-s3-XXXXXX";
         if (R == 0 && !mkdtemp(empty)) MPI_Abort(MPI_COMM_WORLD, 1);
         MPI_Bcast(empty, sizeof empty, MPI_CHAR, 0, MPI_COMM_WORLD);
-        load_and_compare(empty, 2, 2, MOE_PLACEMENT_ROUND_ROBIN, x, yref);
+        load_and_compare(empty, 2, W / 2, MOE_PLACEMENT_ROUND_ROBIN, x, yref);
         if (R == 0) {
             char cmd[300];
             snprintf(cmd, sizeof cmd, "rm -rf '%s'", empty);
