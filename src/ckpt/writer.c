@@ -197,6 +197,7 @@ static void reap(ck_writer_t *w, int min)
             if (got >= min) return; /* -EAGAIN: nothing ready */
             fail_once(w, MOE_FAIL(MOE_STATUS_IO_ERROR, "io_uring_wait_cqe failed: %s",
                                   strerror(-rc)));
+            w->inflight = 0; /* the ring is unusable: abandon what is in flight */
             return;
         }
         wreq_t *r = io_uring_cqe_get_data(cqe);
