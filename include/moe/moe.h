@@ -14,6 +14,7 @@
 #define MOE_MOE_H
 
 #include "core.h"
+#include "ckpt.h"
 #include "layer.h"
 #include "mesh.h"
 #include "optim.h"

@@ -1,0 +1,192 @@
+/*
+ * libmoe asynchronous tiered checkpointer.
+ *
+ * A short tour:
+ *   moe_ckpt_create()       on a runtime: a local directory (NVMe), optionally an S3 mirror.
+ *   moe_ckpt_save_async()   snapshots named, sharded tensors into pinned host memory and
+ *                           returns; a background thread writes them (io_uring, O_DIRECT),
+ *                           the ranks agree, rank 0 writes the commit marker, and a second
+ *                           background thread mirrors the checkpoint to S3.
+ *   moe_ckpt_wait/poll/status  progress and errors of the background work.
+ *   moe_ckpt_load_latest()  the newest complete, verified checkpoint (local first, then S3)
+ *                           into the current mesh's tensors, resharding when the mesh changed.
+ *   moe_ckpt_list()         the complete checkpoints on each tier.
+ *
+ * On disk (docs/checkpoint-format.md is the normative spec): <dir>/step-<N>/ holds one data
+ * file per rank (`rank-<R>.bin`), one shard index per rank (`rank-<R>.json`) and, written
+ * last by rank 0 once every rank's files are durable, `manifest.json` — the commit marker.
+ * A directory without manifest.json is not a checkpoint and is never loaded.
+ *
+ * Sharding: every saved tensor names its global shape and where this rank's piece sits in
+ * it (offset per dimension). Tensors sharded over experts name the global expert id of each
+ * local expert, so a checkpoint written at one ep loads at any other: the loader fetches, for
+ * every element a rank asks for, the piece of whichever file holds it.
+ *
+ * Threads: a checkpointer is used from one thread (the training thread). Its background
+ * threads do file and S3 I/O only and call the runtime's log callback; they never use MPI.
+ * With several ranks, the agreement that commits a step (and completes its S3 mirror) runs
+ * on the calling thread inside the collective calls below (save_async, wait, load_*,
+ * destroy), once every rank's shard is durable: call wait (or keep saving) to finish a save.
+ * The checkpoint directory must then be shared by the ranks (or use S3 as the shared tier).
+ * Two checkpointers must not share a directory.
+ */
+#ifndef MOE_CKPT_H
+#define MOE_CKPT_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moe_ckpt moe_ckpt_t;
+
+typedef struct moe_ckpt_config {
+    size_t struct_size;
+    const char *dir;              /* local directory (created if missing); required */
+    int32_t keep_last;            /* complete checkpoints kept on each tier; <= 0 keeps all.
+                                     default 3 */
+    size_t chunk_bytes;           /* checksum granularity and staging segment size; multiple of
+                                     4096. default 256 MiB (MOE_CKPT_CHUNK_BYTES overrides) */
+    size_t pinned_budget_bytes;   /* pinned host staging memory; at least 2 chunks. When the
+                                     state is larger, save_async double-buffers (it waits for
+                                     the writer to free segments). default 2 GiB
+                                     (MOE_CKPT_PINNED_BYTES overrides) */
+    int32_t queue_depth;          /* io_uring requests in flight, 1..256; default 8 */
+    size_t io_block_bytes;        /* bytes per write request, multiple of 4096; default 8 MiB */
+    int32_t use_direct_io;        /* 1 (default): O_DIRECT, falling back to buffered writes
+                                     (logged once) where the file system refuses it; 0: buffered */
+    /* S3 mirror: NULL bucket disables it. */
+    const char *s3_endpoint;      /* "https://s3.us-east-1.amazonaws.com" or "http://127.0.0.1:
+                                     4568"; NULL: https://s3.<region>.amazonaws.com */
+    const char *s3_bucket;
+    const char *s3_prefix;        /* key prefix, e.g. "runs/42"; NULL: "" */
+    const char *s3_region;        /* NULL: AWS_REGION / AWS_DEFAULT_REGION, else "us-east-1" */
+    const char *s3_access_key;    /* NULL: AWS_ACCESS_KEY_ID */
+    const char *s3_secret_key;    /* NULL: AWS_SECRET_ACCESS_KEY (never logged) */
+    const char *s3_session_token; /* NULL: AWS_SESSION_TOKEN (optional) */
+    size_t s3_part_bytes;         /* multipart part size, >= 5 MiB; default 64 MiB */
+    int32_t s3_parallel_parts;    /* parts uploaded concurrently, 1..64; default 4 */
+    int32_t s3_max_retries;       /* per request, on 5xx / reset / timeout; default 6 */
+    int32_t s3_retry_base_ms;     /* first backoff (doubles, with jitter); default 200 */
+    int32_t s3_timeout_ms;        /* per request; default 60000 */
+} moe_ckpt_config_t;
+
+MOE_API moe_ckpt_config_t moe_ckpt_config_default(void);
+
+/* One named tensor (or this rank's shard of it) to save or to load into.
+ *   tensor        the local data, on the runtime's device or on the host.
+ *   global_shape  the unsharded shape; all zero means "the local shape" (not sharded).
+ *   offset        where the local tensor starts in the global one, per dimension.
+ *   expert_dim    -1, or the dimension indexed by expert; then expert_ids (when not NULL)
+ *                 gives the global expert id of each local index along it (round-robin
+ *                 placement); NULL means contiguous from offset[expert_dim].
+ * Tensors replicated over ranks (dense parameters over ep/dp) should be passed by one replica
+ * only (e.g. dp = ep = 0) to save space; a loader accepts overlapping pieces either way. */
+typedef struct moe_ckpt_tensor {
+    const char *name;             /* unique within a save; [A-Za-z0-9._/-], at most 255 bytes */
+    moe_tensor_t tensor;
+    int64_t global_shape[MOE_MAX_DIMS];
+    int64_t offset[MOE_MAX_DIMS];
+    int32_t expert_dim;
+    const int32_t *expert_ids;
+} moe_ckpt_tensor_t;
+
+/* A tensor entry for an unsharded tensor (global = local, offset 0, no expert dim). */
+MOE_API moe_ckpt_tensor_t moe_ckpt_tensor_whole(const char *name, const moe_tensor_t *t);
+
+/* [in] rt, config (dir required) [out] out. Collective over the runtime's world: it creates
+ * the checkpointer's own communicators, used only by its background threads (a multi-rank
+ * run therefore needs an MPI library with MPI_THREAD_MULTIPLE). Starts the writer thread
+ * (and the S3 thread). Fails with IO_ERROR when the directory cannot be created or written. */
+MOE_API moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
+                                     moe_ckpt_t **out);
+/* Waits for every queued save (and upload) to finish, then frees the checkpointer. Returns
+ * the first background error not yet reported. Collective. destroy(NULL) is a no-op. */
+MOE_API moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck);
+/* Stops background work as soon as possible (in-flight writes are abandoned and never
+ * committed; uploads are cancelled), then frees the checkpointer. Not collective. */
+MOE_API void moe_ckpt_abort(moe_ckpt_t *ck);
+
+/* [in] step >= 0, strictly greater than every step saved before by this checkpointer;
+ * [in] tensors[count]: see moe_ckpt_tensor_t. Collective over the world (every rank calls it
+ * with the same step; tensor lists may differ by rank).
+ * Returns once every tensor is copied into pinned host memory (device tensors: after the
+ * runtime's stream has completed the work enqueued before the call, then device->host copies);
+ * the caller may then modify or free the tensors. When the state exceeds the pinned budget,
+ * the call waits for the writer to release staging segments (bounded memory, longer stall).
+ * A background failure of an earlier save is returned here (and cleared); the new save is
+ * then not made. With several ranks, a save refused on one rank (bad argument, earlier
+ * failure) fails on every rank: the others get ABORTED from a later call. */
+MOE_API moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step,
+                                         const moe_ckpt_tensor_t *tensors, int32_t count);
+
+typedef enum moe_ckpt_state {
+    MOE_CKPT_IDLE = 0,        /* nothing queued */
+    MOE_CKPT_WRITING = 1,     /* a local write or commit is in progress */
+    MOE_CKPT_UPLOADING = 2,   /* committed locally, the S3 mirror is in progress */
+    MOE_CKPT_FAILED = 3       /* the last background job failed; see the async error */
+} moe_ckpt_state_t;
+
+typedef struct moe_ckpt_status {
+    size_t struct_size;
+    moe_ckpt_state_t state;
+    int64_t last_committed_step;  /* newest step committed locally by this checkpointer, -1 */
+    int64_t last_uploaded_step;   /* newest step complete on S3, -1 */
+    int64_t pending_saves;        /* queued or in progress locally */
+    int64_t pending_uploads;
+    uint64_t bytes_written;       /* data bytes written locally since create */
+    uint64_t bytes_uploaded;
+    double last_stall_s;          /* time spent in the last save_async */
+    double last_durable_s;        /* save_async start -> commit marker durable, last save */
+    int32_t direct_io;            /* 1 while O_DIRECT is in use, 0 after the fallback */
+} moe_ckpt_status_t;
+
+/* [out] status (set struct_size first). Never blocks on I/O. Not collective. On ranks other
+ * than 0 of a multi-rank run, last_uploaded_step is the newest step whose shards all ranks
+ * uploaded (rank 0 then puts the manifest). */
+MOE_API moe_status_t moe_ckpt_status(moe_ckpt_t *ck, moe_ckpt_status_t *status);
+/* SUCCESS when every queued save is committed locally (and, with include_uploads, mirrored),
+ * IN_PROGRESS while work remains, or the first unreported background error (then cleared).
+ * Not collective, so with several ranks it does not commit anything itself (see the top). */
+MOE_API moe_status_t moe_ckpt_poll(moe_ckpt_t *ck, int include_uploads);
+/* Blocks until poll would not return IN_PROGRESS, or timeout_ms passes (TIMEOUT); a negative
+ * timeout waits for ever. Collective over the world when it has several ranks (all return
+ * together; TIMEOUT when the timeout passed on any rank). */
+MOE_API moe_status_t moe_ckpt_wait(moe_ckpt_t *ck, int include_uploads, int64_t timeout_ms);
+/* The first background error not yet reported, without clearing it (SUCCESS if none);
+ * [out] message (may be NULL) receives its text, truncated to message_len. */
+MOE_API moe_status_t moe_ckpt_get_async_error(moe_ckpt_t *ck, char *message, size_t message_len);
+
+/* Load the newest complete checkpoint into tensors[count] (names, global shapes and this
+ * rank's slices as for save; data written in place, converting between F32 and BF16 when the
+ * saved dtype differs). Candidates are tried newest first: a checkpoint is skipped, with a
+ * logged reason, when a file is missing, truncated or fails its checksum, or its manifest is
+ * malformed or names a path outside its directory; when the same step exists on S3 it is
+ * downloaded (replacing the bad local copy) before falling back to an older one.
+ * Collective over the world: all ranks load the same step. Waits for queued saves first
+ * (a background error stays on the handle for poll/wait; it does not fail the load).
+ * [out] step (may be NULL). NOT_FOUND when no checkpoint exists; INVALID_ARGUMENT when a
+ * requested tensor is absent, its global shape differs, or the checkpoint does not cover the
+ * requested slice. On failure the tensors' contents are unspecified. */
+MOE_API moe_status_t moe_ckpt_load_latest(moe_ckpt_t *ck, const moe_ckpt_tensor_t *tensors,
+                                          int32_t count, int64_t *step);
+/* The same for one given step (no fallback to another step; S3 is used if local fails). */
+MOE_API moe_status_t moe_ckpt_load_step(moe_ckpt_t *ck, int64_t step,
+                                        const moe_ckpt_tensor_t *tensors, int32_t count);
+
+typedef enum moe_ckpt_tier {
+    MOE_CKPT_TIER_LOCAL = 0,
+    MOE_CKPT_TIER_S3 = 1
+} moe_ckpt_tier_t;
+
+/* [out] steps[capacity], ascending; [out] count: how many complete checkpoints exist on the
+ * tier (may exceed capacity; only the newest `capacity` are stored). Local: directories with
+ * a manifest.json. S3: prefixes with a manifest.json object. Not collective. */
+MOE_API moe_status_t moe_ckpt_list(moe_ckpt_t *ck, moe_ckpt_tier_t tier, int64_t *steps,
+                                   int32_t capacity, int32_t *count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOE_CKPT_H */

@@ -1,0 +1,622 @@
+/*
+ * The checkpoint format (docs/checkpoint-format.md is the normative spec): the layout of a
+ * rank's data file, manifest.json written with cJSON, and its parser, which rejects anything
+ * malformed — above all file paths that could leave the step directory.
+ *
+ * Layout of rank R's data file `rank-<R>.bin`: pieces one after another in the order given,
+ * each starting at a multiple of 4096 bytes (so O_DIRECT can write straight from staging
+ * buffers); gaps and the tail up to the next multiple of 4096 are zero.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "../core/error.h"
+#include "ckpt_internal.h"
+
+/* ---- names ----------------------------------------------------------------------------- */
+
+static bool name_char(char c)
+{
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+}
+
+bool ck_valid_name(const char *s)
+{
+    if (!s || !*s) return false;
+    size_t n = strlen(s);
+    if (n > CK_MAX_NAME) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!name_char(s[i]) && s[i] != '/') return false;
+    /* '/' separates components; none may be empty, "." or ".." */
+    for (const char *p = s;;) {
+        const char *e = strchr(p, '/');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == 0 || (len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
+            return false;
+        if (!e) break;
+        p = e + 1;
+    }
+    return true;
+}
+
+bool ck_valid_file_name(const char *s)
+{
+    if (!s || !*s || strlen(s) > CK_MAX_NAME) return false;
+    if (!strcmp(s, ".") || !strcmp(s, "..")) return false;
+    for (const char *p = s; *p; p++)
+        if (!name_char(*p)) return false; /* no '/', no '\\', no NUL tricks */
+    return true;
+}
+
+bool ck_valid_prefix(const char *s)
+{
+    if (!s) return true;
+    size_t n = strlen(s);
+    if (n > 512) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!name_char(s[i]) && s[i] != '/') return false;
+    /* no "." or ".." component, no empty component in the middle */
+    const char *p = s;
+    while (*p) {
+        const char *e = strchr(p, '/');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.')) return false;
+        if (!e) break;
+        p = e + 1;
+    }
+    return true;
+}
+
+void ck_step_dirname(int64_t step, char *buf, size_t len)
+{
+    snprintf(buf, len, "step-%012" PRId64, step);
+}
+
+bool ck_parse_step_dirname(const char *s, int64_t *step)
+{
+    if (strncmp(s, "step-", 5) != 0) return false;
+    const char *d = s + 5;
+    if (!*d || strlen(d) > 18) return false;
+    int64_t v = 0;
+    for (; *d; d++) {
+        if (*d < '0' || *d > '9') return false;
+        v = v * 10 + (*d - '0');
+    }
+    *step = v;
+    return true;
+}
+
+/* ---- freeing --------------------------------------------------------------------------- */
+
+void ck_pieces_free(ck_piece_t *p, int32_t n)
+{
+    if (!p) return;
+    for (int32_t i = 0; i < n; i++) {
+        free(p[i].name);
+        free(p[i].xxh);
+    }
+    free(p);
+}
+
+void ck_manifest_free(ck_manifest_t *m)
+{
+    if (!m) return;
+    for (int32_t i = 0; i < m->nfiles; i++) free(m->files[i].path);
+    free(m->files);
+    ck_pieces_free(m->pieces, m->npieces);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- layout of a save -------------------------------------------------------------------- */
+
+static int cmp_str_ptr(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count)
+{
+    MOE_CHECK_ARG(count >= 0, "tensor count is %d", count);
+    MOE_CHECK_ARG(count == 0 || t != NULL, "tensors is NULL with count %d", count);
+    for (int32_t i = 0; i < count; i++) {
+        const moe_ckpt_tensor_t *e = &t[i];
+        MOE_CHECK_ARG(ck_valid_name(e->name),
+                      "tensors[%d].name is %s%s%s: names are 1..255 characters of "
+                      "[A-Za-z0-9._/-] in /-separated parts other than . and ..", i, e->name ? "\"" : "", e->name ? e->name : "NULL",
+                      e->name ? "\"" : "");
+        const moe_tensor_t *x = &e->tensor;
+        MOE_CHECK_ARG(moe_dtype_size(x->dtype) != 0, "tensor %s: unknown dtype %d", e->name,
+                      (int)x->dtype);
+        MOE_CHECK_ARG(x->ndim >= 1 && x->ndim <= MOE_MAX_DIMS, "tensor %s: ndim %d (1..%d)",
+                      e->name, x->ndim, MOE_MAX_DIMS);
+        MOE_CHECK_ARG(x->device == MOE_DEVICE_HOST || x->device == MOE_DEVICE_CUDA,
+                      "tensor %s: unknown device %d", e->name, (int)x->device);
+        bool global_given = false;
+        for (int d = 0; d < x->ndim; d++) global_given |= e->global_shape[d] != 0;
+        int64_t numel = 1;
+        for (int d = 0; d < x->ndim; d++) {
+            MOE_CHECK_ARG(x->shape[d] >= 0, "tensor %s: shape[%d] = %" PRId64, e->name, d,
+                          x->shape[d]);
+            numel *= x->shape[d];
+            int64_t g = global_given ? e->global_shape[d] : x->shape[d];
+            int64_t o = global_given ? e->offset[d] : 0;
+            MOE_CHECK_ARG(o >= 0 && g >= 0, "tensor %s: offset[%d] = %" PRId64
+                          ", global_shape[%d] = %" PRId64, e->name, d, o, d, g);
+            if (!(e->expert_ids && d == e->expert_dim))
+                MOE_CHECK_ARG(o + x->shape[d] <= g,
+                              "tensor %s: dimension %d: offset %" PRId64 " + local %" PRId64
+                              " exceeds global %" PRId64, e->name, d, o, x->shape[d], g);
+        }
+        MOE_CHECK_ARG(numel == 0 || x->data != NULL, "tensor %s: data is NULL", e->name);
+        MOE_CHECK_ARG(e->expert_dim >= -1 && e->expert_dim < x->ndim,
+                      "tensor %s: expert_dim %d (ndim %d)", e->name, e->expert_dim, x->ndim);
+        if (e->expert_ids) {
+            int ed = e->expert_dim;
+            MOE_CHECK_ARG(ed >= 0, "tensor %s: expert_ids given but expert_dim is -1", e->name);
+            for (int d = 0; d < ed; d++)
+                MOE_CHECK_ARG(x->shape[d] == 1,
+                              "tensor %s: expert_ids need every dimension before expert_dim %d"
+                              " to have extent 1 (dimension %d has %" PRId64 ")", e->name, ed,
+                              d, x->shape[d]);
+            int64_t g = global_given ? e->global_shape[ed] : x->shape[ed];
+            for (int64_t k = 0; k < x->shape[ed]; k++) {
+                MOE_CHECK_ARG(e->expert_ids[k] >= 0 && e->expert_ids[k] < g,
+                              "tensor %s: expert_ids[%" PRId64 "] = %d outside [0, %" PRId64 ")",
+                              e->name, k, e->expert_ids[k], g);
+                for (int64_t j = 0; j < k; j++)
+                    MOE_CHECK_ARG(e->expert_ids[j] != e->expert_ids[k],
+                                  "tensor %s: expert id %d appears twice", e->name,
+                                  e->expert_ids[k]);
+            }
+        }
+    }
+    if (count > 1) {
+        const char **names = malloc(sizeof *names * (size_t)count);
+        if (!names) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "name table");
+        for (int32_t i = 0; i < count; i++) names[i] = t[i].name;
+        qsort(names, (size_t)count, sizeof *names, cmp_str_ptr);
+        for (int32_t i = 1; i < count; i++)
+            if (!strcmp(names[i - 1], names[i])) {
+                moe_status_t st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
+                                           "tensor name \"%s\" appears more than once",
+                                           names[i]);
+                free(names);
+                return st;
+            }
+        free(names);
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+static uint64_t align_up(uint64_t x) { return (x + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN; }
+
+moe_status_t ck_layout(const moe_ckpt_tensor_t *t, int32_t count, uint64_t chunk_bytes,
+                       int32_t file_index, ck_piece_t **pieces, int32_t *npieces,
+                       uint64_t *file_bytes)
+{
+    MOE_TRY(ck_check_request(t, count));
+    /* one piece per tensor, or per run of consecutive expert ids */
+    int64_t n = 0;
+    for (int32_t i = 0; i < count; i++) {
+        if (!t[i].expert_ids) {
+            n++;
+            continue;
+        }
+        int ed = t[i].expert_dim;
+        for (int64_t k = 0; k < t[i].tensor.shape[ed]; k++)
+            if (k == 0 || t[i].expert_ids[k] != t[i].expert_ids[k - 1] + 1) n++;
+    }
+    ck_piece_t *p = calloc((size_t)(n ? n : 1), sizeof *p);
+    if (!p) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "piece table");
+    int32_t np = 0;
+    uint64_t off = 0;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    for (int32_t i = 0; i < count; i++) {
+        const moe_ckpt_tensor_t *e = &t[i];
+        const moe_tensor_t *x = &e->tensor;
+        size_t es = moe_dtype_size(x->dtype);
+        bool global_given = false;
+        for (int d = 0; d < x->ndim; d++) global_given |= e->global_shape[d] != 0;
+        int ed = e->expert_ids ? e->expert_dim : -1;
+        int64_t runs_end = ed >= 0 ? x->shape[ed] : 1;
+        /* bytes per index of the expert dimension */
+        uint64_t stride = es;
+        if (ed >= 0)
+            for (int d = ed + 1; d < x->ndim; d++) stride *= (uint64_t)x->shape[d];
+        for (int64_t k = 0; k < runs_end;) {
+            int64_t k1 = k + 1;
+            if (ed >= 0)
+                while (k1 < runs_end && e->expert_ids[k1] == e->expert_ids[k1 - 1] + 1) k1++;
+            else
+                k1 = runs_end;
+            ck_piece_t *q = &p[np++];
+            q->name = strdup(e->name);
+            if (!q->name) {
+                st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "piece name");
+                goto fail;
+            }
+            q->dtype = x->dtype;
+            q->ndim = x->ndim;
+            uint64_t numel = 1;
+            for (int d = 0; d < x->ndim; d++) {
+                q->global_shape[d] = global_given ? e->global_shape[d] : x->shape[d];
+                q->start[d] = global_given ? e->offset[d] : 0;
+                q->extent[d] = x->shape[d];
+            }
+            if (ed >= 0) {
+                q->start[ed] = e->expert_ids[k];
+                q->extent[ed] = k1 - k;
+            }
+            for (int d = 0; d < x->ndim; d++) numel *= (uint64_t)q->extent[d];
+            q->length = numel * es;
+            q->offset = off;
+            q->file = file_index;
+            q->nchunks = (uint32_t)((q->length + chunk_bytes - 1) / chunk_bytes);
+            q->xxh = calloc(q->nchunks ? q->nchunks : 1, sizeof *q->xxh);
+            if (!q->xxh) {
+                st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "checksum table");
+                goto fail;
+            }
+            q->src = (const uint8_t *)x->data + (ed >= 0 ? (uint64_t)k * stride : 0);
+            q->src_device = x->device;
+            off = align_up(off + q->length);
+            k = k1;
+        }
+    }
+    *pieces = p;
+    *npieces = np;
+    *file_bytes = off;
+    return MOE_STATUS_SUCCESS;
+fail:
+    ck_pieces_free(p, np);
+    return st;
+}
+
+/* ---- JSON out ------------------------------------------------------------------------------ */
+
+static cJSON *int_array(const int64_t *v, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+    return a;
+}
+
+char *ck_pieces_to_json(const ck_piece_t *p, int32_t n)
+{
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr) return NULL;
+    char rankfile[64];
+    for (int32_t i = 0; i < n; i++) {
+        const ck_piece_t *q = &p[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, o);
+        cJSON_AddStringToObject(o, "name", q->name);
+        cJSON_AddStringToObject(o, "dtype", moe_dtype_name(q->dtype));
+        cJSON_AddItemToObject(o, "global_shape", int_array(q->global_shape, q->ndim));
+        cJSON_AddItemToObject(o, "slice_start", int_array(q->start, q->ndim));
+        cJSON_AddItemToObject(o, "slice_shape", int_array(q->extent, q->ndim));
+        snprintf(rankfile, sizeof rankfile, "rank-%05d.bin", q->file);
+        cJSON_AddStringToObject(o, "file", rankfile);
+        cJSON_AddNumberToObject(o, "offset", (double)q->offset);
+        cJSON_AddNumberToObject(o, "length", (double)q->length);
+        cJSON *cs = cJSON_AddArrayToObject(o, "xxh3_64");
+        for (uint32_t c = 0; c < q->nchunks; c++) {
+            char hex[17];
+            snprintf(hex, sizeof hex, "%016" PRIx64, q->xxh[c]);
+            cJSON_AddItemToArray(cs, cJSON_CreateString(hex));
+        }
+    }
+    char *s = cJSON_PrintUnformatted(arr);
+    cJSON_Delete(arr);
+    return s;
+}
+
+char *ck_manifest_build(int64_t step, uint64_t chunk_bytes, int32_t world, const int32_t mesh[4],
+                        char *const *rank_pieces_json, const uint64_t *rank_file_bytes)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (!m) return NULL;
+    cJSON_AddStringToObject(m, "format", CK_FORMAT_NAME);
+    cJSON_AddNumberToObject(m, "format_version", CK_FORMAT_VERSION);
+    cJSON_AddNumberToObject(m, "step", (double)step);
+    cJSON_AddStringToObject(m, "library_version", moe_version_string());
+    cJSON_AddStringToObject(m, "checksum", "xxh3_64");
+    cJSON_AddNumberToObject(m, "chunk_bytes", (double)chunk_bytes);
+    cJSON *mo = cJSON_AddObjectToObject(m, "mesh");
+    cJSON_AddNumberToObject(mo, "world", world);
+    const char *axes[4] = {"tp", "ep", "dp", "pp"};
+    for (int a = 0; a < 4; a++) cJSON_AddNumberToObject(mo, axes[a], mesh[a]);
+    cJSON *files = cJSON_AddArrayToObject(m, "files");
+    cJSON *tensors = cJSON_AddArrayToObject(m, "tensors");
+    char name[64];
+    for (int32_t r = 0; r < world; r++) {
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddItemToArray(files, f);
+        snprintf(name, sizeof name, "rank-%05d.bin", r);
+        cJSON_AddStringToObject(f, "path", name);
+        cJSON_AddNumberToObject(f, "rank", r);
+        cJSON_AddNumberToObject(f, "bytes", (double)rank_file_bytes[r]);
+        cJSON *arr = cJSON_Parse(rank_pieces_json[r]);
+        if (!arr) {
+            cJSON_Delete(m);
+            return NULL;
+        }
+        cJSON *it;
+        while ((it = cJSON_DetachItemFromArray(arr, 0)) != NULL) cJSON_AddItemToArray(tensors, it);
+        cJSON_Delete(arr);
+    }
+    char *s = cJSON_Print(m);
+    cJSON_Delete(m);
+    return s;
+}
+
+/* ---- JSON in ------------------------------------------------------------------------------- */
+
+#define BAD(...) MOE_FAIL(MOE_STATUS_CORRUPT, "manifest: " __VA_ARGS__)
+
+static bool get_u64(const cJSON *o, const char *key, uint64_t *v)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(x)) return false;
+    double d = x->valuedouble;
+    if (!(d >= 0 && d <= 9007199254740992.0) || floor(d) != d) return false;
+    *v = (uint64_t)d;
+    return true;
+}
+
+static int get_shape(const cJSON *o, const char *key, int64_t *v)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsArray(a)) return -1;
+    int n = cJSON_GetArraySize(a);
+    if (n < 1 || n > MOE_MAX_DIMS) return -1;
+    int i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a)
+    {
+        double d = cJSON_IsNumber(x) ? x->valuedouble : -1;
+        if (!(d >= 0 && d <= 9007199254740992.0) || floor(d) != d) return -1;
+        v[i++] = (int64_t)d;
+    }
+    return n;
+}
+
+static bool parse_dtype(const char *s, moe_dtype_t *dt)
+{
+    if (!s) return false;
+    if (!strcmp(s, "f32")) *dt = MOE_DTYPE_F32;
+    else if (!strcmp(s, "bf16")) *dt = MOE_DTYPE_BF16;
+    else return false;
+    return true;
+}
+
+static bool parse_hex64(const char *s, uint64_t *v)
+{
+    if (!s || strlen(s) != 16) return false;
+    uint64_t r = 0;
+    for (int i = 0; i < 16; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return false;
+        r = r << 4 | (uint64_t)d;
+    }
+    *v = r;
+    return true;
+}
+
+moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
+{
+    memset(out, 0, sizeof *out);
+    cJSON *m = cJSON_ParseWithLength(text, len);
+    if (!m) return BAD("not valid JSON");
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(m, "format");
+    uint64_t ver, step, chunk;
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, CK_FORMAT_NAME)) {
+        st = BAD("\"format\" is not \"%s\"", CK_FORMAT_NAME);
+        goto fail;
+    }
+    if (!get_u64(m, "format_version", &ver) || ver < 1 || ver > CK_FORMAT_VERSION) {
+        st = BAD("unsupported format_version (this library reads 1..%d)", CK_FORMAT_VERSION);
+        goto fail;
+    }
+    if (!get_u64(m, "step", &step) || !get_u64(m, "chunk_bytes", &chunk) || chunk == 0) {
+        st = BAD("missing or invalid step / chunk_bytes");
+        goto fail;
+    }
+    out->step = (int64_t)step;
+    out->chunk_bytes = chunk;
+    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(m, "mesh");
+    const char *axes[4] = {"tp", "ep", "dp", "pp"};
+    uint64_t w = 0;
+    if (!cJSON_IsObject(mesh) || !get_u64(mesh, "world", &w) || w < 1 || w > (1u << 20)) {
+        st = BAD("missing or invalid mesh");
+        goto fail;
+    }
+    out->world = (int32_t)w;
+    for (int a = 0; a < 4; a++) {
+        uint64_t v = 1;
+        if (!get_u64(mesh, axes[a], &v) || v < 1 || v > w) {
+            st = BAD("mesh.%s is missing or invalid", axes[a]);
+            goto fail;
+        }
+        out->mesh[a] = (int32_t)v;
+    }
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(m, "files");
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(m, "tensors");
+    if (!cJSON_IsArray(files) || !cJSON_IsArray(tensors)) {
+        st = BAD("\"files\" and \"tensors\" must be arrays");
+        goto fail;
+    }
+    int nf = cJSON_GetArraySize(files), nt = cJSON_GetArraySize(tensors);
+    out->files = calloc((size_t)(nf ? nf : 1), sizeof *out->files);
+    out->pieces = calloc((size_t)(nt ? nt : 1), sizeof *out->pieces);
+    if (!out->files || !out->pieces) {
+        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest tables");
+        goto fail;
+    }
+    const cJSON *x;
+    cJSON_ArrayForEach(x, files)
+    {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(x, "path");
+        uint64_t bytes, rank;
+        if (!cJSON_IsString(p) || !get_u64(x, "bytes", &bytes) || !get_u64(x, "rank", &rank)) {
+            st = BAD("files[%d] lacks path / bytes / rank", out->nfiles);
+            goto fail;
+        }
+        if (!ck_valid_file_name(p->valuestring)) {
+            st = BAD("files[%d].path \"%.80s\" is not a plain file name inside the checkpoint "
+                     "directory (rejected)", out->nfiles, p->valuestring);
+            goto fail;
+        }
+        for (int32_t j = 0; j < out->nfiles; j++)
+            if (!strcmp(out->files[j].path, p->valuestring)) {
+                st = BAD("file \"%s\" listed twice", p->valuestring);
+                goto fail;
+            }
+        ck_file_t *f = &out->files[out->nfiles++];
+        f->path = strdup(p->valuestring);
+        f->bytes = bytes;
+        f->rank = (int32_t)rank;
+        if (!f->path) {
+            st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest path");
+            goto fail;
+        }
+    }
+    cJSON_ArrayForEach(x, tensors)
+    {
+        int idx = out->npieces;
+        ck_piece_t *q = &out->pieces[out->npieces++];
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(x, "dtype");
+        const cJSON *fl = cJSON_GetObjectItemCaseSensitive(x, "file");
+        const cJSON *cs = cJSON_GetObjectItemCaseSensitive(x, "xxh3_64");
+        if (!cJSON_IsString(nm) || !ck_valid_name(nm->valuestring)) {
+            st = BAD("tensors[%d].name is missing or invalid", idx);
+            goto fail;
+        }
+        q->name = strdup(nm->valuestring);
+        if (!q->name) {
+            st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest name");
+            goto fail;
+        }
+        if (!cJSON_IsString(dt) || !parse_dtype(dt->valuestring, &q->dtype)) {
+            st = BAD("tensor %s: dtype missing or not f32/bf16", q->name);
+            goto fail;
+        }
+        int n1 = get_shape(x, "global_shape", q->global_shape);
+        int n2 = get_shape(x, "slice_start", q->start);
+        int n3 = get_shape(x, "slice_shape", q->extent);
+        if (n1 < 0 || n1 != n2 || n1 != n3) {
+            st = BAD("tensor %s: global_shape / slice_start / slice_shape malformed", q->name);
+            goto fail;
+        }
+        q->ndim = n1;
+        uint64_t numel = 1;
+        for (int d = 0; d < q->ndim; d++) {
+            if (q->start[d] + q->extent[d] > q->global_shape[d]) {
+                st = BAD("tensor %s: slice exceeds the global shape in dimension %d", q->name, d);
+                goto fail;
+            }
+            numel *= (uint64_t)q->extent[d];
+        }
+        if (!cJSON_IsString(fl)) {
+            st = BAD("tensor %s: file missing", q->name);
+            goto fail;
+        }
+        if (!ck_valid_file_name(fl->valuestring)) {
+            st = BAD("tensor %s: file \"%.80s\" is not a plain file name inside the checkpoint "
+                     "directory (rejected)", q->name, fl->valuestring);
+            goto fail;
+        }
+        q->file = -1;
+        for (int32_t j = 0; j < out->nfiles; j++)
+            if (!strcmp(out->files[j].path, fl->valuestring)) q->file = j;
+        if (q->file < 0) {
+            st = BAD("tensor %s: file \"%s\" is not in \"files\"", q->name, fl->valuestring);
+            goto fail;
+        }
+        if (!get_u64(x, "offset", &q->offset) || !get_u64(x, "length", &q->length) ||
+            q->length != numel * moe_dtype_size(q->dtype) ||
+            q->offset + q->length > out->files[q->file].bytes) {
+            st = BAD("tensor %s: offset/length invalid or outside its file", q->name);
+            goto fail;
+        }
+        uint64_t want = (q->length + chunk - 1) / chunk;
+        if (!cJSON_IsArray(cs) || (uint64_t)cJSON_GetArraySize(cs) != want) {
+            st = BAD("tensor %s: expected %" PRIu64 " xxh3_64 checksums", q->name, want);
+            goto fail;
+        }
+        q->nchunks = (uint32_t)want;
+        q->xxh = calloc(want ? want : 1, sizeof *q->xxh);
+        if (!q->xxh) {
+            st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "checksums");
+            goto fail;
+        }
+        uint32_t c = 0;
+        const cJSON *h;
+        cJSON_ArrayForEach(h, cs)
+        {
+            if (!cJSON_IsString(h) || !parse_hex64(h->valuestring, &q->xxh[c++])) {
+                st = BAD("tensor %s: checksum %u is not 16 lower-case hex digits", q->name,
+                         c - 1);
+                goto fail;
+            }
+        }
+    }
+    cJSON_Delete(m);
+    return MOE_STATUS_SUCCESS;
+fail:
+    cJSON_Delete(m);
+    ck_manifest_free(out);
+    return st;
+}
+
+moe_status_t ck_manifest_read(const char *stepdir, ck_manifest_t *out)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", stepdir, CK_MANIFEST);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return MOE_FAIL(errno == ENOENT ? MOE_STATUS_NOT_FOUND : MOE_STATUS_IO_ERROR,
+                        "open(%s) failed: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || sb.st_size <= 0 || (uint64_t)sb.st_size > CK_MAX_MANIFEST_BYTES) {
+        close(fd);
+        return MOE_FAIL(MOE_STATUS_CORRUPT, "%s: empty, unreadable or larger than %u bytes",
+                        path, CK_MAX_MANIFEST_BYTES);
+    }
+    size_t n = (size_t)sb.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest buffer");
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != n) {
+        free(buf);
+        return MOE_FAIL(MOE_STATUS_IO_ERROR, "read(%s): short read", path);
+    }
+    buf[n] = 0;
+    moe_status_t st = ck_manifest_parse(buf, n, out);
+    free(buf);
+    if (st != MOE_STATUS_SUCCESS) return moe_error_wrap(st, "in %s", path);
+    return st;
+}

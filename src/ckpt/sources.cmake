@@ -1,0 +1,5 @@
+# The checkpointer: manifest + layout, io_uring writer, S3 client, load/reshard, the API.
+list(APPEND MOE_SOURCES src/ckpt/manifest.c src/ckpt/writer.c src/ckpt/s3.c src/ckpt/load.c
+     src/ckpt/ckpt.c)
+list(APPEND MOE_PRIVATE_LIBS PkgConfig::MOE_URING PkgConfig::MOE_CJSON PkgConfig::MOE_XXHASH
+     CURL::libcurl)

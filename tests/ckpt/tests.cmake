@@ -1,0 +1,28 @@
+# Checkpointer tests (host backend). The S3 tests start s3rver from tests/s3/ (installed by
+# scripts/setup-deps.sh --tests) and skip their S3 parts (test_ckpt_s3: exit 77) when node or
+# s3rver is missing.
+set(_ckpt_dir ${CMAKE_CURRENT_SOURCE_DIR}/ckpt)
+moe_add_test(test_ckpt_local SOURCES ${_ckpt_dir}/test_ckpt_local.c LABELS ckpt TIMEOUT 120)
+moe_add_test(test_ckpt_resume SOURCES ${_ckpt_dir}/test_ckpt_resume.c LABELS ckpt TIMEOUT 60)
+# The expert-bias variant: fails until the layer stops overwriting a loaded expert bias with
+# its host shadow (see the top of test_ckpt_resume.c); remove WILL_FAIL once it passes.
+add_test(NAME test_ckpt_resume_expert_bias COMMAND test_ckpt_resume bias)
+set_tests_properties(test_ckpt_resume_expert_bias PROPERTIES LABELS ckpt TIMEOUT 60 WILL_FAIL TRUE)
+moe_add_test(test_ckpt_cuda SOURCES ${_ckpt_dir}/test_ckpt_cuda.c LABELS ckpt cuda TIMEOUT 120)
+moe_add_test(test_ckpt_crash SOURCES ${_ckpt_dir}/test_ckpt_crash.c ${_ckpt_dir}/s3_fixture.c
+             LABELS ckpt TIMEOUT 240)
+moe_add_test(test_ckpt_s3 SOURCES ${_ckpt_dir}/test_ckpt_s3.c ${_ckpt_dir}/s3_fixture.c
+             LABELS ckpt TIMEOUT 240)
+foreach(_np 4 8)
+  moe_add_test(test_ckpt_mpi_np${_np} SOURCES ${_ckpt_dir}/test_ckpt_mpi.c
+               ${_ckpt_dir}/s3_fixture.c NP ${_np} LABELS ckpt mpi TIMEOUT 180)
+  if(TARGET test_ckpt_mpi_np${_np})
+    target_link_libraries(test_ckpt_mpi_np${_np} PRIVATE MPI::MPI_C)
+  endif()
+endforeach()
+foreach(_t test_ckpt_crash test_ckpt_s3 test_ckpt_mpi_np4 test_ckpt_mpi_np8)
+  if(TARGET ${_t})
+    target_compile_definitions(${_t} PRIVATE
+      MOE_S3RVER_JS="${CMAKE_CURRENT_SOURCE_DIR}/s3/node_modules/s3rver/bin/s3rver.js")
+  endif()
+endforeach()
