@@ -408,6 +408,9 @@ void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, 
 moe_status_t moe_layer_update_bias(moe_layer_t *l, const double *selected, double slots)
 {
     if (!l->cfg.expert_bias || slots <= 0) return MOE_STATUS_SUCCESS;
+    /* the device copy is the state (a checkpoint load may have replaced it): start from it */
+    MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), l->host_bias, l->bias,
+                                 sizeof(float) * (size_t)l->e));
     double mean = slots / (double)l->e;
     for (int64_t j = 0; j < l->e; j++) {
         double d = mean - selected[j];

@@ -9,11 +9,9 @@
  * parameter and every optimizer state bitwise equal to the reference. The fresh layer's
  * parameters before loading differ from the saved ones (the test can fail).
  *
- * `test_ckpt_resume bias` turns the layer's expert bias on. That variant fails today and is
- * registered with WILL_FAIL: the layer keeps a host shadow of "router.expert_bias" (src/moe/
- * layer.c, dispatch.c: host_bias += rate * sign(...), then copied over the buffer), so a value
- * loaded into the buffer is overwritten by the next forward. When the layer reads the buffer
- * back instead, this variant passes and WILL_FAIL must be removed.
+ * `test_ckpt_resume bias` turns the layer's expert bias on: the loaded bias must be the one
+ * the sign rule continues from (regression: the layer once kept a host shadow of
+ * "router.expert_bias" that overwrote a loaded value at the next forward).
  */
 #include <stdio.h>
 #include <stdlib.h>
