@@ -472,7 +472,8 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     moe_routing_host_t routing = {0};
 
     /* 1. router on the local tokens */
-    MOE_TRY_GOTO(st, moe_layer_route(l, s, x, &routing));
+    MOE_TRY_GOTO(st, moe_layer_route(l, s, x));
+    MOE_TRY_GOTO(st, moe_routing_fetch(l, s, &routing));
     MOE_TRY_GOTO(st, alloc_dist_slot(l, s));
     moe_dist_slot_t *ds = s->dist;
     table = calloc((size_t)d->D * (size_t)(3 + 2 * E), sizeof *table);

@@ -320,8 +320,7 @@ static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
     return MOE_STATUS_SUCCESS;
 }
 
-moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
-                             moe_routing_host_t *out)
+moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x)
 {
     const moe_backend_ops_t *ops = MOE_OPS(l->rt);
     void *ctx = MOE_CTX(l->rt);
@@ -329,10 +328,6 @@ moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *
     size_t e = (size_t)l->e;
     MOE_TRY(slot_alloc_routing(l, s, n));
     MOE_TRY(ops->copy(ctx, s->x, x->data, (size_t)n * (size_t)l->h * moe_dtype_size(ops->compute_dtype)));
-    out->counts = calloc(e, sizeof(int32_t));
-    out->score_mean = calloc(e, sizeof(float));
-    out->stats[0] = out->stats[1] = 0;
-    if (!out->counts || !out->score_mean) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing results");
     if (n == 0) {
         /* the device copies must hold zeros too: backward and the plan read them */
         MOE_TRY(ops->memset_zero(ctx, s->counts, sizeof(int32_t) * e));
@@ -345,7 +340,17 @@ moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *
         .logits = s->logits, .topk_idx = s->topk_idx, .topk_w = s->topk_w,
         .counts = s->counts, .score_mean = s->score_mean, .stats = s->router_stats,
     };
-    MOE_TRY(ops->router_forward(ctx, &r));
+    return ops->router_forward(ctx, &r);
+}
+
+moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_host_t *out)
+{
+    const moe_backend_ops_t *ops = MOE_OPS(l->rt);
+    void *ctx = MOE_CTX(l->rt);
+    size_t e = (size_t)l->e;
+    out->counts = calloc(e, sizeof(int32_t));
+    out->score_mean = calloc(e, sizeof(float));
+    if (!out->counts || !out->score_mean) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing results");
     MOE_TRY(ops->copy(ctx, out->counts, s->counts, sizeof(int32_t) * e));
     MOE_TRY(ops->copy(ctx, out->score_mean, s->score_mean, sizeof(float) * e));
     return ops->copy(ctx, out->stats, s->router_stats, sizeof out->stats);
@@ -457,13 +462,15 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
     moe_routing_host_t routing = {0};
     moe_status_t st = MOE_STATUS_SUCCESS;
 
-    MOE_TRY_GOTO(st, moe_layer_route(l, s, x, &routing));
+    MOE_TRY_GOTO(st, moe_layer_route(l, s, x));
     moe_plan_t p = {
         .n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = s->topk_idx,
         .row_of_slot = s->row_of_slot, .slot_of_row = s->slot_of_row, .kept = s->kept,
         .host_kept = s->host_kept,
     };
     MOE_TRY_GOTO(st, ops->plan(ctx, &p));
+    /* the plan ends in the layer's one wait for the device; these small copies find it idle */
+    MOE_TRY_GOTO(st, moe_routing_fetch(l, s, &routing));
     s->host_offsets[0] = 0;
     for (int32_t j = 0; j < l->el; j++) s->host_offsets[j + 1] = s->host_offsets[j] + s->host_kept[j];
     int64_t rows = s->host_offsets[l->el];

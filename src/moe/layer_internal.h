@@ -63,10 +63,11 @@ typedef struct moe_routing_host {
     float stats[2];        /* mean lse^2, mean entropy, over this rank's tokens */
 } moe_routing_host_t;
 
-/* Allocate the slot's routing state for x's N tokens, save x, run the router (zeros when
- * N = 0) and bring its small results to the host (free them with moe_routing_host_free). */
-moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
-                             moe_routing_host_t *out);
+/* Allocate the slot's routing state for x's N tokens, save x and enqueue the router
+ * (zeros when N = 0). */
+moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x);
+/* Copy the router's small results to the host (blocking; free with moe_routing_host_free). */
+moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_host_t *out);
 void moe_routing_host_free(moe_routing_host_t *r);
 /* Fill the layer's stats from s->host_kept and the given loss terms. */
 void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, double aux,
