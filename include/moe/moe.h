@@ -5,7 +5,13 @@
  *   moe_runtime_create()      picks a backend (host reference or CUDA) and, with a mesh
  *                             config, joins the 4D process mesh (tp x ep x dp x pp).
  *   moe_layer_create()        a router + SwiGLU experts; forward/backward per microbatch slot.
- *   moe_adamw_create()        fp32-master AdamW over layer and user parameters.
+ *   moe_adamw_create()        fp32-master AdamW over layer and user parameters, with the
+ *                             data-parallel gradient all-reduce (moe/optim.h).
+ *   moe_pipeline_*            the 1F1B schedule (plain or interleaved) and its executor over
+ *                             the pp axis (moe/pipeline.h).
+ *   moe_ckpt_*                asynchronous tiered checkpoints: pinned snapshot, O_DIRECT
+ *                             NVMe writes through io_uring, S3 mirror; reshardable on load
+ *                             (moe/ckpt.h).
  *
  * Every call returns moe_status_t; moe_last_error() says what went wrong on this thread.
  * See each header for ownership, collectivity and streams.
