@@ -22,6 +22,7 @@ extern "C" {
 
 /* The router kernels keep a token's E scores in registers, at most 16 on each of 32 lanes. */
 #define MOE_ROUTER_MAX_E 512
+#define MOE_ROUTER_MAX_K 8
 
 /* Floats of scratch router_select needs for its per-block partial sums. */
 int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e);

@@ -18,7 +18,6 @@
 #include "kernels.h"
 
 #define WARPS 8               /* warps per block in the per-token kernels */
-#define MAX_K 8
 
 /* Reductions over a group of LANES consecutive lanes (xor offsets below LANES stay inside
  * the aligned group); the fixed butterfly order keeps them deterministic. */
@@ -151,10 +150,10 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
             int j = sub + LANES * i;
             pk[i] = j < e ? pack_key(r.s[i] + kb[i], j) : 0ull;
         }
-        float ws[MAX_K], wsum = 0;
-        int wi[MAX_K];
+        float ws[MOE_ROUTER_MAX_K], wsum = 0;
+        int wi[MOE_ROUTER_MAX_K];
 #pragma unroll
-        for (int j = 0; j < MAX_K; j++) {
+        for (int j = 0; j < MOE_ROUTER_MAX_K; j++) {
             if (j >= k) break;
             unsigned long long best = 0;
 #pragma unroll
@@ -180,7 +179,7 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
         if (valid && sub == 0) {
             float inv = renorm ? 1.0f / wsum : 1.0f;
 #pragma unroll
-            for (int j = 0; j < MAX_K; j++) {
+            for (int j = 0; j < MOE_ROUTER_MAX_K; j++) {
                 if (j >= k) break;
                 topk_idx[t * k + j] = wi[j];
                 topk_w[t * k + j] = ws[j] * inv;
@@ -313,7 +312,7 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
                                               int32_t *counts, float *score_mean, float *stats,
                                               float *scratch, cudaStream_t stream)
 {
-    if (e > MOE_ROUTER_MAX_E || k > MAX_K || n <= 0) return cudaErrorInvalidValue;
+    if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K || n <= 0) return cudaErrorInvalidValue;
     int64_t nb = select_blocks(n, e);
     float *pm = scratch, *ps = pm + nb * e;
     int32_t *pc = (int32_t *)(ps + nb * 2);
@@ -438,7 +437,7 @@ extern "C" cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_
                                                float aux_coef, float z_coef, float *dlogits,
                                                void *dlogits_bf16, cudaStream_t stream)
 {
-    if (e > MOE_ROUTER_MAX_E || k > MAX_K || n <= 0) return cudaErrorInvalidValue;
+    if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K || n <= 0) return cudaErrorInvalidValue;
 #define MOE_DL(EPL, LANES)                                                                   \
     launch_dlogits<EPL, LANES>(logits, topk_idx, topk_w, d_topk_w, counts, n, e, k, score_fn, \
                                renormalize, aux_coef, z_coef, dlogits, dlogits_bf16, stream)

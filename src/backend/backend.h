@@ -121,6 +121,9 @@ typedef struct moe_backend_ops {
     moe_backend_kind_t kind;
     moe_dtype_t compute_dtype;
     moe_device_kind_t device;
+    /* capabilities checked when a layer is created: the largest E and K the router
+     * serves (0: no limit) */
+    int32_t max_experts, max_top_k;
 
     void (*destroy)(void *ctx);
 

@@ -236,9 +236,13 @@ moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *confi
     MOE_CHECK_STRUCT_SIZE(config, moe_layer_config_t, sizeof(moe_layer_config_t));
     int32_t ep = rt->mesh->size[MOE_AXIS_EP], tp = rt->mesh->size[MOE_AXIS_TP];
     MOE_TRY(validate_config(config, ep, tp));
-    if (!MOE_OPS(rt)->router_forward)
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "the %s backend has no MoE kernels in this build",
-                        MOE_OPS(rt)->name);
+    const moe_backend_ops_t *ops = MOE_OPS(rt);
+    if ((ops->max_experts && config->num_experts > ops->max_experts) ||
+        (ops->max_top_k && config->top_k > ops->max_top_k))
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED,
+                        "the %s backend's router serves E <= %d and K <= %d (E=%d K=%d)",
+                        ops->name, ops->max_experts, ops->max_top_k, config->num_experts,
+                        config->top_k);
 
     moe_layer_t *l = calloc(1, sizeof *l);
     if (!l) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "layer allocation");

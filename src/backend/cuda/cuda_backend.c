@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cuda_ctx.h"
+#include "../../../kernels/kernels.h"
 
 int moe_backend_cuda_device_count(void)
 {
@@ -136,6 +137,8 @@ static const moe_backend_ops_t cuda_ops = {
     .name = "cuda",
     .kind = MOE_BACKEND_CUDA,
     .compute_dtype = MOE_DTYPE_BF16,
+    .max_experts = MOE_ROUTER_MAX_E,
+    .max_top_k = MOE_ROUTER_MAX_K,
     .device = MOE_DEVICE_CUDA,
     .destroy = cuda_destroy,
     .alloc = cuda_alloc,

@@ -30,9 +30,9 @@ static moe_status_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
 {
     cuda_ctx_t *c = ctx;
-    if (a->e > MOE_ROUTER_MAX_E || a->k > 8)
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= 8 (E=%d K=%d)",
-                        MOE_ROUTER_MAX_E, a->e, a->k);
+    if (a->e > MOE_ROUTER_MAX_E || a->k > MOE_ROUTER_MAX_K)
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= %d (E=%d K=%d)",
+                        MOE_ROUTER_MAX_E, MOE_ROUTER_MAX_K, a->e, a->k);
     if (a->n == 0) {
         MOE_CUDA_CHECK(cudaMemsetAsync(a->counts, 0, sizeof(int32_t) * (size_t)a->e, c->stream));
         MOE_CUDA_CHECK(cudaMemsetAsync(a->score_mean, 0, sizeof(float) * (size_t)a->e, c->stream));
@@ -57,9 +57,9 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
 moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
 {
     cuda_ctx_t *c = ctx;
-    if (a->e > MOE_ROUTER_MAX_E || a->k > 8)
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= 8 (E=%d K=%d)",
-                        MOE_ROUTER_MAX_E, a->e, a->k);
+    if (a->e > MOE_ROUTER_MAX_E || a->k > MOE_ROUTER_MAX_K)
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= %d (E=%d K=%d)",
+                        MOE_ROUTER_MAX_E, MOE_ROUTER_MAX_K, a->e, a->k);
     if (a->n == 0) return MOE_STATUS_SUCCESS;
     /* dlogits in bf16 feeds the tensor-core GEMMs (the f32 copy is the op's output) */
     void *dl16;
