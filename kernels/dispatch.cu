@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <limits.h>
 
+#include "bf16_vec.cuh"
 #include "kernels.h"
 
 #define CHUNK 1024            /* slots per plan chunk (one warp in plan_place) */
@@ -150,38 +151,6 @@ extern "C" cudaError_t moe_cuda_plan(const int32_t *topk_idx, int64_t n, int32_t
 
 /* ---- rows ----------------------------------------------------------------------------------- */
 
-/* VEC bf16 values per access: 8 (16 bytes) when H % 8 == 0, else 1. */
-template <int VEC>
-struct vec_io {
-    static __device__ __forceinline__ void load(const __nv_bfloat16 *p, float *v)
-    {
-        if constexpr (VEC == 8) {
-            uint4 u = *(const uint4 *)p;
-            const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float2 f = __bfloat1622float2(h2[i]);
-                v[2 * i] = f.x;
-                v[2 * i + 1] = f.y;
-            }
-        } else {
-            v[0] = __bfloat162float(*p);
-        }
-    }
-    static __device__ __forceinline__ void store(__nv_bfloat16 *p, const float *v)
-    {
-        if constexpr (VEC == 8) {
-            uint4 u;
-            __nv_bfloat162 *h2 = (__nv_bfloat162 *)&u;
-#pragma unroll
-            for (int i = 0; i < 4; i++) h2[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-            *(uint4 *)p = u;
-        } else {
-            *p = __float2bfloat16_rn(v[0]);
-        }
-    }
-};
-
 template <int VEC>
 __global__ void gather_rows_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_bfloat16 *__restrict__ src,
                                    const int32_t *__restrict__ slot_of_row, int k,
@@ -194,10 +163,10 @@ __global__ void gather_rows_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_b
     float c = scale ? scale[slot] : 1.0f;
     for (int64_t i = (int64_t)threadIdx.x * VEC; i < h; i += (int64_t)blockDim.x * VEC) {
         float v[VEC];
-        vec_io<VEC>::load(in + i, v);
+        load_vec<VEC>(in + i, v);
 #pragma unroll
         for (int j = 0; j < VEC; j++) v[j] *= c;
-        vec_io<VEC>::store(out + i, v);
+        store_vec<VEC>(out + i, v);
     }
 }
 
@@ -213,11 +182,11 @@ __global__ void combine_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_bfloa
             int32_t row = row_of_slot[t * k + j];
             if (row < 0) continue;
             float c = w ? w[t * k + j] : 1.0f, v[VEC];
-            vec_io<VEC>::load(src + (int64_t)row * h + i, v);
+            load_vec<VEC>(src + (int64_t)row * h + i, v);
 #pragma unroll
             for (int q = 0; q < VEC; q++) acc[q] += c * v[q];
         }
-        vec_io<VEC>::store(dst + t * h + i, acc);
+        store_vec<VEC>(dst + t * h + i, acc);
     }
 }
 
@@ -235,8 +204,8 @@ __global__ void combine_weight_grad_kernel(float *__restrict__ dw, const __nv_bf
         if (row >= 0)
             for (int64_t i = (int64_t)lane * VEC; i < h; i += 32 * VEC) {
                 float a[VEC], b[VEC];
-                vec_io<VEC>::load(dy + t * h + i, a);
-                vec_io<VEC>::load(rows + (int64_t)row * h + i, b);
+                load_vec<VEC>(dy + t * h + i, a);
+                load_vec<VEC>(rows + (int64_t)row * h + i, b);
 #pragma unroll
                 for (int q = 0; q < VEC; q++) acc += a[q] * b[q];
             }
