@@ -110,10 +110,12 @@ moe_status_t moe_dist_create(moe_layer_t *l)
         int32_t local = l->cfg.placement == MOE_PLACEMENT_CONTIGUOUS ? e % l->el : e / d->P;
         d->group[e] = owner * l->el + local;
     }
-    /* MOE_A2A_THREAD=0 turns the host worker thread off (to measure what it hides) */
+    /* The host worker thread: on when MPI allows other threads (MPI_THREAD_FUNNELED or
+     * more; libmoe's own MPI_Init asks for SERIALIZED); MOE_A2A_THREAD=1 / 0 forces it. */
     const char *wt = getenv("MOE_A2A_THREAD");
-    d->worker_thread = MOE_OPS(l->rt)->device == MOE_DEVICE_HOST && d->ep &&
-                       l->cfg.a2a_chunks > 1 && !(wt && strcmp(wt, "0") == 0);
+    bool want = wt ? strcmp(wt, "0") != 0 : moe_comm_mpi_threads_ok();
+    d->worker_thread = want && MOE_OPS(l->rt)->device == MOE_DEVICE_HOST && d->ep &&
+                       l->cfg.a2a_chunks > 1;
     l->dist = d;
     return MOE_STATUS_SUCCESS;
 }
@@ -334,6 +336,7 @@ static moe_status_t run_chunk(moe_layer_t *l, chunk_job_t *j, poll_set_t *ps)
     atomic_store(&j->done, false);
     pthread_t t;
     if (pthread_create(&t, NULL, chunk_worker, j) != 0) return compute_chunk(j, ps);
+    d->timing.worker_chunks++;
     moe_status_t st = MOE_STATUS_SUCCESS;
     bool idle = false;
     while (!atomic_load(&j->done)) {
