@@ -23,7 +23,13 @@
  *
  * Microbatch index = slot: callbacks get the microbatch index 0..m-1, which is the slot to pass
  * to moe_layer_forward/backward for libmoe layers inside the stage (create those layers with
- * max_microbatches >= m, or >= p - s, the most this stage holds at once).
+ * max_microbatches >= m; at most min(p - s, m) slots of stage s are in use at once).
+ *
+ * Streams (CUDA backend): callbacks enqueue their work on the runtime's stream; the executor
+ * sends a buffer only after the work enqueued on that stream so far (the MPI communicator
+ * stages it through a copy on that stream; for other communicators the executor synchronises
+ * the stream first), and a received buffer is complete before the callback that consumes it
+ * is called.
  */
 #ifndef MOE_PIPELINE_H
 #define MOE_PIPELINE_H
@@ -152,6 +158,19 @@ typedef struct moe_pipeline_callbacks {
     void *user;
 } moe_pipeline_callbacks_t;
 
+/* How the executor starts its transfers. */
+typedef enum moe_pipeline_issue {
+    MOE_PIPE_ISSUE_AUTO = 0,    /* PREPOST on the MPI communicator, ORDERED on NCCL          */
+    MOE_PIPE_ISSUE_PREPOST = 1, /* receives `prepost` actions ahead, sends after their compute;
+                                   needs a transport that matches by tag and progresses each
+                                   operation on its own (MPI)                                */
+    MOE_PIPE_ISSUE_ORDERED = 2  /* every stage starts its transfers in one global order (the
+                                   send time of each message in a unit-cost run of the whole
+                                   pipeline), so operations on each pair of stages line up;
+                                   safe on transports that run operations in call order on one
+                                   stream without tags (NCCL), where PREPOST would deadlock  */
+} moe_pipeline_issue_t;
+
 typedef struct moe_pipeline_config {
     size_t struct_size;
     int32_t microbatches;              /* m >= 1, default 1 */
@@ -160,7 +179,8 @@ typedef struct moe_pipeline_config {
                                           stage boundary and every pp rank */
     moe_dtype_t act_dtype;             /* default: the runtime's compute dtype (set by create
                                           when left at -1, the default) */
-    int32_t prepost;                   /* receives kept posted ahead of use, >= 1, default 2 */
+    int32_t prepost;                   /* PREPOST mode: receives kept posted ahead of use,
+                                          >= 1, default 2 (each holds a buffer) */
     moe_adamw_t *optimizer;            /* used when callbacks.step is NULL; may be NULL */
     float lr;                          /* passed to moe_adamw_step; <= 0: configured rate */
     float grad_scale;                  /* <= 0 (default): 1/m */
@@ -169,6 +189,7 @@ typedef struct moe_pipeline_config {
     int32_t virtual_stages;            /* v >= 1 model chunks per stage (interleaved 1F1B when
                                           > 1: needs pp >= 2 and m % pp == 0); default 1.
                                           m * v <= 15000. */
+    moe_pipeline_issue_t issue;        /* default AUTO */
 } moe_pipeline_config_t;
 
 MOE_API moe_pipeline_config_t moe_pipeline_config_default(void);
@@ -195,7 +216,8 @@ MOE_API moe_status_t moe_pipeline_get_schedule(const moe_pipeline_t *pipe,
  * stage's value, broadcast over pp; other dp replicas have their own).
  *
  * Failures: when a callback fails on some rank, that rank keeps executing the transfers of
- * its schedule without computing (so no peer waits for a message that never comes), every
+ * its schedule without computing, sending zeros (so no peer waits for a message that never
+ * comes and no peer computes on stale memory), every
  * rank learns of the failure in the status exchange, nobody steps the optimizer, and
  * every rank returns a failure: the failing rank its own status and message, the others
  * MOE_STATUS_ABORTED naming the failing rank and status. Gradients are then partial; call

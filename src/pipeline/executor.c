@@ -5,18 +5,23 @@
  * Legend: p stages, m microbatches, s this stage; a "buffer" is one stage-boundary tensor of
  * the configured shape, allocated on the runtime's device.
  *
- * Transfers: every receive of the list is posted `prepost` receive-actions ahead of the
- * action that needs it (so data arrives while the stage computes); sends are started right
- * after the compute that fills them and completed lazily (polled between actions, waited at
- * the end of the batch). Tags are 2*mb (activation) and 2*mb+1 (gradient); MPI's
- * non-overtaking order keeps consecutive batches apart.
+ * Transfers, PREPOST mode (MPI): every receive of the list is posted `prepost` receive-actions
+ * ahead of the action that needs it (so data arrives while the stage computes); sends are
+ * started right after the compute that fills them. ORDERED mode (in-order transports such as
+ * NCCL, where a receive queued ahead of a send blocks it): transfers start in the schedule's
+ * global issue order (issue_order.c), a receive at its turn, a send at its turn once computed.
+ * Either way sends are completed lazily (polled between actions, waited at the end of the
+ * batch). Tags are 2*u (activation) and 2*u+1 (gradient) for the receiving unit
+ * u = chunk*m + mb (chunk 0 without interleaving); MPI's non-overtaking order keeps
+ * consecutive batches apart.
  *
  * Buffers come from a pool that grows on demand and is kept across batches, so its size is
  * the schedule's peak: about (p - s) inputs held for backward, plus posted receives and sends
  * in flight.
  *
  * Failures: a failing callback switches this rank to "drain" mode: it skips every later
- * callback but still performs every transfer of its list, so its peers complete theirs.
+ * callback but still performs every transfer of its list (sending zeros), so its peers
+ * complete theirs.
  * A status exchange over the world then tells every rank, and nobody steps the optimizer.
  * A failing transfer leaves the communicator unusable: the rank aborts it and returns at once;
  * peers fail by their own transfer timeouts.
@@ -62,14 +67,19 @@ struct moe_pipeline {
     int32_t *x_buf, *y_buf, *dy_buf, *dx_buf;
     /* per unit: forward called (1), backward completed (2) */
     uint8_t *progress;
-    /* per action: posted receive and its buffer */
+    /* per action: posted receive and its buffer; for a send action in ordered mode, the buffer
+     * waiting to be sent (ready[i] = 1) */
     moe_comm_req_t **recv_req;
     int32_t *recv_buf;
+    uint8_t *ready;
+    /* stream-ordered communicator (NCCL): transfers go out in sched->issue order */
+    bool ordered;
     pipe_send_t *sends;         /* started, not yet completed */
     int32_t nsends;
 
     void *ctrl;                 /* device scratch for the status exchange (world_size*2 i32 + f64) */
     bool broken;                /* a transfer failed: the pp communicator is unusable */
+    bool sync_before_send;      /* device buffers on a communicator that does not stage them */
     moe_pipeline_stats_t stats;
 };
 
@@ -99,8 +109,8 @@ static int32_t tag_of(const moe_pipeline_t *pp, const moe_pipeline_action_t *a)
     return 2 * (chunk * pp->m + a->microbatch) + (grad ? 1 : 0);
 }
 
-/* Tags are below 2 * m * v; send/recv tags must stay below 30000 (MOE_COMM_MAX_TAG). */
-#define PIPE_MAX_UNITS 15000
+/* Tags are below 2 * m * v; send/recv tags must stay below MOE_COMM_MAX_TAG. */
+#define PIPE_MAX_UNITS (MOE_COMM_MAX_TAG / 2)
 
 static moe_status_t buf_acquire(moe_pipeline_t *pp, int32_t *out)
 {
@@ -180,6 +190,7 @@ moe_pipeline_config_t moe_pipeline_config_default(void)
         .struct_size = sizeof c, .microbatches = 1, .act_ndim = 0, .act_shape = {0},
         .act_dtype = (moe_dtype_t)-1, .prepost = 2, .optimizer = NULL, .lr = 0.0f,
         .grad_scale = 0.0f, .timeout_ms = 0, .virtual_stages = 1,
+        .issue = MOE_PIPE_ISSUE_AUTO,
     };
     return c;
 }
@@ -197,6 +208,7 @@ static void pipeline_free(moe_pipeline_t *pp)
     free(pp->progress);
     free(pp->recv_req);
     free(pp->recv_buf);
+    free(pp->ready);
     free(pp->sends);
     moe_pipeline_schedule_free(pp->sched);
     pp->magic = MOE_MAGIC_DEAD;
@@ -221,7 +233,7 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     MOE_CHECK_ARG(c.microbatches >= 1, "microbatches is %d; expected >= 1", c.microbatches);
     MOE_CHECK_ARG(c.virtual_stages >= 1, "virtual_stages is %d; expected >= 1",
                   c.virtual_stages);
-    /* tags 2*unit+1 must stay below the communicators' user tag limit (30000) */
+    /* tags 2*unit+1 must stay below the communicators' user tag limit */
     MOE_CHECK_ARG((int64_t)c.microbatches * c.virtual_stages <= PIPE_MAX_UNITS,
                   "microbatches x virtual_stages is %lld; at most %d",
                   (long long)c.microbatches * c.virtual_stages, PIPE_MAX_UNITS);
@@ -235,6 +247,8 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     MOE_CHECK_ARG(c.act_dtype == MOE_DTYPE_F32 || c.act_dtype == MOE_DTYPE_BF16,
                   "act_dtype is %d; expected F32 (0) or BF16 (1)", (int)c.act_dtype);
     MOE_CHECK_ARG(c.prepost >= 1, "prepost is %d; expected >= 1", c.prepost);
+    MOE_CHECK_ARG(c.issue >= MOE_PIPE_ISSUE_AUTO && c.issue <= MOE_PIPE_ISSUE_ORDERED,
+                  "issue is %d; expected AUTO (0), PREPOST (1) or ORDERED (2)", (int)c.issue);
     MOE_CHECK_ARG(callbacks->forward != NULL, "callbacks->forward is NULL");
     MOE_CHECK_ARG(callbacks->backward != NULL, "callbacks->backward is NULL");
     MOE_CHECK_ARG(p > 1 || c.virtual_stages == 1,
@@ -259,12 +273,22 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->pp = p > 1 ? mesh->comm[MOE_AXIS_PP] : NULL;
     pp->world = mesh->world_size > 1 ? mesh->comm[MOE_AXIS_WORLD] : NULL;
     pp->comm_dtype = c.act_dtype == MOE_DTYPE_F32 ? MOE_COMM_F32 : MOE_COMM_BF16;
+    pp->sync_before_send = pp->pp && rt->backend.ops->device != MOE_DEVICE_HOST &&
+                           strcmp(pp->pp->ops->name, "mpi") != 0;
+    /* MPI matches by tag and progresses operations independently: receives are posted
+     * `prepost` ahead. Any other communicator (NCCL) runs operations in call order on one
+     * stream, where a receive posted ahead of a send deadlocks the pair: issue in the
+     * schedule's global order instead (see moe_pipeline_issue_order). */
+    pp->ordered = pp->pp && (c.issue == MOE_PIPE_ISSUE_ORDERED ||
+                             (c.issue == MOE_PIPE_ISSUE_AUTO &&
+                              strcmp(pp->pp->ops->name, "mpi") != 0));
     pp->act_numel = 1;
     for (int d = 0; d < c.act_ndim; d++) pp->act_numel *= (size_t)c.act_shape[d];
     pp->act_bytes = pp->act_numel * moe_dtype_size(c.act_dtype);
 
     moe_status_t st;
     MOE_TRY_GOTO(st, moe_pipeline_schedule_build(p, pp->m, s, pp->v, &pp->sched));
+    if (pp->ordered) MOE_TRY_GOTO(st, moe_pipeline_issue_order(pp->sched));
     size_t m = (size_t)pp->m * (size_t)pp->v, n = (size_t)pp->sched->count;
     pp->x_buf = malloc(m * sizeof(int32_t));
     pp->y_buf = malloc(m * sizeof(int32_t));
@@ -273,9 +297,10 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->progress = calloc(m, 1);
     pp->recv_req = calloc(n, sizeof *pp->recv_req);
     pp->recv_buf = malloc(n * sizeof(int32_t));
+    pp->ready = calloc(n, 1);
     pp->sends = calloc(n, sizeof *pp->sends);
     if (!pp->x_buf || !pp->y_buf || !pp->dy_buf || !pp->dx_buf || !pp->progress || !pp->recv_req ||
-        !pp->recv_buf || !pp->sends) {
+        !pp->recv_buf || !pp->ready || !pp->sends) {
         st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "pipeline tables for %d microbatches", pp->m);
         goto fail;
     }
@@ -339,6 +364,7 @@ typedef struct step_state {
     double loss_sum;
     int32_t next_post;   /* next action index to consider for posting a receive */
     int32_t posted;      /* receives posted and not yet consumed */
+    int32_t next_issue;  /* ordered mode: next entry of sched->issue */
 } step_state_t;
 
 static void record_failure(moe_pipeline_t *pp, step_state_t *ss, moe_status_t st,
@@ -360,6 +386,22 @@ static void record_failure(moe_pipeline_t *pp, step_state_t *ss, moe_status_t st
     moe_log(&pp->rt->logger, MOE_LOG_ERROR, "%s (draining the schedule)", ss->message);
 }
 
+/* Post the receive of action i. */
+static moe_status_t post_receive(moe_pipeline_t *pp, step_state_t *ss, int32_t i)
+{
+    const moe_pipeline_action_t *a = &pp->sched->actions[i];
+    MOE_TRY(buf_acquire(pp, &pp->recv_buf[i]));
+    moe_status_t st = pp->pp->ops->recv(pp->pp, pp->bufs[pp->recv_buf[i]].t.data, pp->act_numel,
+                                        pp->comm_dtype, a->peer, tag_of(pp, a),
+                                        &pp->recv_req[i]);
+    if (st != MOE_STATUS_SUCCESS)
+        return moe_error_wrap(st, "pipeline stage %d/%d: posting %s of microbatch %d",
+                              pp->stage, pp->stages, moe_pipeline_op_string(a->op),
+                              a->microbatch);
+    ss->posted++;
+    return MOE_STATUS_SUCCESS;
+}
+
 /* Keep `prepost` receives posted ahead of the current action `cur`. */
 static moe_status_t post_receives(moe_pipeline_t *pp, step_state_t *ss, int32_t cur)
 {
@@ -370,22 +412,24 @@ static moe_status_t post_receives(moe_pipeline_t *pp, step_state_t *ss, int32_t 
         int32_t i = ss->next_post++;
         const moe_pipeline_action_t *a = &acts[i];
         if (a->op != MOE_PIPE_RECV_ACT && a->op != MOE_PIPE_RECV_GRAD) continue;
-        MOE_TRY(buf_acquire(pp, &pp->recv_buf[i]));
-        moe_status_t st = pp->pp->ops->recv(pp->pp, pp->bufs[pp->recv_buf[i]].t.data,
-                                            pp->act_numel, pp->comm_dtype, a->peer,
-                                            tag_of(pp, a), &pp->recv_req[i]);
-        if (st != MOE_STATUS_SUCCESS)
-            return moe_error_wrap(st, "pipeline stage %d/%d: posting %s of microbatch %d",
-                                  pp->stage, pp->stages, moe_pipeline_op_string(a->op),
-                                  a->microbatch);
-        ss->posted++;
+        MOE_TRY(post_receive(pp, ss, i));
     }
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *a, int32_t *buf)
+static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *a, int32_t *buf,
+                               bool draining)
 {
     pipe_send_t *sd = &pp->sends[pp->nsends];
+    /* draining: the buffer holds whatever the pool had (never-written memory may hold NaN
+     * patterns); send zeros, a safe input for the peer's layers until the batch ends */
+    if (draining)
+        MOE_TRY(MOE_OPS(pp->rt)->memset_zero(MOE_CTX(pp->rt), pp->bufs[*buf].t.data,
+                                             pp->act_bytes));
+    /* GPU buffers: the callback's kernels that fill the buffer are on the runtime's stream.
+     * The MPI communicator stages through a copy on that stream (ordered, blocking); any other
+     * communicator (NCCL) gets a finished buffer. */
+    if (pp->sync_before_send) MOE_TRY(MOE_OPS(pp->rt)->synchronize(MOE_CTX(pp->rt)));
     moe_status_t st = pp->pp->ops->send(pp->pp, pp->bufs[*buf].t.data, pp->act_numel,
                                         pp->comm_dtype, a->peer, tag_of(pp, a), &sd->req);
     if (st != MOE_STATUS_SUCCESS)
@@ -396,6 +440,36 @@ static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *
     *buf = -1; /* owned by the send until it completes */
     pp->nsends++;
     return MOE_STATUS_SUCCESS;
+}
+
+/* Ordered mode: start transfers in sched->issue order, a receive at once, a send once its
+ * action was reached (its buffer is ready); stop at the first send that is not. */
+static moe_status_t issue_transfers(moe_pipeline_t *pp, step_state_t *ss)
+{
+    const moe_pipeline_schedule_t *sc = pp->sched;
+    while (ss->next_issue < sc->nissue) {
+        int32_t i = sc->issue[ss->next_issue];
+        const moe_pipeline_action_t *a = &sc->actions[i];
+        if (a->op == MOE_PIPE_RECV_ACT || a->op == MOE_PIPE_RECV_GRAD) {
+            MOE_TRY(post_receive(pp, ss, i));
+        } else {
+            if (!pp->ready[i]) break;
+            MOE_TRY(start_send(pp, a, &pp->recv_buf[i], ss->failed != MOE_STATUS_SUCCESS));
+        }
+        ss->next_issue++;
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+/* A send action: start it (or, in ordered mode, hand its buffer to the issue order). */
+static moe_status_t send_action(moe_pipeline_t *pp, step_state_t *ss, int32_t i, int32_t *buf)
+{
+    const moe_pipeline_action_t *a = &pp->sched->actions[i];
+    if (!pp->ordered) return start_send(pp, a, buf, ss->failed != MOE_STATUS_SUCCESS);
+    pp->recv_buf[i] = *buf;
+    *buf = -1;
+    pp->ready[i] = 1;
+    return issue_transfers(pp, ss);
 }
 
 /* Complete sends that are done (all of them, waiting, when `all`). */
@@ -446,10 +520,14 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
         /* the model's first and last virtual stage */
         bool first = pp->stage == 0 && c == 0;
         bool last = pp->stage == pp->stages - 1 && c == pp->v - 1;
-        if (pp->pp) MOE_TRY(post_receives(pp, ss, i));
+        if (pp->pp) MOE_TRY(pp->ordered ? issue_transfers(pp, ss) : post_receives(pp, ss, i));
         switch (a->op) {
         case MOE_PIPE_RECV_ACT:
         case MOE_PIPE_RECV_GRAD: {
+            if (!pp->recv_req[i])
+                return MOE_FAIL(MOE_STATUS_INTERNAL, "pipeline stage %d/%d: %s of microbatch "
+                                "%d was not issued before it is needed", pp->stage, pp->stages,
+                                moe_pipeline_op_string(a->op), mb);
             MOE_TRY(wait_req(pp, pp->recv_req[i], moe_pipeline_op_string(a->op), mb));
             pp->recv_req[i] = NULL;
             ss->posted--;
@@ -487,11 +565,14 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
             buf_release(pp, &pp->x_buf[u]); /* the input was kept for this backward */
             break;
         }
-        case MOE_PIPE_SEND_ACT: MOE_TRY(start_send(pp, a, &pp->y_buf[u])); break;
-        case MOE_PIPE_SEND_GRAD: MOE_TRY(start_send(pp, a, &pp->dx_buf[u])); break;
+        case MOE_PIPE_SEND_ACT: MOE_TRY(send_action(pp, ss, i, &pp->y_buf[u])); break;
+        case MOE_PIPE_SEND_GRAD: MOE_TRY(send_action(pp, ss, i, &pp->dx_buf[u])); break;
         }
         if (pp->nsends) MOE_TRY(progress_sends(pp, false));
     }
+    if (pp->ordered && ss->next_issue != pp->sched->nissue)
+        return MOE_FAIL(MOE_STATUS_INTERNAL, "pipeline stage %d/%d: %d of %d transfers issued",
+                        pp->stage, pp->stages, ss->next_issue, pp->sched->nissue);
     if (pp->nsends) MOE_TRY(progress_sends(pp, true));
     return MOE_STATUS_SUCCESS;
 }
@@ -571,6 +652,7 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
     for (int32_t i = 0; i < pp->sched->count; i++) {
         pp->recv_req[i] = NULL;
         pp->recv_buf[i] = -1;
+        pp->ready[i] = 0;
     }
     for (int32_t i = 0; i < pp->nbufs; i++) pp->bufs[i].busy = false;
     pp->nsends = 0;

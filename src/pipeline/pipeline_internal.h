@@ -16,11 +16,26 @@ struct moe_pipeline_schedule {
     int32_t stages, microbatches, stage, warmup, virtual_stages;
     int32_t count;
     moe_pipeline_action_t *actions;
+    /* Issue order of the transfers (indices into actions), for communicators that run their
+     * operations in call order on one stream (NCCL): NULL until moe_pipeline_issue_order. */
+    int32_t *issue;
+    int32_t nissue;
 };
 
 /* The schedule without the public-entry bookkeeping (error clearing); used by the executor. */
 moe_status_t moe_pipeline_schedule_build(int32_t stages, int32_t microbatches, int32_t stage,
                                          int32_t virtual_stages, moe_pipeline_schedule_t **out);
 void moe_pipeline_schedule_free(moe_pipeline_schedule_t *sched);
+
+/* Fill sched->issue: this stage's transfers ordered by a key every stage computes alike for
+ * the same message: (tick at which it is sent in a unit-cost run of all stages, sender, kind,
+ * receiving unit). Issuing every stage's transfers in key order (a receive at once, a send
+ * once its compute is done) makes the operations on each pair of stages line up in the same
+ * order on both sides, so even transfers that block their stream until the peer reaches the
+ * partner operation (NCCL on one stream, messages beyond its buffers) cannot deadlock: the
+ * pending operation with the smallest key always has both ends at the head of their streams.
+ * The host never waits for a receive that is not issued: a receive is consumed after its
+ * send tick, and every send keyed before it was computed earlier on this stage. */
+moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *sched);
 
 #endif /* MOE_PIPELINE_INTERNAL_H */

@@ -133,6 +133,7 @@ void moe_pipeline_schedule_free(moe_pipeline_schedule_t *sc)
     if (!sc) return;
     sc->magic = MOE_MAGIC_DEAD;
     free(sc->actions);
+    free(sc->issue);
     free(sc);
 }
 

@@ -131,6 +131,14 @@ void pm_model_destroy(pm_model_t *pm)
     free(pm);
 }
 
+static bool all_zero(const moe_tensor_t *t, size_t n)
+{
+    const float *f = t->data;
+    for (size_t i = 0; i < n; i++)
+        if (f[i] != 0.0f) return false;
+    return true;
+}
+
 static bool inject(const pm_model_t *pm, const char *what, int mb)
 {
     return pm->fail_what && strcmp(pm->fail_what, what) == 0 && pm->fail_mb == mb;
@@ -145,6 +153,7 @@ static moe_status_t cb_forward(void *user, int32_t chunk, int32_t mb, const moe_
     const pm_shape_t *sh = &pm->sh;
     int nl = pm->last - pm->first;
     if (inject(pm, "forward", mb)) return MOE_STATUS_BACKEND_ERROR;
+    if (x && all_zero(x, nh(pm))) pm->zero_inputs++;
     if (x) memcpy(pm->act[mb][0], x->data, nh(pm) * sizeof(float));
     else data_of(pm, mb, pm->act[mb][0], NULL);
     for (int i = 0; i < nl; i++) {
@@ -200,6 +209,7 @@ static moe_status_t cb_backward(void *user, int32_t chunk, int32_t mb, const moe
     const pm_shape_t *sh = &pm->sh;
     int nl = pm->last - pm->first;
     if (inject(pm, "backward", mb)) return MOE_STATUS_BACKEND_ERROR;
+    if (all_zero(dy, nh(pm))) pm->zero_inputs++;
     float *g = pm->g0, *gn = pm->g1;
     memcpy(g, dy->data, nh(pm) * sizeof(float));
     for (int i = nl - 1; i >= 0; i--) {

@@ -36,6 +36,7 @@ typedef struct pm_model {
     float *g0, *g1;            /* backward scratch [N*H] */
     moe_adamw_t *opt;
     int steps, forwards, backwards, abandoned;
+    int zero_inputs;           /* forwards / backwards that received an all-zero tensor */
     /* fault injection: fail this callback ("forward"/"backward"/"loss") at this microbatch */
     const char *fail_what;
     int fail_mb;

@@ -62,9 +62,11 @@ typedef struct stage_ctx {
     pm_shape_t sh;
     int steps;
     int pipe_timeout_ms, comm_timeout_ms;
-    const char *fail_what;  /* fault injection on this stage, first step only */
-    int fail_mb;
+    const char *fail_what;  /* fault injection on this stage, in step fail_step only */
+    int fail_mb, fail_step;
     bool absent;            /* never calls train_step */
+    bool ordered;           /* NCCL-like pp communicator (in order, untagged) */
+    moe_pipeline_issue_t issue;
     pthread_barrier_t *start;
     /* results */
     moe_runtime_t *rt;
@@ -97,11 +99,12 @@ static void *stage_main(void *arg)
     pc.act_shape[0] = c->sh.n;
     pc.act_shape[1] = c->sh.h;
     pc.timeout_ms = c->pipe_timeout_ms;
+    pc.issue = c->issue;
     moe_pipeline_callbacks_t cb = pm_chunks_callbacks(&c->chunks);
     TEST_OK(moe_pipeline_create(c->rt, &pc, &cb, &c->pipe));
     for (int k = 0; k < c->steps; k++) {
         for (int j = 0; j < v; j++) {
-            c->chunks.chunk[j]->fail_what = k == 0 ? c->fail_what : NULL;
+            c->chunks.chunk[j]->fail_what = k == c->fail_step ? c->fail_what : NULL;
             c->chunks.chunk[j]->fail_mb = c->fail_mb;
         }
         pthread_barrier_wait(c->start);
@@ -116,7 +119,8 @@ static void *stage_main(void *arg)
 
 static void run_pipeline(stage_ctx_t *ctx, int p)
 {
-    tc_world_t *ppw = tc_world_create(p), *ww = tc_world_create(p);
+    tc_world_t *ppw = ctx[0].ordered ? tc_world_create_ordered(p) : tc_world_create(p);
+    tc_world_t *ww = tc_world_create(p);
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, (unsigned)p);
     pthread_t th[MAXP];
@@ -175,7 +179,9 @@ static void compare_layer(pm_model_t *ref, pm_model_t *pm, int layer, int kind, 
     free(b);
 }
 
-static void equivalence(int p, int v, int m)
+/* PREPOST over the MPI-like communicator, or (ordered) AUTO over the NCCL-like one, which
+ * must pick ORDERED */
+static void equivalence(int p, int v, int m, bool ordered)
 {
     pm_shape_t sh = small_shape(m);
     /* reference: the whole model, one thread */
@@ -188,6 +194,8 @@ static void equivalence(int p, int v, int m)
     for (int s = 0; s < p; s++) {
         ctx[s].sh = sh;
         ctx[s].v = v;
+        ctx[s].ordered = ordered;
+        ctx[s].issue = ordered ? MOE_PIPE_ISSUE_AUTO : MOE_PIPE_ISSUE_PREPOST;
         ctx[s].steps = STEPS;
         ctx[s].comm_timeout_ms = 20000;
         ctx[s].fail_mb = -1;
@@ -222,8 +230,9 @@ static void equivalence(int p, int v, int m)
         }
     }
     assert_int_equal(compared, sh.layers); /* every layer lives on exactly one stage */
-    printf("equivalence p=%d v=%d m=%d: loss %.6f %.6f, max rel err vs pp=1: %.3g\n", p, v, m,
-           ctx[0].loss[0], ctx[0].loss[1], max_err);
+    printf("equivalence %s p=%d v=%d m=%d: loss %.6f %.6f, max rel err vs pp=1: %.3g\n",
+           ordered ? "ordered/in-order comm" : "prepost/tagged comm", p, v, m, ctx[0].loss[0],
+           ctx[0].loss[1], max_err);
     free_stages(ctx, p);
     pm_model_destroy(ref);
     TEST_OK(moe_runtime_destroy(rrt));
@@ -232,25 +241,29 @@ static void equivalence(int p, int v, int m)
 static void test_equivalence(void **state)
 {
     (void)state;
-    int ps[] = {1, 2, 4}, ms[] = {1, 3, 8};
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++) equivalence(ps[i], 1, ms[j]);
-    /* interleaved: 8 layers over p * v virtual stages, m a multiple of p */
-    equivalence(2, 2, 2);
-    equivalence(2, 2, 6);
-    equivalence(2, 4, 4);
-    equivalence(4, 2, 4);
-    equivalence(4, 2, 8);
+    for (int o = 0; o < 2; o++) {
+        int ps[] = {1, 2, 4}, ms[] = {1, 3, 8};
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++) equivalence(ps[i], 1, ms[j], o);
+        /* interleaved: 8 layers over p * v virtual stages, m a multiple of p */
+        equivalence(2, 2, 2, o);
+        equivalence(2, 2, 6, o);
+        equivalence(2, 4, 4, o);
+        equivalence(4, 2, 4, o);
+        equivalence(4, 2, 8, o);
+    }
 }
 
 /* ---- memory and posting window -------------------------------------------------------------
  * p = 4, m = 16 with dense stages: the pool of boundary buffers on stage s stays near the
  * activations 1F1B keeps alive (p - s) plus the posted receives and unfinished sends, far
  * below the m a forward-all-then-backward (GPipe) schedule would hold; and the posting window
- * (prepost 1, 2, 16) changes nothing in the results. */
+ * (prepost 1, 2, 16) changes nothing in the results; the last run steps through
+ * config.optimizer (moe_adamw_step called by the executor) instead of the step callback, with
+ * the same updated weights. */
 
 typedef struct window_ctx {
-    int s, p, prepost;
+    int s, p, prepost, use_optimizer, steps;
     tc_world_t *ppw, *ww;
     pm_shape_t sh;
     moe_status_t st;
@@ -273,13 +286,19 @@ static void *window_main(void *arg)
     moe_pipeline_config_t pc = moe_pipeline_config_default();
     pc.microbatches = c->sh.m;
     pc.prepost = c->prepost;
+    pc.issue = MOE_PIPE_ISSUE_PREPOST; /* the MPI default, where the window matters */
     pc.act_ndim = 2;
     pc.act_shape[0] = c->sh.n;
     pc.act_shape[1] = c->sh.h;
     moe_pipeline_callbacks_t cb = pm_callbacks(pm);
+    if (c->use_optimizer) { /* the executor calls moe_adamw_step itself */
+        cb.step = NULL;
+        pc.optimizer = pm->opt;
+    }
     moe_pipeline_t *pipe = NULL;
     TEST_OK(moe_pipeline_create(rt, &pc, &cb, &pipe));
     c->st = moe_pipeline_train_step(pipe, &c->loss);
+    c->steps = pm->steps;
     moe_pipeline_stats_t ps = {.struct_size = sizeof ps};
     TEST_OK(moe_pipeline_stats(pipe, &ps));
     c->buffers = ps.buffers;
@@ -304,13 +323,17 @@ static void test_buffers_and_window(void **state)
         pthread_t th[4];
         for (int s = 0; s < p; s++) {
             ctx[s] = (window_ctx_t){.s = s, .p = p, .prepost = windows[i], .ppw = ppw,
-                                    .ww = ww, .sh = small_shape(16)};
+                                    .ww = ww, .sh = small_shape(16),
+                                    .use_optimizer = i == 2};
             ctx[s].sh.moe_every = 0; /* dense: 8 layers, 2 per stage */
             pthread_create(&th[s], NULL, window_main, &ctx[s]);
         }
         for (int s = 0; s < p; s++) pthread_join(th[s], NULL);
         for (int s = 0; s < p; s++) {
             assert_int_equal(ctx[s].st, MOE_STATUS_SUCCESS);
+            /* the step callback, or (last window) config.optimizer: one AdamW step either way,
+             * and the same updated weights */
+            assert_int_equal(ctx[s].steps, i == 2 ? 0 : 1);
             printf("  prepost %2d: stage %d used %d boundary buffers (1F1B keeps %d "
                    "activations; m = 16)\n", windows[i], s, ctx[s].buffers, p - s);
             /* held inputs (p - s, none on stage 0) + posted receives + unfinished sends + the
@@ -335,7 +358,7 @@ static void test_buffers_and_window(void **state)
 
 /* ---- failures ------------------------------------------------------------------------- */
 
-static void callback_failure(int v, int fail_stage, const char *what, int mb,
+static void callback_failure(int v, bool ordered, int fail_stage, const char *what, int mb,
                              moe_status_t want)
 {
     int p = 4, m = 4;
@@ -344,7 +367,10 @@ static void callback_failure(int v, int fail_stage, const char *what, int mb,
     for (int s = 0; s < p; s++) {
         ctx[s].sh = small_shape(m);
         ctx[s].v = v;
-        ctx[s].steps = 2;
+        ctx[s].ordered = ordered;
+        ctx[s].issue = ordered ? MOE_PIPE_ISSUE_AUTO : MOE_PIPE_ISSUE_PREPOST;
+        ctx[s].steps = 3; /* clean, failing (buffers then hold real data), retry */
+        ctx[s].fail_step = 1;
         ctx[s].comm_timeout_ms = 20000; /* a hang would show as ~20 s, not a pass */
         ctx[s].fail_mb = mb;
         ctx[s].fail_what = s == fail_stage ? what : NULL;
@@ -357,29 +383,46 @@ static void callback_failure(int v, int fail_stage, const char *what, int mb,
              mb);
     if (v > 1 && strcmp(what, "loss") != 0) strcat(expect_own, " (chunk 0)");
     for (int s = 0; s < p; s++) {
-        printf("  v=%d %s failing on stage %d mb %d -> stage %d: %s in %.3f s: %s\n", v, what,
-               fail_stage, mb, s, moe_status_string(ctx[s].st[0]), ctx[s].seconds[0],
-               ctx[s].msg[0]);
-        assert_true(ctx[s].seconds[0] < 5.0);
+        printf("  %s v=%d %s failing on stage %d mb %d -> stage %d: %s in %.3f s: %s\n",
+               ordered ? "ordered" : "prepost", v, what, fail_stage, mb, s, moe_status_string(ctx[s].st[1]), ctx[s].seconds[1],
+               ctx[s].msg[1]);
+        assert_true(ctx[s].seconds[1] < 5.0);
         if (s == fail_stage) {
-            assert_int_equal(ctx[s].st[0], want);
-            assert_non_null(strstr(ctx[s].msg[0], expect_own));
+            assert_int_equal(ctx[s].st[1], want);
+            assert_non_null(strstr(ctx[s].msg[1], expect_own));
         } else {
-            assert_int_equal(ctx[s].st[0], MOE_STATUS_ABORTED);
-            assert_non_null(strstr(ctx[s].msg[0], expect_other));
+            assert_int_equal(ctx[s].st[1], MOE_STATUS_ABORTED);
+            assert_non_null(strstr(ctx[s].msg[1], expect_other));
         }
-        /* no optimizer step for the failed batch, one for the retried batch */
-        assert_int_equal(ctx[s].st[1], MOE_STATUS_SUCCESS);
-        assert_int_equal(ctx[s].pm->steps, 1);
+        /* optimizer steps for the clean and the retried batch, none for the failed one */
+        assert_int_equal(ctx[s].st[0], MOE_STATUS_SUCCESS);
+        assert_int_equal(ctx[s].st[2], MOE_STATUS_SUCCESS);
+        assert_int_equal(ctx[s].pm->steps, 2);
     }
-    /* the retried batch gives the same loss as a clean first batch */
+    /* the stages after (forward failure) or before (backward failure) the failing one were
+     * sent zeros, not stale buffers, for the microbatches it did not compute */
+    if (strcmp(what, "forward") == 0 && fail_stage < p - 1) {
+        int zeros = 0;
+        for (int k = 0; k < v; k++) zeros += ctx[fail_stage + 1].chunks.chunk[k]->zero_inputs;
+        assert_true(zeros >= 1);
+    }
+    if (strcmp(what, "backward") == 0 && fail_stage > 0) {
+        int zeros = 0;
+        for (int k = 0; k < v; k++) zeros += ctx[fail_stage - 1].chunks.chunk[k]->zero_inputs;
+        assert_true(zeros >= 1);
+    }
+    /* the failed batch left no trace: the retried batch gives the loss of a clean second batch */
     pm_shape_t sh = small_shape(m);
     moe_runtime_t *rrt = host_runtime();
     pm_model_t *ref = NULL;
     TEST_OK(pm_model_create(rrt, &sh, 0, sh.layers, &ref));
-    double rl = 0;
+    double rl0 = 0, rl = 0;
+    TEST_OK(pm_reference_step(ref, &rl0));
     TEST_OK(pm_reference_step(ref, &rl));
-    for (int s = 0; s < p; s++) assert_true(fabs(ctx[s].loss[1] - rl) <= 1e-5 * fabs(rl));
+    for (int s = 0; s < p; s++) {
+        assert_true(fabs(ctx[s].loss[0] - rl0) <= 1e-5 * fabs(rl0));
+        assert_true(fabs(ctx[s].loss[2] - rl) <= 1e-5 * fabs(rl));
+    }
     /* a stage that had forwards without backwards released their MoE slots (else the retry
      * above would have failed with a slot in use) */
     int abandoned = 0;
@@ -393,12 +436,14 @@ static void callback_failure(int v, int fail_stage, const char *what, int mb,
 static void test_callback_failures(void **state)
 {
     (void)state;
-    callback_failure(1, 2, "backward", 1, MOE_STATUS_BACKEND_ERROR);
-    callback_failure(1, 0, "forward", 2, MOE_STATUS_BACKEND_ERROR);
-    callback_failure(1, 3, "loss", 0, MOE_STATUS_INVALID_ARGUMENT);
-    callback_failure(1, 1, "forward", 0, MOE_STATUS_BACKEND_ERROR);
-    callback_failure(2, 1, "forward", 3, MOE_STATUS_BACKEND_ERROR);
-    callback_failure(2, 3, "loss", 2, MOE_STATUS_INVALID_ARGUMENT);
+    callback_failure(1, false, 2, "backward", 1, MOE_STATUS_BACKEND_ERROR);
+    callback_failure(1, false, 0, "forward", 2, MOE_STATUS_BACKEND_ERROR);
+    callback_failure(1, false, 3, "loss", 0, MOE_STATUS_INVALID_ARGUMENT);
+    callback_failure(1, false, 1, "forward", 0, MOE_STATUS_BACKEND_ERROR);
+    callback_failure(2, false, 1, "forward", 3, MOE_STATUS_BACKEND_ERROR);
+    callback_failure(2, false, 3, "loss", 2, MOE_STATUS_INVALID_ARGUMENT);
+    callback_failure(1, true, 2, "backward", 1, MOE_STATUS_BACKEND_ERROR);
+    callback_failure(2, true, 0, "forward", 2, MOE_STATUS_BACKEND_ERROR);
 }
 
 static void test_absent_stage_times_out(void **state)
@@ -427,6 +472,34 @@ static void test_absent_stage_times_out(void **state)
         assert_non_null(strstr(ctx[s].msg[0], "microbatch"));
         assert_int_equal(ctx[s].st[1], MOE_STATUS_ABORTED);
         assert_int_equal(ctx[s].pm->steps, 0);
+    }
+    free_stages(ctx, p);
+}
+
+/* PREPOST over an in-order, untagged communicator: a receive posted ahead of a send blocks
+ * the stream the send is queued on; the stages time out instead of hanging. (This is why AUTO
+ * picks ORDERED on anything but MPI.) */
+static void test_prepost_on_in_order_comm_times_out(void **state)
+{
+    (void)state;
+    int p = 2, m = 2;
+    stage_ctx_t ctx[MAXP];
+    memset(ctx, 0, sizeof ctx);
+    for (int s = 0; s < p; s++) {
+        ctx[s].sh = small_shape(m);
+        ctx[s].sh.moe_every = 0;
+        ctx[s].steps = 1;
+        ctx[s].fail_mb = -1;
+        ctx[s].ordered = true;
+        ctx[s].issue = MOE_PIPE_ISSUE_PREPOST;
+        ctx[s].comm_timeout_ms = 300;
+    }
+    run_pipeline(ctx, p);
+    for (int s = 0; s < p; s++) {
+        printf("  prepost on an in-order comm -> stage %d: %s in %.3f s\n", s,
+               moe_status_string(ctx[s].st[0]), ctx[s].seconds[0]);
+        assert_int_equal(ctx[s].st[0], MOE_STATUS_TIMEOUT);
+        assert_true(ctx[s].seconds[0] < 3.0);
     }
     free_stages(ctx, p);
 }
@@ -467,6 +540,7 @@ static moe_status_t sl_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_tens
 
 typedef struct bubble_ctx {
     int s, p, v, m, steps;
+    moe_pipeline_issue_t issue;
     tc_world_t *ppw, *ww;
     pthread_barrier_t *start;
     double cost;
@@ -486,6 +560,7 @@ static void *bubble_main(void *arg)
     moe_pipeline_config_t pc = moe_pipeline_config_default();
     pc.microbatches = c->m;
     pc.virtual_stages = c->v;
+    pc.issue = c->issue;
     pc.act_ndim = 2;
     pc.act_shape[0] = 16;
     pc.act_shape[1] = 64;
@@ -522,18 +597,24 @@ static void test_bubble(void **state)
 {
     (void)state;
     const int p = 4, steps = 5;
-    const double cost = 0.008; /* per chunk (per stage without interleaving), F and B each */
-    /* plain 1F1B for m in {4, 8, 16}, then interleaved with v = 2 chunks of the same cost */
-    int ms[] = {4, 8, 16, 4, 8}, vs[] = {1, 1, 1, 2, 2};
-    for (int i = 0; i < 5; i++) {
+    const double cost = 0.020; /* per chunk (per stage without interleaving), F and B each */
+    /* plain 1F1B for m in {4, 8, 16}, then interleaved with v = 2 chunks of the same cost
+     * (PREPOST over the MPI-like communicator), then ORDERED over the in-order one (NCCL-like,
+     * a send completes only when its receive is at the head of the peer's queue) */
+    int ms[] = {4, 8, 16, 4, 8, 8, 8}, vs[] = {1, 1, 1, 2, 2, 1, 2};
+    for (int i = 0; i < 7; i++) {
         int m = ms[i], v = vs[i];
-        tc_world_t *ppw = tc_world_create(p), *ww = tc_world_create(p);
+        bool ordered = i >= 5;
+        tc_world_t *ppw = ordered ? tc_world_create_ordered(p) : tc_world_create(p);
+        tc_world_t *ww = tc_world_create(p);
         pthread_barrier_t start;
         pthread_barrier_init(&start, NULL, (unsigned)p);
         bubble_ctx_t ctx[4];
         pthread_t th[4];
         for (int s = 0; s < p; s++) {
             ctx[s] = (bubble_ctx_t){.s = s, .p = p, .v = v, .m = m, .steps = steps,
+                                    .issue = ordered ? MOE_PIPE_ISSUE_ORDERED
+                                                     : MOE_PIPE_ISSUE_PREPOST,
                                     .ppw = ppw, .ww = ww, .start = &start, .cost = cost};
             pthread_create(&th[s], NULL, bubble_main, &ctx[s]);
         }
@@ -549,8 +630,9 @@ static void test_bubble(void **state)
             idle[k] = 1.0 - busy / (p * span);
         }
         double mean = median(idle, steps); /* robust to one step disturbed by the machine */
-        printf("bubble p=%d v=%d m=%2d: measured idle (median of %d) %.4f, theoretical (p-1)/(m*v+p-1) = "
-               "%.4f, diff %+.4f\n", p, v, m, steps, mean, theory, mean - theory);
+        printf("bubble %s p=%d v=%d m=%2d: measured idle (median of %d) %.4f, theoretical (p-1)/(m*v+p-1) = "
+               "%.4f, diff %+.4f\n", ordered ? "ordered" : "prepost", p, v, m, steps, mean,
+               theory, mean - theory);
         assert_true(fabs(mean - theory) <= 0.05);
         pthread_barrier_destroy(&start);
         tc_world_destroy(ppw);
@@ -617,6 +699,7 @@ int main(void)
         cmocka_unit_test(test_callback_failures),
         cmocka_unit_test(test_absent_stage_times_out),
         cmocka_unit_test(test_buffers_and_window),
+        cmocka_unit_test(test_prepost_on_in_order_comm_times_out),
     };
     const struct CMUnitTest timing[] = {
         cmocka_unit_test(test_bubble),

@@ -4,8 +4,9 @@
  * Equivalence: the test model of pipe_model.h (L = 8 layers, dense and MoE alternating; N = 6
  * tokens per rank, H = 8, E = 4, top-2, F = 12), two AdamW steps, m = 3 microbatches (plain)
  * or m = 2 pp (interleaved, v = 2 chunks per stage), on these meshes:
- *   np 2: pp=2, pp=2 v=2
- *   np 4: pp=4, pp=4 v=2, pp=2 x dp=2, pp=2 v=2 x dp=2, pp=2 x ep=2, pp=2 x tp=2
+ *   np 2: pp=2, pp=2 v=2 (and with the ORDERED issue mode NCCL uses)
+ *   np 4: pp=4, pp=2 x dp=2, pp=2 x ep=2, pp=2 x tp=2, and each of them with v=2; pp=4 and
+ *         pp=2 v=2 x ep=2 with the ORDERED issue mode
  * Reference: the ranks of one pp coordinate form a mesh of the same tp x ep x dp with pp = 1
  * (an MPI_Comm_split of the world, keyed so every rank keeps its tp/ep/dp coordinates) and run
  * the whole model on the same data (data of lane = ep + EP * dp; tp ranks share it). Every
@@ -13,15 +14,16 @@
  * with the reference's (rel. err <= 1e-5), and the lanes together hold every layer once.
  * Meshes the MoE layer cannot build yet (UNSUPPORTED) are reported as SKIPPED, not passed.
  *
- * Bubble (np 4): pp = 4 stages whose forward and backward sleep 8 ms each (sleep, not spin:
- * 4 ranks share 2 cores on CI): the median over 5 batches of the idle fraction
- * 1 - sum(compute)/(p * max span) is within 0.05 of (p-1)/(m+p-1) for m in {4, 8, 16}, and
- * with v = 2 chunks of 8 ms each within 0.05 of (p-1)/(m v+p-1) for m in {4, 8}; measured and
- * theoretical values are printed.
+ * Bubble (np 4): pp = 4 stages whose forward and backward sleep 20 ms each (sleep, not spin:
+ * 4 ranks share 2 cores on CI), 1 KB boundary tensors: the median over 5 batches of the idle
+ * fraction 1 - sum(compute)/(p * max span) is within 0.05 of (p-1)/(m+p-1) for m in
+ * {4, 8, 16}, and with v = 2 chunks of 20 ms each within 0.05 of (p-1)/(m v+p-1) for m in
+ * {4, 8}; measured and theoretical values are printed.
  *
- * Failure (np 2 and 4): a backward that fails on the last rank stops the batch everywhere:
- * the failing rank returns its status, every other rank MOE_STATUS_ABORTED, quickly; no
- * optimizer step; the next batch succeeds.
+ * Failure (np 2: pp=2; np 4: pp=4 and pp=2 x dp=2): a backward that fails on the last rank
+ * stops the batch everywhere, the other data-parallel replica included: the failing rank
+ * returns its status, every other rank MOE_STATUS_ABORTED, quickly; no optimizer step; the
+ * next batch succeeds.
  *
  * A build whose mesh cannot span ranks (no MPI communicator yet) exits 77 (skipped).
  */
@@ -102,10 +104,11 @@ static void compare(pm_model_t *ref, pm_model_t *pm, int layer, int kind, const 
     free(b);
 }
 
-static void equivalence(int tp, int ep, int dp, int pp, int v)
+static void equivalence(int tp, int ep, int dp, int pp, int v, moe_pipeline_issue_t issue)
 {
-    char name[64];
-    snprintf(name, sizeof name, "pp=%d v=%d tp=%d ep=%d dp=%d", pp, v, tp, ep, dp);
+    char name[96];
+    snprintf(name, sizeof name, "pp=%d v=%d tp=%d ep=%d dp=%d%s", pp, v, tp, ep, dp,
+             issue == MOE_PIPE_ISSUE_ORDERED ? " (ordered issue)" : "");
     const int m = v > 1 ? 2 * pp : 3, steps = 2;
     moe_mesh_config_t mc = moe_mesh_config_default();
     mc.tp = tp, mc.ep = ep, mc.dp = dp, mc.pp = pp;
@@ -156,6 +159,7 @@ static void equivalence(int tp, int ep, int dp, int pp, int v)
     moe_pipeline_config_t pc = moe_pipeline_config_default();
     pc.microbatches = m;
     pc.virtual_stages = v;
+    pc.issue = issue;
     pc.act_ndim = 2;
     pc.act_shape[0] = sh.n;
     pc.act_shape[1] = sh.h;
@@ -255,8 +259,8 @@ static void failure(int pp)
     CHECK(st == MOE_STATUS_SUCCESS, "retry: %s", moe_last_error());
     CHECK(pm->steps == 1, "retry: %d optimizer steps", pm->steps);
     if (world_rank == 0)
-        printf("failure pp=%d: a backward failing on world rank %d stopped every rank in %.3f s "
-               "(rank 0), retry succeeded\n", pp, world_size - 1, secs);
+        printf("failure pp=%d dp=%d: a backward failing on world rank %d stopped every rank in "
+               "%.3f s (rank 0), retry succeeded\n", pp, mc.dp, world_size - 1, secs);
     TEST_OK(moe_pipeline_destroy(pipe));
     pm_model_destroy(pm);
     TEST_OK(moe_runtime_destroy(rt));
@@ -318,14 +322,17 @@ static void bubble(void)
     int ms[] = {4, 8, 16, 4, 8}, vs[] = {1, 1, 1, 2, 2};
     for (int i = 0; i < 5; i++) {
         int m = ms[i], v = vs[i];
-        double cost = 0.008; /* per chunk, forward and backward each */
+        double cost = 0.020; /* per chunk, forward and backward each */
         moe_pipeline_callbacks_t cb = {.forward = sl_forward, .backward = sl_backward,
                                        .loss = sl_loss, .user = &cost};
         moe_pipeline_config_t pc = moe_pipeline_config_default();
         pc.microbatches = m;
         pc.virtual_stages = v;
         pc.act_ndim = 2;
-        pc.act_shape[0] = 64;
+        /* 1 KB boundary tensors: MPI sends them eagerly, so the measurement is the schedule's
+         * (16 KB ones go by rendezvous and add +0.03..0.05 here, with 4 ranks on 2 loaded
+         * cores: a send that is not progressed while its stage computes) */
+        pc.act_shape[0] = 4;
         pc.act_shape[1] = 64;
         moe_pipeline_t *pipe = NULL;
         TEST_OK(moe_pipeline_create(rt, &pc, &cb, &pipe));
@@ -377,17 +384,24 @@ int main(int argc, char **argv)
     }
     TEST_OK(moe_runtime_destroy(prt));
     if (world_size == 2) {
-        equivalence(1, 1, 1, 2, 1);
-        equivalence(1, 1, 1, 2, 2);
+        equivalence(1, 1, 1, 2, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 2, 2, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 2, 2, MOE_PIPE_ISSUE_ORDERED);
         failure(2);
     } else if (world_size == 4) {
-        equivalence(1, 1, 1, 4, 1);
-        equivalence(1, 1, 1, 4, 2);
-        equivalence(1, 1, 2, 2, 1);
-        equivalence(1, 1, 2, 2, 2);
-        equivalence(1, 2, 1, 2, 1);
-        equivalence(2, 1, 1, 2, 1);
+        equivalence(1, 1, 1, 4, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 4, 2, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 2, 2, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 2, 2, 2, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 2, 1, 2, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 2, 1, 2, 2, MOE_PIPE_ISSUE_AUTO);
+        equivalence(2, 1, 1, 2, 1, MOE_PIPE_ISSUE_AUTO);
+        equivalence(2, 1, 1, 2, 2, MOE_PIPE_ISSUE_AUTO);
+        /* the issue order NCCL needs, over MPI */
+        equivalence(1, 1, 1, 4, 1, MOE_PIPE_ISSUE_ORDERED);
+        equivalence(1, 2, 1, 2, 2, MOE_PIPE_ISSUE_ORDERED);
         failure(4);
+        failure(2); /* pp = 2 x dp = 2: the other data-parallel replica stops too */
         bubble();
     } else {
         if (world_rank == 0) fprintf(stderr, "run with 2 or 4 ranks\n");

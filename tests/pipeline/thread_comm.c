@@ -11,6 +11,7 @@
 
 struct moe_comm_req {
     struct moe_comm_req *next;   /* in the world's pending list */
+    struct moe_comm_req *qnext;  /* ordered mode: in its rank's queue */
     bool is_send, done, matched_list;
     int src, dst, tag;
     void *buf;
@@ -24,6 +25,8 @@ struct tc_world {
     pthread_cond_t cv;
     int size;
     moe_comm_req_t *pending;     /* unmatched sends and receives, in posting order */
+    bool ordered;                /* NCCL-like: no tags, each rank's operations in call order */
+    moe_comm_req_t *qhead[TC_MAX], *qtail[TC_MAX];
     /* collectives */
     unsigned long generation;
     int arrived;
@@ -37,6 +40,13 @@ typedef struct tc_impl {
     tc_world_t *w;
     bool aborted;
 } tc_impl_t;
+
+tc_world_t *tc_world_create_ordered(int size)
+{
+    tc_world_t *w = tc_world_create(size);
+    w->ordered = true;
+    return w;
+}
 
 tc_world_t *tc_world_create(int size)
 {
@@ -55,6 +65,12 @@ void tc_world_destroy(tc_world_t *w)
         w->pending = r->next;
         free(r);
     }
+    for (int i = 0; i < TC_MAX; i++)
+        while (w->qhead[i]) { /* ordered mode: operations never completed */
+            moe_comm_req_t *r = w->qhead[i];
+            w->qhead[i] = r->qnext;
+            if (!r->done) free(r);
+        }
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);
@@ -95,6 +111,32 @@ static void try_match(tc_world_t *w, moe_comm_req_t *r)
     r->matched_list = true;
 }
 
+/* Ordered mode: complete heads of rank queues that are each other's partners; lock held.
+ * A completed request leaves its queue (the waiter frees it). */
+static void ordered_progress(tc_world_t *w)
+{
+    bool changed = true;
+    while (changed) {
+        changed = false;
+        for (int r = 0; r < w->size; r++) {
+            moe_comm_req_t *h = w->qhead[r];
+            if (!h) continue;
+            int q = h->is_send ? h->dst : h->src;
+            moe_comm_req_t *o = w->qhead[q];
+            if (!o || o->is_send == h->is_send || o->src != h->src || o->dst != h->dst) continue;
+            moe_comm_req_t *snd = h->is_send ? h : o, *rcv = h->is_send ? o : h;
+            memcpy(rcv->buf, snd->buf, snd->bytes < rcv->bytes ? snd->bytes : rcv->bytes);
+            w->qhead[r] = h->qnext;
+            if (!w->qhead[r]) w->qtail[r] = NULL;
+            w->qhead[q] = o->qnext;
+            if (!w->qhead[q]) w->qtail[q] = NULL;
+            h->done = o->done = true;
+            changed = true;
+        }
+    }
+    pthread_cond_broadcast(&w->cv);
+}
+
 static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count,
                         moe_comm_dtype_t dt, int peer, int tag, moe_comm_req_t **req)
 {
@@ -110,7 +152,15 @@ static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count,
     r->buf = buf;
     r->bytes = count * moe_comm_dtype_size(dt);
     pthread_mutex_lock(&im->w->mu);
-    try_match(im->w, r);
+    if (im->w->ordered) { /* append to this rank's queue: it runs in call order, tag ignored */
+        tc_world_t *w = im->w;
+        if (w->qtail[c->rank]) w->qtail[c->rank]->qnext = r;
+        else w->qhead[c->rank] = r;
+        w->qtail[c->rank] = r;
+        ordered_progress(w);
+    } else {
+        try_match(im->w, r);
+    }
     pthread_mutex_unlock(&im->w->mu);
     *req = r;
     return MOE_STATUS_SUCCESS;
@@ -146,9 +196,9 @@ static moe_status_t tc_wait(moe_comm_t *c, moe_comm_req_t *r)
     int rc = 0;
     while (!r->done && !im->aborted && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&w->cv, &w->mu, &dl);
     bool done = r->done;
-    if (!done) unlink_req(w, r);
+    if (!done && !w->ordered) unlink_req(w, r);
     pthread_mutex_unlock(&w->mu);
-    free(r);
+    if (done || !w->ordered) free(r); /* a stuck ordered operation stays in its queue */
     if (done) return MOE_STATUS_SUCCESS;
     if (im->aborted) return MOE_FAIL(MOE_STATUS_COMM_ERROR, "%s: communicator aborted", c->name);
     return MOE_FAIL(MOE_STATUS_TIMEOUT, "%s rank %d: no peer within %d ms", c->name, c->rank,
