@@ -10,6 +10,9 @@
  * communication time; hidden(C) = 1 - blocked(C) / blocked(1) is the fraction the overlap
  * hid. Blocked time also contains waiting for slower peers, so this is a lower bound on a
  * loaded machine. One JSON line per configuration on rank 0 (max over ranks).
+ * MOE_A2A_THREAD=1 / 0 turns on / off the host worker thread that computes a chunk's experts
+ * while the main thread drives MPI (without it the host cannot overlap: MPI copies with the
+ * CPU). Unset: on when MPI provides MPI_THREAD_FUNNELED (this program's MPI_Init: single).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +89,9 @@ int main(int argc, char **argv)
             moe_dist_timing_t tm;
             moe_dist_timing(l, &tm);
             double v[3] = {t1 - t0, tm.a2a_blocked_ms, tm.a2a_started_ms}, mx[3];
+            if (it == 0 && R == 0)
+                fprintf(stderr, "chunks %d: %lld chunks on the worker thread\n", chunk_list[ci],
+                        (long long)tm.worker_chunks);
             MPI_Allreduce(v, mx, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             if (it >= 0) {
                 step[it] = mx[0];
@@ -99,10 +105,11 @@ int main(int argc, char **argv)
         double b = blocked[iters / 2];
         if (ci == 0) base_blocked = b;
         if (R == 0)
-            printf("{\"bench\":\"dist_layer\",\"ranks\":%d,\"N\":%lld,\"H\":%lld,\"F\":%lld,\"E\":%d,"
+            printf("{\"bench\":\"dist_layer\",\"worker_thread\":%d,\"ranks\":%d,\"N\":%lld,\"H\":%lld,\"F\":%lld,\"E\":%d,"
                    "\"K\":%d,\"chunks\":%d,\"step_ms\":%.3f,\"blocked_ms\":%.3f,"
                    "\"inflight_ms\":%.3f,\"hidden_vs_1chunk\":%.3f}\n",
-                   W, (long long)N, (long long)H, (long long)F, E, K, chunk_list[ci],
+                   getenv("MOE_A2A_THREAD") ? atoi(getenv("MOE_A2A_THREAD")) : -1, W,
+                   (long long)N, (long long)H, (long long)F, E, K, chunk_list[ci],
                    step[iters / 2], b, inflight[iters / 2],
                    base_blocked > 0 ? 1.0 - b / base_blocked : 0.0);
         fflush(stdout);

@@ -26,5 +26,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   --timeout 200) >"$OUT/ctest.log" 2>&1
 grep -E "Test +#|tests passed|Skipped" "$OUT/ctest.log"
 grep -hE "device buffers|NCCL part|VERDICT|^world" "$OUT/ctest.log" | sort | uniq | head -20
-mpirun -np 4 --bind-to none "$B/bench/bench_dist_layer" 512 1024 32 8 2 5 2>&1 |
-  tee -a "$OUT/bench.jsonl"
+for thr in 0 1; do
+  MOE_A2A_THREAD=$thr mpirun -np 4 --bind-to none -x MOE_A2A_THREAD \
+    "$B/bench/bench_dist_layer" 512 1024 32 8 2 5 2>&1 | tee -a "$OUT/bench.jsonl"
+done

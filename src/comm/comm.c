@@ -101,6 +101,7 @@ moe_status_t moe_comm_mpi_acquire(void)
 }
 void moe_comm_mpi_release(void) {}
 bool moe_comm_mpi_ready(void) { return false; }
+bool moe_comm_mpi_threads_ok(void) { return false; }
 moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size)
 {
     (void)mpi_comm;

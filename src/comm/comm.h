@@ -115,6 +115,9 @@ moe_status_t moe_comm_mpi_acquire(void);
 void moe_comm_mpi_release(void);
 /* True when MPI is initialised and not finalised. */
 bool moe_comm_mpi_ready(void);
+/* True when MPI was initialised with at least MPI_THREAD_FUNNELED (other threads may exist
+ * while the main thread calls MPI). */
+bool moe_comm_mpi_threads_ok(void);
 /* Rank and size of `mpi_comm` (pointer to an MPI_Comm; NULL: MPI_COMM_WORLD). */
 moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size);
 

@@ -831,6 +831,13 @@ bool moe_comm_mpi_ready(void)
     return inited && !finalized;
 }
 
+bool moe_comm_mpi_threads_ok(void)
+{
+    int provided = MPI_THREAD_SINGLE;
+    if (!moe_comm_mpi_ready() || MPI_Query_thread(&provided) != MPI_SUCCESS) return false;
+    return provided >= MPI_THREAD_FUNNELED;
+}
+
 moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size)
 {
     MPI_Comm c = mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD;

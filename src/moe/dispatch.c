@@ -30,6 +30,9 @@
 #include "dispatch.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -43,6 +46,7 @@ typedef struct moe_dist {
     moe_comm_dtype_t act_dt;
     size_t act;                      /* bytes per activation element */
     int32_t *group;                  /* [E] expert -> owner * El + local (row order) */
+    bool worker_thread;              /* host backend: experts on a thread while MPI progresses */
     moe_dist_timing_t timing;
 } moe_dist_t;
 
@@ -106,6 +110,12 @@ moe_status_t moe_dist_create(moe_layer_t *l)
         int32_t local = l->cfg.placement == MOE_PLACEMENT_CONTIGUOUS ? e % l->el : e / d->P;
         d->group[e] = owner * l->el + local;
     }
+    /* The host worker thread: on when MPI allows other threads (MPI_THREAD_FUNNELED or
+     * more; libmoe's own MPI_Init asks for SERIALIZED); MOE_A2A_THREAD=1 / 0 forces it. */
+    const char *wt = getenv("MOE_A2A_THREAD");
+    bool want = wt ? strcmp(wt, "0") != 0 : moe_comm_mpi_threads_ok();
+    d->worker_thread = want && MOE_OPS(l->rt)->device == MOE_DEVICE_HOST && d->ep &&
+                       l->cfg.a2a_chunks > 1;
     l->dist = d;
     return MOE_STATUS_SUCCESS;
 }
@@ -247,18 +257,113 @@ static moe_status_t slice_backward(moe_layer_t *l, moe_slot_t *s, int64_t row0, 
     return MOE_OPS(l->rt)->experts_backward(MOE_CTX(l->rt), &ex);
 }
 
+/* The expert work of chunk c: every peer block's slice of it. With `polls`, MPI is polled
+ * between slices (the transfers in flight progress only inside MPI calls). */
+typedef struct chunk_job {
+    moe_layer_t *l;
+    moe_slot_t *s;
+    int c;
+    slice_fn fn;
+    void *exp_in, *exp_out, *scratch;
+    moe_status_t st;
+    char err[600];
+    atomic_bool done;
+} chunk_job_t;
+
+typedef struct poll_set {
+    a2a_op_t *ops[2];
+    int lo[2], hi[2];          /* ops[i][lo..hi) are polled */
+} poll_set_t;
+
+static moe_status_t poll_all(moe_layer_t *l, poll_set_t *ps, bool *idle)
+{
+    *idle = true;
+    for (int i = 0; i < 2; i++)
+        for (int j = ps->lo[i]; j < ps->hi[i]; j++) {
+            if (ps->ops[i][j].done) continue;
+            MOE_TRY(a2a_poll(l, &ps->ops[i][j]));
+            if (!ps->ops[i][j].done) *idle = false;
+        }
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t compute_chunk(chunk_job_t *j, poll_set_t *polls)
+{
+    moe_layer_t *l = j->l;
+    moe_dist_slot_t *ds = j->s->dist;
+    int P = l->dist->P, C = l->cfg.a2a_chunks, El = l->el, c = j->c;
+    int64_t off[El + 1];
+    for (int q = 0; q < P; q++) {
+        int64_t n = ds->rc[q], lo = chunk_lo(n, c, C), hi = chunk_lo(n, c + 1, C);
+        if (hi == lo) continue;
+        /* local-expert boundaries of this peer's block, clipped to the chunk */
+        int64_t acc = 0;
+        for (int e = 0; e <= El; e++) {
+            int64_t b = acc < lo ? lo : acc > hi ? hi : acc;
+            off[e] = b - lo;
+            if (e < El) acc += ds->cnt[q * El + e];
+        }
+        MOE_TRY(j->fn(l, j->s, ds->rd[q] + lo, hi - lo, off, j->exp_in, j->exp_out, j->scratch));
+        bool idle;
+        if (polls) MOE_TRY(poll_all(l, polls, &idle));
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+static void *chunk_worker(void *arg)
+{
+    chunk_job_t *j = arg;
+    j->st = compute_chunk(j, NULL);
+    if (j->st != MOE_STATUS_SUCCESS) snprintf(j->err, sizeof j->err, "%s", moe_last_error());
+    atomic_store(&j->done, true);
+    return NULL;
+}
+
+/* Host backend: the experts of chunk c run on a worker thread while this thread keeps MPI
+ * progressing the other chunks' transfers (only this thread calls MPI), so the copies that
+ * shared-memory MPI does with the CPU run on a second core. Other backends compute on their
+ * stream (asynchronous already) and poll between slices. */
+static moe_status_t run_chunk(moe_layer_t *l, chunk_job_t *j, poll_set_t *ps)
+{
+    moe_dist_t *d = l->dist;
+    bool threaded = d->worker_thread;
+    if (threaded) {
+        bool idle;
+        MOE_TRY(poll_all(l, ps, &idle));
+        threaded = !idle; /* nothing in flight: no reason for a thread */
+    }
+    if (!threaded) return compute_chunk(j, ps);
+    atomic_store(&j->done, false);
+    pthread_t t;
+    if (pthread_create(&t, NULL, chunk_worker, j) != 0) return compute_chunk(j, ps);
+    d->timing.worker_chunks++;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    bool idle = false;
+    while (!atomic_load(&j->done)) {
+        if (st == MOE_STATUS_SUCCESS && !idle) st = poll_all(l, ps, &idle);
+        if (idle || st != MOE_STATUS_SUCCESS) break; /* nothing left to drive: just join */
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_join(t, NULL);
+    MOE_TRY(st);
+    if (j->st != MOE_STATUS_SUCCESS) return MOE_FAIL(j->st, "%s", j->err);
+    return MOE_STATUS_SUCCESS;
+}
+
 /* tok_in (token side) -> exp_in (expert side) -> fn -> exp_out -> tok_out (token side). */
 static moe_status_t pipeline(moe_layer_t *l, moe_slot_t *s, const void *tok_in, void *exp_in,
                              void *exp_out, void *tok_out, slice_fn fn, void *scratch)
 {
     moe_dist_t *d = l->dist;
     moe_dist_slot_t *ds = s->dist;
-    int P = d->P, C = l->cfg.a2a_chunks, El = l->el;
+    int P = d->P, C = l->cfg.a2a_chunks;
     size_t H = (size_t)l->h, a = d->act;
     a2a_op_t disp[C], comb[C];
-    int64_t off[El + 1];
     moe_status_t st = MOE_STATUS_SUCCESS;
     int started_d = 0, started_c = 0;
+    chunk_job_t job = {.l = l, .s = s, .fn = fn, .exp_in = exp_in, .exp_out = exp_out,
+                       .scratch = scratch};
 
     MOE_TRY_GOTO(st, a2a_start(l, ds, 0, false, tok_in, exp_in, &disp[0]));
     started_d = 1;
@@ -269,21 +374,9 @@ static moe_status_t pipeline(moe_layer_t *l, moe_slot_t *s, const void *tok_in, 
         }
         MOE_TRY_GOTO(st, a2a_wait(l, &disp[c]));
         double t0 = now_ms();
-        for (int q = 0; q < P; q++) {
-            int64_t n = ds->rc[q], lo = chunk_lo(n, c, C), hi = chunk_lo(n, c + 1, C);
-            if (hi == lo) continue;
-            /* local-expert boundaries of this peer's block, clipped to the chunk */
-            int64_t acc = 0;
-            for (int e = 0; e <= El; e++) {
-                int64_t b = acc < lo ? lo : acc > hi ? hi : acc;
-                off[e] = b - lo;
-                if (e < El) acc += ds->cnt[q * El + e];
-            }
-            MOE_TRY_GOTO(st, fn(l, s, ds->rd[q] + lo, hi - lo, off, exp_in, exp_out, scratch));
-            /* let MPI progress the chunks in flight (host backend: no progress thread) */
-            for (int j = c + 1; j < started_d; j++) MOE_TRY_GOTO(st, a2a_poll(l, &disp[j]));
-            for (int j = 0; j < started_c; j++) MOE_TRY_GOTO(st, a2a_poll(l, &comb[j]));
-        }
+        job.c = c;
+        poll_set_t ps = {{disp, comb}, {c + 1, 0}, {started_d, started_c}};
+        MOE_TRY_GOTO(st, run_chunk(l, &job, &ps));
         d->timing.compute_ms += now_ms() - t0;
         if (d->tp) /* row-parallel W2 (forward) / column-parallel W1 (backward): sum over tp */
             for (int q = 0; q < P; q++) {

@@ -18,6 +18,14 @@ foreach(_np 2 4 8)
     target_link_libraries(test_dist_layer_np${_np} PRIVATE MPI::MPI_C)
   endif()
 endforeach()
+# The same on 4 ranks with the host worker thread forced on (experts of chunk c on a thread
+# while the main thread drives MPI; off by default under MPI_Init's MPI_THREAD_SINGLE).
+if(TARGET test_dist_layer_np4)
+  add_test(NAME test_dist_layer_np4_thread COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
+           --oversubscribe $<TARGET_FILE:test_dist_layer_np4>)
+  set_tests_properties(test_dist_layer_np4_thread PROPERTIES TIMEOUT 150 LABELS "moe;mesh;mpi"
+    ENVIRONMENT "MOE_A2A_THREAD=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+endif()
 # Gradient reduction started during the backward equals the one the step makes.
 moe_add_test(test_grad_sync SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_grad_sync.c NP 4 TIMEOUT 120
              LABELS moe mesh mpi)
