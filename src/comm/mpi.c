@@ -20,6 +20,7 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,6 +357,24 @@ static moe_status_t check_count(moe_comm_t *c, const char *what, size_t count)
     return MOE_STATUS_SUCCESS;
 }
 
+/* Stage a single-buffer operation through one pooled block: copy `in` into it first when
+ * given, and copy it back to `out` when the operation completes when given. *d is then the
+ * buffer MPI works on. */
+static moe_status_t stage_one(moe_comm_t *c, moe_comm_req_t *r, size_t bytes, const void *in,
+                              void *out, void **d)
+{
+    MOE_TRY(pool_get(c, bytes, &r->stage[1]));
+    *d = pool_ptr(c, r->stage[1]);
+    if (in) MOE_TRY(c->backend->ops->copy(c->backend->ctx, *d, in, bytes));
+    if (out) {
+        r->back = malloc(sizeof *r->back);
+        if (!r->back) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "staging record");
+        r->back[0] = (stage_back_t){out, 0, bytes};
+        r->nback = 1;
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
 static moe_status_t mpi_allreduce(moe_comm_t *c, const void *send, void *recv, size_t count,
                                   moe_comm_dtype_t dt, moe_reduce_op_t op, moe_comm_req_t **out)
 {
@@ -371,17 +390,8 @@ static moe_status_t mpi_allreduce(moe_comm_t *c, const void *send, void *recv, s
     const void *s = send;
     void *d = recv;
     if (staged(c) && bytes) {
-        MOE_TRY_GOTO(st, pool_get(c, bytes, &r->stage[1]));
-        d = pool_ptr(c, r->stage[1]);
-        MOE_TRY_GOTO(st, c->backend->ops->copy(c->backend->ctx, d, send, bytes));
+        MOE_TRY_GOTO(st, stage_one(c, r, bytes, send, recv, &d));
         s = d; /* reduce in place in the staging block */
-        r->back = malloc(sizeof *r->back);
-        if (!r->back) {
-            st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "staging record");
-            goto fail;
-        }
-        r->back[0] = (stage_back_t){recv, 0, bytes};
-        r->nback = 1;
     }
     MOE_MPI_CHECK_GOTO(st, MPI_Iallreduce(s == d ? MPI_IN_PLACE : s, d, (int)count, mpi_type(dt),
                                           mpi_op(m, dt, op), m->comm, &r->reqs[0]));
@@ -407,19 +417,8 @@ static moe_status_t mpi_broadcast(moe_comm_t *c, void *buf, size_t count, moe_co
     moe_status_t st = MOE_STATUS_SUCCESS;
     void *d = buf;
     if (staged(c) && bytes) {
-        MOE_TRY_GOTO(st, pool_get(c, bytes, &r->stage[1]));
-        d = pool_ptr(c, r->stage[1]);
-        if (c->rank == root) {
-            MOE_TRY_GOTO(st, c->backend->ops->copy(c->backend->ctx, d, buf, bytes));
-        } else {
-            r->back = malloc(sizeof *r->back);
-            if (!r->back) {
-                st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "staging record");
-                goto fail;
-            }
-            r->back[0] = (stage_back_t){buf, 0, bytes};
-            r->nback = 1;
-        }
+        bool root_rank = c->rank == root;
+        MOE_TRY_GOTO(st, stage_one(c, r, bytes, root_rank ? buf : NULL, root_rank ? NULL : buf, &d));
     }
     MOE_MPI_CHECK_GOTO(st, MPI_Ibcast(d, (int)count, mpi_type(dt), root, m->comm, &r->reqs[0]));
     inflight_add(c, r);
@@ -522,21 +521,8 @@ static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count, mo
     MOE_TRY(req_new(c, what, 1, false, &r));
     moe_status_t st = MOE_STATUS_SUCCESS;
     void *d = buf;
-    if (staged(c) && bytes) {
-        MOE_TRY_GOTO(st, pool_get(c, bytes, &r->stage[1]));
-        d = pool_ptr(c, r->stage[1]);
-        if (is_send) {
-            MOE_TRY_GOTO(st, c->backend->ops->copy(c->backend->ctx, d, buf, bytes));
-        } else {
-            r->back = malloc(sizeof *r->back);
-            if (!r->back) {
-                st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "staging record");
-                goto fail;
-            }
-            r->back[0] = (stage_back_t){buf, 0, bytes};
-            r->nback = 1;
-        }
-    }
+    if (staged(c) && bytes)
+        MOE_TRY_GOTO(st, stage_one(c, r, bytes, is_send ? buf : NULL, is_send ? NULL : buf, &d));
     if (is_send)
         MOE_MPI_CHECK_GOTO(st, MPI_Isend(d, (int)count, mpi_type(dt), peer, tag, m->comm, &r->reqs[0]));
     else
@@ -790,8 +776,6 @@ fail:
 bool moe_comm_have_mpi(void) { return true; }
 
 /* ---- process-wide MPI state ----------------------------------------------------------------- */
-
-#include <stdatomic.h>
 
 static atomic_int mpi_users;     /* acquires not yet released */
 static atomic_bool mpi_ours;     /* libmoe called MPI_Init */

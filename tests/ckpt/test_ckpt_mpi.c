@@ -40,16 +40,6 @@ enum { H = 8, F = 8, E = 8, K = 2, NTOK = 6 };
 
 static int R, W, failures;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "rank %d: %s:%d: ", R, __FILE__, __LINE__);                    \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            failures++;                                                                    \
-        }                                                                                  \
-    } while (0)
-
 static moe_runtime_t *make_runtime(int ep, int dp)
 {
     moe_mesh_config_t mc = moe_mesh_config_default();
@@ -159,7 +149,7 @@ static void load_and_compare(const char *dir, int ep, int dp, moe_expert_placeme
     float y[NTOK * H];
     forward(l, x, y);
     double before = test_rel_err(y, yref, NTOK * H);
-    CHECK(before > 1e-3, "ep=%d: outputs already equal before loading (rel err %.3g)", ep, before);
+    RANK_CHECK(before > 1e-3, "ep=%d: outputs already equal before loading (rel err %.3g)", ep, before);
     moe_ckpt_config_t c = moe_ckpt_config_default();
     c.dir = dir;
     c.chunk_bytes = 64 << 10;
@@ -173,10 +163,10 @@ static void load_and_compare(const char *dir, int ep, int dp, moe_expert_placeme
     int32_t n = entries(l, t, info, ids);
     int64_t step = -1;
     TEST_OK(moe_ckpt_load_latest(ck, t, n, &step));
-    CHECK(step == 5, "ep=%d: loaded step %lld", ep, (long long)step);
+    RANK_CHECK(step == 5, "ep=%d: loaded step %lld", ep, (long long)step);
     forward(l, x, y);
     double after = test_rel_err(y, yref, NTOK * H);
-    CHECK(after <= 1e-6, "ep=%d dp=%d: outputs differ after loading: rel err %.3g", ep, dp, after);
+    RANK_CHECK(after <= 1e-6, "ep=%d dp=%d: outputs differ after loading: rel err %.3g", ep, dp, after);
     if (R == 0) printf("ep=%d dp=%d: rel err before load %.3g, after %.3g\n", ep, dp, before, after);
     TEST_OK(moe_ckpt_destroy(ck));
     TEST_OK(moe_layer_destroy(l));
@@ -199,15 +189,15 @@ static void refused_save(const char *dir)
     int32_t n = entries(l, t, info, ids);
     if (R == 2) t[1] = t[0]; /* duplicate name on one rank only */
     moe_status_t s = moe_ckpt_save_async(ck, 6, t, n);
-    CHECK(s == (R == 2 ? MOE_STATUS_INVALID_ARGUMENT : MOE_STATUS_SUCCESS), "save_async: %s",
+    RANK_CHECK(s == (R == 2 ? MOE_STATUS_INVALID_ARGUMENT : MOE_STATUS_SUCCESS), "save_async: %s",
           moe_status_string(s));
     s = moe_ckpt_wait(ck, 1, 60000);
-    CHECK(s == (R == 2 ? MOE_STATUS_SUCCESS : MOE_STATUS_ABORTED), "wait: %s (%s)",
+    RANK_CHECK(s == (R == 2 ? MOE_STATUS_SUCCESS : MOE_STATUS_ABORTED), "wait: %s (%s)",
           moe_status_string(s), moe_last_error());
     int64_t steps[4];
     int32_t ns = 0;
     TEST_OK(moe_ckpt_list(ck, MOE_CKPT_TIER_LOCAL, steps, 4, &ns));
-    CHECK(ns == 1 && steps[0] == 5, "after a refused save: %d checkpoints, newest %lld", ns,
+    RANK_CHECK(ns == 1 && steps[0] == 5, "after a refused save: %d checkpoints, newest %lld", ns,
           ns ? (long long)steps[ns - 1] : -1LL);
     TEST_OK(moe_ckpt_destroy(ck));
     TEST_OK(moe_layer_destroy(l));
@@ -263,16 +253,16 @@ int main(int argc, char **argv)
     TEST_OK(moe_ckpt_wait(ck, 1, 60000));
     moe_ckpt_status_t st = {.struct_size = sizeof st};
     TEST_OK(moe_ckpt_status(ck, &st));
-    CHECK(st.last_committed_step == 5, "last committed %lld", (long long)st.last_committed_step);
+    RANK_CHECK(st.last_committed_step == 5, "last committed %lld", (long long)st.last_committed_step);
     if (g_have_s3)
-        CHECK(st.last_uploaded_step == 5, "last uploaded %lld", (long long)st.last_uploaded_step);
+        RANK_CHECK(st.last_uploaded_step == 5, "last uploaded %lld", (long long)st.last_uploaded_step);
     TEST_OK(moe_ckpt_destroy(ck));
     if (R == 0) {
         char sd[300];
         snprintf(sd, sizeof sd, "%s/step-000000000005", dir);
         ck_manifest_t m;
         TEST_OK(ck_manifest_read(sd, &m));
-        CHECK(m.nfiles == W && m.world == W && m.mesh[1] == 4, "manifest: %d files, world %d, ep %d",
+        RANK_CHECK(m.nfiles == W && m.world == W && m.mesh[1] == 4, "manifest: %d files, world %d, ep %d",
               m.nfiles, m.world, m.mesh[1]);
         ck_manifest_free(&m);
     }

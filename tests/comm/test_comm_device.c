@@ -20,16 +20,6 @@
 static int P, R, failures;
 static moe_backend_t be;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "rank %d: %s:%d: ", R, __FILE__, __LINE__);                    \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            failures++;                                                                    \
-        }                                                                                  \
-    } while (0)
-
 static void *dev(size_t bytes)
 {
     void *p = NULL;
@@ -55,9 +45,9 @@ static void run_ops(moe_comm_t *c)
     TEST_OK(moe_comm_allreduce(c, d, d, N, MOE_COMM_F32, MOE_REDUCE_MAX));
     down(o, d2, sizeof o);
     for (int i = 0; i < N; i++)
-        CHECK(o[i] == (float)((i + 1) * n * (n + 1) / 2), "%s allreduce sum [%d] %g", kind, i, o[i]);
+        RANK_CHECK(o[i] == (float)((i + 1) * n * (n + 1) / 2), "%s allreduce sum [%d] %g", kind, i, o[i]);
     down(o, d, sizeof o);
-    for (int i = 0; i < N; i++) CHECK(o[i] == (float)((i + 1) * n), "%s allreduce max [%d]", kind, i);
+    for (int i = 0; i < N; i++) RANK_CHECK(o[i] == (float)((i + 1) * n), "%s allreduce max [%d]", kind, i);
     /* bf16 (exact small integers) */
     uint16_t hb[N], ob[N];
     for (int i = 0; i < N; i++) hb[i] = moe_f32_to_bf16((float)(me + 1));
@@ -66,7 +56,7 @@ static void run_ops(moe_comm_t *c)
     TEST_OK(moe_comm_allreduce(c, db, db, N, MOE_COMM_BF16, MOE_REDUCE_SUM));
     down(ob, db, sizeof ob);
     for (int i = 0; i < N; i++)
-        CHECK(moe_bf16_to_f32(ob[i]) == (float)(n * (n + 1) / 2), "%s bf16 sum [%d]", kind, i);
+        RANK_CHECK(moe_bf16_to_f32(ob[i]) == (float)(n * (n + 1) / 2), "%s bf16 sum [%d]", kind, i);
     /* broadcast from the last rank */
     int32_t hi[N], oi[N];
     for (int i = 0; i < N; i++) hi[i] = me == n - 1 ? 100 * me + i : -1;
@@ -74,7 +64,7 @@ static void run_ops(moe_comm_t *c)
     up(di, hi, sizeof hi);
     TEST_OK(moe_comm_broadcast(c, di, N, MOE_COMM_I32, n - 1));
     down(oi, di, sizeof oi);
-    for (int i = 0; i < N; i++) CHECK(oi[i] == 100 * (n - 1) + i, "%s broadcast [%d]", kind, i);
+    for (int i = 0; i < N; i++) RANK_CHECK(oi[i] == 100 * (n - 1) + i, "%s broadcast [%d]", kind, i);
     /* alltoallv with gaps in the receive buffer */
     size_t sc[16], sd[16], rc[16], rd[16], off = 0;
     float s[64], r[64];
@@ -99,11 +89,11 @@ static void run_ops(moe_comm_t *c)
     bool used[64] = {false};
     for (int p = 0; p < n; p++)
         for (size_t j = 0; j < rc[p]; j++) {
-            CHECK(r[rd[p] + j] == (float)(1000 * p + 10 * me + (int)j), "%s alltoallv from %d", kind, p);
+            RANK_CHECK(r[rd[p] + j] == (float)(1000 * p + 10 * me + (int)j), "%s alltoallv from %d", kind, p);
             used[rd[p] + j] = true;
         }
     for (int i = 0; i < 64; i++)
-        if (!used[i]) CHECK(r[i] == -7, "%s alltoallv gap %d overwritten", kind, i);
+        if (!used[i]) RANK_CHECK(r[i] == -7, "%s alltoallv gap %d overwritten", kind, i);
     /* send/recv ring */
     if (n > 1) {
         int64_t v[4] = {me, me + 1, me + 2, me + 3}, w[4];
@@ -115,7 +105,7 @@ static void run_ops(moe_comm_t *c)
         TEST_OK(moe_comm_wait(c, qs));
         TEST_OK(moe_comm_wait(c, qr));
         down(w, dw, sizeof w);
-        for (int i = 0; i < 4; i++) CHECK(w[i] == (me + n - 1) % n + i, "%s recv [%d]", kind, i);
+        for (int i = 0; i < 4; i++) RANK_CHECK(w[i] == (me + n - 1) % n + i, "%s recv [%d]", kind, i);
         be.ops->free(be.ctx, dv);
         be.ops->free(be.ctx, dw);
     }
@@ -127,7 +117,7 @@ static void run_ops(moe_comm_t *c)
     up(d1, &one, sizeof one);
     TEST_OK(moe_comm_allreduce(half, d1, d1, 1, MOE_COMM_F32, MOE_REDUCE_SUM));
     down(&cnt, d1, sizeof cnt);
-    CHECK(cnt == (float)half->size && half->size == (n + (me % 2 ? 0 : 1)) / 2, "%s split size",
+    RANK_CHECK(cnt == (float)half->size && half->size == (n + (me % 2 ? 0 : 1)) / 2, "%s split size",
           kind);
     TEST_OK(moe_comm_barrier(half));
     TEST_OK(moe_comm_barrier(c));
@@ -153,19 +143,19 @@ int main(int argc, char **argv)
     TEST_OK(moe_backend_cuda_create(&bp, &be));
     moe_comm_t *mpi = NULL, *host = NULL;
     TEST_OK(moe_comm_mpi_create(NULL, "staged", 30000, &be, NULL, &mpi));
-    CHECK(mpi->device_buffers, "the MPI communicator should stage device buffers");
+    RANK_CHECK(mpi->device_buffers, "the MPI communicator should stage device buffers");
     run_ops(mpi);
     moe_comm_destroy(mpi);
     if (moe_comm_have_nccl() && P <= ngpu) {
         TEST_OK(moe_comm_mpi_create(NULL, "bootstrap", 30000, NULL, NULL, &host));
         moe_comm_t *nc = NULL;
         TEST_OK(moe_comm_nccl_create(host, "nccl-world", &nc));
-        CHECK(strcmp(nc->members, P == 1 ? "world ranks 0" : nc->members) == 0, "members %s",
+        RANK_CHECK(strcmp(nc->members, P == 1 ? "world ranks 0" : nc->members) == 0, "members %s",
               nc->members);
         run_ops(nc);
         moe_comm_abort(nc);
         float x = 0;
-        CHECK(moe_comm_allreduce(nc, &x, &x, 1, MOE_COMM_F32, MOE_REDUCE_SUM) == MOE_STATUS_ABORTED,
+        RANK_CHECK(moe_comm_allreduce(nc, &x, &x, 1, MOE_COMM_F32, MOE_REDUCE_SUM) == MOE_STATUS_ABORTED,
               "aborted NCCL communicator accepted work");
         moe_comm_destroy(nc);
         moe_comm_destroy(host);

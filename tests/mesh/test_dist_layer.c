@@ -37,16 +37,6 @@ static double worst;
 
 #define TOL 1e-5
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "rank %d: %s:%d: ", R, __FILE__, __LINE__);                    \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            failures++;                                                                    \
-        }                                                                                  \
-    } while (0)
-
 typedef struct scenario {
     const char *name;
     int32_t e, k;
@@ -73,7 +63,7 @@ static void compare(const char *what, const float *got, const float *ref, int64_
     double e = test_rel_err(got, ref, n);
     if (getenv("MOE_TEST_VERBOSE") && e > 1e-6) fprintf(stderr, "rank %d: %s: %s rel err %.3g\n", R, ctx, what, e);
     if (e > worst) worst = e;
-    CHECK(e <= TOL, "%s: %s rel err %.3g over %lld values", ctx, what, e, (long long)n);
+    RANK_CHECK(e <= TOL, "%s: %s rel err %.3g over %lld values", ctx, what, e, (long long)n);
 }
 
 /* Map local element i of a parameter shard to its global flat index. */
@@ -105,7 +95,7 @@ static void compare_params(moe_runtime_t *rt, moe_layer_t *l, moe_layer_t *ref, 
     int32_t np, nr;
     TEST_OK(moe_layer_num_params(l, &np));
     TEST_OK(moe_layer_num_params(ref, &nr));
-    CHECK(np == nr, "%s: %d params vs %d", ctx, np, nr);
+    RANK_CHECK(np == nr, "%s: %d params vs %d", ctx, np, nr);
     for (int32_t i = 0; i < np && i < nr; i++) {
         moe_param_info_t p = {.struct_size = sizeof p}, q = {.struct_size = sizeof q};
         TEST_OK(moe_layer_param(l, i, &p));
@@ -240,7 +230,7 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
         float terms[2] = {(float)s.aux_loss, (float)s.z_loss}, rterms[2] = {(float)rs.aux_loss,
                                                                              (float)rs.z_loss};
         compare("aux and z losses", terms, rterms, 2, sctx);
-        CHECK(s.capacity == rs.capacity, "%s: capacity %lld vs %lld", sctx, (long long)s.capacity,
+        RANK_CHECK(s.capacity == rs.capacity, "%s: capacity %lld vs %lld", sctx, (long long)s.capacity,
               (long long)rs.capacity);
         /* task loss: its error relative to sum |y dy| (the sum cancels, so relative to
          * |loss| it would measure the cancellation, not the layer) */
@@ -255,7 +245,7 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
                                        MOE_COMM_F64, MOE_REDUCE_SUM));
         double lerr = rabs > 0 ? fabs(loss - rloss) / rabs : fabs(loss - rloss);
         if (lerr > worst) worst = lerr;
-        CHECK(lerr <= TOL, "%s: task loss %.9g vs %.9g (error %.3g of sum |y dy|)", sctx, loss,
+        RANK_CHECK(lerr <= TOL, "%s: task loss %.9g vs %.9g (error %.3g of sum |y dy|)", sctx, loss,
               rloss, lerr);
         if (step == 1 && sc->cf > 0 && R == 0)
             fprintf(stderr, "  %s: reference dropped %lld of %lld slots\n", sctx,
@@ -329,7 +319,7 @@ int main(int argc, char **argv)
             c.num_experts = 2 * ep + 1;
             snprintf(want, sizeof want, "num_experts (%d) is not divisible by ep (%d)", 2 * ep + 1, ep);
             moe_status_t st = moe_layer_create(rt, &c, &l);
-            CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
+            RANK_CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
                   "E %% ep: %s: %s", moe_status_string(st), moe_last_error());
             c.num_experts = 2 * ep;
         }
@@ -337,7 +327,7 @@ int main(int argc, char **argv)
             c.ffn_hidden = 4 * tp + 1;
             snprintf(want, sizeof want, "ffn_hidden (%d) is not divisible by tp (%d)", 4 * tp + 1, tp);
             moe_status_t st = moe_layer_create(rt, &c, &l);
-            CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
+            RANK_CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
                   "F %% tp: %s: %s", moe_status_string(st), moe_last_error());
         }
         TEST_OK(moe_runtime_destroy(rt));

@@ -22,16 +22,6 @@ enum { N = 6, H = 8, F = 4, E = 4, K = 2 };
 
 static int R, failures;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "rank %d: %s:%d: ", R, __FILE__, __LINE__);                    \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            failures++;                                                                    \
-        }                                                                                  \
-    } while (0)
-
 typedef struct model {
     moe_layer_t *l[2];
     moe_adamw_t *opt;
@@ -74,7 +64,7 @@ static void train_step(model_t *m, uint64_t seed, int overlap)
     if (overlap) {
         TEST_OK(moe_adamw_start_grad_sync(m->opt, m->l[1]));
         moe_status_t again = moe_adamw_start_grad_sync(m->opt, m->l[1]);
-        CHECK(again == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), "already started"),
+        RANK_CHECK(again == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), "already started"),
               "a second start in one batch: %s", moe_last_error());
     }
     TEST_OK(moe_layer_backward(m->l[0], 0, &td1, &td0));
@@ -124,7 +114,7 @@ int main(int argc, char **argv)
     lc.top_k = K;
     TEST_OK(moe_layer_create(rt, &lc, &stranger));
     moe_status_t st = moe_adamw_start_grad_sync(a.opt, stranger);
-    CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), "no parameters registered"),
+    RANK_CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), "no parameters registered"),
           "an unregistered layer: %s", moe_last_error());
     TEST_OK(moe_layer_destroy(stranger));
 
@@ -141,13 +131,13 @@ int main(int argc, char **argv)
             int64_t n = moe_tensor_numel(&pa.value);
             double e = test_rel_err(pa.value.data, pb.value.data, n);
             worst = e > worst ? e : worst;
-            CHECK(e <= 1e-6, "layer %d %s: overlapped vs step-time reduction rel err %.3g", li,
+            RANK_CHECK(e <= 1e-6, "layer %d %s: overlapped vs step-time reduction rel err %.3g", li,
                   pa.name, e);
             if (p == 0) { /* the router is replicated: equal on every rank after the step */
                 float *mx = malloc(sizeof(float) * (size_t)n), *mn = malloc(sizeof(float) * (size_t)n);
                 MPI_Allreduce(pa.value.data, mx, (int)n, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
                 MPI_Allreduce(pa.value.data, mn, (int)n, MPI_FLOAT, MPI_MIN, MPI_COMM_WORLD);
-                CHECK(memcmp(mx, mn, sizeof(float) * (size_t)n) == 0,
+                RANK_CHECK(memcmp(mx, mn, sizeof(float) * (size_t)n) == 0,
                       "layer %d router.weight differs across the dense group", li);
                 free(mx);
                 free(mn);

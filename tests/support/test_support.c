@@ -2,6 +2,7 @@
 #include "test_support.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <time.h>
 
 uint64_t test_rng_next(test_rng_t *r)
@@ -48,4 +49,14 @@ uint64_t test_seed(void)
     uint64_t seed = v ? strtoull(v, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
     fprintf(stderr, "test seed %llu (replay with MOE_TEST_SEED)\n", (unsigned long long)seed);
     return seed;
+}
+
+void test_rank_fail(int rank, const char *file, int line, const char *fmt, ...)
+{
+    fprintf(stderr, "rank %d: %s:%d: ", rank, file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
 }

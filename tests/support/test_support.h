@@ -33,6 +33,19 @@ double test_rel_err(const float *a, const float *b, int64_t n);
         }                                                                                  \
     } while (0)
 
+/* Multi-rank tests count failed checks instead of aborting, so that every rank reaches the
+ * final all-reduce of failures. RANK_CHECK expects `R` (this rank) and `failures` (an int
+ * counter) in the including file. */
+void test_rank_fail(int rank, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define RANK_CHECK(cond, ...)                                                              \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            test_rank_fail(R, __FILE__, __LINE__, __VA_ARGS__);                            \
+            failures++;                                                                    \
+        }                                                                                  \
+    } while (0)
+
 /* A fresh seed per run unless MOE_TEST_SEED is set; printed so a failure can be replayed. */
 uint64_t test_seed(void);
 
