@@ -139,6 +139,9 @@ typedef struct moe_backend_ops {
     moe_status_t (*synchronize)(void *ctx);
     /* the stream ops are enqueued on (CUDA), or ignored */
     moe_status_t (*set_stream)(void *ctx, void *stream);
+    /* the stream ops are enqueued on now (a cudaStream_t), NULL on the host: NCCL orders
+     * its operations after it with an event */
+    void *(*stream)(void *ctx);
 
     /* element-wise conversion of n values between the compute dtype and f32 */
     moe_status_t (*act_to_f32)(void *ctx, float *dst, const void *src, int64_t n);

@@ -76,13 +76,9 @@ struct moe_comm {
     bool device_buffers;      /* buffers passed in live on the GPU */
     const moe_logger_t *logger;
     /* The runtime's compute backend (not owned): mpi.c stages device buffers through its
-     * pinned host memory and copies. NULL: host buffers only. */
+     * pinned host memory and copies; nccl.c orders each operation after the backend's
+     * current stream (NULL: after the legacy default stream). */
     const moe_backend_t *backend;
-    /* NCCL: the cudaStream_t (as void *) that produced the buffers; each operation's NCCL
-     * stream waits for it (an event, no device-wide sync). NULL: the host waits for the
-     * backend's stream (backend->synchronize) if `backend` is set, else the legacy default
-     * stream orders it. Ignored by mpi.c (its staging copies are blocking). */
-    void *order_stream;
     /* "world ranks 0,2,4,6": the members, for messages (set by the implementation). */
     char members[96];
 };

@@ -7,10 +7,10 @@
  * ncclCommGetAsyncError until it is ready or the timeout passes, then ncclCommAbort and
  * MOE_STATUS_TIMEOUT naming the axis and ranks. split() is ncclCommSplit, polled alike.
  *
- * Operations: each waits (event, no device-wide sync) for `order_stream` (the stream that
- * produced its buffers) -- or, when that is unset and the communicator knows the runtime's
- * backend, for the backend's stream through its synchronize -- is enqueued on the NCCL
- * stream, and records a completion event.
+ * Operations: the NCCL stream first waits for the stream that produced the buffers (the
+ * backend's current stream; without a backend, the legacy default stream) through an event
+ * -- the GPU orders the two, the host does not wait -- then the operation is enqueued on the
+ * NCCL stream and records a completion event.
  * wait() polls the event and the communicator's async error against the deadline: a dead or
  * hung peer ends in ncclCommAbort + TIMEOUT, never a hang. alltoallv is grouped
  * ncclSend/ncclRecv (self included). NCCL has no tags: send/recv between two ranks match
@@ -31,9 +31,6 @@
 #define MOE_NCCL_CHECK(call)                                                               \
     MOE_CHECK_GEN(ncclResult_t, call, rc_ == ncclSuccess || rc_ == ncclInProgress,         \
                   MOE_STATUS_COMM_ERROR, ncclGetErrorString)
-#define MOE_CUDA_CHECK_COMM(call)                                                          \
-    MOE_CHECK_GEN(cudaError_t, call, rc_ == cudaSuccess, MOE_STATUS_BACKEND_ERROR,         \
-                  cudaGetErrorString)
 
 static double now_ms(void)
 {
@@ -53,6 +50,7 @@ static void nap(unsigned spin)
 typedef struct nccl_impl {
     ncclComm_t comm;
     cudaStream_t stream;
+    cudaEvent_t produced;     /* recorded on the producing stream before each operation */
     int world_rank;           /* this rank in the root (bootstrap) communicator */
     int *dev_scratch;         /* device int [size]: barrier and member discovery */
     bool dead;
@@ -140,20 +138,14 @@ static moe_status_t begin(moe_comm_t *c, const char *what)
 {
     MOE_TRY(check_live(c, what));
     nccl_impl_t *m = c->impl;
-    if (!c->order_stream && c->backend) {
-        /* the backend's stream is unknown here (and non-blocking, so the legacy stream does
-         * not order it): wait for it on the host; set order_stream to avoid this */
-        MOE_TRY(c->backend->ops->synchronize(c->backend->ctx));
-        return MOE_STATUS_SUCCESS;
-    }
-    cudaEvent_t ev;
-    MOE_CUDA_CHECK_COMM(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    cudaError_t e1 = cudaEventRecord(ev, (cudaStream_t)c->order_stream);
-    cudaError_t e2 = e1 == cudaSuccess ? cudaStreamWaitEvent(m->stream, ev, 0) : e1;
-    cudaEventDestroy(ev);
-    if (e2 != cudaSuccess)
+    cudaStream_t producer = c->backend ? (cudaStream_t)c->backend->ops->stream(c->backend->ctx)
+                                       : NULL;
+    /* the wait takes the event's state at this call, so one event serves every operation */
+    cudaError_t e = cudaEventRecord(m->produced, producer);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(m->stream, m->produced, 0);
+    if (e != cudaSuccess)
         return MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "ordering %s after the compute stream: %s",
-                        what, cudaGetErrorString(e2));
+                        what, cudaGetErrorString(e));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -360,6 +352,7 @@ static void nccl_destroy(moe_comm_t *c)
             }
         }
         if (m->dev_scratch) cudaFree(m->dev_scratch);
+        if (m->produced) cudaEventDestroy(m->produced);
         if (m->stream) cudaStreamDestroy(m->stream);
         free(m);
     }
@@ -412,6 +405,7 @@ static moe_status_t wrap(ncclComm_t comm, const moe_comm_t *like, int world_rank
     moe_status_t st = MOE_STATUS_SUCCESS;
     int *host = NULL;
     cudaError_t e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&m->produced, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc((void **)&m->dev_scratch, sizeof(int) * (size_t)c->size);
     if (e != cudaSuccess) {
         st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "NCCL communicator stream: %s", cudaGetErrorString(e));

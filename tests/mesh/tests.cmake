@@ -26,6 +26,17 @@ if(TARGET test_dist_layer_np4)
   set_tests_properties(test_dist_layer_np4_thread PROPERTIES TIMEOUT 150 LABELS "moe;mesh;mpi"
     ENVIRONMENT "MOE_A2A_THREAD=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
 endif()
+# The same with the CUDA backend, 2 and 4 ranks sharing one GPU through MPI (exit 77 without
+# a GPU).
+foreach(_np 2 4)
+  if(TARGET test_dist_layer_np${_np})
+    add_test(NAME test_dist_layer_cuda_np${_np} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG}
+             ${_np} --oversubscribe $<TARGET_FILE:test_dist_layer_np${_np}>)
+    set_tests_properties(test_dist_layer_cuda_np${_np} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+      LABELS "moe;mesh;mpi;cuda" ENVIRONMENT
+      "MOE_TEST_BACKEND=cuda;MOE_TEST_COMM=mpi;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+  endif()
+endforeach()
 # Gradient reduction started during the backward equals the one the step makes.
 moe_add_test(test_grad_sync SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_grad_sync.c NP 4 TIMEOUT 120
              LABELS moe mesh mpi)

@@ -133,6 +133,8 @@ static moe_status_t cuda_set_stream(void *vctx, void *stream)
     return MOE_STATUS_SUCCESS;
 }
 
+static void *cuda_stream(void *vctx) { return ((cuda_ctx_t *)vctx)->stream; }
+
 static const moe_backend_ops_t cuda_ops = {
     .name = "cuda",
     .kind = MOE_BACKEND_CUDA,
@@ -149,6 +151,7 @@ static const moe_backend_ops_t cuda_ops = {
     .copy = cuda_copy,
     .synchronize = cuda_synchronize,
     .set_stream = cuda_set_stream,
+    .stream = cuda_stream,
     .act_to_f32 = moe_cuda_act_to_f32,
     .f32_to_act = moe_cuda_f32_to_act,
     .router_forward = moe_cuda_router_forward,

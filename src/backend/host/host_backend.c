@@ -55,6 +55,12 @@ static moe_status_t host_set_stream(void *ctx, void *stream)
     return MOE_STATUS_SUCCESS;
 }
 
+static void *host_stream(void *ctx)
+{
+    (void)ctx;
+    return NULL;
+}
+
 static moe_status_t host_act_f32(void *ctx, float *dst, const void *src, int64_t n)
 {
     return host_copy(ctx, dst, src, (size_t)n * sizeof(float));
@@ -88,6 +94,7 @@ static const moe_backend_ops_t host_ops = {
     .copy = host_copy,
     .synchronize = host_nothing,
     .set_stream = host_set_stream,
+    .stream = host_stream,
     .act_to_f32 = host_act_f32,
     .f32_to_act = host_f32_act,
     .router_forward = moe_host_router_forward,
