@@ -215,7 +215,9 @@ static void run_experts_bwd(void *p, int i)
 
 static void bench_experts(moe_backend_t be, cudaStream_t stream)
 {
-    const int64_t shapes[][4] = {{8, 4096, 4096, 14336}, {16, 2048, 2048, 8192}, {64, 512, 2048, 1408}};
+    /* the three, and the experts of the first layer shape (H=4096) */
+    const int64_t shapes[][4] = {{8, 4096, 4096, 14336}, {16, 2048, 2048, 8192}, {64, 512, 2048, 1408},
+                                 {64, 512, 4096, 1408}};
     cuda_ctx_t *c = be.ctx;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int32_t el = (int32_t)shapes[s][0];
@@ -235,24 +237,29 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream)
         CU(bench_fill_bf16((void *)a.x.d_out, r * h, 14, 1.0f, stream));
         CU(bench_fill_f32(a.x.dw1, el * h * 2 * f, 15, 0.0f, stream));
         CU(bench_fill_f32(a.x.dw2, el * f * h, 16, 0.0f, stream));
-        const char *names[] = {"auto", "loop", "streams", "batched"};
+        const char *names[] = {"auto", "loop", "streams", "batched", "windows"};
         const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
-                                          CUDA_GEMM_BATCHED};
-        for (int uneven = 0; uneven < 2; uneven++) {
-            /* uneven: loads drawn from [0.25, 1.75) x T, the same total rows */
+                                          CUDA_GEMM_BATCHED, CUDA_GEMM_WINDOWS};
+        const char *dist_names[] = {"", " routed", " uneven"};
+        for (int dist = 0; dist < 3; dist++) {
+            /* routed: T + 2.5 sqrt(T) x [-1, 1), about the spread of random top-k routing
+             * (max/mean 1.11 for T=512); uneven: [0.25, 1.75) x T. The same total rows. */
             int64_t acc = 0;
             for (int32_t e = 0; e < el; e++) {
-                int64_t rows = t;
-                if (uneven) rows = e == el - 1 ? r - acc : (int64_t)(t * (0.25 + 1.5 * ((e * 37 % el) + 0.5) / el));
+                double u = ((e * 37 % el) + 0.5) / el;
+                int64_t rows = dist == 1   ? (int64_t)(t + 2.5 * sqrt((double)t) * (2 * u - 1))
+                               : dist == 2 ? (int64_t)(t * (0.25 + 1.5 * u))
+                                           : t;
+                if (e == el - 1) rows = r - acc;
                 off[e + 1] = off[e] + rows;
                 acc += rows;
             }
             char shape[96];
             snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
-                     (long long)h, (long long)f, uneven ? " uneven" : "");
+                     (long long)h, (long long)f, dist_names[dist]);
             double flops = 6.0 * r * h * f;
-            for (int m = 0; m < 4; m++) {
-                if (uneven && modes[m] == CUDA_GEMM_BATCHED) continue;
+            for (int m = 0; m < 5; m++) {
+                if (dist > 0 && modes[m] == CUDA_GEMM_BATCHED) continue;
                 c->gemm_mode = modes[m];
                 double ms = time_median(stream, run_experts_fwd, &a, 3, 20);
                 emit("experts_fwd", shape, names[m], ms, flops / TC_FLOPS * 1e3, "tc",
