@@ -141,7 +141,7 @@ static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
      * uneven small ones. */
     if (uni > 0 && (x->el >= 16 || uni < 4096)) return CUDA_GEMM_BATCHED;
     /* windows compute El * max rows: worth it while that is within 25% of the rows */
-    if (aligned && x->el >= 4 && 4 * x->el * max_rows(x) <= 5 * x->host_offsets[x->el])
+    if (aligned && x->el >= 16 && 4 * x->el * max_rows(x) <= 5 * x->host_offsets[x->el])
         return CUDA_GEMM_WINDOWS;
     if (x->el >= 4 && mean_rows < 2048) return CUDA_GEMM_STREAMS;
     return CUDA_GEMM_LOOP;
