@@ -16,7 +16,8 @@
  *            its own cuBLAS handle and workspace, joined back with events.
  *   WINDOWS  uneven but similar n_e: each expert's rows as two windows of common sizes, one
  *            cublasGemmBatchedEx per window (see "Windows" below); the weight gradients run
- *            per expert on the side streams, overlapping the main stream's GEMMs.
+ *            per expert on the side streams, overlapping the main stream's GEMMs. Only when
+ *            MOE_CUDA_EXPERT_GEMM=windows asks for it (see choose_mode).
  *   LOOP     few large experts: one cublasGemmEx after the other on the current stream.
  * Every GEMM's result is fixed by the row counts (no atomics, each output written by one GEMM
  * or by windows in a fixed order), so every mode is bitwise reproducible.
@@ -130,19 +131,16 @@ static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
 {
     int64_t uni = uniform_rows(x);
     cuda_gemm_mode_t m = c->gemm_mode;
-    /* pointer arrays hide their alignment from cuBLAS: keep every row 16-byte aligned */
-    bool aligned = x->h % 8 == 0 && x->f % 8 == 0;
     if (m == CUDA_GEMM_BATCHED && uni < 0) m = CUDA_GEMM_AUTO; /* not applicable: fall back */
-    if (m == CUDA_GEMM_WINDOWS && !aligned) m = CUDA_GEMM_AUTO;
+    /* pointer arrays hide their alignment from cuBLAS: windows need 16-byte aligned rows */
+    if (m == CUDA_GEMM_WINDOWS && (x->h % 8 != 0 || x->f % 8 != 0)) m = CUDA_GEMM_AUTO;
     if (m != CUDA_GEMM_AUTO) return m;
     int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
     /* Measured on the H200 (docs/cuda-backend.md): the loop wins for a few large experts,
      * strided batched whenever sizes are equal and experts are small, side streams for
-     * uneven small ones. */
+     * uneven small ones. Not WINDOWS: it lost on the 8-expert layers (run 4) and is not yet
+     * measured on many small uneven experts, the case it is meant for. */
     if (uni > 0 && (x->el >= 16 || uni < 4096)) return CUDA_GEMM_BATCHED;
-    /* windows compute El * max rows: worth it while that is within 25% of the rows */
-    if (aligned && x->el >= 16 && 4 * x->el * max_rows(x) <= 5 * x->host_offsets[x->el])
-        return CUDA_GEMM_WINDOWS;
     if (x->el >= 4 && mean_rows < 2048) return CUDA_GEMM_STREAMS;
     return CUDA_GEMM_LOOP;
 }
