@@ -10,7 +10,9 @@
  * ceilings.
  *
  * Shape legend: N tokens, H hidden, E experts, K top-k, T tokens per expert, F expert width.
- * Usage: bench_moe [router|experts|layer|all]
+ * Usage: bench_moe [router|experts|layer|all] [layer shape index]
+ * The experts and layer parts measure every expert GEMM mode (variant = mode) unless
+ * MOE_CUDA_EXPERT_GEMM names one.
  */
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +25,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ctx.h"
 #include "bench_fill.h"
+#include "runtime/runtime.h"
 #include "kernels.h"
 
 #define HBM_BPS 4.3e12
@@ -215,8 +218,11 @@ static void run_experts_bwd(void *p, int i)
 
 static void bench_experts(moe_backend_t be, cudaStream_t stream)
 {
-    const int64_t shapes[][4] = {{8, 4096, 4096, 14336}, {16, 2048, 2048, 8192}, {64, 512, 2048, 1408}};
+    /* the three, and the experts of the first layer shape (H=4096) */
+    const int64_t shapes[][4] = {{8, 4096, 4096, 14336}, {16, 2048, 2048, 8192}, {64, 512, 2048, 1408},
+                                 {64, 512, 4096, 1408}};
     cuda_ctx_t *c = be.ctx;
+    const char *forced = getenv("MOE_CUDA_EXPERT_GEMM");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int32_t el = (int32_t)shapes[s][0];
         int64_t t = shapes[s][1], h = shapes[s][2], f = shapes[s][3], r = el * t;
@@ -235,24 +241,30 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream)
         CU(bench_fill_bf16((void *)a.x.d_out, r * h, 14, 1.0f, stream));
         CU(bench_fill_f32(a.x.dw1, el * h * 2 * f, 15, 0.0f, stream));
         CU(bench_fill_f32(a.x.dw2, el * f * h, 16, 0.0f, stream));
-        const char *names[] = {"auto", "loop", "streams", "batched"};
+        const char *names[] = {"auto", "loop", "streams", "batched", "windows"};
         const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
-                                          CUDA_GEMM_BATCHED};
-        for (int uneven = 0; uneven < 2; uneven++) {
-            /* uneven: loads drawn from [0.25, 1.75) x T, the same total rows */
+                                          CUDA_GEMM_BATCHED, CUDA_GEMM_WINDOWS};
+        const char *dist_names[] = {"", " routed", " uneven"};
+        for (int dist = 0; dist < 3; dist++) {
+            /* routed: T + 2.5 sqrt(T) x [-1, 1), about the spread of random top-k routing
+             * (max/mean 1.11 for T=512); uneven: [0.25, 1.75) x T. The same total rows. */
             int64_t acc = 0;
             for (int32_t e = 0; e < el; e++) {
-                int64_t rows = t;
-                if (uneven) rows = e == el - 1 ? r - acc : (int64_t)(t * (0.25 + 1.5 * ((e * 37 % el) + 0.5) / el));
+                double u = ((e * 37 % el) + 0.5) / el;
+                int64_t rows = dist == 1   ? (int64_t)(t + 2.5 * sqrt((double)t) * (2 * u - 1))
+                               : dist == 2 ? (int64_t)(t * (0.25 + 1.5 * u))
+                                           : t;
+                if (e == el - 1) rows = r - acc;
                 off[e + 1] = off[e] + rows;
                 acc += rows;
             }
             char shape[96];
             snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
-                     (long long)h, (long long)f, uneven ? " uneven" : "");
+                     (long long)h, (long long)f, dist_names[dist]);
             double flops = 6.0 * r * h * f;
-            for (int m = 0; m < 4; m++) {
-                if (uneven && modes[m] == CUDA_GEMM_BATCHED) continue;
+            for (int m = 0; m < 5; m++) {
+                if (dist > 0 && modes[m] == CUDA_GEMM_BATCHED) continue;
+                if (forced && *forced && strcmp(forced, names[m]) != 0) continue;
                 c->gemm_mode = modes[m];
                 double ms = time_median(stream, run_experts_fwd, &a, 3, 20);
                 emit("experts_fwd", shape, names[m], ms, flops / TC_FLOPS * 1e3, "tc",
@@ -294,11 +306,17 @@ static void run_layer_fwd(void *p, int i)
     CK(moe_layer_release_slot(a->layer, 0));
 }
 
-static void bench_layer(cudaStream_t stream)
+static void bench_layer(cudaStream_t stream, int only)
 {
     const int64_t shapes[][5] = {{16384, 4096, 1408, 64, 2}, {16384, 2048, 8192, 8, 2},
                                  {32768, 4096, 14336, 8, 2}};
+    const char *names[] = {"auto", "loop", "streams", "windows"};
+    const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
+                                      CUDA_GEMM_WINDOWS};
+    const char *forced = getenv("MOE_CUDA_EXPERT_GEMM");
+    int nmodes = forced && *forced ? 1 : 4;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        if (only >= 0 && (size_t)only != s) continue;
         int64_t n = shapes[s][0], h = shapes[s][1], f = shapes[s][2], e = shapes[s][3], k = shapes[s][4];
         moe_runtime_config_t rc = moe_runtime_config_default();
         rc.backend = MOE_BACKEND_CUDA;
@@ -322,10 +340,15 @@ static void bench_layer(cudaStream_t stream)
                  (long long)f, (long long)e, (long long)k);
         double r = (double)n * k;
         double flops = 3 * (2.0 * n * h * e) + 3 * (6.0 * r * h * f);
-        double ms = time_median(stream, run_layer, &a, 2, 10);
-        emit("layer_fwd_bwd", sh, "cuda", ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
-        ms = time_median(stream, run_layer_fwd, &a, 2, 10);
-        emit("layer_fwd", sh, "cuda", ms, flops / 3 / TC_FLOPS * 1e3, "tc", flops / 3 / ms * 1e-9);
+        cuda_ctx_t *c = MOE_CTX(rt);
+        for (int m = 0; m < nmodes; m++) {
+            const char *v = forced && *forced ? forced : names[m];
+            if (nmodes > 1) c->gemm_mode = modes[m];
+            double ms = time_median(stream, run_layer, &a, 2, 10);
+            emit("layer_fwd_bwd", sh, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
+            ms = time_median(stream, run_layer_fwd, &a, 2, 10);
+            emit("layer_fwd", sh, v, ms, flops / 3 / TC_FLOPS * 1e3, "tc", flops / 3 / ms * 1e-9);
+        }
         for (int i = 0; i < 4; i++) CK(moe_tensor_free(rt, ts[i]));
         CK(moe_layer_destroy(a.layer));
         CK(moe_runtime_set_stream(rt, NULL));
@@ -355,7 +378,7 @@ int main(int argc, char **argv)
     if (!strcmp(what, "experts") || !strcmp(what, "all")) bench_experts(be, stream);
     CK(be.ops->set_stream(be.ctx, NULL));
     be.ops->destroy(be.ctx);
-    if (!strcmp(what, "layer") || !strcmp(what, "all")) bench_layer(stream);
+    if (!strcmp(what, "layer") || !strcmp(what, "all")) bench_layer(stream, argc > 2 ? atoi(argv[2]) : -1);
     cudaStreamDestroy(stream);
     return 0;
 }

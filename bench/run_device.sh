@@ -7,7 +7,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-out}
-B=${MOE_BUILD_DIR:-/tmp/build-device}
+# one build directory per source tree: worktrees sharing a warm machine must not share a
+# CMake cache (a stale one fails the build, or runs another tree's binaries)
+B=${MOE_BUILD_DIR:-/tmp/build-device-$(basename "$PWD")}
 mkdir -p "$OUT"
 phases=${*:-build tests sanitize bench torch}
 has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }

@@ -7,7 +7,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-out}
-B=${MOE_BUILD_DIR:-/tmp/build-device}
+# one build directory per source tree: worktrees sharing a warm machine must not share a
+# CMake cache (a stale one fails the build, or runs another tree's binaries)
+B=${MOE_BUILD_DIR:-/tmp/build-device-$(basename "$PWD")}
 mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 [ -f .deps/unpack.sh ] && source .deps/unpack.sh >/dev/null
