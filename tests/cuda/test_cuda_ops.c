@@ -191,6 +191,8 @@ static void test_router(void **state)
         /* larger: several groups of blocks in the in-kernel reduction; 16 and 32 lanes per token */
         {4096, 512, 128, 4, MOE_SCORE_SOFTMAX, true, true},
         {2100, 520, 160, 6, MOE_SCORE_SIGMOID, true, true},
+        /* 7 passes per warp (the grid is sized to one wave), a partly filled last block */
+        {20000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_router_case(&cases[i], &rng);
 }
