@@ -27,12 +27,18 @@ extern "C" {
 /* Floats of scratch router_select needs for its per-block partial sums. */
 int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e);
 
-/* From logits f32 [N,E]: scores, top-k on score + bias, weights, and the statistics.
- * counts/score_mean/stats are written (not accumulated); scratch as sized above. */
+/* Completion tickets of router_select's in-kernel reduction: zeroed once by the owner; every
+ * launch leaves them zero again. Launches sharing them must be stream-ordered. */
+#define MOE_ROUTER_TICKETS 65
+
+/* From logits f32 [N,E]: scores, top-k on score + bias, weights, and the statistics, in one
+ * kernel. counts/score_mean/stats are written (not accumulated); scratch as sized above;
+ * tickets: MOE_ROUTER_TICKETS zeroed unsigned ints. */
 cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n, int32_t e,
                                    int32_t k, int score_fn, bool renormalize, int32_t *topk_idx,
                                    float *topk_w, int32_t *counts, float *score_mean,
-                                   float *stats, float *scratch, cudaStream_t stream);
+                                   float *stats, float *scratch, unsigned *tickets,
+                                   cudaStream_t stream);
 
 /* dlogits f32 [N,E] (and its bf16 copy for the tensor-core GEMMs) from d(topk_w) and the
  * aux/z coefficients; see host_router.c for the formulas. */

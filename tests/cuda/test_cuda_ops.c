@@ -185,9 +185,14 @@ static void test_router(void **state)
         {130, 40, 256, 8, MOE_SCORE_SOFTMAX, false, true},
         {65, 64, 300, 3, MOE_SCORE_SIGMOID, false, false},
         {1000, 256, 8, 1, MOE_SCORE_SOFTMAX, true, false},
-        /* larger: several blocks of partial sums; 16 and 32 lanes per token */
+        /* E % 4 != 0: scalar loads and stores instead of float4 */
+        {333, 96, 10, 3, MOE_SCORE_SIGMOID, true, true},
+        {200, 64, 37, 2, MOE_SCORE_SOFTMAX, true, false},
+        /* larger: several groups of blocks in the in-kernel reduction; 16 and 32 lanes per token */
         {4096, 512, 128, 4, MOE_SCORE_SOFTMAX, true, true},
         {2100, 520, 160, 6, MOE_SCORE_SIGMOID, true, true},
+        /* 7 passes per warp (the grid is sized to one wave), a partly filled last block */
+        {20000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_router_case(&cases[i], &rng);
 }

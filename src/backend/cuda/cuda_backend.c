@@ -27,6 +27,7 @@ static void cuda_destroy(void *vctx)
     if (c->ws) cudaFreeAsync(c->ws, c->stream);
     if (c->stream) cudaStreamSynchronize(c->stream);
     if (c->pinned_kept) cudaFreeHost(c->pinned_kept);
+    if (c->router_tickets) cudaFree(c->router_tickets);
     for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
         if (c->side_cublas[i]) cublasDestroy(c->side_cublas[i]);
         if (c->side_ws[i]) cudaFree(c->side_ws[i]);
@@ -207,6 +208,12 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     uint64_t keep = UINT64_MAX;
     MOE_CUDA_CHECK_GOTO(st, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep));
     MOE_TRY_GOTO(st, make_cublas(c->stream, &c->cublas, &c->cublas_ws));
+    MOE_CUDA_CHECK_GOTO(st, cudaMalloc((void **)&c->router_tickets,
+                                       sizeof(unsigned) * MOE_ROUTER_TICKETS));
+    /* zero before any stream (the caller's too) can use them */
+    MOE_CUDA_CHECK_GOTO(st, cudaMemsetAsync(c->router_tickets, 0,
+                                            sizeof(unsigned) * MOE_ROUTER_TICKETS, c->stream));
+    MOE_CUDA_CHECK_GOTO(st, cudaStreamSynchronize(c->stream));
     MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
     for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
         MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));

@@ -43,6 +43,8 @@ typedef struct cuda_ctx {
     /* scratch shared by the ops; stream-ordered on `stream` (grown with cudaMallocAsync) */
     void *ws;
     size_t ws_bytes;
+    /* router_select's completion tickets (MOE_ROUTER_TICKETS, zero between launches) */
+    unsigned *router_tickets;
     /* pinned landing buffer of the plan's kept counts */
     int32_t *pinned_kept;
     size_t pinned_kept_n;

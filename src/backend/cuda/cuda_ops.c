@@ -50,7 +50,8 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
                  0.0f, a->logits, CUDA_R_32F, a->e));
     MOE_LAUNCH(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
                                       a->renormalize, a->topk_idx, a->topk_w, a->counts,
-                                      a->score_mean, a->stats, scratch, c->stream));
+                                      a->score_mean, a->stats, scratch, c->router_tickets,
+                                      c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
