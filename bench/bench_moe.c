@@ -172,19 +172,9 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
         double flops_f = 2.0 * n * h * e;
         double bytes_f = 2.0 * n * h + 2.0 * h * e + 4.0 * n * e + 8.0 * n * k;
         double fl_hbm = bytes_f / HBM_BPS * 1e3, fl_tc = flops_f / TC_FLOPS * 1e3, ms;
-        /* both router paths in the same process; the fused one only where it applies */
-        cuda_ctx_t *ctx = be.ctx;
-        const cuda_router_mode_t modes[] = {CUDA_ROUTER_GEMM, CUDA_ROUTER_FUSED};
-        const char *names[] = {"gemm+select", "fused"};
-        for (int m = 0; m < 2; m++) {
-            if (m == 1 && !moe_cuda_router_fused_fits(h, (int32_t)e, a.f[0].x, wg, a.f[0].logits))
-                continue;
-            ctx->router_mode = modes[m];
-            ms = time_median(stream, run_router_fwd, &a, 5, iters);
-            emit("router_fwd", shape, names[m], ms, fmax(fl_hbm, fl_tc),
-                 fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
-        }
-        ctx->router_mode = CUDA_ROUTER_AUTO;
+        ms = time_median(stream, run_router_fwd, &a, 5, iters);
+        emit("router_fwd", shape, "gemm+select", ms, fmax(fl_hbm, fl_tc),
+             fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
         ms = time_median(stream, run_router_select, &a, 5, iters);
         emit("router_select_only", shape, "select", ms, 4.0 * n * e / HBM_BPS * 1e3, "hbm", 0);
         /* backward: read x, logits, write dlogits, read+write dx; two GEMMs */

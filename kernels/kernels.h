@@ -40,22 +40,6 @@ cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64
                                    float *stats, float *scratch, unsigned *tickets,
                                    cudaStream_t stream);
 
-/* The fused router (router.cu): logits on tensor cores and the selection in one kernel, for
- * E <= 64 with E % 8 == 0, H % 8 == 0 and 16-byte aligned x, wg and logits. Same outputs and
- * statistics as the GEMM + moe_cuda_router_select; scratch as sized here, tickets shared. */
-bool moe_cuda_router_fused_fits(int64_t h, int32_t e, const void *x, const void *wg,
-                                const float *logits);
-int64_t moe_cuda_router_fused_scratch(int64_t n, int32_t e);
-cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bias, int64_t n,
-                                  int64_t h, int32_t e, int32_t k, int score_fn,
-                                  bool renormalize, float *logits, int32_t *topk_idx,
-                                  float *topk_w, int32_t *counts, float *score_mean,
-                                  float *stats, float *scratch, unsigned *tickets,
-                                  cudaStream_t stream);
-/* Raises the fused router's shared-memory limit on the current device (idempotent; each CUDA
- * backend calls it at creation). */
-cudaError_t moe_cuda_router_setup(void);
-
 /* dlogits f32 [N,E] (and its bf16 copy for the tensor-core GEMMs) from d(topk_w) and the
  * aux/z coefficients; see host_router.c for the formulas. */
 cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_t *topk_idx,

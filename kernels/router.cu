@@ -16,7 +16,6 @@
  */
 #include <cuda_bf16.h>
 #include <math.h>
-#include <mma.h>
 #include <stdint.h>
 
 #include "kernels.h"
@@ -291,56 +290,44 @@ static __device__ void select_reduce(const select_scratch &p, int gsz, unsigned 
     sum_rows(p.g_mean, p.g_stats, p.g_count, 0, ng, e, total);
 }
 
-/* One block's part of the selection, shared by router_select (logits from memory) and
- * router_fused (logits from the block's own GEMM tile in shared memory): `token` runs one
- * token per lane group -- scores, top-k, weights, counts -- and accumulates P_e, z and the
- * entropy in registers; `finish` folds them over the block, writes its partials and joins
- * the in-kernel reduction (select_reduce). smem: [WARPS][E] means, [E] int counts, [WARPS][2]. */
+/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. */
 template <int EPL, int LANES>
-struct selector {
+__global__ void __launch_bounds__(WARPS * 32, EPL == 8 ? SELECT_BLOCKS_PER_SM : 1)
+router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
+              int k, int score_fn, bool renorm, bool vec, int32_t *__restrict__ topk_idx,
+              float *__restrict__ topk_w, float *scratch, unsigned *tickets,
+              int32_t *__restrict__ counts, float *__restrict__ score_mean,
+              float *__restrict__ stats, int iters, int gsz)
+{
+    constexpr int GROUPS = 32 / LANES;
+    extern __shared__ float smem[]; /* [WARPS][E] means, then [E] int counts, [WARPS][2] */
+    float *s_mean = smem;
+    int32_t *s_count = (int32_t *)(s_mean + WARPS * e);
+    float *s_stats = (float *)(s_count + e);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LANES, grp = lane / LANES;
+    unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
+    for (int j = threadIdx.x; j < e; j += blockDim.x) s_count[j] = 0;
+    /* launched as a programmatic dependent of the logits GEMM: wait for it (and its memory)
+     * only now, so this grid's launch overlaps the GEMM's end */
+    cudaGridDependencySynchronize();
+    __syncthreads();
+
     using row_t = token_row<EPL, LANES>;
-    static constexpr int GROUPS = 32 / LANES;
-    float *s_mean, *s_stats;
-    int32_t *s_count;
-    int warp, lane, sub, grp;
-    unsigned gmask;
-    float kb[EPL], pm[EPL], z_acc, ent_acc;
-
-    static size_t smem_bytes(int e)
-    {
-        return sizeof(float) * (WARPS * (size_t)e + 2 * WARPS) + sizeof(int32_t) * (size_t)e;
-    }
-
-    /* zeroes the block's counts: the caller synchronises the block before `token` */
-    __device__ void init(float *smem, int e)
-    {
-        s_mean = smem;
-        s_count = (int32_t *)(s_mean + WARPS * e);
-        s_stats = (float *)(s_count + e);
-        warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LANES, grp = lane / LANES;
-        gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
-        for (int j = threadIdx.x; j < e; j += blockDim.x) s_count[j] = 0;
-    }
-
-    __device__ void load_bias(const float *bias, int e)
-    {
+    float kb[EPL], pm[EPL];
 #pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            int j = row_t::expert(sub, i);
-            kb[i] = bias && j < e ? bias[j] : 0.0f;
-            pm[i] = 0.0f;
-        }
-        z_acc = ent_acc = 0;
+    for (int i = 0; i < EPL; i++) {
+        int j = row_t::expert(sub, i);
+        kb[i] = bias && j < e ? bias[j] : 0.0f;
+        pm[i] = 0.0f;
     }
-
-    /* Token t's logits at `row` (any memory); a group with valid = false computes on zeros
-     * and writes nothing. Every lane of the warp calls it (shuffles). */
-    __device__ void token(const float *row, int64_t t, bool valid, int e, int k, int score_fn,
-                          bool renorm, bool vec, int32_t *__restrict__ topk_idx,
-                          float *__restrict__ topk_w)
-    {
+    float z_acc = 0, ent_acc = 0;
+    int64_t first = ((int64_t)blockIdx.x * WARPS + warp) * iters * GROUPS;
+    for (int it = 0; it < iters; it++) {
+        int64_t t0 = first + (int64_t)it * GROUPS, t = t0 + grp;
+        if (t0 >= n) break; /* warp-uniform */
+        bool valid = t < n;
         row_t r;
-        r.load(row, e, sub, score_fn, valid, vec);
+        r.load(logits + (valid ? t : 0) * e, e, sub, score_fn, valid, vec);
         /* entropy -sum q log q; softmax: log q = logit - lse exactly, no log needed */
         float ent = 0;
 #pragma unroll
@@ -408,73 +395,39 @@ struct selector {
             }
         }
     }
-
-    __device__ void finish(int64_t n, int e, float *scratch, int gsz, unsigned *tickets,
-                           int32_t *counts, float *score_mean, float *stats)
-    {
-        /* fold the lane groups together (fixed butterfly), then the warps (fixed order) */
+    /* fold the lane groups together (fixed butterfly), then the warps (fixed order) */
 #pragma unroll
-        for (int o = LANES; o < 32; o <<= 1) {
+    for (int o = LANES; o < 32; o <<= 1) {
 #pragma unroll
-            for (int i = 0; i < EPL; i++) pm[i] += __shfl_xor_sync(0xffffffffu, pm[i], o);
-            z_acc += __shfl_xor_sync(0xffffffffu, z_acc, o);
-            ent_acc += __shfl_xor_sync(0xffffffffu, ent_acc, o);
-        }
-        if (grp == 0)
-#pragma unroll
-            for (int i = 0; i < EPL; i++) {
-                int j = row_t::expert(sub, i);
-                if (j < e) s_mean[warp * e + j] = pm[i];
-            }
-        if (lane == 0) {
-            s_stats[warp * 2] = z_acc;
-            s_stats[warp * 2 + 1] = ent_acc;
-        }
-        __syncthreads();
-        int nb = gridDim.x;
-        select_scratch p(scratch, nb, (nb + gsz - 1) / gsz, e);
-        for (int j = threadIdx.x; j < e; j += blockDim.x) {
-            float acc = 0;
-            for (int w = 0; w < WARPS; w++) acc += s_mean[w * e + j];
-            p.b_mean[(int64_t)blockIdx.x * e + j] = acc;
-            p.b_count[(int64_t)blockIdx.x * e + j] = s_count[j];
-        }
-        if (threadIdx.x < 2) {
-            float acc = 0;
-            for (int w = 0; w < WARPS; w++) acc += s_stats[w * 2 + threadIdx.x];
-            p.b_stats[blockIdx.x * 2 + threadIdx.x] = acc;
-        }
-        select_reduce(p, gsz, tickets, e, {score_mean, stats, counts, e, 1.0 / (double)n});
+        for (int i = 0; i < EPL; i++) pm[i] += __shfl_xor_sync(0xffffffffu, pm[i], o);
+        z_acc += __shfl_xor_sync(0xffffffffu, z_acc, o);
+        ent_acc += __shfl_xor_sync(0xffffffffu, ent_acc, o);
     }
-};
-
-/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. */
-template <int EPL, int LANES>
-__global__ void __launch_bounds__(WARPS * 32, EPL == 8 ? SELECT_BLOCKS_PER_SM : 1)
-router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
-              int k, int score_fn, bool renorm, bool vec, int32_t *__restrict__ topk_idx,
-              float *__restrict__ topk_w, float *scratch, unsigned *tickets,
-              int32_t *__restrict__ counts, float *__restrict__ score_mean,
-              float *__restrict__ stats, int iters, int gsz)
-{
-    extern __shared__ float smem[];
-    selector<EPL, LANES> sel;
-    sel.init(smem, e);
-    /* launched as a programmatic dependent of the logits GEMM: wait for it (and its memory)
-     * only now, so this grid's launch overlaps the GEMM's end */
-    cudaGridDependencySynchronize();
+    if (grp == 0)
+#pragma unroll
+        for (int i = 0; i < EPL; i++) {
+            int j = row_t::expert(sub, i);
+            if (j < e) s_mean[warp * e + j] = pm[i];
+        }
+    if (lane == 0) {
+        s_stats[warp * 2] = z_acc;
+        s_stats[warp * 2 + 1] = ent_acc;
+    }
     __syncthreads();
-    sel.load_bias(bias, e);
-    constexpr int GROUPS = selector<EPL, LANES>::GROUPS;
-    int64_t first = ((int64_t)blockIdx.x * WARPS + sel.warp) * iters * GROUPS;
-    for (int it = 0; it < iters; it++) {
-        int64_t t0 = first + (int64_t)it * GROUPS, t = t0 + sel.grp;
-        if (t0 >= n) break; /* warp-uniform */
-        bool valid = t < n;
-        sel.token(logits + (valid ? t : 0) * e, t, valid, e, k, score_fn, renorm, vec, topk_idx,
-                  topk_w);
+    int nb = gridDim.x;
+    select_scratch p(scratch, nb, (nb + gsz - 1) / gsz, e);
+    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+        float acc = 0;
+        for (int w = 0; w < WARPS; w++) acc += s_mean[w * e + j];
+        p.b_mean[(int64_t)blockIdx.x * e + j] = acc;
+        p.b_count[(int64_t)blockIdx.x * e + j] = s_count[j];
     }
-    sel.finish(n, e, scratch, gsz, tickets, counts, score_mean, stats);
+    if (threadIdx.x < 2) {
+        float acc = 0;
+        for (int w = 0; w < WARPS; w++) acc += s_stats[w * 2 + threadIdx.x];
+        p.b_stats[blockIdx.x * 2 + threadIdx.x] = acc;
+    }
+    select_reduce(p, gsz, tickets, e, {score_mean, stats, counts, e, 1.0 / (double)n});
 }
 
 /* Lanes per token (forward and backward): enough that each lane holds at most 8 experts (16
@@ -518,7 +471,7 @@ static cudaError_t launch_select(const float *logits, const float *bias, int64_t
                                  int32_t *counts, float *score_mean, float *stats,
                                  cudaStream_t stream)
 {
-    size_t smem = selector<EPL, LANES>::smem_bytes(e);
+    size_t smem = sizeof(float) * (WARPS * (size_t)e + 2 * WARPS) + sizeof(int32_t) * (size_t)e;
     bool vec = e % 4 == 0 && (uintptr_t)logits % 16 == 0;
     /* programmatic dependent launch (see cudaGridDependencySynchronize in the kernel):
      * forward 0.1809 -> 0.1790 ms (E=64) and 0.4395 -> 0.4382 ms (E=256), N=65536 */
@@ -564,201 +517,6 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
 #undef MOE_SEL
     return rc != cudaSuccess ? rc : cudaGetLastError();
 }
-
-/* ---- forward fused: logits on tensor cores, then the selection from shared memory ---------- */
-
-/* For E <= 64 the router is bound by reading x; one kernel reads it once, keeps the logits
- * tile in shared memory for the selection and writes the f32 logits (saved for backward)
- * once, instead of a cuBLAS GEMM that writes them and a second kernel that reads them back,
- * and at small N it is one launch instead of two.
- * Block tile: BM tokens x 64 experts (E padded with zero columns), K in steps of 64 through a
- * STAGES-deep cp.async pipeline; 8 warps of bf16 WMMA 16x16x16 with f32 accumulation, warp w
- * owning rows 16*(w % (BM/16)) and a slice of the 64 columns. Needs E % 8 == 0, H % 8 == 0 and
- * 16-byte aligned x, wg and logits (whole 16-byte copies, zero-filled past N, H and E). */
-namespace fused {
-constexpr int BN = 64, BK = 64;
-constexpr int LDA = BK + 8, LDB = BN + 8, LDC = BN + 4; /* padded rows: no bank conflicts */
-
-template <int BM>
-__host__ __device__ constexpr int stages() { return BM == 128 ? 4 : 6; }
-
-template <int BM>
-__host__ __device__ constexpr size_t pipe_bytes() { return (size_t)stages<BM>() * (BM * LDA + BK * LDB) * 2; }
-
-/* Tokens per block: a full wave of 132 SMs before shrinking the tile, since small tiles
- * re-read wg from L2 for fewer tokens. */
-static int tile_rows(int64_t n) { return n >= 2 * 132 * 128 ? 128 : n >= 132 * 64 ? 64 : 32; }
-} // namespace fused
-
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool full)
-{
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(full ? 16 : 0));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int PENDING>
-static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
-
-template <int BM, int LANES>
-__global__ void __launch_bounds__(WARPS * 32, BM == 128 ? 2 : 1)
-router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
-             const float *__restrict__ bias, int64_t n, int h, int e, int k, int score_fn,
-             bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
-             float *__restrict__ topk_w, float *scratch, unsigned *tickets,
-             int32_t *__restrict__ counts, float *__restrict__ score_mean,
-             float *__restrict__ stats, int gsz)
-{
-    using namespace nvcuda;
-    using namespace fused;
-    constexpr int S = stages<BM>(), WM = BM / 16, WN = WARPS / WM, FN = BN / 16 / WN;
-    constexpr int A_ELEMS = BM * LDA, B_ELEMS = BK * LDB;
-    extern __shared__ __align__(128) unsigned char fsmem[];
-    __nv_bfloat16 *sa = (__nv_bfloat16 *)fsmem; /* [S][BM][LDA] */
-    __nv_bfloat16 *sb = sa + S * A_ELEMS;       /* [S][BK][LDB] */
-    float *sc = (float *)fsmem;                 /* [BM][LDC] logits, after the K loop */
-    selector<8, LANES> sel;
-    sel.init((float *)(fsmem + pipe_bytes<BM>()), e);
-
-    int64_t m0 = (int64_t)blockIdx.x * BM;
-    int nk = (h + BK - 1) / BK;
-    auto load = [&](int stage, int kt) {
-        int k0 = kt * BK;
-        __nv_bfloat16 *a = sa + stage * A_ELEMS, *b = sb + stage * B_ELEMS;
-        for (int c = threadIdx.x; c < BM * (BK / 8); c += WARPS * 32) {
-            int r = c / (BK / 8), col = c % (BK / 8) * 8, kk = k0 + col;
-            bool ok = m0 + r < n && kk < h;
-            cp_async16(a + r * LDA + col, ok ? x + (m0 + r) * h + kk : x, ok);
-        }
-        for (int c = threadIdx.x; c < BK * (BN / 8); c += WARPS * 32) {
-            int r = c / (BN / 8), col = c % (BN / 8) * 8, kk = k0 + r;
-            bool ok = kk < h && col < e;
-            cp_async16(b + r * LDB + col, ok ? wg + (int64_t)kk * e + col : wg, ok);
-        }
-    };
-
-    int wm = sel.warp % WM, wn = sel.warp / WM;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FN];
-#pragma unroll
-    for (int f = 0; f < FN; f++) wmma::fill_fragment(acc[f], 0.0f);
-#pragma unroll
-    for (int st = 0; st < S - 1; st++) {
-        if (st < nk) load(st, st);
-        cp_async_commit(); /* empty groups keep the count uniform */
-    }
-    for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait<S - 2>(); /* tile kt has landed (for this thread's copies) ... */
-        __syncthreads();        /* ... and everyone's; stage (kt-1) % S is free again */
-        if (kt + S - 1 < nk) load((kt + S - 1) % S, kt + S - 1);
-        cp_async_commit();
-        const __nv_bfloat16 *a = sa + (kt % S) * A_ELEMS + wm * 16 * LDA;
-        const __nv_bfloat16 *b = sb + (kt % S) * B_ELEMS + wn * FN * 16;
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-            wmma::load_matrix_sync(fa, a + kk, LDA);
-#pragma unroll
-            for (int f = 0; f < FN; f++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-                wmma::load_matrix_sync(fb, b + kk * LDB + f * 16, LDB);
-                wmma::mma_sync(acc[f], fa, fb, acc[f]);
-            }
-        }
-    }
-    cp_async_wait<0>();
-    __syncthreads(); /* the pipeline's memory becomes the logits tile */
-#pragma unroll
-    for (int f = 0; f < FN; f++)
-        wmma::store_matrix_sync(sc + wm * 16 * LDC + (wn * FN + f) * 16, acc[f], LDC,
-                                wmma::mem_row_major);
-    __syncthreads();
-
-    int rows = (int)min((int64_t)BM, n - m0), quads = e / 4;
-    for (int c = threadIdx.x; c < rows * quads; c += WARPS * 32) {
-        int r = c / quads, q = c % quads;
-        *reinterpret_cast<float4 *>(logits + (m0 + r) * e + 4 * q) =
-            *reinterpret_cast<const float4 *>(sc + r * LDC + 4 * q);
-    }
-    sel.load_bias(bias, e);
-    constexpr int GROUPS = selector<8, LANES>::GROUPS;
-    for (int r0 = sel.warp * GROUPS; r0 < BM; r0 += WARPS * GROUPS) {
-        if (m0 + r0 >= n) break; /* warp-uniform */
-        int r = r0 + sel.grp;
-        bool valid = r < BM && m0 + r < n;
-        sel.token(sc + (valid ? r : 0) * LDC, m0 + r, valid, e, k, score_fn, renorm, true,
-                  topk_idx, topk_w);
-    }
-    sel.finish(n, e, scratch, gsz, tickets, counts, score_mean, stats);
-}
-
-template <int BM, int LANES>
-static size_t fused_smem(int e)
-{
-    return fused::pipe_bytes<BM>() + selector<8, LANES>::smem_bytes(e);
-}
-
-extern "C" bool moe_cuda_router_fused_fits(int64_t h, int32_t e, const void *x, const void *wg,
-                                           const float *logits)
-{
-    return e <= 64 && e % 8 == 0 && h % 8 == 0 && h <= INT32_MAX &&
-           ((uintptr_t)x | (uintptr_t)wg | (uintptr_t)logits) % 16 == 0;
-}
-
-extern "C" int64_t moe_cuda_router_fused_scratch(int64_t n, int32_t e)
-{
-    int64_t bm = fused::tile_rows(n), nb = (n + bm - 1) / bm, gsz = select_group(nb);
-    return select_scratch::floats(nb, (nb + gsz - 1) / gsz, e);
-}
-
-/* Every instantiation with its largest shared memory (E = 64). */
-#define MOE_FUSED_EACH(X)                                                                      \
-    X(32, 1) X(32, 2) X(32, 4) X(32, 8) X(64, 1) X(64, 2) X(64, 4) X(64, 8) X(128, 1) X(128, 2) \
-    X(128, 4) X(128, 8)
-
-extern "C" cudaError_t moe_cuda_router_setup(void)
-{
-    cudaError_t rc = cudaSuccess;
-    /* all shared memory, no L1 carve-out: two 128-token blocks need 2 x 110 KiB per SM */
-#define MOE_FUSED_ATTR(BM, LANES)                                                              \
-    if (rc == cudaSuccess)                                                                     \
-        rc = cudaFuncSetAttribute(router_fused<BM, LANES>,                                     \
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,                 \
-                                  (int)fused_smem<BM, LANES>(64));                             \
-    if (rc == cudaSuccess)                                                                     \
-        rc = cudaFuncSetAttribute(router_fused<BM, LANES>,                                     \
-                                  cudaFuncAttributePreferredSharedMemoryCarveout,              \
-                                  cudaSharedmemCarveoutMaxShared);
-    MOE_FUSED_EACH(MOE_FUSED_ATTR)
-#undef MOE_FUSED_ATTR
-    return rc;
-}
-
-extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bias,
-                                             int64_t n, int64_t h, int32_t e, int32_t k,
-                                             int score_fn, bool renormalize, float *logits,
-                                             int32_t *topk_idx, float *topk_w, int32_t *counts,
-                                             float *score_mean, float *stats, float *scratch,
-                                             unsigned *tickets, cudaStream_t stream)
-{
-    if (!moe_cuda_router_fused_fits(h, e, x, wg, logits) || k > MOE_ROUTER_MAX_K || k > e ||
-        n <= 0 || (n + 31) / 32 > INT32_MAX)
-        return cudaErrorInvalidValue;
-    int bm = fused::tile_rows(n), lanes = select_lanes(e);
-    int64_t nb = (n + bm - 1) / bm;
-    int gsz = select_group(nb);
-    const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x, *wb = (const __nv_bfloat16 *)wg;
-#define MOE_FUSED_LAUNCH(BM, LANES)                                                            \
-    if (bm == BM && lanes == LANES) {                                                          \
-        router_fused<BM, LANES><<<(unsigned)nb, WARPS * 32, fused_smem<BM, LANES>(e), stream>>>( \
-            xb, wb, bias, n, (int)h, (int)e, (int)k, score_fn, renormalize, logits, topk_idx,  \
-            topk_w, scratch, tickets, counts, score_mean, stats, gsz);                        \
-        return cudaGetLastError();                                                             \
-    }
-    MOE_FUSED_EACH(MOE_FUSED_LAUNCH)
-#undef MOE_FUSED_LAUNCH
-    return cudaErrorInvalidValue;
-}
-#undef MOE_FUSED_EACH
 
 /* ---- backward: d logits ------------------------------------------------------------------- */
 

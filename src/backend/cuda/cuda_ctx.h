@@ -25,13 +25,6 @@ typedef enum cuda_gemm_mode {
     CUDA_GEMM_WINDOWS    /* cublasGemmBatchedEx over two equal row windows per expert */
 } cuda_gemm_mode_t;
 
-/* How router_forward computes (MOE_CUDA_ROUTER=gemm|fused overrides AUTO). */
-typedef enum cuda_router_mode {
-    CUDA_ROUTER_AUTO = 0,
-    CUDA_ROUTER_GEMM,    /* cuBLAS logits GEMM, then router_select */
-    CUDA_ROUTER_FUSED    /* router_fused where it fits (E <= 64), else as GEMM */
-} cuda_router_mode_t;
-
 typedef struct cuda_ctx {
     int device;
     bool deterministic;
@@ -44,7 +37,6 @@ typedef struct cuda_ctx {
     void *side_ws[MOE_CUDA_SIDE_STREAMS];
     cudaEvent_t fork, join[MOE_CUDA_SIDE_STREAMS];
     cuda_gemm_mode_t gemm_mode;
-    cuda_router_mode_t router_mode;
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */
     cudaMemPool_t pool;

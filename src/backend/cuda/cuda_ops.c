@@ -40,16 +40,6 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
         return MOE_STATUS_SUCCESS;
     }
     void *scratch;
-    if (c->router_mode != CUDA_ROUTER_GEMM &&
-        moe_cuda_router_fused_fits(a->h, a->e, a->x, a->wg, a->logits)) {
-        MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_fused_scratch(a->n, a->e),
-                                   &scratch));
-        MOE_LAUNCH(moe_cuda_router_fused(a->x, a->wg, a->bias, a->n, a->h, a->e, a->k,
-                                         (int)a->score_fn, a->renormalize, a->logits, a->topk_idx,
-                                         a->topk_w, a->counts, a->score_mean, a->stats, scratch,
-                                         c->router_tickets, c->stream));
-        return MOE_STATUS_SUCCESS;
-    }
     MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_select_scratch(a->n, a->e),
                                &scratch));
     /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T. Measured alternatives
