@@ -183,6 +183,7 @@ static moe_status_t a2a_start(moe_layer_t *l, moe_dist_slot_t *ds, int c, bool r
         rc[p] = (size_t)(hi - lo) * H;
         rd[p] = (size_t)(rdis[p] + lo) * H;
     }
+    for (int p = 0; p < P; p++) d->timing.a2a_bytes += (int64_t)(sc[p] * d->act);
     op->t_start = now_ms();
     op->done = false;
     op->req = NULL;
