@@ -245,9 +245,9 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream)
         CU(bench_fill_bf16((void *)a.x.d_out, r * h, 14, 1.0f, stream));
         CU(bench_fill_f32(a.x.dw1, el * h * 2 * f, 15, 0.0f, stream));
         CU(bench_fill_f32(a.x.dw2, el * f * h, 16, 0.0f, stream));
-        const char *names[] = {"auto", "loop", "streams", "batched", "windows"};
+        const char *names[] = {"auto", "loop", "streams", "batched"};
         const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
-                                          CUDA_GEMM_BATCHED, CUDA_GEMM_WINDOWS};
+                                          CUDA_GEMM_BATCHED};
         const char *dist_names[] = {"", " routed", " uneven"};
         for (int dist = 0; dist < 3; dist++) {
             /* routed: T + 2.5 sqrt(T) x [-1, 1), about the spread of random top-k routing
@@ -266,7 +266,7 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream)
             snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
                      (long long)h, (long long)f, dist_names[dist]);
             double flops = 6.0 * r * h * f;
-            for (int m = 0; m < 5; m++) {
+            for (int m = 0; m < 4; m++) {
                 if (dist > 0 && modes[m] == CUDA_GEMM_BATCHED) continue;
                 if (forced && *forced && strcmp(forced, names[m]) != 0) continue;
                 c->gemm_mode = modes[m];
@@ -314,11 +314,10 @@ static void bench_layer(cudaStream_t stream, int only)
 {
     const int64_t shapes[][5] = {{16384, 4096, 1408, 64, 2}, {16384, 2048, 8192, 8, 2},
                                  {32768, 4096, 14336, 8, 2}};
-    const char *names[] = {"auto", "loop", "streams", "windows"};
-    const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
-                                      CUDA_GEMM_WINDOWS};
+    const char *names[] = {"auto", "loop", "streams"};
+    const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS};
     const char *forced = getenv("MOE_CUDA_EXPERT_GEMM");
-    int nmodes = forced && *forced ? 1 : 4;
+    int nmodes = forced && *forced ? 1 : 3;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         if (only >= 0 && (size_t)only != s) continue;
         int64_t n = shapes[s][0], h = shapes[s][1], f = shapes[s][2], e = shapes[s][3], k = shapes[s][4];

@@ -77,19 +77,6 @@ cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, i
 cudaError_t moe_cuda_swiglu_backward(void *d_hpre, const void *d_act, const void *hpre,
                                      int64_t rows, int64_t f, cudaStream_t stream);
 
-/* ---- pointer arrays for batched GEMMs (gemm_ptrs.cu) ---- */
-
-/* Triples one launch takes: the table is the kernel's by-value argument, under the 4 KiB
- * parameter limit. */
-#define MOE_CUDA_GEMM_PTRS_MAX 160
-typedef struct moe_cuda_gemm_ptrs {
-    int32_t count;
-    const void *p[3][MOE_CUDA_GEMM_PTRS_MAX]; /* A, B, C of batch entry i at [0..2][i] */
-} moe_cuda_gemm_ptrs_t;
-
-/* dst[j * count + i] = t->p[j][i]: the A, B and C arrays of count entries, back to back */
-cudaError_t moe_cuda_gemm_ptrs(void **dst, const moe_cuda_gemm_ptrs_t *t, cudaStream_t stream);
-
 /* ---- element-wise (elementwise.cu) ---- */
 
 cudaError_t moe_cuda_bf16_to_f32(float *dst, const void *src, int64_t n, cudaStream_t stream);

@@ -338,7 +338,7 @@ static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *ro
     setenv("MOE_CUDA_EXPERT_GEMM", mode, 1);
     gpu_pair_t Q;
     gpu_pair_init(&Q);
-    int64_t off[257] = {0};
+    int64_t off[65] = {0};
     for (int32_t e = 0; e < el; e++) {
         off[e + 1] = off[e] + rows_per[e];
         fprintf(stderr, " %lld", (long long)rows_per[e]);
@@ -406,14 +406,6 @@ static void test_experts(void **state)
     for (int m = 0; m < 3; m++) run_experts_case(6, 64, 96, uneven, modes[m], &rng);
     run_experts_case(4, 64, 96, even, "batched", &rng);
     run_experts_case(4, 40, 45, even, "loop", &rng); /* F % 8 != 0: scalar SwiGLU */
-    /* windows: max 128 rows, so 100..128 are batched (a = 93, b = 35), 7 takes the loop */
-    const int64_t near[] = {100, 0, 120, 93, 7, 128, 111};
-    run_experts_case(7, 64, 96, near, "windows", &rng);
-    run_experts_case(4, 64, 96, even, "windows", &rng); /* b = 0: the tail window alone */
-    /* more experts than one pointer table holds (MOE_CUDA_GEMM_PTRS_MAX) */
-    int64_t many[200];
-    for (int e = 0; e < 200; e++) many[e] = e == 3 ? 0 : 8 + e % 5;
-    run_experts_case(200, 32, 32, many, "windows", &rng);
 }
 
 /* ---- element-wise ------------------------------------------------------------------------ */

@@ -21,8 +21,7 @@ typedef enum cuda_gemm_mode {
     CUDA_GEMM_AUTO = 0,
     CUDA_GEMM_LOOP,      /* one cublasGemmEx per expert on the current stream */
     CUDA_GEMM_STREAMS,   /* the loop spread round-robin over the side streams */
-    CUDA_GEMM_BATCHED,   /* cublasGemmStridedBatchedEx when every expert has the same rows */
-    CUDA_GEMM_WINDOWS    /* cublasGemmBatchedEx over two equal row windows per expert */
+    CUDA_GEMM_BATCHED    /* cublasGemmStridedBatchedEx when every expert has the same rows */
 } cuda_gemm_mode_t;
 
 typedef struct cuda_ctx {

@@ -14,16 +14,9 @@
  *            holds ~700 TFLOP/s for small experts where a loop is launch-bound.
  *   STREAMS  uneven n_e and many experts: the loop round-robin over side streams, each with
  *            its own cuBLAS handle and workspace, joined back with events.
- *   WINDOWS  uneven but similar n_e: each expert's rows as two windows of common sizes, one
- *            cublasGemmBatchedEx per window (see "Windows" below); the weight gradients run
- *            per expert on the side streams, overlapping the main stream's GEMMs. Only when
- *            MOE_CUDA_EXPERT_GEMM=windows asks for it (see choose_mode).
  *   LOOP     few large experts: one cublasGemmEx after the other on the current stream.
- * Every GEMM's result is fixed by the row counts (no atomics, each output written by one GEMM
- * or by windows in a fixed order), so every mode is bitwise reproducible.
+ * Every GEMM writes a disjoint output, so all three give bitwise-identical results.
  */
-#include <stdlib.h>
-
 #include "cuda_ctx.h"
 #include "../../../kernels/kernels.h"
 
@@ -105,19 +98,6 @@ static moe_status_t run_batched(cublasHandle_t h, const gemm_desc_t *g, int32_t 
     return MOE_STATUS_SUCCESS;
 }
 
-static int64_t rows_of(const moe_experts_t *x, int32_t e)
-{
-    return x->host_offsets[e + 1] - x->host_offsets[e];
-}
-
-static int64_t max_rows(const moe_experts_t *x)
-{
-    int64_t m = 0;
-    for (int32_t e = 0; e < x->el; e++)
-        if (rows_of(x, e) > m) m = rows_of(x, e);
-    return m;
-}
-
 /* The rows every expert has, or -1 when they differ (or some expert has none). */
 static int64_t uniform_rows(const moe_experts_t *x)
 {
@@ -132,36 +112,14 @@ static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
     int64_t uni = uniform_rows(x);
     cuda_gemm_mode_t m = c->gemm_mode;
     if (m == CUDA_GEMM_BATCHED && uni < 0) m = CUDA_GEMM_AUTO; /* not applicable: fall back */
-    /* pointer arrays hide their alignment from cuBLAS: windows need 16-byte aligned rows */
-    if (m == CUDA_GEMM_WINDOWS && (x->h % 8 != 0 || x->f % 8 != 0)) m = CUDA_GEMM_AUTO;
     if (m != CUDA_GEMM_AUTO) return m;
     int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
     /* Measured on the H200 (docs/cuda-backend.md): the loop wins for a few large experts,
      * strided batched whenever sizes are equal and experts are small, side streams for
-     * uneven small ones. Not WINDOWS: it lost on the 8-expert layers (run 4) and is not yet
-     * measured on many small uneven experts, the case it is meant for. */
+     * uneven small ones. */
     if (uni > 0 && (x->el >= 16 || uni < 4096)) return CUDA_GEMM_BATCHED;
     if (x->el >= 4 && mean_rows < 2048) return CUDA_GEMM_STREAMS;
     return CUDA_GEMM_LOOP;
-}
-
-/* The side streams start after everything enqueued on the main stream so far. */
-static moe_status_t fork_side(cuda_ctx_t *c)
-{
-    MOE_CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
-    for (int s = 0; s < MOE_CUDA_SIDE_STREAMS; s++)
-        MOE_CUDA_CHECK(cudaStreamWaitEvent(c->side[s], c->fork, 0));
-    return MOE_STATUS_SUCCESS;
-}
-
-/* The main stream waits for everything enqueued on the side streams. */
-static moe_status_t join_side(cuda_ctx_t *c)
-{
-    for (int s = 0; s < MOE_CUDA_SIDE_STREAMS; s++) {
-        MOE_CUDA_CHECK(cudaEventRecord(c->join[s], c->side[s]));
-        MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[s], 0));
-    }
-    return MOE_STATUS_SUCCESS;
 }
 
 /* Issue the GEMM kinds kinds[0..nk) for every expert with rows, in the given mode. Within one
@@ -178,7 +136,11 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
         return MOE_STATUS_SUCCESS;
     }
     bool fan = mode == CUDA_GEMM_STREAMS;
-    if (fan) MOE_TRY(fork_side(c));
+    if (fan) {
+        MOE_CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
+        for (int s = 0; s < MOE_CUDA_SIDE_STREAMS; s++)
+            MOE_CUDA_CHECK(cudaStreamWaitEvent(c->side[s], c->fork, 0));
+    }
     int next = 0;
     for (int32_t e = 0; e < x->el; e++) {
         int64_t r0 = x->host_offsets[e], rows = x->host_offsets[e + 1] - r0;
@@ -190,144 +152,13 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
             MOE_TRY(run_one(h, &g));
         }
     }
-    return fan ? join_side(c) : MOE_STATUS_SUCCESS;
-}
-
-/* ---- Windows ----------------------------------------------------------------------------------
- * With tmax the most rows of any expert, the batched experts are those with at least tmax/2
- * rows; a = the fewest rows among them, b = tmax - a <= a. Expert e's rows [o, o + n) are
- * covered by its last a rows and its first b rows (a + b = tmax >= n), and both windows lie
- * inside its own rows (a, b <= n): one cublasGemmBatchedEx per window computes every batched
- * expert at once, reading and writing nothing outside each expert's rows. Rows in both windows
- * are computed twice with the same weights; the head window's result stays (fixed order).
- * Cost: El * tmax rows, as if every expert were padded to the largest, without copies or
- * padded buffers. Experts with fewer than tmax/2 rows take the loop. This only works for the
- * GEMMs whose rows are output columns; the weight gradients (rows are their reduction) run one
- * GEMM per expert on the side streams, overlapping the main stream's GEMMs and SwiGLU'. */
-
-typedef struct windows {
-    int64_t a, b;          /* rows of the tail window and of the head window (0: none) */
-    int32_t n;             /* batched experts */
-    int64_t *tail, *head;  /* [n] first row of each window */
-    int32_t *ex;           /* [n] the batched experts */
-    void **dptr;           /* device A, B, C pointer arrays, 3 * MOE_CUDA_GEMM_PTRS_MAX */
-} windows_t;
-
-static moe_status_t windows_plan(cuda_ctx_t *c, const moe_experts_t *x, windows_t *w)
-{
-    int64_t tmax = max_rows(x);
-    *w = (windows_t){.a = tmax};
-    MOE_TRY(moe_cuda_workspace(c, 3 * MOE_CUDA_GEMM_PTRS_MAX * sizeof(void *), (void **)&w->dptr));
-    w->tail = malloc((size_t)x->el * (2 * sizeof(int64_t) + sizeof(int32_t)));
-    if (!w->tail) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "expert windows for %d experts", x->el);
-    w->head = w->tail + x->el;
-    w->ex = (int32_t *)(w->head + x->el);
-    for (int32_t e = 0; e < x->el; e++) {
-        int64_t n = rows_of(x, e);
-        if (n == 0 || 2 * n < tmax) continue;
-        w->ex[w->n++] = e;
-        if (n < w->a) w->a = n;
-    }
-    w->b = tmax - w->a;
-    for (int32_t i = 0; i < w->n; i++) {
-        w->tail[i] = x->host_offsets[w->ex[i] + 1] - w->a;
-        w->head[i] = x->host_offsets[w->ex[i]];
-    }
-    return MOE_STATUS_SUCCESS;
-}
-
-/* One GEMM kind for every batched expert on rows [row0[i], row0[i] + rows): one pointer-table
- * launch and one cublasGemmBatchedEx per MOE_CUDA_GEMM_PTRS_MAX experts. The pointer arrays
- * are reused by the next launch, which the stream orders after this GEMM. */
-static moe_status_t run_window(cuda_ctx_t *c, const moe_experts_t *x, const windows_t *w,
-                               gemm_kind_t kind, const int64_t *row0, int64_t rows)
-{
-    const float alpha = 1.0f;
-    moe_cuda_gemm_ptrs_t t;
-    for (int32_t i0 = 0; i0 < w->n; i0 += MOE_CUDA_GEMM_PTRS_MAX) {
-        t.count = w->n - i0 < MOE_CUDA_GEMM_PTRS_MAX ? w->n - i0 : MOE_CUDA_GEMM_PTRS_MAX;
-        gemm_desc_t g = describe(kind, x, w->ex[i0], row0[i0], rows);
-        for (int32_t i = 0; i < t.count; i++) {
-            if (i > 0) g = describe(kind, x, w->ex[i0 + i], row0[i0 + i], rows);
-            t.p[0][i] = g.a;
-            t.p[1][i] = g.b;
-            t.p[2][i] = g.c;
+    if (fan)
+        for (int s = 0; s < MOE_CUDA_SIDE_STREAMS; s++) {
+            MOE_CUDA_CHECK(cudaEventRecord(c->join[s], c->side[s]));
+            MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[s], 0));
         }
-        void **d = w->dptr;
-        MOE_CUDA_CHECK(moe_cuda_gemm_ptrs(d, &t, c->stream));
-        MOE_CUBLAS_CHECK(cublasGemmBatchedEx(
-            c->cublas, g.ta, g.tb, (int)g.m, (int)g.n, (int)g.k, &alpha, (const void *const *)d,
-            CUDA_R_16BF, (int)g.lda, (const void *const *)(d + t.count), CUDA_R_16BF, (int)g.ldb,
-            &g.beta, d + 2 * t.count, g.ctype, (int)g.ldc, t.count, CUBLAS_COMPUTE_32F,
-            CUBLAS_GEMM_DEFAULT));
-    }
     return MOE_STATUS_SUCCESS;
 }
-
-/* A row-column GEMM kind (FWD1, FWD2, BWD_DACT, BWD_DXP) for every expert, on the main stream. */
-static moe_status_t run_windows(cuda_ctx_t *c, const moe_experts_t *x, const windows_t *w,
-                                gemm_kind_t kind)
-{
-    MOE_TRY(run_window(c, x, w, kind, w->tail, w->a));
-    if (w->b > 0) MOE_TRY(run_window(c, x, w, kind, w->head, w->b));
-    for (int32_t e = 0; e < x->el; e++) {
-        int64_t rows = rows_of(x, e);
-        if (rows == 0 || 2 * rows >= w->a + w->b) continue;
-        gemm_desc_t g = describe(kind, x, e, x->host_offsets[e], rows);
-        MOE_TRY(run_one(c->cublas, &g));
-    }
-    return MOE_STATUS_SUCCESS;
-}
-
-/* A weight-gradient kind for every expert, round-robin over the side streams, after everything
- * enqueued on the main stream so far (the caller joins). */
-static moe_status_t fork_weight_grads(cuda_ctx_t *c, const moe_experts_t *x, gemm_kind_t kind)
-{
-    MOE_TRY(fork_side(c));
-    int next = 0;
-    for (int32_t e = 0; e < x->el; e++) {
-        int64_t rows = rows_of(x, e);
-        if (rows == 0) continue;
-        gemm_desc_t g = describe(kind, x, e, x->host_offsets[e], rows);
-        MOE_TRY(run_one(c->side_cublas[next], &g));
-        next = (next + 1) % MOE_CUDA_SIDE_STREAMS;
-    }
-    return MOE_STATUS_SUCCESS;
-}
-
-static moe_status_t forward_windows(cuda_ctx_t *c, const moe_experts_t *a, const windows_t *w)
-{
-    int64_t total = a->host_offsets[a->el];
-    MOE_TRY(run_windows(c, a, w, FWD1));
-    MOE_CUDA_CHECK(moe_cuda_swiglu_forward(a->act, a->hpre, total, a->f, c->stream));
-    return run_windows(c, a, w, FWD2);
-}
-
-/* dw2 needs only the op's inputs: it starts at once on the side streams; dw1 after SwiGLU'. */
-static moe_status_t backward_windows(cuda_ctx_t *c, const moe_experts_t *a, const windows_t *w)
-{
-    int64_t total = a->host_offsets[a->el];
-    uint16_t *d_act = a->scratch, *d_hpre = d_act + total * a->f;
-    MOE_TRY(fork_weight_grads(c, a, BWD_DW2));
-    MOE_TRY(run_windows(c, a, w, BWD_DACT));
-    MOE_CUDA_CHECK(moe_cuda_swiglu_backward(d_hpre, d_act, a->hpre, total, a->f, c->stream));
-    MOE_TRY(fork_weight_grads(c, a, BWD_DW1));
-    MOE_TRY(run_windows(c, a, w, BWD_DXP));
-    return join_side(c);
-}
-
-typedef moe_status_t (*windows_fn)(cuda_ctx_t *c, const moe_experts_t *a, const windows_t *w);
-
-static moe_status_t with_windows(cuda_ctx_t *c, const moe_experts_t *a, windows_fn fn)
-{
-    windows_t w;
-    moe_status_t st = windows_plan(c, a, &w);
-    if (st == MOE_STATUS_SUCCESS) st = fn(c, a, &w);
-    free(w.tail);
-    return st;
-}
-
-/* ---- the ops ---------------------------------------------------------------------------------- */
 
 moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a)
 {
@@ -335,7 +166,6 @@ moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a)
     int64_t total = a->host_offsets[a->el];
     if (total == 0) return MOE_STATUS_SUCCESS;
     cuda_gemm_mode_t mode = choose_mode(c, a);
-    if (mode == CUDA_GEMM_WINDOWS) return with_windows(c, a, forward_windows);
     static const gemm_kind_t k1[] = {FWD1}, k2[] = {FWD2};
     MOE_TRY(run_experts(c, a, mode, k1, 1));
     MOE_CUDA_CHECK(moe_cuda_swiglu_forward(a->act, a->hpre, total, a->f, c->stream));
@@ -349,7 +179,6 @@ moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a)
     int64_t total = a->host_offsets[a->el];
     if (total == 0) return MOE_STATUS_SUCCESS;
     cuda_gemm_mode_t mode = choose_mode(c, a);
-    if (mode == CUDA_GEMM_WINDOWS) return with_windows(c, a, backward_windows);
     static const gemm_kind_t k1[] = {BWD_DACT, BWD_DW2}, k2[] = {BWD_DXP, BWD_DW1};
     uint16_t *d_act = a->scratch, *d_hpre = d_act + total * a->f;
     MOE_TRY(run_experts(c, a, mode, k1, 2));
