@@ -84,7 +84,11 @@ struct moe_comm {
 };
 
 /* Tags of send/recv: 0 <= tag < MOE_COMM_MAX_TAG (larger ones are reserved for libmoe's
- * own traffic). NCCL has no tags: messages between two ranks match in call order. */
+ * own traffic). NCCL has no tags: messages between two ranks match in call order. NCCL also
+ * runs a communicator's operations one after another on its stream, so a send or recv holds up
+ * every operation started after it until the peer reaches the matching call: each rank's start
+ * order must be deadlock-free when executed in sequence (a ring exchange: even ranks send
+ * first, odd ranks receive first; or alltoallv, which groups them). */
 #define MOE_COMM_MAX_TAG 30000
 
 /* ---- constructors ---------------------------------------------------------------------------

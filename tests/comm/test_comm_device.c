@@ -100,8 +100,12 @@ static void run_ops(moe_comm_t *c)
         int64_t *dv = dev(sizeof v), *dw = dev(sizeof w);
         up(dv, v, sizeof v);
         moe_comm_req_t *qs, *qr;
+        /* NCCL runs one communicator's operations in start order on its stream: if every rank
+         * started its recv first, each recv would wait for a send queued behind the peer's
+         * recv (seen on 2 H200s: TIMEOUT). Even ranks send first, odd ranks receive first. */
+        if (me % 2 == 0) TEST_OK(c->ops->send(c, dv, 4, MOE_COMM_I64, (me + 1) % n, 2, &qs));
         TEST_OK(c->ops->recv(c, dw, 4, MOE_COMM_I64, (me + n - 1) % n, 2, &qr));
-        TEST_OK(c->ops->send(c, dv, 4, MOE_COMM_I64, (me + 1) % n, 2, &qs));
+        if (me % 2 == 1) TEST_OK(c->ops->send(c, dv, 4, MOE_COMM_I64, (me + 1) % n, 2, &qs));
         TEST_OK(moe_comm_wait(c, qs));
         TEST_OK(moe_comm_wait(c, qr));
         down(w, dw, sizeof w);
