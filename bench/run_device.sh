@@ -3,7 +3,7 @@
 #   build (sm_90, Release) -> GPU tests -> compute-sanitizer memcheck + racecheck on the test
 #   binaries -> bench_moe -> bench/torch_moe.py, logs and JSON lines under $OUT.
 # Usage (from the repository root, deps unpacked): bash bench/run_device.sh [phases...]
-#   phases: build tests sanitize bench torch profile (default: all but profile)
+#   phases: build tests sanitize bench torch (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-out}
@@ -62,14 +62,5 @@ fi
 
 if has torch; then
   PYTHONUNBUFFERED=1 python3 bench/torch_moe.py ${MOE_BENCH_PART:-all} | tee "$OUT/bench_torch.jsonl" || status=1
-fi
-if has profile; then
-  # hardware counters of the first router launches (shape 1: GEMM, selection), clocks left
-  # alone as on the rest of the runs
-  ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
-    -k "regex:router|nvjet|gemm" --launch-count ${MOE_NCU_COUNT:-6} \
-    "$B/bench/bench_moe" router >"$OUT/ncu_router.txt" 2>&1 || status=1
-  grep -E "^  [a-z_].*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per" \
-    "$OUT/ncu_router.txt" | head -60
 fi
 exit $status
