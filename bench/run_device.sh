@@ -14,13 +14,7 @@ mkdir -p "$OUT"
 phases=${*:-build tests sanitize bench torch}
 has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }
 status=0
-# The bundled cmocka .pc names -I/usr/include and -L/usr/lib, which .deps/unpack.sh does not
-# repoint: let the compiler and linker find the unpacked copies.
-_deps=${MOE_DEPS_PREFIX:-/opt/libmoe-deps}/usr
-if [ -d "$_deps/include" ]; then
-  export CPATH="$_deps/include${CPATH:+:$CPATH}"
-  export LIBRARY_PATH="$_deps/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
-fi
+source scripts/device_env.sh
 
 if has build; then
   cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON \

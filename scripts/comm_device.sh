@@ -11,13 +11,7 @@ OUT=${OUT:-/tmp/moe-out}
 # CMake cache (a stale one fails the build, or runs another tree's binaries)
 B=${MOE_BUILD_DIR:-/tmp/build-device-$(basename "$PWD")}
 mkdir -p "$OUT"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-[ -f .deps/unpack.sh ] && source .deps/unpack.sh >/dev/null
-_deps=${MOE_DEPS_PREFIX:-/opt/libmoe-deps}/usr
-if [ -d "$_deps/include" ]; then
-  export CPATH="$_deps/include${CPATH:+:$CPATH}"
-  export LIBRARY_PATH="$_deps/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
-fi
+source scripts/device_env.sh
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON \
   -DMOE_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 &&
   cmake --build "$B" -j16 --target test_comm_device test_comm_ops test_dist_layer_np2 test_dist_layer_np4 \

@@ -29,14 +29,7 @@ S="$OUT/summary.txt"
 LOG="$OUT/tests.log"
 : >"$S"
 : >"$LOG"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-[ -f .deps/unpack.sh ] && source .deps/unpack.sh >/dev/null
-# the bundled cmocka .pc names /usr: let the compiler and linker find the unpacked copies
-_deps=${MOE_DEPS_PREFIX:-/opt/libmoe-deps}/usr
-if [ -d "$_deps/include" ]; then
-  export CPATH="$_deps/include${CPATH:+:$CPATH}"
-  export LIBRARY_PATH="$_deps/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
-fi
+source scripts/device_env.sh
 parts=${*:-info build layer comm bench layer_mpi}
 has() { [[ " $parts " == *" $1 "* ]]; }
 say() { echo "$*" | tee -a "$S"; }

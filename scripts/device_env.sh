@@ -1,0 +1,12 @@
+# Sourced from the repository root by the scripts that run on the GPU machine: the offline
+# dependencies (.deps, when present) and the environment every device run needs.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on shared machines
+[ -f .deps/unpack.sh ] && source .deps/unpack.sh >/dev/null
+# The bundled cmocka .pc names -I/usr/include and -L/usr/lib, which .deps/unpack.sh does not
+# repoint: let the compiler and linker find the unpacked copies.
+_deps=${MOE_DEPS_PREFIX:-/opt/libmoe-deps}/usr
+if [ -d "$_deps/include" ]; then
+  export CPATH="$_deps/include${CPATH:+:$CPATH}"
+  export LIBRARY_PATH="$_deps/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+fi
