@@ -147,22 +147,17 @@ static double moe_comm_a2a_ms(moe_runtime_t *rt, size_t bytes, int reps)
 /* ---- plain NCCL all-to-all (no libmoe in the path) ------------------------------------------ */
 
 #ifdef BENCH_RAW_NCCL
-#define RAW_CUDA(call)                                                                       \
+/* Report a failed CUDA or NCCL call on this rank and give up the measurement. */
+#define RAW_CHECK(type, ok, errstr, call)                                                    \
     do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "rank %d: %s: %s\n", R, #call, cudaGetErrorString(e_));          \
+        type e_ = (call);                                                                    \
+        if (e_ != (ok)) {                                                                    \
+            fprintf(stderr, "rank %d: %s: %s\n", R, #call, errstr(e_));                      \
             goto done;                                                                       \
         }                                                                                    \
     } while (0)
-#define RAW_NCCL(call)                                                                       \
-    do {                                                                                     \
-        ncclResult_t e_ = (call);                                                            \
-        if (e_ != ncclSuccess) {                                                             \
-            fprintf(stderr, "rank %d: %s: %s\n", R, #call, ncclGetErrorString(e_));          \
-            goto done;                                                                       \
-        }                                                                                    \
-    } while (0)
+#define RAW_CUDA(call) RAW_CHECK(cudaError_t, cudaSuccess, cudaGetErrorString, call)
+#define RAW_NCCL(call) RAW_CHECK(ncclResult_t, ncclSuccess, ncclGetErrorString, call)
 
 /* Mean ms per all-to-all of `bytes` per rank over the world, on `device`; < 0 on failure.
  * *version: ncclGetVersion's code. */
