@@ -83,8 +83,21 @@ static void fill(test_rng_t *r, float *x, int64_t n, bool fast)
         x[i] = (float)((test_rng_uniform(r) - 0.5) * 3.4641016151377544);
 }
 
-/* bytes / ms -> GB/s (1e9 bytes) */
-static double gbps(double bytes, double ms) { return ms > 0 ? bytes / (ms * 1e6) : 0.0; }
+/* nccl-tests' bus bandwidth of `bytes` per rank moved in `ms`: algbw (1e9 bytes/s) * (P-1)/P */
+static double busbw_gbps(double bytes, double ms)
+{
+    return ms > 0 ? bytes / (ms * 1e6) * (W - 1) / W : 0.0;
+}
+
+/* A measured time and its bus bandwidth as JSON numbers, or null when the time is missing. */
+static void json_ms_busbw(double ms, double bytes, char ms_s[32], char bw_s[32])
+{
+    strcpy(ms_s, "null");
+    strcpy(bw_s, "null");
+    if (ms <= 0) return;
+    snprintf(ms_s, 32, "%.4f", ms);
+    snprintf(bw_s, 32, "%.2f", busbw_gbps(bytes, ms));
+}
 
 /* ---- plain all-to-all through the mesh's ep communicator ------------------------------------ */
 
@@ -336,8 +349,7 @@ int main(int argc, char **argv)
             a2a_op_bytes = count > 0 ? bytes / count : 0;
         }
         char busbw[48] = "null";
-        if (ci == 0 && W > 1)
-            snprintf(busbw, sizeof busbw, "%.2f", gbps(bytes, fl) * (W - 1) / W);
+        if (ci == 0 && W > 1) snprintf(busbw, sizeof busbw, "%.2f", busbw_gbps(bytes, fl));
         if (R == 0)
             printf("{\"bench\":\"dist_layer\",\"backend\":\"%s\",\"comm\":\"%s\",\"worker_thread\":%d,"
                    "\"ranks\":%d,\"N\":%lld,\"H\":%lld,\"F\":%lld,\"E\":%d,"
@@ -362,15 +374,9 @@ int main(int argc, char **argv)
 #ifdef BENCH_RAW_NCCL
         if (cuda) nc_ms = nccl_a2a_ms(dev_index, op, reps, &nccl_version);
 #endif
-        char mcs[64] = "null", ncs[64] = "null", mcb[32] = "null", ncb[32] = "null";
-        if (mc_ms > 0) {
-            snprintf(mcs, sizeof mcs, "%.4f", mc_ms);
-            snprintf(mcb, sizeof mcb, "%.2f", gbps((double)op, mc_ms) * (W - 1) / W);
-        }
-        if (nc_ms > 0) {
-            snprintf(ncs, sizeof ncs, "%.4f", nc_ms);
-            snprintf(ncb, sizeof ncb, "%.2f", gbps((double)op, nc_ms) * (W - 1) / W);
-        }
+        char mcs[32], ncs[32], mcb[32], ncb[32];
+        json_ms_busbw(mc_ms, (double)op, mcs, mcb);
+        json_ms_busbw(nc_ms, (double)op, ncs, ncb);
         if (R == 0)
             printf("{\"bench\":\"plain_alltoall\",\"backend\":\"%s\",\"comm\":\"%s\",\"ranks\":%d,"
                    "\"N\":%lld,\"H\":%lld,\"K\":%d,\"bytes_per_rank\":%zu,\"reps\":%d,"
