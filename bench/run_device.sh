@@ -7,14 +7,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-out}
-# one build directory per source tree: worktrees sharing a warm machine must not share a
-# CMake cache (a stale one fails the build, or runs another tree's binaries)
-B=${MOE_BUILD_DIR:-/tmp/build-device-$(basename "$PWD")}
+source scripts/device_env.sh
 mkdir -p "$OUT"
 phases=${*:-build tests sanitize bench torch}
 has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }
 status=0
-source scripts/device_env.sh
 
 if has build; then
   cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON \

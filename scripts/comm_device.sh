@@ -7,11 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-out}
-# one build directory per source tree: worktrees sharing a warm machine must not share a
-# CMake cache (a stale one fails the build, or runs another tree's binaries)
-B=${MOE_BUILD_DIR:-/tmp/build-device-$(basename "$PWD")}
-mkdir -p "$OUT"
 source scripts/device_env.sh
+mkdir -p "$OUT"
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON \
   -DMOE_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 &&
   cmake --build "$B" -j16 --target test_comm_device test_comm_ops test_dist_layer_np2 test_dist_layer_np4 \

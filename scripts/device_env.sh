@@ -1,5 +1,9 @@
 # Sourced from the repository root by the scripts that run on the GPU machine: the offline
-# dependencies (.deps, when present) and the environment every device run needs.
+# dependencies (.deps, when present), the environment every device run needs, and B, the
+# build directory.
+# One build directory per source tree: worktrees sharing a warm machine must not share a
+# CMake cache (a stale one fails the build, or runs another tree's binaries).
+B=${MOE_BUILD_DIR:-/tmp/build-device-$(basename "$PWD")}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on shared machines
 [ -f .deps/unpack.sh ] && source .deps/unpack.sh >/dev/null

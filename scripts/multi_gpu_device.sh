@@ -21,15 +21,13 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/moe-out}
-# one build directory per source tree (worktrees on one warm machine must not share a cache)
-B=${MOE_BUILD_DIR:-/tmp/build-multigpu-$(basename "$PWD")}
+source scripts/device_env.sh
 BUDGET=${MOE_MULTI_BUDGET_S:-340}
 mkdir -p "$OUT"
 S="$OUT/summary.txt"
 LOG="$OUT/tests.log"
 : >"$S"
 : >"$LOG"
-source scripts/device_env.sh
 parts=${*:-info build layer comm bench layer_mpi}
 has() { [[ " $parts " == *" $1 "* ]]; }
 say() { echo "$*" | tee -a "$S"; }
