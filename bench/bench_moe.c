@@ -11,14 +11,18 @@
  *
  * Shape legend: N tokens, H hidden, E experts, K top-k, T tokens per expert, F expert width.
  * Usage: bench_moe [router|experts|layer|all] [layer shape index]
+ *        bench_moe profile [layer shape index]
  * The experts and layer parts measure every expert GEMM mode (variant = mode) unless
- * MOE_CUDA_EXPERT_GEMM names one.
+ * MOE_CUDA_EXPERT_GEMM names one. `profile` runs two layer steps, then a third between
+ * cudaProfilerStart/Stop, for `ncu --profile-from-start off` (bench/kernel_times.py sums it).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cuda_profiler_api.h>
 
 #include <moe/moe.h>
 
@@ -294,10 +298,13 @@ typedef struct layer_arg {
     moe_tensor_t x, y, dy, dx;
 } layer_arg_t;
 
+/* One training step's share of the layer: gradients discarded (the step's start, as
+ * torch_moe.py's set_to_none), forward, backward. */
 static void run_layer(void *p, int i)
 {
     (void)i;
     layer_arg_t *a = p;
+    CK(moe_layer_discard_grad(a->layer));
     CK(moe_layer_forward(a->layer, 0, &a->x, &a->y));
     CK(moe_layer_backward(a->layer, 0, &a->dy, &a->dx));
 }
@@ -310,7 +317,7 @@ static void run_layer_fwd(void *p, int i)
     CK(moe_layer_release_slot(a->layer, 0));
 }
 
-static void bench_layer(cudaStream_t stream, int only)
+static void bench_layer(cudaStream_t stream, int only, bool profile)
 {
     const int64_t shapes[][5] = {{16384, 4096, 1408, 64, 2}, {16384, 2048, 8192, 8, 2},
                                  {32768, 4096, 14336, 8, 2}};
@@ -344,7 +351,15 @@ static void bench_layer(cudaStream_t stream, int only)
         double r = (double)n * k;
         double flops = 3 * (2.0 * n * h * e) + 3 * (6.0 * r * h * f);
         cuda_ctx_t *c = MOE_CTX(rt);
-        for (int m = 0; m < nmodes; m++) {
+        if (profile) {
+            for (int i = 0; i < 2; i++) run_layer(&a, i);
+            CU(cudaStreamSynchronize(stream));
+            CU(cudaProfilerStart());
+            run_layer(&a, 2);
+            CU(cudaStreamSynchronize(stream));
+            CU(cudaProfilerStop());
+        }
+        for (int m = 0; m < (profile ? 0 : nmodes); m++) {
             const char *v = forced && *forced ? forced : names[m];
             if (nmodes > 1) c->gemm_mode = modes[m];
             double ms = time_median(stream, run_layer, &a, 2, 10);
@@ -381,7 +396,9 @@ int main(int argc, char **argv)
     if (!strcmp(what, "experts") || !strcmp(what, "all")) bench_experts(be, stream);
     CK(be.ops->set_stream(be.ctx, NULL));
     be.ops->destroy(be.ctx);
-    if (!strcmp(what, "layer") || !strcmp(what, "all")) bench_layer(stream, argc > 2 ? atoi(argv[2]) : -1);
+    int only = argc > 2 ? atoi(argv[2]) : -1;
+    if (!strcmp(what, "layer") || !strcmp(what, "all")) bench_layer(stream, only, false);
+    if (!strcmp(what, "profile")) bench_layer(stream, only, true);
     cudaStreamDestroy(stream);
     return 0;
 }

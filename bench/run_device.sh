@@ -3,7 +3,9 @@
 #   build (sm_90, Release) -> GPU tests -> compute-sanitizer memcheck + racecheck on the test
 #   binaries -> bench_moe -> bench/torch_moe.py, logs and JSON lines under $OUT.
 # Usage (from the repository root, deps unpacked): bash bench/run_device.sh [phases...]
-#   phases: build tests sanitize bench torch (default: all of them)
+#   phases: build tests sanitize bench torch (default: all of them), and profile: ncu's time
+#   of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1), summed
+#   by bench/kernel_times.py into $OUT/profile.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-out}
@@ -53,5 +55,16 @@ fi
 
 if has torch; then
   PYTHONUNBUFFERED=1 python3 bench/torch_moe.py ${MOE_BENCH_PART:-all} | tee "$OUT/bench_torch.jsonl" || status=1
+fi
+if has profile; then
+  for i in ${MOE_PROFILE_SHAPES:-0 1}; do
+    csv=/tmp/profile_layer$i.csv
+    timeout 300 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+      --csv "$B/bench/bench_moe" profile "$i" >"$csv" 2>/tmp/profile_layer$i.err
+    rc=$?
+    { echo "== layer shape $i (ncu rc=$rc)"; python3 bench/kernel_times.py "$csv" 2>&1 ||
+      tail -20 /tmp/profile_layer$i.err; } | tee -a "$OUT/profile.txt" | head -30
+    [ $rc -eq 0 ] || status=1
+  done
 fi
 exit $status

@@ -86,14 +86,22 @@ MOE_API moe_status_t moe_layer_destroy(moe_layer_t *layer);
 MOE_API moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *x,
                                        moe_tensor_t *y);
 /* [in] dy [N,H] for the forward saved in slot. [out] dx [N,H] (may be NULL if not needed).
- * Accumulates into the parameter gradients and frees the slot. Collective like forward. */
+ * Accumulates into the parameter gradients (the first backward after moe_layer_discard_grad
+ * writes them) and frees the slot. Collective like forward. */
 MOE_API moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *dy,
                                         moe_tensor_t *dx);
 /* Drop the state saved by forward in slot without a backward. */
 MOE_API moe_status_t moe_layer_release_slot(moe_layer_t *layer, int32_t slot);
 
-/* Set every parameter gradient to zero (start of a global batch). */
+/* Set every parameter gradient to zero (start of a global batch). Enqueued (CUDA). */
 MOE_API moe_status_t moe_layer_zero_grad(moe_layer_t *layer);
+/* The cheaper start of a global batch (PyTorch's zero_grad(set_to_none=True)): the gradients
+ * are marked zero without touching them, and the next backward writes them instead of adding,
+ * which saves reading and zeroing the f32 expert gradients (twice their size in traffic a
+ * batch). Until that backward completes their contents are undefined: use it when the layer
+ * runs a backward before anything reads its gradients (a layer that sees no tokens still
+ * does, N = 0). Further backwards accumulate as usual; zero_grad cancels the mark. */
+MOE_API moe_status_t moe_layer_discard_grad(moe_layer_t *layer);
 
 /* ---- parameters ---------------------------------------------------------------------------- */
 

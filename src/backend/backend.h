@@ -99,9 +99,12 @@ typedef struct moe_experts {
     /* backward only */
     const void *d_out;            /* act [R,H] */
     void *d_xp;                   /* act [R,H]   written (not accumulated) */
-    float *dw1;                   /* f32 [El,H,2,F] += */
-    float *dw2;                   /* f32 [El,F,H]   += */
+    float *dw1;                   /* f32 [El,H,2,F] += (= with overwrite_grads) */
+    float *dw2;                   /* f32 [El,F,H]   += (= with overwrite_grads) */
     void *scratch;                /* act [R,3,F]: backward's d_act and d_hpre */
+    /* dw1/dw2 are written, not added to, and experts without rows get zeros: the layer's
+     * first backward after moe_layer_discard_grad skips reading (and zeroing) them */
+    bool overwrite_grads;
 } moe_experts_t;
 
 /* One AdamW update over n elements (see moe/optim.h for the formula). */

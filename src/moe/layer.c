@@ -389,6 +389,18 @@ static moe_status_t check_slot(const moe_layer_t *l, int32_t slot)
     return MOE_STATUS_SUCCESS;
 }
 
+/* Zero the parameter gradients, the experts' too or not. */
+static moe_status_t zero_param_grads(moe_layer_t *l, bool experts)
+{
+    for (int i = 0; i < l->num_params; i++) {
+        moe_param_info_t *p = &l->params[i];
+        if (!p->grad.data || (p->kind == MOE_PARAM_EXPERT && !experts)) continue;
+        MOE_TRY(MOE_OPS(l->rt)->memset_zero(MOE_CTX(l->rt), p->grad.data,
+                                            moe_tensor_bytes(&p->grad)));
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
 /* ---- statistics and balancing ------------------------------------------------------------ */
 
 void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, double aux,
@@ -557,6 +569,12 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
     float *d_w = NULL;
     void *d_out = NULL, *d_xp = NULL, *scratch = NULL;
     moe_status_t st = MOE_STATUS_SUCCESS;
+    /* The first backward since discard_grad: the expert GEMMs write their gradients (the
+     * single-rank path issues them once over all rows; the distributed one per slice, so it
+     * adds onto zeros like the small router gradient). */
+    bool overwrite = l->grads_discarded && !l->dist && rows > 0;
+    if (l->grads_discarded) MOE_TRY(zero_param_grads(l, !overwrite));
+    l->grads_discarded = false;
     if (l->dist) return moe_dist_backward(l, s, dy, dx); /* collective even with n == 0 */
     if (n == 0) return MOE_STATUS_SUCCESS;
 
@@ -572,6 +590,7 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
             .h = h, .f = fl, .el = l->el, .host_offsets = s->host_offsets, .w1 = l->w1,
             .w2 = l->w2, .xp = s->xp, .hpre = s->hpre, .act = s->act, .out = s->out,
             .d_out = d_out, .d_xp = d_xp, .dw1 = l->dw1, .dw2 = l->dw2, .scratch = scratch,
+            .overwrite_grads = overwrite,
         };
         MOE_TRY_GOTO(st, ops->experts_backward(ctx, &ex));
     }
@@ -625,12 +644,16 @@ moe_status_t moe_layer_zero_grad(moe_layer_t *layer)
 {
     moe_error_clear();
     MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
-    for (int i = 0; i < layer->num_params; i++) {
-        moe_param_info_t *p = &layer->params[i];
-        if (p->grad.data)
-            MOE_TRY(MOE_OPS(layer->rt)->memset_zero(MOE_CTX(layer->rt), p->grad.data,
-                                                    moe_tensor_bytes(&p->grad)));
-    }
+    MOE_TRY(zero_param_grads(layer, true));
+    layer->grads_discarded = false;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_layer_discard_grad(moe_layer_t *layer)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    layer->grads_discarded = true;
     return MOE_STATUS_SUCCESS;
 }
 

@@ -41,6 +41,7 @@ struct moe_layer {
 
     void *wg, *w1, *w2;        /* act [H,E], [El,H,2,Fl], [El,Fl,H] */
     float *dwg, *dw1, *dw2;    /* f32, same shapes */
+    bool grads_discarded;      /* moe_layer_discard_grad: the next backward writes them */
     float *bias;               /* f32 [E] device, or NULL when expert_bias is off */
     float *host_bias;          /* host scratch for the sign rule (the device copy is the state) */
 

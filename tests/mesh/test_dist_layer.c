@@ -275,8 +275,10 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
     for (int step = 1; step <= 2; step++) {
         char sctx[200];
         snprintf(sctx, sizeof sctx, "%s step %d", ctx, step);
-        TEST_OK(moe_layer_zero_grad(ref));
-        TEST_OK(moe_layer_zero_grad(l));
+        /* step 2 starts from step 1's gradients: discard_grad must make them irrelevant */
+        moe_status_t (*start)(moe_layer_t *) = step == 1 ? moe_layer_zero_grad : moe_layer_discard_grad;
+        TEST_OK(start(ref));
+        TEST_OK(start(l));
         TEST_OK(moe_layer_forward(ref, 0, &rax.t, &ray.t));
         TEST_OK(moe_layer_forward(l, 0, &ax.t, &ay.t));
         act_get(rrt, &ray), act_get(rt, &ay);

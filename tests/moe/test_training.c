@@ -1,7 +1,7 @@
 /*
  * Training mechanics on the host backend: the AdamW update against the formula in
  * include/moe/optim.h computed here in fp64; gradient accumulation over interleaved
- * microbatch slots; zero_grad.
+ * microbatch slots; zero_grad and discard_grad.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -132,6 +132,76 @@ static void test_accumulation_over_slots(void **state)
     }
 }
 
+/* One forward+backward of the n tokens x (fp32 [n,6]) with upstream gradient dy. */
+static void step(fixture_t *fx, const float *x, const float *dy, int64_t n)
+{
+    int64_t shape[2] = {n, 6};
+    float *y = malloc(sizeof(float) * (size_t)(n * 6));
+    moe_tensor_t xt, yt, dyt;
+    TEST_OK(moe_tensor_view((void *)x, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shape, &xt));
+    TEST_OK(moe_tensor_view(y, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shape, &yt));
+    TEST_OK(moe_tensor_view((void *)dy, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shape, &dyt));
+    TEST_OK(moe_layer_forward(fx->layer, 0, &xt, &yt));
+    TEST_OK(moe_layer_backward(fx->layer, 0, &dyt, NULL));
+    free(y);
+}
+
+/* discard_grad, then two microbatches, gives the gradients of zero_grad then the same two,
+ * whatever the gradients held before: the first backward writes the experts' (empty experts
+ * included: 3 tokens with top-1 leave at least 5 of 8 experts without rows), the second adds.
+ * A batch that sees no tokens at all writes zeros. */
+static void test_discard_grad(void **state)
+{
+    (void)state;
+    moe_layer_config_t cfg = moe_layer_config_default();
+    cfg.hidden = 6;
+    cfg.ffn_hidden = 4;
+    cfg.num_experts = 8;
+    cfg.top_k = 1;
+    test_rng_t rng = {base_seed};
+    fixture_t fx;
+    fixture_init(&fx, &cfg, 64, &rng, 1.0);
+    float big_x[64 * 6], big_dy[64 * 6], x[2][3 * 6], dy[2][3 * 6];
+    test_fill_normal(&rng, big_x, 64 * 6, 1.0);
+    test_fill_normal(&rng, big_dy, 64 * 6, 1.0);
+    for (int b = 0; b < 2; b++) {
+        test_fill_normal(&rng, x[b], 3 * 6, 1.0);
+        test_fill_normal(&rng, dy[b], 3 * 6, 1.0);
+    }
+    float *ref[3];
+    int64_t sizes[3];
+    TEST_OK(moe_layer_zero_grad(fx.layer));
+    for (int b = 0; b < 2; b++) step(&fx, x[b], dy[b], 3);
+    for (int i = 0; i < 3; i++) {
+        sizes[i] = moe_tensor_numel(&fx.p[i].grad);
+        ref[i] = malloc(sizeof(float) * (size_t)sizes[i]);
+        memcpy(ref[i], fx.p[i].grad.data, sizeof(float) * (size_t)sizes[i]);
+    }
+    for (int round = 0; round < 2; round++) {
+        step(&fx, big_x, big_dy, 64); /* every expert's gradient non-zero now */
+        for (int i = 1; i < 3; i++) {
+            int64_t nonzero = 0;
+            for (int64_t j = 0; j < sizes[i]; j++) nonzero += ((float *)fx.p[i].grad.data)[j] != ref[i][j];
+            assert_true(nonzero > sizes[i] / 2);
+        }
+        TEST_OK(moe_layer_discard_grad(fx.layer));
+        if (round == 1) TEST_OK(moe_layer_discard_grad(fx.layer)); /* twice is once */
+        for (int b = 0; b < 2; b++) step(&fx, x[b], dy[b], 3);
+        for (int i = 0; i < 3; i++)
+            for (int64_t j = 0; j < sizes[i]; j++)
+                assert_true(((float *)fx.p[i].grad.data)[j] == ref[i][j]);
+    }
+    step(&fx, big_x, big_dy, 64);
+    TEST_OK(moe_layer_discard_grad(fx.layer));
+    step(&fx, big_x, big_dy, 0);
+    for (int i = 0; i < 3; i++) {
+        for (int64_t j = 0; j < sizes[i]; j++) assert_true(((float *)fx.p[i].grad.data)[j] == 0.0f);
+        free(ref[i]);
+    }
+    assert_int_equal(moe_layer_discard_grad(NULL), MOE_STATUS_INVALID_HANDLE);
+    fixture_free(&fx);
+}
+
 /* The expert bias follows the sign rule after each forward: experts loaded above the mean
  * lose `rate`, experts below it gain `rate`, experts exactly at the mean keep their bias. */
 static void test_expert_bias_sign_rule(void **state)
@@ -173,6 +243,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_matches_formula),
         cmocka_unit_test(test_accumulation_over_slots),
+        cmocka_unit_test(test_discard_grad),
         cmocka_unit_test(test_expert_bias_sign_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

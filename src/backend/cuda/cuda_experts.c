@@ -6,6 +6,8 @@
  *   backward  d_act = d_out · w2[e]^T    dw2[e] += act^T · d_out
  *             d_hpre = swiglu'(...)      (one kernel over all R rows)
  *             d_xp = d_hpre · w1[e]^T    dw1[e] += xp^T · d_hpre
+ * The f32 weight gradients dominate the backward's memory traffic for small experts; with
+ * overwrite_grads their GEMMs run with beta = 0 and skip reading them.
  * Shape legend: El local experts, H hidden, F expert width, R rows, n_e rows of expert e.
  *
  * How the per-expert GEMMs are issued (see /work/shared/notes and docs/cuda-backend.md for the
@@ -62,7 +64,7 @@ static gemm_desc_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e,
     case BWD_DW2: /* dw2^T [H,F] += d_out^T [H,n] · act [n,F] */
         g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_T, h, f, rows, (const uint16_t *)x->d_out + r0 * h,
                           (const uint16_t *)x->act + r0 * f, x->dw2 + e * f * h, h, f, h, rows * h,
-                          rows * f, f * h, CUDA_R_32F, 1.0f};
+                          rows * f, f * h, CUDA_R_32F, x->overwrite_grads ? 0.0f : 1.0f};
         break;
     case BWD_DXP: /* d_xp^T [H,n] = w1 [H,2F] · d_hpre^T [2F,n] */
         g = (gemm_desc_t){CUBLAS_OP_T, CUBLAS_OP_N, h, rows, f2, w1, d_hpre + r0 * f2,
@@ -72,7 +74,7 @@ static gemm_desc_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e,
     case BWD_DW1: /* dw1^T [2F,H] += d_hpre^T [2F,n] · xp [n,H] */
         g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_T, f2, h, rows, d_hpre + r0 * f2,
                           (const uint16_t *)x->xp + r0 * h, x->dw1 + e * h * f2, f2, h, f2,
-                          rows * f2, rows * h, h * f2, CUDA_R_32F, 1.0f};
+                          rows * f2, rows * h, h * f2, CUDA_R_32F, x->overwrite_grads ? 0.0f : 1.0f};
         break;
     }
     return g;
@@ -176,6 +178,13 @@ moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a)
 moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a)
 {
     cuda_ctx_t *c = ctx;
+    if (a->overwrite_grads) /* experts without rows write no gradient: theirs is zero */
+        for (int32_t e = 0; e < a->el; e++) {
+            if (a->host_offsets[e + 1] > a->host_offsets[e]) continue;
+            size_t n1 = (size_t)(a->h * 2 * a->f), n2 = (size_t)(a->f * a->h);
+            MOE_CUDA_CHECK(cudaMemsetAsync(a->dw1 + e * n1, 0, sizeof(float) * n1, c->stream));
+            MOE_CUDA_CHECK(cudaMemsetAsync(a->dw2 + e * n2, 0, sizeof(float) * n2, c->stream));
+        }
     int64_t total = a->host_offsets[a->el];
     if (total == 0) return MOE_STATUS_SUCCESS;
     cuda_gemm_mode_t mode = choose_mode(c, a);

@@ -8,6 +8,7 @@
  * with silu(g) = g σ(g), silu'(g) = σ(g) (1 + g (1 - σ(g))).
  */
 #include <math.h>
+#include <string.h>
 
 #include "../../core/error.h"
 #include "host_ops.h"
@@ -58,12 +59,18 @@ moe_status_t moe_host_experts_backward(void *ctx, const moe_experts_t *a)
     float *d_act = a->scratch; /* [R,F] then d_hpre [R,2,F] after it */
     int64_t total = a->host_offsets[a->el];
     float *d_hpre = d_act + total * f;
+    bool add = !a->overwrite_grads;
     for (int32_t e = 0; e < a->el; e++) {
         int64_t r0 = a->host_offsets[e], rows = a->host_offsets[e + 1] - r0;
-        if (rows == 0) continue;
-        /* d_act = d_out · w2^T ; dw2 += act^T · d_out */
+        if (rows == 0) {
+            if (add) continue;
+            memset(dw1 + e * h * 2 * f, 0, sizeof(float) * (size_t)(h * 2 * f));
+            memset(dw2 + e * f * h, 0, sizeof(float) * (size_t)(f * h));
+            continue;
+        }
+        /* d_act = d_out · w2^T ; dw2 (+)= act^T · d_out */
         matmul(d_act + r0 * f, rows, f, h, d_out + r0 * h, h, 1, w2 + e * f * h, 1, h, false);
-        matmul(dw2 + e * f * h, f, h, rows, act + r0 * f, 1, f, d_out + r0 * h, h, 1, true);
+        matmul(dw2 + e * f * h, f, h, rows, act + r0 * f, 1, f, d_out + r0 * h, h, 1, add);
         for (int64_t r = r0; r < r0 + rows; r++)
             for (int64_t i = 0; i < f; i++) {
                 double g = hpre[r * 2 * f + i], u = hpre[r * 2 * f + f + i], s = sigm(g);
@@ -71,11 +78,11 @@ moe_status_t moe_host_experts_backward(void *ctx, const moe_experts_t *a)
                 d_hpre[r * 2 * f + i] = (float)(da * u * s * (1.0 + g * (1.0 - s)));
                 d_hpre[r * 2 * f + f + i] = (float)(da * g * s);
             }
-        /* d_xp = d_hpre · w1^T ; dw1 += xp^T · d_hpre */
+        /* d_xp = d_hpre · w1^T ; dw1 (+)= xp^T · d_hpre */
         matmul(d_xp + r0 * h, rows, h, 2 * f, d_hpre + r0 * 2 * f, 2 * f, 1, w1 + e * h * 2 * f, 1,
                2 * f, false);
         matmul(dw1 + e * h * 2 * f, h, 2 * f, rows, xp + r0 * h, 1, h, d_hpre + r0 * 2 * f, 2 * f,
-               1, true);
+               1, add);
     }
     return MOE_STATUS_SUCCESS;
 }
