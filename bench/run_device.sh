@@ -48,13 +48,21 @@ if has sanitize; then
   done
 fi
 
+# MOE_BENCH_PART: the parts to run (router experts layer, or all); one JSON file per part
+# and implementation, and a one-line-per-measurement digest on stdout.
 if has bench; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >"$OUT/gpu.txt" 2>&1
-  "$B/bench/bench_moe" ${MOE_BENCH_PART:-all} | tee "$OUT/bench_libmoe.jsonl" || status=1
+  for part in ${MOE_BENCH_PART:-all}; do
+    "$B/bench/bench_moe" "$part" >"$OUT/bench_libmoe_$part.jsonl" || status=1
+    python3 bench/brief.py "$OUT/bench_libmoe_$part.jsonl"
+  done
 fi
 
 if has torch; then
-  PYTHONUNBUFFERED=1 python3 bench/torch_moe.py ${MOE_BENCH_PART:-all} | tee "$OUT/bench_torch.jsonl" || status=1
+  for part in ${MOE_BENCH_PART:-all}; do
+    PYTHONUNBUFFERED=1 python3 bench/torch_moe.py "$part" >"$OUT/bench_torch_$part.jsonl" || status=1
+    python3 bench/brief.py "$OUT/bench_torch_$part.jsonl"
+  done
 fi
 if has profile; then
   for i in ${MOE_PROFILE_SHAPES:-0 1}; do

@@ -13,6 +13,7 @@
  *                  kept = min(total, capacity)
  *   3. plan_place: one warp per chunk walks its slots in order, 32 at a time (match_any
  *                  ranks equal experts inside the 32), and writes row_of_slot / slot_of_row.
+ * pad_plan re-lays a plan with a fixed number of rows per expert (filler rows: slot -1).
  * Row gathers and combines move bf16 rows with 16-byte accesses when H % 8 == 0 and sum in
  * fp32 in a fixed order (no atomics).
  */
@@ -73,6 +74,28 @@ __global__ void plan_scan(int32_t *__restrict__ hist, int nchunks, int e, int64_
     }
 }
 
+/* Expert row offsets (exclusive scan of kept) and kept into shared memory, by one warp,
+ * 32 experts a step; the block synchronises before reading them. */
+static __device__ void expert_offsets(const int32_t *__restrict__ kept, int e, int32_t *s_off,
+                                      int32_t *s_kept)
+{
+    int lane = threadIdx.x % 32;
+    int32_t carry = 0;
+    for (int j0 = 0; j0 < e; j0 += 32) {
+        int j = j0 + lane;
+        int32_t v = j < e ? kept[j] : 0, incl = v;
+        for (int o = 1; o < 32; o <<= 1) {
+            int32_t u = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += u;
+        }
+        if (j < e) {
+            s_off[j] = carry + incl - v;
+            s_kept[j] = v;
+        }
+        carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+}
+
 __global__ void plan_place(const int32_t *__restrict__ idx, int64_t slots, int nchunks, int e,
                            const int32_t *__restrict__ base, const int32_t *__restrict__ kept,
                            int32_t *__restrict__ row_of_slot, int32_t *__restrict__ slot_of_row)
@@ -80,23 +103,7 @@ __global__ void plan_place(const int32_t *__restrict__ idx, int64_t slots, int n
     extern __shared__ int32_t smem[];
     int32_t *s_off = smem, *s_kept = smem + e, *s_rank = smem + 2 * e;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    /* expert row offsets: exclusive scan of kept, 32 experts per step by warp 0 */
-    if (warp == 0) {
-        int32_t carry = 0;
-        for (int j0 = 0; j0 < e; j0 += 32) {
-            int j = j0 + lane;
-            int32_t v = j < e ? kept[j] : 0, incl = v;
-            for (int o = 1; o < 32; o <<= 1) {
-                int32_t u = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += u;
-            }
-            if (j < e) {
-                s_off[j] = carry + incl - v;
-                s_kept[j] = v;
-            }
-            carry += __shfl_sync(0xffffffffu, incl, 31);
-        }
-    }
+    if (warp == 0) expert_offsets(kept, e, s_off, s_kept);
     int c = blockIdx.x * PLACE_WARPS + warp;
     int32_t *rank = s_rank + warp * e;
     if (c < nchunks)
@@ -149,6 +156,49 @@ extern "C" cudaError_t moe_cuda_plan(const int32_t *topk_idx, int64_t n, int32_t
     return cudaGetLastError();
 }
 
+/* The plan re-laid with `stride` rows per expert (moe_pad_plan_t): slots' rows move to their
+ * expert's block, the padded slot_of_row gets -1 past each expert's kept rows. */
+__global__ void pad_plan_kernel(const int32_t *__restrict__ idx, int64_t slots, int e,
+                                const int32_t *__restrict__ kept, int64_t stride,
+                                const int32_t *__restrict__ slot_of_row,
+                                int32_t *__restrict__ row_of_slot, int32_t *__restrict__ padded)
+{
+    extern __shared__ int32_t smem[];
+    int32_t *s_off = smem, *s_kept = smem + e;
+    if (threadIdx.x < 32) expert_offsets(kept, e, s_off, s_kept);
+    __syncthreads();
+    int64_t total = (int64_t)e * stride, n = slots > total ? slots : total;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        if (i < slots) {
+            int32_t r = row_of_slot[i];
+            if (r >= 0) {
+                int ex = idx[i];
+                row_of_slot[i] = (int32_t)(ex * stride + (r - s_off[ex]));
+            }
+        }
+        if (i < total) {
+            int ex = (int)(i / stride);
+            int64_t j = i - ex * stride;
+            padded[i] = j < s_kept[ex] ? slot_of_row[s_off[ex] + j] : -1;
+        }
+    }
+}
+
+extern "C" cudaError_t moe_cuda_pad_plan(const int32_t *topk_idx, int64_t n, int32_t k, int32_t e,
+                                         const int32_t *kept, int64_t stride,
+                                         const int32_t *slot_of_row, int32_t *row_of_slot,
+                                         int32_t *padded_slot_of_row, cudaStream_t stream)
+{
+    if (e > MAX_PLAN_E || stride <= 0) return cudaErrorInvalidValue;
+    int64_t slots = n * k, total = (int64_t)e * stride, work = slots > total ? slots : total;
+    int64_t blocks = (work + 255) / 256;
+    pad_plan_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), 256,
+                      2 * sizeof(int32_t) * (size_t)e, stream>>>(
+        topk_idx, slots, e, kept, stride, slot_of_row, row_of_slot, padded_slot_of_row);
+    return cudaGetLastError();
+}
+
 /* ---- rows ----------------------------------------------------------------------------------- */
 
 template <int VEC>
@@ -158,12 +208,13 @@ __global__ void gather_rows_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_b
 {
     int64_t r = blockIdx.x;
     int32_t slot = slot_of_row[r];
-    const __nv_bfloat16 *in = src + (int64_t)(slot / k) * h;
+    bool pad = slot < 0; /* a padded layout's filler row: zeros */
+    const __nv_bfloat16 *in = src + (int64_t)(pad ? 0 : slot / k) * h;
     __nv_bfloat16 *out = dst + r * h;
-    float c = scale ? scale[slot] : 1.0f;
+    float c = pad ? 0.0f : scale ? scale[slot] : 1.0f;
     for (int64_t i = (int64_t)threadIdx.x * VEC; i < h; i += (int64_t)blockDim.x * VEC) {
-        float v[VEC];
-        load_vec<VEC>(in + i, v);
+        float v[VEC] = {};
+        if (!pad) load_vec<VEC>(in + i, v);
 #pragma unroll
         for (int j = 0; j < VEC; j++) v[j] *= c;
         store_vec<VEC>(out + i, v);

@@ -58,6 +58,13 @@ cudaError_t moe_cuda_plan(const int32_t *topk_idx, int64_t n, int32_t k, int32_t
                           int64_t capacity, int32_t *row_of_slot, int32_t *slot_of_row,
                           int32_t *kept, int32_t *scratch, cudaStream_t stream);
 
+/* The plan re-laid with `stride` rows per expert (see moe_pad_plan_t). */
+cudaError_t moe_cuda_pad_plan(const int32_t *topk_idx, int64_t n, int32_t k, int32_t e,
+                              const int32_t *kept, int64_t stride, const int32_t *slot_of_row,
+                              int32_t *row_of_slot, int32_t *padded_slot_of_row,
+                              cudaStream_t stream);
+
+/* Rows with slot_of_row < 0 (a padded layout's filler) are written as zeros. */
 cudaError_t moe_cuda_gather_rows(void *dst, const void *src, const int32_t *slot_of_row,
                                  int32_t k, const float *scale, int64_t rows, int64_t h,
                                  cudaStream_t stream);

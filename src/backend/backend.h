@@ -81,6 +81,21 @@ typedef struct moe_plan {
     int64_t *host_kept;        /* host i64 [E]: the same, copied to the host (the one sync) */
 } moe_plan_t;
 
+/* A plan re-laid with `stride` rows per expert (stride >= every kept count) so that all
+ * experts have equal row counts and their GEMMs can run batched: expert e's rows move from
+ * [offset_e, offset_e + kept_e) to [e*stride, e*stride + kept_e); the rest of its block is
+ * filler (slot -1: gathered as zeros, never combined, so it adds nothing to any gradient). */
+typedef struct moe_pad_plan {
+    int64_t n;
+    int32_t e, k;
+    int64_t stride;
+    const int32_t *topk_idx;      /* i32 [N,K] */
+    const int32_t *kept;          /* i32 [E] the plan's */
+    const int32_t *slot_of_row;   /* i32 [R] the plan's */
+    int32_t *row_of_slot;         /* i32 [N,K] the plan's, rewritten in place */
+    int32_t *padded_slot_of_row;  /* i32 [E*stride] */
+} moe_pad_plan_t;
+
 /* Expert FFN (SwiGLU) over El experts with variable row counts.
  *   hpre[r] = xp[r] · w1[e]      ([R,2,F]: gate at [:,0,:], up at [:,1,:])
  *   act[r]  = silu(gate) * up    ([R,F])
@@ -154,7 +169,12 @@ typedef struct moe_backend_ops {
     moe_status_t (*router_forward)(void *ctx, const moe_router_fwd_t *a);
     moe_status_t (*router_backward)(void *ctx, const moe_router_bwd_t *a);
     moe_status_t (*plan)(void *ctx, const moe_plan_t *a);
-    /* dst[r,:] = src[slot_of_row[r] / K, :] * (scale ? scale[slot_of_row[r]] : 1), r < rows */
+    /* Rows per expert of a padded layout that suits this backend's expert GEMMs better than
+     * the compact one, for these kept counts ([El]); 0 keeps the compact layout. NULL: never. */
+    int64_t (*expert_row_stride)(void *ctx, int32_t el, const int64_t *kept);
+    moe_status_t (*pad_plan)(void *ctx, const moe_pad_plan_t *a);
+    /* dst[r,:] = src[slot_of_row[r] / K, :] * (scale ? scale[slot_of_row[r]] : 1), r < rows;
+     * zeros where slot_of_row[r] < 0 */
     moe_status_t (*gather_rows)(void *ctx, void *dst, const void *src, const int32_t *slot_of_row,
                                 int32_t k, const float *scale, int64_t rows, int64_t h);
     /* dst[t,:] = sum_k (w ? w[t,k] : 1) * src[row_of_slot[t,k], :] over kept slots (no

@@ -466,6 +466,29 @@ static int64_t capacity_for(const moe_layer_t *l, int64_t n)
     return (int64_t)ceil((double)l->cfg.capacity_factor * (double)n * l->k / (double)l->e);
 }
 
+/* Re-lay the slot's plan with `stride` rows per expert, the layout the backend's expert
+ * GEMMs asked for (single-rank path: El = E): the padded slot_of_row replaces the plan's and
+ * the row offsets become e * stride. */
+static moe_status_t pad_rows(moe_layer_t *l, moe_slot_t *s, int64_t stride)
+{
+    int32_t *padded = NULL;
+    MOE_TRY(alloc_dev(l->rt, sizeof(int32_t) * (size_t)(l->el * stride), &padded));
+    moe_pad_plan_t a = {
+        .n = s->n, .e = l->e, .k = l->k, .stride = stride, .topk_idx = s->topk_idx,
+        .kept = s->kept, .slot_of_row = s->slot_of_row, .row_of_slot = s->row_of_slot,
+        .padded_slot_of_row = padded,
+    };
+    moe_status_t st = MOE_OPS(l->rt)->pad_plan(MOE_CTX(l->rt), &a);
+    if (st != MOE_STATUS_SUCCESS) {
+        free_dev(l->rt, &padded);
+        return st;
+    }
+    free_dev(l->rt, &s->slot_of_row);
+    s->slot_of_row = padded;
+    for (int32_t j = 0; j <= l->el; j++) s->host_offsets[j] = j * stride;
+    return MOE_STATUS_SUCCESS;
+}
+
 static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
                                  moe_tensor_t *y)
 {
@@ -489,6 +512,9 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
     MOE_TRY_GOTO(st, moe_routing_fetch(l, s, &routing));
     s->host_offsets[0] = 0;
     for (int32_t j = 0; j < l->el; j++) s->host_offsets[j + 1] = s->host_offsets[j] + s->host_kept[j];
+    int64_t stride = ops->expert_row_stride && n > 0
+                         ? ops->expert_row_stride(ctx, l->el, s->host_kept) : 0;
+    if (stride > 0) MOE_TRY_GOTO(st, pad_rows(l, s, stride));
     int64_t rows = s->host_offsets[l->el];
     MOE_TRY_GOTO(st, slot_alloc_rows(l, s, rows));
     if (rows > 0) {

@@ -14,7 +14,7 @@
 typedef struct moe_slot {
     bool in_use;
     int64_t n;                 /* tokens */
-    int64_t rows;              /* R */
+    int64_t rows;              /* R (filler rows included when the layout is padded) */
     void *x;                   /* act [N,H] copy of the input */
     float *logits;             /* f32 [N,E] */
     int32_t *topk_idx;         /* i32 [N,K] */
@@ -23,7 +23,7 @@ typedef struct moe_slot {
     float *score_mean;         /* f32 [E] */
     float *router_stats;       /* f32 [2] */
     int32_t *row_of_slot;      /* i32 [N,K] */
-    int32_t *slot_of_row;      /* i32 [N*K] */
+    int32_t *slot_of_row;      /* i32 [N*K], or [El*stride] once padded (-1: filler) */
     int32_t *kept;             /* i32 [E] */
     int64_t *host_kept;        /* host [E] */
     int64_t *host_offsets;     /* host [El+1] row offsets of the local experts */

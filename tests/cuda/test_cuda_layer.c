@@ -181,6 +181,14 @@ static void run_case(const layer_case_t *lc)
     float st_g[3] = {(float)sg.aux_loss, (float)sg.z_loss, (float)sg.entropy};
     check_close("stats (aux, z, entropy)", st_g, st_h, 3, 1e-5);
     fprintf(stderr, "  dropped %lld of %lld slots\n", (long long)sg.dropped_slots, (long long)sg.slots);
+    /* the rows the GPU experts ran: compact, or padded where the backend asked for it (the
+     * host side is always compact, so the comparisons below cover the padded layout) */
+    int64_t kept = 0;
+    for (int32_t j = 0; j < lc->e; j++) kept += tg[j];
+    int64_t stride = MOE_OPS(gs.rt)->expert_row_stride(MOE_CTX(gs.rt), lc->e, tg);
+    assert_int_equal(gs.layer->slots[0].rows, stride > 0 ? lc->e * stride : kept);
+    fprintf(stderr, "  expert rows %s: %lld for %lld kept\n", stride > 0 ? "padded" : "compact",
+            (long long)gs.layer->slots[0].rows, (long long)kept);
 
     fill_bf16(&rng, dy, nh, 1.0);
     put(&hs, &hs.dy, dy);
@@ -238,6 +246,8 @@ static void test_layers(void **state)
         {"softmax dropless", 512, 128, 96, 16, 2, MOE_SCORE_SOFTMAX, 0, 0},
         {"sigmoid capacity 1.0 + bias", 600, 64, 40, 8, 3, MOE_SCORE_SIGMOID, 1.0f, 1},
         {"softmax E=64 K=8", 256, 64, 32, 64, 8, MOE_SCORE_SOFTMAX, 0, 0},
+        /* capacity near the mean load: filler under a quarter, so the GPU pads */
+        {"softmax E=32 capacity 1.1", 2048, 64, 32, 32, 2, MOE_SCORE_SOFTMAX, 1.1f, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }

@@ -242,6 +242,26 @@ static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, tes
     assert_memory_equal(g_ros, ros, 4 * s);
     assert_memory_equal(g_sor, sor, 4 * rows);
     fprintf(stderr, "  %lld rows kept of %lld slots: identical\n", (long long)rows, (long long)s);
+
+    /* the same plan re-laid with a fixed stride per expert (3 filler rows past the largest) */
+    int64_t stride = 3;
+    for (int32_t j = 0; j < e; j++) stride = kept[j] + 3 > stride ? kept[j] + 3 : stride;
+    int32_t *pad = malloc(4 * (size_t)(e * stride)), *g_pad = malloc(4 * (size_t)(e * stride));
+    moe_pad_plan_t ha = {.n = n, .e = e, .k = k, .stride = stride, .topk_idx = idx, .kept = kept,
+                         .slot_of_row = sor, .row_of_slot = ros, .padded_slot_of_row = pad};
+    TEST_OK(P.host.ops->pad_plan(P.host.ctx, &ha));
+    moe_pad_plan_t ga = {.n = n, .e = e, .k = k, .stride = stride, .topk_idx = gp.topk_idx,
+                         .kept = gp.kept, .slot_of_row = gp.slot_of_row, .row_of_slot = gp.row_of_slot,
+                         .padded_slot_of_row = gpu_poison(&P, 4 * (size_t)(e * stride), true)};
+    TEST_OK(P.cuda.ops->pad_plan(P.cuda.ctx, &ga));
+    gpu_down_i32(&P, g_ros, ga.row_of_slot, s);
+    gpu_down_i32(&P, g_pad, ga.padded_slot_of_row, e * stride);
+    assert_memory_equal(g_ros, ros, 4 * s);
+    assert_memory_equal(g_pad, pad, 4 * (size_t)(e * stride));
+    fprintf(stderr, "  padded to %lld rows per expert: identical\n", (long long)stride);
+    gpu_free(&P, ga.padded_slot_of_row);
+    free(pad);
+    free(g_pad);
     gpu_free(&P, (void *)gp.topk_idx);
     gpu_free(&P, gp.row_of_slot);
     gpu_free(&P, gp.slot_of_row);
@@ -300,6 +320,20 @@ static void run_rows_case(int64_t n, int32_t k, int64_t h, test_rng_t *rng)
         gpu_down_bf16(&P, got, out, rows * h);
         check_close(scaled ? "gather_rows (scaled)" : "gather_rows", got, ref, rows * h, 1e-2);
         gpu_free(&P, out);
+
+        /* filler rows (slot -1, a padded layout's) come out as zeros over the poison */
+        int32_t *fsor = malloc(4 * (size_t)(rows + 1));
+        for (int64_t r = 0; r < rows; r++) fsor[r] = r % 7 == 3 ? -1 : sor[r];
+        int32_t *gfsor = gpu_up_i32(&P, fsor, rows);
+        out = gpu_poison(&P, 2 * rows * h, false);
+        HOST(gather_rows, ref, x, fsor, k, scaled ? w : NULL, rows, h);
+        CUDA(gather_rows, out, gx, gfsor, k, scaled ? gw : NULL, rows, h);
+        gpu_down_bf16(&P, got, out, rows * h);
+        for (int64_t i = 0; i < h; i++) assert_true(ref[3 * h + i] == 0.0f && got[3 * h + i] == 0.0f);
+        check_close("gather_rows (filler rows)", got, ref, rows * h, 1e-2);
+        gpu_free(&P, out);
+        gpu_free(&P, gfsor);
+        free(fsor);
 
         out = gpu_poison(&P, 2 * n * h, false);
         HOST(combine, ref, src, ros, scaled ? w : NULL, n, k, h);

@@ -5,7 +5,8 @@
  *  - per-expert counts equal an independent top-k histogram; capacity keeps each expert's
  *    first `capacity` slots in token order;
  *  - the output equals the naive sum_k w * FFN_e(x) of the oracle;
- *  - the same inputs give bitwise-equal outputs.
+ *  - the same inputs give bitwise-equal outputs;
+ *  - pad_plan (the padded layout a backend may ask for) keeps all of the above per expert.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -238,6 +239,55 @@ static void test_all_tokens_to_one_expert(void **state)
 }
 
 /* A rank with no tokens: forward and backward succeed and touch nothing. */
+/* pad_plan on the saved plan of a forward with capacity drop: every kept slot moves to its
+ * expert's block of `stride` rows, keeping its place in the expert's order; dropped slots stay
+ * dropped; the padded slot_of_row inverts the new row_of_slot and the rest of it is filler. */
+static void test_pad_plan(void **state)
+{
+    (void)state;
+    test_rng_t rng = {base_seed};
+    shape_t sh = {200, 8, 4, 6, 2};
+    moe_layer_config_t cfg = config_for(&sh, MOE_SCORE_SOFTMAX, 1, 0.8f);
+    fixture_t fx;
+    fixture_init(&fx, &cfg, sh.n, &rng, 1.0);
+    float *y = malloc(sizeof(float) * (size_t)(sh.n * sh.h));
+    fixture_forward(&fx, y);
+    const moe_slot_t *s = &fx.layer->slots[0];
+    int64_t slots = sh.n * sh.k, stride = 0, kept = 0, off[6 + 1] = {0};
+    for (int32_t j = 0; j < sh.e; j++) {
+        stride = s->kept[j] + 5 > stride ? s->kept[j] + 5 : stride;
+        off[j + 1] = off[j] + s->kept[j];
+        kept += s->kept[j];
+    }
+    assert_true(kept < slots); /* the capacity dropped some */
+    int32_t *ros = malloc(sizeof(int32_t) * (size_t)slots), *pad = malloc(sizeof(int32_t) * (size_t)(sh.e * stride));
+    memcpy(ros, s->row_of_slot, sizeof(int32_t) * (size_t)slots);
+    moe_pad_plan_t a = {.n = sh.n, .e = sh.e, .k = sh.k, .stride = stride, .topk_idx = s->topk_idx,
+                        .kept = s->kept, .slot_of_row = s->slot_of_row, .row_of_slot = ros,
+                        .padded_slot_of_row = pad};
+    TEST_OK(MOE_OPS(fx.rt)->pad_plan(MOE_CTX(fx.rt), &a));
+    for (int64_t i = 0; i < slots; i++) {
+        int32_t was = s->row_of_slot[i], ex = s->topk_idx[i];
+        if (was < 0) {
+            assert_int_equal(ros[i], -1);
+            continue;
+        }
+        assert_int_equal(ros[i], ex * stride + (was - off[ex]));
+        assert_int_equal(pad[ros[i]], i);
+    }
+    int64_t filler = 0;
+    for (int64_t r = 0; r < sh.e * stride; r++) {
+        filler += pad[r] < 0;
+        if (pad[r] >= 0) assert_true(r % stride < s->kept[r / stride]);
+    }
+    assert_int_equal(filler, sh.e * stride - kept);
+    free(ros);
+    free(pad);
+    free(y);
+    TEST_OK(moe_layer_release_slot(fx.layer, 0));
+    fixture_free(&fx);
+}
+
 static void test_zero_tokens(void **state)
 {
     (void)state;
@@ -267,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_capacity_that_drops_most),
         cmocka_unit_test(test_all_tokens_to_one_expert),
         cmocka_unit_test(test_zero_tokens),
+        cmocka_unit_test(test_pad_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -58,6 +58,7 @@ moe_status_t moe_cuda_workspace(cuda_ctx_t *c, size_t bytes, void **out);
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a);
 moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a);
 moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a);
+moe_status_t moe_cuda_pad_plan_op(void *ctx, const moe_pad_plan_t *a);
 moe_status_t moe_cuda_gather_rows_op(void *ctx, void *dst, const void *src,
                                      const int32_t *slot_of_row, int32_t k, const float *scale,
                                      int64_t rows, int64_t h);
@@ -66,6 +67,7 @@ moe_status_t moe_cuda_combine_op(void *ctx, void *dst, const void *src, const in
 moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *dy,
                                              const void *rows, const int32_t *row_of_slot,
                                              int64_t n, int32_t k, int64_t h);
+int64_t moe_cuda_expert_row_stride(void *ctx, int32_t el, const int64_t *kept);
 moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a);
 moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a);
 moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a);

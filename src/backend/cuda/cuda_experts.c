@@ -109,6 +109,24 @@ static int64_t uniform_rows(const moe_experts_t *x)
     return rows > 0 ? rows : -1;
 }
 
+/* Padding every expert to the largest count (rounded to 8 rows) lets their GEMMs run as one
+ * strided-batched call per kind; worth it for many small experts (where the per-expert loop
+ * is launch- and wave-bound) while the filler stays under a quarter of the rows (measured:
+ * docs/cuda-backend.md). Forcing a per-expert mode keeps the compact layout. */
+int64_t moe_cuda_expert_row_stride(void *ctx, int32_t el, const int64_t *kept)
+{
+    const cuda_ctx_t *c = ctx;
+    if (c->gemm_mode != CUDA_GEMM_AUTO && c->gemm_mode != CUDA_GEMM_BATCHED) return 0;
+    int64_t total = 0, most = 0;
+    for (int32_t e = 0; e < el; e++) {
+        total += kept[e];
+        most = kept[e] > most ? kept[e] : most;
+    }
+    if (total == 0 || most * el == total || el < 16 || total / el >= 2048) return 0;
+    int64_t stride = (most + 7) / 8 * 8;
+    return stride * el <= total + total / 4 && stride * el <= INT32_MAX ? stride : 0;
+}
+
 static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
 {
     int64_t uni = uniform_rows(x);

@@ -110,6 +110,14 @@ moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a)
     return MOE_STATUS_SUCCESS;
 }
 
+moe_status_t moe_cuda_pad_plan_op(void *ctx, const moe_pad_plan_t *a)
+{
+    cuda_ctx_t *c = ctx;
+    MOE_LAUNCH(moe_cuda_pad_plan(a->topk_idx, a->n, a->k, a->e, a->kept, a->stride, a->slot_of_row,
+                                 a->row_of_slot, a->padded_slot_of_row, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_cuda_gather_rows_op(void *ctx, void *dst, const void *src,
                                      const int32_t *slot_of_row, int32_t k, const float *scale,
                                      int64_t rows, int64_t h)

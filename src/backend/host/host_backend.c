@@ -100,6 +100,7 @@ static const moe_backend_ops_t host_ops = {
     .router_forward = moe_host_router_forward,
     .router_backward = moe_host_router_backward,
     .plan = moe_host_plan,
+    .pad_plan = moe_host_pad_plan,
     .gather_rows = moe_host_gather_rows,
     .combine = moe_host_combine,
     .combine_weight_grad = moe_host_combine_weight_grad,

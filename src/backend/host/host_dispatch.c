@@ -45,6 +45,25 @@ moe_status_t moe_host_plan(void *ctx, const moe_plan_t *a)
     return MOE_STATUS_SUCCESS;
 }
 
+moe_status_t moe_host_pad_plan(void *ctx, const moe_pad_plan_t *a)
+{
+    (void)ctx;
+    int64_t *off = malloc(sizeof(int64_t) * ((size_t)a->e + 1));
+    if (!off) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "pad_plan scratch for E=%d", a->e);
+    off[0] = 0;
+    for (int32_t ex = 0; ex < a->e; ex++) off[ex + 1] = off[ex] + a->kept[ex];
+    for (int64_t s = 0; s < a->n * a->k; s++) {
+        int32_t r = a->row_of_slot[s], ex = a->topk_idx[s];
+        if (r >= 0) a->row_of_slot[s] = (int32_t)(ex * a->stride + (r - off[ex]));
+    }
+    for (int32_t ex = 0; ex < a->e; ex++)
+        for (int64_t j = 0; j < a->stride; j++)
+            a->padded_slot_of_row[ex * a->stride + j] =
+                j < a->kept[ex] ? a->slot_of_row[off[ex] + j] : -1;
+    free(off);
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_host_gather_rows(void *ctx, void *dst, const void *src,
                                   const int32_t *slot_of_row, int32_t k, const float *scale,
                                   int64_t rows, int64_t h)
@@ -54,6 +73,10 @@ moe_status_t moe_host_gather_rows(void *ctx, void *dst, const void *src,
     const float *s = src;
     for (int64_t r = 0; r < rows; r++) {
         int32_t slot = slot_of_row[r];
+        if (slot < 0) { /* a padded layout's filler row */
+            memset(d + r * h, 0, sizeof(float) * (size_t)h);
+            continue;
+        }
         const float *row = s + (int64_t)(slot / k) * h;
         float c = scale ? scale[slot] : 1.0f;
         for (int64_t i = 0; i < h; i++) d[r * h + i] = c * row[i];

@@ -7,6 +7,7 @@
 moe_status_t moe_host_router_forward(void *ctx, const moe_router_fwd_t *a);
 moe_status_t moe_host_router_backward(void *ctx, const moe_router_bwd_t *a);
 moe_status_t moe_host_plan(void *ctx, const moe_plan_t *a);
+moe_status_t moe_host_pad_plan(void *ctx, const moe_pad_plan_t *a);
 moe_status_t moe_host_gather_rows(void *ctx, void *dst, const void *src,
                                   const int32_t *slot_of_row, int32_t k, const float *scale,
                                   int64_t rows, int64_t h);
