@@ -86,34 +86,27 @@ struct token_row {
 
     static __device__ __forceinline__ int expert(int sub, int i) { return sub * EPL + i; }
 
-    /* The lane's logits of one row into v (-inf for padding experts, 0 when !valid). */
-    static __device__ void fetch(float (&v)[EPL], const float *row, int e, int sub, bool valid,
-                                 bool vec)
+    __device__ void load(const float *row, int e, int sub, int score_fn, bool valid, bool vec)
     {
         if (vec) {
 #pragma unroll
             for (int i = 0; i < EPL; i += 4) {
                 int j = expert(sub, i);
-                float4 q = valid && j < e ? *reinterpret_cast<const float4 *>(row + j)
+                float4 v = valid && j < e ? *reinterpret_cast<const float4 *>(row + j)
                                           : make_float4(0, 0, 0, 0);
                 bool real = j < e; /* E % 4 == 0: all four or none */
-                v[i] = real ? q.x : -INFINITY;
-                v[i + 1] = real ? q.y : -INFINITY;
-                v[i + 2] = real ? q.z : -INFINITY;
-                v[i + 3] = real ? q.w : -INFINITY;
+                l[i] = real ? v.x : -INFINITY;
+                l[i + 1] = real ? v.y : -INFINITY;
+                l[i + 2] = real ? v.z : -INFINITY;
+                l[i + 3] = real ? v.w : -INFINITY;
             }
         } else {
 #pragma unroll
             for (int i = 0; i < EPL; i++) {
                 int j = expert(sub, i);
-                v[i] = j >= e ? -INFINITY : valid ? row[j] : 0.0f;
+                l[i] = j >= e ? -INFINITY : valid ? row[j] : 0.0f;
             }
         }
-    }
-
-    __device__ void load(const float *row, int e, int sub, int score_fn, bool valid, bool vec)
-    {
-        fetch(l, row, e, sub, valid, vec);
         scores(e, sub, score_fn);
     }
 
@@ -329,21 +322,12 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
     }
     float z_acc = 0, ent_acc = 0;
     int64_t first = ((int64_t)blockIdx.x * WARPS + warp) * iters * GROUPS;
-    /* the next pass's logits are loaded before this pass computes, so the load's latency
-     * hides behind the math */
-    float next[EPL];
-    row_t::fetch(next, logits + (first + grp < n ? first + grp : 0) * e, e, sub, first + grp < n, vec);
     for (int it = 0; it < iters; it++) {
         int64_t t0 = first + (int64_t)it * GROUPS, t = t0 + grp;
         if (t0 >= n) break; /* warp-uniform */
         bool valid = t < n;
         row_t r;
-#pragma unroll
-        for (int i = 0; i < EPL; i++) r.l[i] = next[i];
-        int64_t tn = t + GROUPS;
-        bool vn = it + 1 < iters && tn < n;
-        row_t::fetch(next, logits + (vn ? tn : 0) * e, e, sub, vn, vec);
-        r.scores(e, sub, score_fn);
+        r.load(logits + (valid ? t : 0) * e, e, sub, score_fn, valid, vec);
         /* entropy -sum q log q; softmax: log q = logit - lse exactly, no log needed */
         float ent = 0;
 #pragma unroll
