@@ -581,18 +581,6 @@ static void *bubble_main(void *arg)
     return NULL;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void test_bubble(void **state)
 {
     (void)state;
@@ -629,7 +617,7 @@ static void test_bubble(void **state)
             }
             idle[k] = 1.0 - busy / (p * span);
         }
-        double mean = median(idle, steps); /* robust to one step disturbed by the machine */
+        double mean = test_median(idle, steps); /* robust to one step disturbed by the machine */
         printf("bubble %s p=%d v=%d m=%2d: measured idle (median of %d) %.4f, theoretical (p-1)/(m*v+p-1) = "
                "%.4f, diff %+.4f\n", ordered ? "ordered" : "prepost", p, v, m, steps, mean,
                theory, mean - theory);

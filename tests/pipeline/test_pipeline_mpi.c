@@ -296,18 +296,6 @@ static moe_status_t sl_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_tens
     return MOE_STATUS_SUCCESS;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void bubble(void)
 {
     moe_mesh_config_t mc = moe_mesh_config_default();
@@ -350,7 +338,7 @@ static void bubble(void)
             MPI_Allreduce(&ps.schedule_seconds, &span, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             idle[k] = 1.0 - busy / (p * span);
         }
-        double mean = median(idle, steps);
+        double mean = test_median(idle, steps);
         double theory = (double)(p - 1) / (m * v + p - 1);
         if (world_rank == 0)
             printf("bubble (mpi) p=%d v=%d m=%2d: measured idle (median of %d) %.4f, "

@@ -43,6 +43,18 @@ double test_rel_err(const float *a, const float *b, int64_t n)
     return sqrt(num / den);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double test_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 uint64_t test_seed(void)
 {
     const char *v = getenv("MOE_TEST_SEED");

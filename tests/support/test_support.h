@@ -21,6 +21,8 @@ void test_fill_normal(test_rng_t *r, float *x, int64_t n, double std);
 
 /* ||a - b|| / ||b|| in fp64 (0 when both are zero) */
 double test_rel_err(const float *a, const float *b, int64_t n);
+/* Median of v[0..n) (sorts v in place). */
+double test_median(double *v, int n);
 
 /* Abort the test with the library's message when a call fails. */
 #define TEST_OK(call)                                                                      \
