@@ -16,6 +16,37 @@ size_t moe_comm_dtype_size(moe_comm_dtype_t dt)
     return 0;
 }
 
+moe_status_t moe_comm_check_peer_tag(const moe_comm_t *c, const char *what, int peer, int tag)
+{
+    MOE_CHECK_ARG(peer >= 0 && peer < c->size && peer != c->rank,
+                  "%s: peer %d on the %s communicator of %d ranks (this is rank %d)", what, peer,
+                  c->name, c->size, c->rank);
+    MOE_CHECK_ARG(tag >= 0 && tag < MOE_COMM_MAX_TAG, "%s: tag %d is outside [0, %d)", what, tag,
+                  MOE_COMM_MAX_TAG);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_comm_check_root(const moe_comm_t *c, int root)
+{
+    MOE_CHECK_ARG(root >= 0 && root < c->size, "broadcast root %d on the %s communicator of %d ranks",
+                  root, c->name, c->size);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_comm_check_reduce_op(moe_reduce_op_t op)
+{
+    MOE_CHECK_ARG(op >= MOE_REDUCE_SUM && op <= MOE_REDUCE_MIN, "unknown reduce op %d", (int)op);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_comm_check_alltoallv(const size_t *send_counts, const size_t *send_displs,
+                                      const size_t *recv_counts, const size_t *recv_displs)
+{
+    MOE_CHECK_ARG(send_counts && send_displs && recv_counts && recv_displs,
+                  "alltoallv: counts or displacements are NULL");
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_comm_allreduce(moe_comm_t *c, const void *send, void *recv, size_t count,
                                 moe_comm_dtype_t dt, moe_reduce_op_t op)
 {

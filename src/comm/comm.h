@@ -125,6 +125,14 @@ moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size);
 bool moe_comm_have_mpi(void);
 bool moe_comm_have_nccl(void);
 
+/* Argument checks both implementations make before starting an operation (one wording on
+ * MPI and NCCL). `what` names the operation in the message. */
+moe_status_t moe_comm_check_peer_tag(const moe_comm_t *c, const char *what, int peer, int tag);
+moe_status_t moe_comm_check_root(const moe_comm_t *c, int root);
+moe_status_t moe_comm_check_reduce_op(moe_reduce_op_t op);
+moe_status_t moe_comm_check_alltoallv(const size_t *send_counts, const size_t *send_displs,
+                                      const size_t *recv_counts, const size_t *recv_displs);
+
 /* Blocking helpers (start + wait). */
 moe_status_t moe_comm_allreduce(moe_comm_t *c, const void *send, void *recv, size_t count,
                                 moe_comm_dtype_t dt, moe_reduce_op_t op);

@@ -380,7 +380,7 @@ static moe_status_t mpi_allreduce(moe_comm_t *c, const void *send, void *recv, s
 {
     MOE_TRY(check_live(c, "allreduce"));
     MOE_TRY(check_count(c, "allreduce", count));
-    MOE_CHECK_ARG(op >= MOE_REDUCE_SUM && op <= MOE_REDUCE_MIN, "unknown reduce op %d", (int)op);
+    MOE_TRY(moe_comm_check_reduce_op(op));
     MOE_CHECK_ARG(mpi_type(dt) != MPI_DATATYPE_NULL, "unknown dtype %d", (int)dt);
     mpi_impl_t *m = c->impl;
     size_t bytes = count * moe_comm_dtype_size(dt);
@@ -407,8 +407,7 @@ static moe_status_t mpi_broadcast(moe_comm_t *c, void *buf, size_t count, moe_co
 {
     MOE_TRY(check_live(c, "broadcast"));
     MOE_TRY(check_count(c, "broadcast", count));
-    MOE_CHECK_ARG(root >= 0 && root < c->size, "broadcast root %d on the %s communicator of %d ranks",
-                  root, c->name, c->size);
+    MOE_TRY(moe_comm_check_root(c, root));
     MOE_CHECK_ARG(mpi_type(dt) != MPI_DATATYPE_NULL, "unknown dtype %d", (int)dt);
     mpi_impl_t *m = c->impl;
     size_t bytes = count * moe_comm_dtype_size(dt);
@@ -434,8 +433,7 @@ static moe_status_t mpi_alltoallv(moe_comm_t *c, const void *send, const size_t 
                                   moe_comm_req_t **out)
 {
     MOE_TRY(check_live(c, "alltoallv"));
-    MOE_CHECK_ARG(send_counts && send_displs && recv_counts && recv_displs,
-                  "alltoallv: counts or displacements are NULL");
+    MOE_TRY(moe_comm_check_alltoallv(send_counts, send_displs, recv_counts, recv_displs));
     MOE_CHECK_ARG(mpi_type(dt) != MPI_DATATYPE_NULL, "unknown dtype %d", (int)dt);
     mpi_impl_t *m = c->impl;
     size_t es = moe_comm_dtype_size(dt);
@@ -509,11 +507,7 @@ static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count, mo
     const char *what = is_send ? "send" : "recv";
     MOE_TRY(check_live(c, what));
     MOE_TRY(check_count(c, what, count));
-    MOE_CHECK_ARG(peer >= 0 && peer < c->size && peer != c->rank,
-                  "%s: peer %d on the %s communicator of %d ranks (this is rank %d)", what, peer,
-                  c->name, c->size, c->rank);
-    MOE_CHECK_ARG(tag >= 0 && tag < MOE_COMM_MAX_TAG, "%s: tag %d is outside [0, %d)", what, tag,
-                  MOE_COMM_MAX_TAG);
+    MOE_TRY(moe_comm_check_peer_tag(c, what, peer, tag));
     MOE_CHECK_ARG(mpi_type(dt) != MPI_DATATYPE_NULL, "unknown dtype %d", (int)dt);
     mpi_impl_t *m = c->impl;
     size_t bytes = count * moe_comm_dtype_size(dt);

@@ -246,7 +246,7 @@ static moe_status_t nccl_allreduce(moe_comm_t *c, const void *send, void *recv, 
                                    moe_comm_dtype_t dt, moe_reduce_op_t op, moe_comm_req_t **out)
 {
     MOE_CHECK_ARG(nccl_type(dt) != ncclNumTypes, "unknown dtype %d", (int)dt);
-    MOE_CHECK_ARG(op >= MOE_REDUCE_SUM && op <= MOE_REDUCE_MIN, "unknown reduce op %d", (int)op);
+    MOE_TRY(moe_comm_check_reduce_op(op));
     MOE_TRY(begin(c, "allreduce"));
     nccl_impl_t *m = c->impl;
     ncclRedOp_t o = op == MOE_REDUCE_SUM ? ncclSum : op == MOE_REDUCE_MAX ? ncclMax : ncclMin;
@@ -258,8 +258,7 @@ static moe_status_t nccl_broadcast(moe_comm_t *c, void *buf, size_t count, moe_c
                                    int root, moe_comm_req_t **out)
 {
     MOE_CHECK_ARG(nccl_type(dt) != ncclNumTypes, "unknown dtype %d", (int)dt);
-    MOE_CHECK_ARG(root >= 0 && root < c->size, "broadcast root %d on the %s communicator of %d ranks",
-                  root, c->name, c->size);
+    MOE_TRY(moe_comm_check_root(c, root));
     MOE_TRY(begin(c, "broadcast"));
     nccl_impl_t *m = c->impl;
     MOE_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dt), root, m->comm, m->stream));
@@ -271,8 +270,7 @@ static moe_status_t nccl_alltoallv(moe_comm_t *c, const void *send, const size_t
                                    const size_t *recv_displs, moe_comm_dtype_t dt,
                                    moe_comm_req_t **out)
 {
-    MOE_CHECK_ARG(send_counts && send_displs && recv_counts && recv_displs,
-                  "alltoallv: counts or displacements are NULL");
+    MOE_TRY(moe_comm_check_alltoallv(send_counts, send_displs, recv_counts, recv_displs));
     MOE_CHECK_ARG(nccl_type(dt) != ncclNumTypes, "unknown dtype %d", (int)dt);
     MOE_TRY(begin(c, "alltoallv"));
     nccl_impl_t *m = c->impl;
@@ -296,11 +294,7 @@ static moe_status_t nccl_p2p(moe_comm_t *c, bool is_send, void *buf, size_t coun
 {
     const char *what = is_send ? "send" : "recv";
     MOE_CHECK_ARG(nccl_type(dt) != ncclNumTypes, "unknown dtype %d", (int)dt);
-    MOE_CHECK_ARG(peer >= 0 && peer < c->size && peer != c->rank,
-                  "%s: peer %d on the %s communicator of %d ranks (this is rank %d)", what, peer,
-                  c->name, c->size, c->rank);
-    MOE_CHECK_ARG(tag >= 0 && tag < MOE_COMM_MAX_TAG, "%s: tag %d is outside [0, %d)", what, tag,
-                  MOE_COMM_MAX_TAG);
+    MOE_TRY(moe_comm_check_peer_tag(c, what, peer, tag));
     MOE_TRY(begin(c, what));
     nccl_impl_t *m = c->impl;
     if (is_send)
