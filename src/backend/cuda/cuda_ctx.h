@@ -54,6 +54,13 @@ typedef struct cuda_ctx {
  * call. */
 moe_status_t moe_cuda_workspace(cuda_ctx_t *c, size_t bytes, void **out);
 
+/* bf16 x bf16 -> f32 or bf16 (ctype) with fp32 accumulation on the tensor cores, alpha = 1:
+ * the one cuBLAS GEMM call of the backend (column-major arguments as cublasGemmEx). */
+moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                           int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                           const void *b, int64_t ldb, float beta, void *c, cudaDataType_t ctype,
+                           int64_t ldc);
+
 /* op implementations (cuda_ops.c, cuda_experts.c) */
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a);
 moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a);

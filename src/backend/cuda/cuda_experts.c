@@ -82,12 +82,8 @@ static gemm_desc_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e,
 
 static moe_status_t run_one(cublasHandle_t h, const gemm_desc_t *g)
 {
-    const float alpha = 1.0f;
-    MOE_CUBLAS_CHECK(cublasGemmEx(h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &alpha, g->a,
-                                  CUDA_R_16BF, (int)g->lda, g->b, CUDA_R_16BF, (int)g->ldb,
-                                  &g->beta, g->c, g->ctype, (int)g->ldc, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-    return MOE_STATUS_SUCCESS;
+    return moe_cuda_gemm(h, g->ta, g->tb, g->m, g->n, g->k, g->a, g->lda, g->b, g->ldb, g->beta,
+                         g->c, g->ctype, g->ldc);
 }
 
 static moe_status_t run_batched(cublasHandle_t h, const gemm_desc_t *g, int32_t batch)

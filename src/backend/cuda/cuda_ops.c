@@ -13,10 +13,10 @@
 
 #define MOE_LAUNCH(call) MOE_CUDA_CHECK(call)
 
-/* bf16 x bf16 -> f32 or bf16, fp32 accumulation, tensor cores. */
-static moe_status_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
-                         int64_t n, int64_t k, const void *a, int64_t lda, const void *b,
-                         int64_t ldb, float beta, void *c, cudaDataType_t ctype, int64_t ldc)
+moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                           int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                           const void *b, int64_t ldb, float beta, void *c, cudaDataType_t ctype,
+                           int64_t ldc)
 {
     const float alpha = 1.0f;
     MOE_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, &alpha, a, CUDA_R_16BF,
@@ -27,12 +27,18 @@ static moe_status_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation
 
 /* ---- router --------------------------------------------------------------------------------- */
 
+static moe_status_t check_router_shape(int32_t e, int32_t k)
+{
+    if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K)
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= %d (E=%d K=%d)",
+                        MOE_ROUTER_MAX_E, MOE_ROUTER_MAX_K, e, k);
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
 {
     cuda_ctx_t *c = ctx;
-    if (a->e > MOE_ROUTER_MAX_E || a->k > MOE_ROUTER_MAX_K)
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= %d (E=%d K=%d)",
-                        MOE_ROUTER_MAX_E, MOE_ROUTER_MAX_K, a->e, a->k);
+    MOE_TRY(check_router_shape(a->e, a->k));
     if (a->n == 0) {
         MOE_CUDA_CHECK(cudaMemsetAsync(a->counts, 0, sizeof(int32_t) * (size_t)a->e, c->stream));
         MOE_CUDA_CHECK(cudaMemsetAsync(a->score_mean, 0, sizeof(float) * (size_t)a->e, c->stream));
@@ -46,7 +52,7 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
      * (docs/cuda-backend.md): a copy of wg transposed to K-major was 1.2x-2.1x slower in
      * cuBLAS; logits computed inside the selection kernel (no GEMM launch) were 3.6x-21x
      * slower even at N*H*E <= 2^27. */
-    MOE_TRY(gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x, a->h,
+    MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x, a->h,
                  0.0f, a->logits, CUDA_R_32F, a->e));
     MOE_LAUNCH(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
                                       a->renormalize, a->topk_idx, a->topk_w, a->counts,
@@ -58,9 +64,7 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
 moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
 {
     cuda_ctx_t *c = ctx;
-    if (a->e > MOE_ROUTER_MAX_E || a->k > MOE_ROUTER_MAX_K)
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= %d (E=%d K=%d)",
-                        MOE_ROUTER_MAX_E, MOE_ROUTER_MAX_K, a->e, a->k);
+    MOE_TRY(check_router_shape(a->e, a->k));
     if (a->n == 0) return MOE_STATUS_SUCCESS;
     /* dlogits in bf16 feeds the tensor-core GEMMs (the f32 copy is the op's output) */
     void *dl16;
@@ -73,10 +77,10 @@ moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
     MOE_CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
     MOE_CUDA_CHECK(cudaStreamWaitEvent(c->side[0], c->fork, 0));
     /* dwg [H,E] += x^T · dlogits  ==  dwg^T += dlogits^T · x */
-    MOE_TRY(gemm(c->side_cublas[0], CUBLAS_OP_N, CUBLAS_OP_T, a->e, a->h, a->n, dl16, a->e, a->x,
+    MOE_TRY(moe_cuda_gemm(c->side_cublas[0], CUBLAS_OP_N, CUBLAS_OP_T, a->e, a->h, a->n, dl16, a->e, a->x,
                  a->h, 1.0f, a->dwg, CUDA_R_32F, a->e));
     /* dx [N,H] += dlogits [N,E] · wg^T  ==  dx^T += wg · dlogits^T */
-    MOE_TRY(gemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, a->h, a->n, a->e, a->wg, a->e, dl16, a->e,
+    MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, a->h, a->n, a->e, a->wg, a->e, dl16, a->e,
                  1.0f, a->dx, CUDA_R_16BF, a->h));
     MOE_CUDA_CHECK(cudaEventRecord(c->join[0], c->side[0]));
     MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[0], 0));
