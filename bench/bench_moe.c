@@ -358,14 +358,16 @@ static void bench_layer(cudaStream_t stream, int only, bool profile)
             run_layer(&a, 2);
             CU(cudaStreamSynchronize(stream));
             CU(cudaProfilerStop());
-        }
-        for (int m = 0; m < (profile ? 0 : nmodes); m++) {
-            const char *v = forced && *forced ? forced : names[m];
-            if (nmodes > 1) c->gemm_mode = modes[m];
-            double ms = time_median(stream, run_layer, &a, 2, 10);
-            emit("layer_fwd_bwd", sh, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
-            ms = time_median(stream, run_layer_fwd, &a, 2, 10);
-            emit("layer_fwd", sh, v, ms, flops / 3 / TC_FLOPS * 1e3, "tc", flops / 3 / ms * 1e-9);
+        } else {
+            for (int m = 0; m < nmodes; m++) {
+                const char *v = forced && *forced ? forced : names[m];
+                if (nmodes > 1) c->gemm_mode = modes[m];
+                double ms = time_median(stream, run_layer, &a, 2, 10);
+                emit("layer_fwd_bwd", sh, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
+                ms = time_median(stream, run_layer_fwd, &a, 2, 10);
+                emit("layer_fwd", sh, v, ms, flops / 3 / TC_FLOPS * 1e3, "tc",
+                     flops / 3 / ms * 1e-9);
+            }
         }
         for (int i = 0; i < 4; i++) CK(moe_tensor_free(rt, ts[i]));
         CK(moe_layer_destroy(a.layer));
