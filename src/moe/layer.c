@@ -512,8 +512,7 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
     MOE_TRY_GOTO(st, moe_routing_fetch(l, s, &routing));
     s->host_offsets[0] = 0;
     for (int32_t j = 0; j < l->el; j++) s->host_offsets[j + 1] = s->host_offsets[j] + s->host_kept[j];
-    int64_t stride = ops->expert_row_stride && n > 0
-                         ? ops->expert_row_stride(ctx, l->el, s->host_kept) : 0;
+    int64_t stride = ops->expert_row_stride ? ops->expert_row_stride(ctx, l->el, s->host_kept) : 0;
     if (stride > 0) MOE_TRY_GOTO(st, pad_rows(l, s, stride));
     int64_t rows = s->host_offsets[l->el];
     MOE_TRY_GOTO(st, slot_alloc_rows(l, s, rows));
