@@ -37,6 +37,7 @@
 
 #include <xxhash.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "../runtime/runtime.h"
 #include "ckpt_internal.h"
@@ -111,13 +112,6 @@ struct moe_ckpt {
 };
 
 /* ---- small helpers ----------------------------------------------------------------------- */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
@@ -576,7 +570,7 @@ static void commit_job(moe_ckpt_t *ck, job_t *j)
                  j->step);
         set_async_error(ck, MOE_STATUS_ABORTED, "checkpoint agreement");
     }
-    double t = now_s();
+    double t = moe_now_s();
     pthread_mutex_lock(&ck->mu);
     if (committed) {
         ck->st.last_committed_step = j->step;
@@ -771,7 +765,7 @@ static int32_t list_len_ups(const upload_t *u)
 static moe_status_t progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms)
 {
     if (ck->world == 1 || !ck->comm_w) return MOE_STATUS_SUCCESS;
-    double t0 = now_s();
+    double t0 = moe_now_s();
     for (;;) {
         pthread_mutex_lock(&ck->mu);
         int32_t mine[2] = {list_len_jobs(ck->done), list_len_ups(ck->updone)}, mins[2];
@@ -826,7 +820,7 @@ static moe_status_t progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t t
         if (!drain) return MOE_STATUS_SUCCESS;
         pthread_mutex_lock(&ck->mu);
         int32_t busy[2] = {ck->st.pending_saves > 0 || (uploads && ck->st.pending_uploads > 0),
-                           timeout_ms >= 0 && (now_s() - t0) * 1000.0 > (double)timeout_ms};
+                           timeout_ms >= 0 && (moe_now_s() - t0) * 1000.0 > (double)timeout_ms};
         pthread_mutex_unlock(&ck->mu);
         int32_t any[2];
         MOE_TRY(moe_comm_allreduce(ck->comm_w, busy, any, 2, MOE_COMM_I32, MOE_REDUCE_MAX));
@@ -1134,7 +1128,7 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
 {
     moe_error_clear();
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
-    double t0 = now_s();
+    double t0 = moe_now_s();
     MOE_TRY(progress(ck, false, false, -1)); /* commit what every rank has made durable */
     job_t *j = calloc(1, sizeof *j);
     if (!j) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "save job");
@@ -1213,7 +1207,7 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
     pthread_mutex_lock(&ck->mu);
     j->all_queued = true;
     j->snap_failed = st != MOE_STATUS_SUCCESS;
-    ck->st.last_stall_s = now_s() - t0;
+    ck->st.last_stall_s = moe_now_s() - t0;
     pthread_cond_broadcast(&ck->cv);
     pthread_mutex_unlock(&ck->mu);
     if (st != MOE_STATUS_SUCCESS)

@@ -3,6 +3,10 @@
 
 #include "../core/error.h"
 
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
 size_t moe_comm_dtype_size(moe_comm_dtype_t dt)
 {
     switch (dt) {
@@ -14,6 +18,28 @@ size_t moe_comm_dtype_size(moe_comm_dtype_t dt)
     case MOE_COMM_U8: return 1;
     }
     return 0;
+}
+
+void moe_comm_describe_members(moe_comm_t *c, const int *world_ranks)
+{
+    size_t len = (size_t)snprintf(c->members, sizeof c->members, "world ranks ");
+    for (int i = 0; i < c->size && len < sizeof c->members; i++) {
+        int room = (int)(sizeof c->members - len);
+        int w = snprintf(c->members + len, (size_t)room, "%s%d", i ? "," : "", world_ranks[i]);
+        if (w >= room) { /* truncated: end with an ellipsis */
+            strcpy(c->members + sizeof c->members - 4, "...");
+            break;
+        }
+        len += (size_t)w;
+    }
+}
+
+void moe_comm_backoff(unsigned spin)
+{
+    if (spin > 64) {
+        struct timespec ts = {0, spin > 4096 ? 200000 : 20000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 moe_status_t moe_comm_check_peer_tag(const moe_comm_t *c, const char *what, int peer, int tag)

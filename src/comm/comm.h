@@ -133,6 +133,13 @@ moe_status_t moe_comm_check_reduce_op(moe_reduce_op_t op);
 moe_status_t moe_comm_check_alltoallv(const size_t *send_counts, const size_t *send_displs,
                                       const size_t *recv_counts, const size_t *recv_displs);
 
+/* Write "world ranks a,b,..." (the communicator's members, world_ranks[0..size), truncated
+ * with "..." when long) into c->members, for messages. */
+void moe_comm_describe_members(moe_comm_t *c, const int *world_ranks);
+/* Pause between polls of an operation in flight, growing with the poll count `spin`, so a
+ * wait stops burning a core that the peers may need. */
+void moe_comm_backoff(unsigned spin);
+
 /* Blocking helpers (start + wait). */
 moe_status_t moe_comm_allreduce(moe_comm_t *c, const void *send, void *recv, size_t count,
                                 moe_comm_dtype_t dt, moe_reduce_op_t op);

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "../core/bf16.h"
+#include "../core/clock.h"
 #include "../core/error.h"
 
 #define A2A_TAG (MOE_COMM_MAX_TAG + 1)
@@ -45,13 +46,6 @@ static const char *mpi_describe(int rc)
     MOE_CHECK_GEN(int, call, rc_ == MPI_SUCCESS, MOE_STATUS_COMM_ERROR, mpi_describe)
 #define MOE_MPI_CHECK_GOTO(st, call)                                                       \
     MOE_CHECK_GEN_GOTO(st, int, call, rc_ == MPI_SUCCESS, MOE_STATUS_COMM_ERROR, mpi_describe)
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
 
 /* ---- state ----------------------------------------------------------------------------------- */
 
@@ -311,13 +305,13 @@ static moe_status_t mpi_wait(moe_comm_t *c, moe_comm_req_t *r)
 {
     MOE_CHECK_ARG(r != NULL && is_inflight(c, r), "not an operation in flight on the %s communicator",
                   c->name);
-    double deadline = now_ms() + c->timeout_ms;
+    double deadline = moe_now_ms() + c->timeout_ms;
     for (unsigned spin = 0;; spin++) {
         bool done = false;
         const char *what = r->what;
         MOE_TRY(mpi_test(c, r, &done));
         if (done) return MOE_STATUS_SUCCESS;
-        if (now_ms() > deadline) {
+        if (moe_now_ms() > deadline) {
             mpi_impl_t *m = c->impl;
             char pending[160] = "";
             if (r->peer) { /* alltoallv: name the ranks whose rows have not arrived */
@@ -339,10 +333,7 @@ static moe_status_t mpi_wait(moe_comm_t *c, moe_comm_req_t *r)
                             "within %d ms%s: a peer is dead or stalled",
                             what, c->name, c->rank, c->size, c->members, c->timeout_ms, pending);
         }
-        if (spin > 64) { /* stop burning a core that the peers may need */
-            struct timespec ts = {0, spin > 4096 ? 200000 : 20000};
-            nanosleep(&ts, NULL);
-        }
+        moe_comm_backoff(spin);
     }
 }
 
@@ -585,11 +576,7 @@ static void mpi_destroy(moe_comm_t *c)
         for (int i = 0; i < 2; i++)
             if (r->stage[i] >= 0) m->pool[r->stage[i]].p = NULL; /* leaked, see above */
         r->stage[0] = r->stage[1] = -1;
-        if (r->reqs != r->inline_reqs) free(r->reqs);
-        free(r->peer);
-        free(r->expect);
-        free(r->back);
-        free(r);
+        req_free(c, r);
         r = next;
     }
     for (int i = 0; i < m->npool; i++)
@@ -626,21 +613,6 @@ static const moe_comm_ops_t mpi_ops = {
     .destroy = mpi_destroy,
 };
 
-static void describe_members(moe_comm_t *c)
-{
-    mpi_impl_t *m = c->impl;
-    size_t len = (size_t)snprintf(c->members, sizeof c->members, "world ranks ");
-    for (int i = 0; i < c->size && len < sizeof c->members; i++) {
-        int room = (int)(sizeof c->members - len);
-        int w = snprintf(c->members + len, (size_t)room, "%s%d", i ? "," : "", m->world_ranks[i]);
-        if (w >= room) { /* truncated: end with an ellipsis */
-            strcpy(c->members + sizeof c->members - 4, "...");
-            break;
-        }
-        len += (size_t)w;
-    }
-}
-
 /* Wrap an MPI communicator we own (errors set to return). */
 static moe_status_t wrap(MPI_Comm comm, int *world_ranks, const char *name, int timeout_ms,
                          const moe_backend_t *backend, bool device_buffers,
@@ -667,7 +639,7 @@ static moe_status_t wrap(MPI_Comm comm, int *world_ranks, const char *name, int 
     c->backend = backend;
     c->device_buffers = device_buffers;
     c->logger = logger;
-    describe_members(c);
+    moe_comm_describe_members(c, world_ranks);
     moe_status_t st = MOE_STATUS_SUCCESS;
     MOE_MPI_CHECK_GOTO(st, MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     MOE_MPI_CHECK_GOTO(st, MPI_Op_create(bf16_sum, 1, &m->bf16_op[0]));

@@ -26,26 +26,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 
 #define MOE_NCCL_CHECK(call)                                                               \
     MOE_CHECK_GEN(ncclResult_t, call, rc_ == ncclSuccess || rc_ == ncclInProgress,         \
                   MOE_STATUS_COMM_ERROR, ncclGetErrorString)
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
-static void nap(unsigned spin)
-{
-    if (spin > 64) {
-        struct timespec ts = {0, spin > 4096 ? 200000 : 20000};
-        nanosleep(&ts, NULL);
-    }
-}
 
 typedef struct nccl_impl {
     ncclComm_t comm;
@@ -100,7 +86,7 @@ static moe_status_t check_live(moe_comm_t *c, const char *what)
 /* Poll a non-blocking NCCL call (init, split, group end) until it settles. */
 static moe_status_t settle(moe_comm_t *c, ncclComm_t comm, const char *what)
 {
-    double deadline = now_ms() + c->timeout_ms;
+    double deadline = moe_now_ms() + c->timeout_ms;
     for (unsigned spin = 0;; spin++) {
         ncclResult_t state = ncclSuccess;
         ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
@@ -117,7 +103,7 @@ static moe_status_t settle(moe_comm_t *c, ncclComm_t comm, const char *what)
             else ncclCommAbort(comm);
             return st;
         }
-        if (now_ms() > deadline) {
+        if (moe_now_ms() > deadline) {
             char why[96];
             snprintf(why, sizeof why, "a timeout in %s", what);
             if (c->impl) mark_dead(c, why);
@@ -127,7 +113,7 @@ static moe_status_t settle(moe_comm_t *c, ncclComm_t comm, const char *what)
                             "within %d ms: a peer is dead or stalled (ncclCommAbort called)",
                             what, c->name, c->rank, c->size, c->members, c->timeout_ms);
         }
-        nap(spin);
+        moe_comm_backoff(spin);
     }
 }
 
@@ -221,13 +207,13 @@ static moe_status_t nccl_wait(moe_comm_t *c, moe_comm_req_t *r)
 {
     MOE_CHECK_ARG(r && is_inflight(c, r), "not an operation in flight on the %s communicator",
                   c->name);
-    double deadline = now_ms() + c->timeout_ms;
+    double deadline = moe_now_ms() + c->timeout_ms;
     const char *what = r->what;
     for (unsigned spin = 0;; spin++) {
         bool done = false;
         MOE_TRY(nccl_test(c, r, &done));
         if (done) return MOE_STATUS_SUCCESS;
-        if (now_ms() > deadline) {
+        if (moe_now_ms() > deadline) {
             char why[96];
             snprintf(why, sizeof why, "a timeout in %s", what);
             mark_dead(c, why);
@@ -236,7 +222,7 @@ static moe_status_t nccl_wait(moe_comm_t *c, moe_comm_req_t *r)
                             "within %d ms: a peer is dead or stalled (ncclCommAbort called)",
                             what, c->name, c->rank, c->size, c->members, c->timeout_ms);
         }
-        nap(spin);
+        moe_comm_backoff(spin);
     }
 }
 
@@ -435,18 +421,7 @@ static moe_status_t wrap(ncclComm_t comm, const moe_comm_t *like, int world_rank
         st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "member table: %s", cudaGetErrorString(e));
         goto fail;
     }
-    {
-        size_t len = (size_t)snprintf(c->members, sizeof c->members, "world ranks ");
-        for (int i = 0; i < c->size && len < sizeof c->members; i++) {
-            int room = (int)(sizeof c->members - len);
-            int w = snprintf(c->members + len, (size_t)room, "%s%d", i ? "," : "", host[i]);
-            if (w >= room) {
-                strcpy(c->members + sizeof c->members - 4, "...");
-                break;
-            }
-            len += (size_t)w;
-        }
-    }
+    moe_comm_describe_members(c, host);
     free(host);
     *out = c;
     return MOE_STATUS_SUCCESS;

@@ -37,6 +37,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 
 typedef struct moe_dist {
@@ -59,13 +60,6 @@ typedef struct moe_dist_slot {
     void *back;                      /* act [Rs,H] expert outputs back on the token side */
     void *xr, *hpre, *act;           /* act [Rr,H], [Rr,2,Fl], [Rr,Fl] expert side, saved */
 } moe_dist_slot_t;
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
 
 static moe_status_t dalloc(moe_layer_t *l, size_t bytes, void *out)
 {
@@ -184,7 +178,7 @@ static moe_status_t a2a_start(moe_layer_t *l, moe_dist_slot_t *ds, int c, bool r
         rd[p] = (size_t)(rdis[p] + lo) * H;
     }
     for (int p = 0; p < P; p++) d->timing.a2a_bytes += (int64_t)(sc[p] * d->act);
-    op->t_start = now_ms();
+    op->t_start = moe_now_ms();
     op->done = false;
     op->req = NULL;
     if (!d->ep) { /* ep = 1: the only peer is this rank */
@@ -203,7 +197,7 @@ static moe_status_t a2a_poll(moe_layer_t *l, a2a_op_t *op)
     if (op->done) return MOE_STATUS_SUCCESS;
     MOE_TRY(moe_comm_test(d->ep, op->req, &op->done));
     if (op->done) {
-        d->timing.a2a_started_ms += now_ms() - op->t_start;
+        d->timing.a2a_started_ms += moe_now_ms() - op->t_start;
         d->timing.a2a_count++;
     }
     return MOE_STATUS_SUCCESS;
@@ -213,9 +207,9 @@ static moe_status_t a2a_wait(moe_layer_t *l, a2a_op_t *op)
 {
     moe_dist_t *d = l->dist;
     if (op->done) return MOE_STATUS_SUCCESS;
-    double t0 = now_ms();
+    double t0 = moe_now_ms();
     MOE_TRY(moe_comm_wait(d->ep, op->req));
-    double t1 = now_ms();
+    double t1 = moe_now_ms();
     op->done = true;
     d->timing.a2a_blocked_ms += t1 - t0;
     d->timing.a2a_started_ms += t1 - op->t_start;
@@ -374,11 +368,11 @@ static moe_status_t pipeline(moe_layer_t *l, moe_slot_t *s, const void *tok_in, 
             started_d++;
         }
         MOE_TRY_GOTO(st, a2a_wait(l, &disp[c]));
-        double t0 = now_ms();
+        double t0 = moe_now_ms();
         job.c = c;
         poll_set_t ps = {{disp, comb}, {c + 1, 0}, {started_d, started_c}};
         MOE_TRY_GOTO(st, run_chunk(l, &job, &ps));
-        d->timing.compute_ms += now_ms() - t0;
+        d->timing.compute_ms += moe_now_ms() - t0;
         if (d->tp) /* row-parallel W2 (forward) / column-parallel W1 (backward): sum over tp */
             for (int q = 0; q < P; q++) {
                 int64_t n = ds->rc[q], lo = chunk_lo(n, c, C), hi = chunk_lo(n, c + 1, C);

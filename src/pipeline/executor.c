@@ -33,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "../core/log.h"
 #include "../runtime/runtime.h"
@@ -84,13 +85,6 @@ struct moe_pipeline {
 };
 
 /* ---- small helpers --------------------------------------------------------------------------- */
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The unit index of an action: one per (chunk, microbatch). */
 static int32_t unit_of(const moe_pipeline_t *pp, const moe_pipeline_action_t *a)
@@ -148,7 +142,7 @@ static moe_status_t wait_req(moe_pipeline_t *pp, moe_comm_req_t *req, const char
                              int32_t mb)
 {
     moe_status_t st;
-    double t0 = now_seconds();
+    double t0 = moe_now_s();
     if (pp->cfg.timeout_ms <= 0) {
         st = pp->pp->ops->wait(pp->pp, req);
     } else {
@@ -157,7 +151,7 @@ static moe_status_t wait_req(moe_pipeline_t *pp, moe_comm_req_t *req, const char
         for (;;) {
             st = pp->pp->ops->test(pp->pp, req, &done);
             if (st != MOE_STATUS_SUCCESS || done) break;
-            if (now_seconds() > deadline) {
+            if (moe_now_s() > deadline) {
                 st = MOE_FAIL(MOE_STATUS_TIMEOUT, "no progress in %d ms", pp->cfg.timeout_ms);
                 break;
             }
@@ -165,7 +159,7 @@ static moe_status_t wait_req(moe_pipeline_t *pp, moe_comm_req_t *req, const char
             nanosleep(&ts, NULL);
         }
     }
-    pp->stats.wait_seconds += now_seconds() - t0;
+    pp->stats.wait_seconds += moe_now_s() - t0;
     if (st != MOE_STATUS_SUCCESS)
         return moe_error_wrap(st, "pipeline stage %d/%d: %s of microbatch %d", pp->stage,
                               pp->stages, what, mb);
@@ -500,10 +494,10 @@ static moe_status_t progress_sends(moe_pipeline_t *pp, bool all)
 #define RUN_CALLBACK(pp, ss, what, mb, chunk, call)                                        \
     do {                                                                                   \
         if ((ss)->failed == MOE_STATUS_SUCCESS) {                                          \
-            double t0_ = now_seconds();                                                    \
+            double t0_ = moe_now_s();                                                    \
             moe_error_clear();                                                             \
             moe_status_t cst_ = (call);                                                    \
-            (pp)->stats.compute_seconds += now_seconds() - t0_;                            \
+            (pp)->stats.compute_seconds += moe_now_s() - t0_;                            \
             if (cst_ != MOE_STATUS_SUCCESS)                                                \
                 record_failure((pp), (ss), cst_, (what), (mb), (chunk));                   \
         }                                                                                  \
@@ -664,9 +658,9 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
         if (zst != MOE_STATUS_SUCCESS) record_failure(pp, &ss, zst, "zero_grad", -1, 0);
     }
 
-    double t0 = now_seconds();
+    double t0 = moe_now_s();
     moe_status_t st = run_schedule(pp, &ss);
-    pp->stats.schedule_seconds = now_seconds() - t0;
+    pp->stats.schedule_seconds = moe_now_s() - t0;
     if (st != MOE_STATUS_SUCCESS) {
         /* a transfer or an allocation failed: the peers' matching transfers cannot complete */
         char msg[1024];

@@ -79,7 +79,6 @@ moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_
     if (!rt) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "runtime allocation");
     rt->logger = (moe_logger_t){moe_log_level_from_env(c.log_level), c.log_fn, c.log_user_data};
     rt->seed = c.seed;
-    rt->deterministic = c.deterministic != 0;
     moe_status_t st;
     MOE_TRY_GOTO(st, create_backend(&c, rt));
     MOE_TRY_GOTO(st, moe_mesh_create(c.mesh, &rt->backend, rt->device_index, &rt->logger,
@@ -198,12 +197,10 @@ moe_status_t moe_tensor_free(moe_runtime_t *rt, moe_tensor_t *t)
     return MOE_STATUS_SUCCESS;
 }
 
-/* Convert n elements between host buffers of possibly different dtypes. */
-static void convert_host(void *dst, moe_dtype_t dt, const void *src, moe_dtype_t st, int64_t n)
+/* Convert n elements between host buffers to dtype dt from the other one (bf16 <-> f32). */
+static void convert_host(void *dst, moe_dtype_t dt, const void *src, int64_t n)
 {
-    if (dt == st) {
-        memcpy(dst, src, (size_t)n * moe_dtype_size(dt));
-    } else if (dt == MOE_DTYPE_F32) {
+    if (dt == MOE_DTYPE_F32) {
         const uint16_t *s = src;
         float *d = dst;
         for (int64_t i = 0; i < n; i++) d[i] = moe_bf16_to_f32(s[i]);
@@ -238,7 +235,7 @@ moe_status_t moe_tensor_copy(moe_runtime_t *rt, moe_tensor_t *dst, const moe_ten
         goto fail;
     }
     MOE_TRY_GOTO(st, MOE_OPS(rt)->copy(MOE_CTX(rt), host_src, src->data, sbytes));
-    convert_host(host_dst, dst->dtype, host_src, src->dtype, n);
+    convert_host(host_dst, dst->dtype, host_src, n);
     MOE_TRY_GOTO(st, MOE_OPS(rt)->copy(MOE_CTX(rt), dst->data, host_dst,
                                        (size_t)n * moe_dtype_size(dst->dtype)));
 fail:

@@ -18,7 +18,6 @@ struct moe_runtime {
     moe_mesh_t *mesh;
     moe_logger_t logger;
     uint64_t seed;
-    bool deterministic;
     int32_t device_index;
 };
 
