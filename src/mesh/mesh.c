@@ -244,7 +244,6 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
     for (int a = 0; a < 5; a++) m->size[a] = 1;
     m->world_size = 1;
     m->comm_backend = MOE_COMM_MPI;
-    m->timeout_ms = cfg ? cfg->timeout_ms : 300000;
     int64_t product = cfg ? (int64_t)cfg->tp * cfg->ep * cfg->dp * cfg->pp : 1;
     bool need_mpi = cfg && (product > 1 || cfg->mpi_comm || launcher_world_size() > 1 ||
                             moe_comm_mpi_ready());

@@ -40,7 +40,6 @@ typedef struct moe_mesh {
     moe_comm_t *host[MOE_MESH_GROUPS]; /* the same groups over MPI with host buffers */
     int32_t order[4];       /* axes, fastest-varying first */
     moe_comm_backend_t comm_backend; /* resolved: MPI or NCCL (MPI for a world of one) */
-    int32_t timeout_ms;
     bool mpi_initialised;   /* this mesh called MPI_Init (finalised with the last such mesh) */
 } moe_mesh_t;
 

@@ -112,13 +112,19 @@ static bool name_taken(const moe_adamw_t *opt, const char *name)
     return false;
 }
 
+static moe_status_t check_name_free(const moe_adamw_t *opt, const char *name)
+{
+    MOE_CHECK_ARG(!name_taken(opt, name), "a parameter named \"%s\" is already registered",
+                  name);
+    return MOE_STATUS_SUCCESS;
+}
+
 /* Register one parameter: copy its description, allocate f32 master and moments, and seed
  * the master from the current value. */
 static moe_status_t register_param(moe_adamw_t *opt, const char *name, const moe_param_info_t *info)
 {
     moe_runtime_t *rt = opt->rt;
-    MOE_CHECK_ARG(!name_taken(opt, name), "a parameter named \"%s\" is already registered",
-                  name);
+    MOE_TRY(check_name_free(opt, name));
     if (opt->count == opt->capacity) {
         int32_t cap = opt->capacity ? opt->capacity * 2 : 8;
         adamw_param_t *grown = realloc(opt->params, sizeof *grown * (size_t)cap);
@@ -174,9 +180,8 @@ moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer, const cha
             char *name = concat(prefix ? prefix : "", info.name);
             if (!name) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "parameter name");
             moe_status_t st = MOE_STATUS_SUCCESS;
-            if (pass == 0 && name_taken(opt, name))
-                st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
-                              "a parameter named \"%s\" is already registered", name);
+            if (pass == 0)
+                st = check_name_free(opt, name);
             else if (pass == 1 && (st = register_param(opt, name, &info)) == MOE_STATUS_SUCCESS)
                 opt->params[opt->count - 1].layer = layer;
             free(name);
@@ -251,13 +256,13 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
     }
     MOE_TRY(st);
     opt->steps++;
+    float scale = grad_scale / (float)moe_grad_replicas(rt);
     for (int32_t i = 0; i < opt->count; i++) {
         adamw_param_t *p = &opt->params[i];
         moe_adamw_update_t u = {
             .n = moe_tensor_numel(&p->info.value), .lr = lr > 0 ? lr : opt->cfg.lr,
             .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2, .eps = opt->cfg.eps,
-            .weight_decay = opt->cfg.weight_decay,
-            .grad_scale = grad_scale / (float)moe_grad_replicas(rt), .step = opt->steps,
+            .weight_decay = opt->cfg.weight_decay, .grad_scale = scale, .step = opt->steps,
             .master = p->state[0], .m = p->state[1], .v = p->state[2],
             .param = p->info.value.data, .grad = p->info.grad.data,
         };

@@ -5,7 +5,7 @@
 
 int32_t moe_grad_replicas(const moe_runtime_t *rt)
 {
-    return rt->mesh->size[MOE_AXIS_EP] * rt->mesh->size[MOE_AXIS_DP];
+    return moe_mesh_group_size(rt->mesh, MOE_MESH_DENSE);
 }
 
 moe_status_t moe_grad_sync_start(moe_runtime_t *rt, moe_param_kind_t kind, float *grad,

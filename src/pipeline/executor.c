@@ -92,15 +92,11 @@ static int32_t unit_of(const moe_pipeline_t *pp, const moe_pipeline_action_t *a)
     return a->chunk * pp->m + a->microbatch;
 }
 
-/* A transfer's tag names the receiving side's unit, so both ends compute the same one:
- * an activation sent by (chunk c, stage p-1) arrives at (chunk c+1, stage 0). */
+/* A transfer's tag names the receiving side's unit and the kind, so both ends compute the
+ * same one. */
 static int32_t tag_of(const moe_pipeline_t *pp, const moe_pipeline_action_t *a)
 {
-    bool grad = a->op == MOE_PIPE_SEND_GRAD || a->op == MOE_PIPE_RECV_GRAD;
-    int32_t chunk = a->chunk;
-    if (a->op == MOE_PIPE_SEND_ACT && pp->stage == pp->stages - 1) chunk++;
-    if (a->op == MOE_PIPE_SEND_GRAD && pp->stage == 0) chunk--;
-    return 2 * (chunk * pp->m + a->microbatch) + (grad ? 1 : 0);
+    return 2 * moe_pipe_dest_unit(pp->sched, a) + moe_pipe_kind(a->op);
 }
 
 /* Tags are below 2 * m * v; send/recv tags must stay below MOE_COMM_MAX_TAG. */
@@ -267,15 +263,14 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->pp = p > 1 ? mesh->comm[MOE_AXIS_PP] : NULL;
     pp->world = mesh->world_size > 1 ? mesh->comm[MOE_AXIS_WORLD] : NULL;
     pp->comm_dtype = c.act_dtype == MOE_DTYPE_F32 ? MOE_COMM_F32 : MOE_COMM_BF16;
-    pp->sync_before_send = pp->pp && rt->backend.ops->device != MOE_DEVICE_HOST &&
-                           strcmp(pp->pp->ops->name, "mpi") != 0;
+    bool stream_ordered = pp->pp && strcmp(pp->pp->ops->name, "mpi") != 0; /* NCCL */
+    pp->sync_before_send = stream_ordered && rt->backend.ops->device != MOE_DEVICE_HOST;
     /* MPI matches by tag and progresses operations independently: receives are posted
      * `prepost` ahead. Any other communicator (NCCL) runs operations in call order on one
      * stream, where a receive posted ahead of a send deadlocks the pair: issue in the
      * schedule's global order instead (see moe_pipeline_issue_order). */
     pp->ordered = pp->pp && (c.issue == MOE_PIPE_ISSUE_ORDERED ||
-                             (c.issue == MOE_PIPE_ISSUE_AUTO &&
-                              strcmp(pp->pp->ops->name, "mpi") != 0));
+                             (c.issue == MOE_PIPE_ISSUE_AUTO && stream_ordered));
     pp->act_numel = 1;
     for (int d = 0; d < c.act_ndim; d++) pp->act_numel *= (size_t)c.act_shape[d];
     pp->act_bytes = pp->act_numel * moe_dtype_size(c.act_dtype);
@@ -405,7 +400,7 @@ static moe_status_t post_receives(moe_pipeline_t *pp, step_state_t *ss, int32_t 
            (ss->posted < pp->cfg.prepost || ss->next_post == cur)) {
         int32_t i = ss->next_post++;
         const moe_pipeline_action_t *a = &acts[i];
-        if (a->op != MOE_PIPE_RECV_ACT && a->op != MOE_PIPE_RECV_GRAD) continue;
+        if (!moe_pipe_is_recv(a->op)) continue;
         MOE_TRY(post_receive(pp, ss, i));
     }
     return MOE_STATUS_SUCCESS;
@@ -444,7 +439,7 @@ static moe_status_t issue_transfers(moe_pipeline_t *pp, step_state_t *ss)
     while (ss->next_issue < sc->nissue) {
         int32_t i = sc->issue[ss->next_issue];
         const moe_pipeline_action_t *a = &sc->actions[i];
-        if (a->op == MOE_PIPE_RECV_ACT || a->op == MOE_PIPE_RECV_GRAD) {
+        if (moe_pipe_is_recv(a->op)) {
             MOE_TRY(post_receive(pp, ss, i));
         } else {
             if (!pp->ready[i]) break;

@@ -30,30 +30,6 @@ static int cmp_key(const void *a, const void *b)
     return x->unit < y->unit ? -1 : x->unit > y->unit;
 }
 
-static bool is_send(moe_pipeline_op_t op)
-{
-    return op == MOE_PIPE_SEND_ACT || op == MOE_PIPE_SEND_GRAD;
-}
-
-static bool is_recv(moe_pipeline_op_t op)
-{
-    return op == MOE_PIPE_RECV_ACT || op == MOE_PIPE_RECV_GRAD;
-}
-
-/* The receiving unit of a transfer action on stage s. */
-static int32_t dest_unit(const moe_pipeline_schedule_t *sc, const moe_pipeline_action_t *a)
-{
-    int32_t chunk = a->chunk;
-    if (a->op == MOE_PIPE_SEND_ACT && sc->stage == sc->stages - 1) chunk++;
-    if (a->op == MOE_PIPE_SEND_GRAD && sc->stage == 0) chunk--;
-    return chunk * sc->microbatches + a->microbatch;
-}
-
-static int32_t kind_of(moe_pipeline_op_t op)
-{
-    return op == MOE_PIPE_SEND_GRAD || op == MOE_PIPE_RECV_GRAD;
-}
-
 moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *mine)
 {
     if (mine->issue) return MOE_STATUS_SUCCESS;
@@ -84,12 +60,12 @@ moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *mine)
                 if (a->op == MOE_PIPE_FORWARD || a->op == MOE_PIPE_BACKWARD) {
                     if (computed) break;
                     computed = true;
-                } else if (is_send(a->op)) {
-                    sent[((size_t)s * 2 + (size_t)kind_of(a->op)) * units +
-                         (size_t)dest_unit(sc, a)] = tick;
+                } else if (moe_pipe_is_send(a->op)) {
+                    sent[((size_t)s * 2 + (size_t)moe_pipe_kind(a->op)) * units +
+                         (size_t)moe_pipe_dest_unit(sc, a)] = tick;
                 } else {
                     int32_t u = a->chunk * m + a->microbatch;
-                    int32_t t = sent[((size_t)a->peer * 2 + (size_t)kind_of(a->op)) * units +
+                    int32_t t = sent[((size_t)a->peer * 2 + (size_t)moe_pipe_kind(a->op)) * units +
                                      (size_t)u];
                     if (t < 0 || t >= tick) break; /* not sent yet, or sent this tick */
                 }
@@ -104,9 +80,9 @@ moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *mine)
             for (int32_t s = 0; s < p && !in_flight; s++) {
                 if (pc[s] >= all[s]->count) continue;
                 const moe_pipeline_action_t *a = &all[s]->actions[pc[s]];
-                if (is_recv(a->op)) {
+                if (moe_pipe_is_recv(a->op)) {
                     int32_t u = a->chunk * m + a->microbatch;
-                    in_flight = sent[((size_t)a->peer * 2 + (size_t)kind_of(a->op)) * units +
+                    in_flight = sent[((size_t)a->peer * 2 + (size_t)moe_pipe_kind(a->op)) * units +
                                      (size_t)u] >= 0;
                 }
             }
@@ -121,7 +97,7 @@ moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *mine)
     /* this stage's transfers, by key */
     int32_t n = 0;
     for (int32_t i = 0; i < mine->count; i++)
-        if (is_send(mine->actions[i].op) || is_recv(mine->actions[i].op)) n++;
+        if (moe_pipe_is_send(mine->actions[i].op) || moe_pipe_is_recv(mine->actions[i].op)) n++;
     keys = malloc(sizeof *keys * (size_t)(n > 0 ? n : 1));
     mine->issue = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
     if (!keys || !mine->issue) {
@@ -131,11 +107,11 @@ moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *mine)
     n = 0;
     for (int32_t i = 0; i < mine->count; i++) {
         const moe_pipeline_action_t *a = &mine->actions[i];
-        msg_key_t k = {.kind = kind_of(a->op), .action = i};
-        if (is_send(a->op)) {
+        msg_key_t k = {.kind = moe_pipe_kind(a->op), .action = i};
+        if (moe_pipe_is_send(a->op)) {
             k.sender = mine->stage;
-            k.unit = dest_unit(mine, a);
-        } else if (is_recv(a->op)) {
+            k.unit = moe_pipe_dest_unit(mine, a);
+        } else if (moe_pipe_is_recv(a->op)) {
             k.sender = a->peer;
             k.unit = a->chunk * m + a->microbatch;
         } else {

@@ -6,6 +6,7 @@
 #define MOE_PIPELINE_INTERNAL_H
 
 #include <moe/pipeline.h>
+#include <stdbool.h>
 
 /* Handle magics (the module's own, beside the ones in core/error.h). */
 #define MOE_MAGIC_PIPE_SCHED 0x4d4f455343484431ull /* "MOESCHD1" */
@@ -37,5 +38,34 @@ void moe_pipeline_schedule_free(moe_pipeline_schedule_t *sched);
  * The host never waits for a receive that is not issued: a receive is consumed after its
  * send tick, and every send keyed before it was computed earlier on this stage. */
 moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *sched);
+
+/* ---- transfer actions: shared by the issue order and the executor's tags, which must agree */
+
+static inline bool moe_pipe_is_send(moe_pipeline_op_t op)
+{
+    return op == MOE_PIPE_SEND_ACT || op == MOE_PIPE_SEND_GRAD;
+}
+
+static inline bool moe_pipe_is_recv(moe_pipeline_op_t op)
+{
+    return op == MOE_PIPE_RECV_ACT || op == MOE_PIPE_RECV_GRAD;
+}
+
+/* 0 for activations, 1 for gradients. */
+static inline int32_t moe_pipe_kind(moe_pipeline_op_t op)
+{
+    return op == MOE_PIPE_SEND_GRAD || op == MOE_PIPE_RECV_GRAD;
+}
+
+/* The receiving unit (chunk * m + microbatch) of a transfer action on stage sc->stage: an
+ * activation sent by (chunk c, stage p-1) arrives at (chunk c+1, stage 0). */
+static inline int32_t moe_pipe_dest_unit(const moe_pipeline_schedule_t *sc,
+                                         const moe_pipeline_action_t *a)
+{
+    int32_t chunk = a->chunk;
+    if (a->op == MOE_PIPE_SEND_ACT && sc->stage == sc->stages - 1) chunk++;
+    if (a->op == MOE_PIPE_SEND_GRAD && sc->stage == 0) chunk--;
+    return chunk * sc->microbatches + a->microbatch;
+}
 
 #endif /* MOE_PIPELINE_INTERNAL_H */
