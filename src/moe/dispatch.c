@@ -43,7 +43,7 @@
 typedef struct moe_dist {
     moe_comm_t *ep, *tp;             /* data (device buffers); NULL when the axis is 1 */
     moe_comm_t *hep, *hdense;        /* host control */
-    int32_t P, me, tp_size, D, dense_rank;
+    int32_t P, D, dense_rank;
     moe_comm_dtype_t act_dt;
     size_t act;                      /* bytes per activation element */
     int32_t *group;                  /* [E] expert -> owner * El + local (row order) */
@@ -52,7 +52,6 @@ typedef struct moe_dist {
 } moe_dist_t;
 
 typedef struct moe_dist_slot {
-    int64_t n_total;                 /* Nt */
     int64_t rows_send, rows_recv;    /* token-side rows, expert-side rows */
     int64_t *sc, *sd, *rc, *rd;      /* [P] rows to / from each ep peer and their offsets */
     int64_t *cnt;                    /* [P, El] rows from peer q for local expert le */
@@ -60,18 +59,6 @@ typedef struct moe_dist_slot {
     void *back;                      /* act [Rs,H] expert outputs back on the token side */
     void *xr, *hpre, *act;           /* act [Rr,H], [Rr,2,Fl], [Rr,Fl] expert side, saved */
 } moe_dist_slot_t;
-
-static moe_status_t dalloc(moe_layer_t *l, size_t bytes, void *out)
-{
-    return MOE_OPS(l->rt)->alloc(MOE_CTX(l->rt), bytes, (void **)out);
-}
-
-static void dfree(moe_layer_t *l, void *pp)
-{
-    void **p = pp;
-    if (*p) MOE_OPS(l->rt)->free(MOE_CTX(l->rt), *p);
-    *p = NULL;
-}
 
 /* ---- create / destroy ---------------------------------------------------------------------- */
 
@@ -87,8 +74,6 @@ moe_status_t moe_dist_create(moe_layer_t *l)
     d->hep = m->host[MOE_AXIS_EP];
     d->hdense = m->host[MOE_MESH_DENSE];
     d->P = l->ep_size;
-    d->me = l->ep_rank;
-    d->tp_size = l->tp_size;
     d->D = D;
     d->dense_rank = m->coord[MOE_AXIS_EP] + m->size[MOE_AXIS_EP] * m->coord[MOE_AXIS_DP];
     moe_dtype_t cd = MOE_OPS(l->rt)->compute_dtype;
@@ -128,10 +113,10 @@ void moe_dist_slot_free(moe_layer_t *l, moe_slot_t *s)
     if (!ds) return;
     free(ds->sc);
     free(ds->cnt);
-    dfree(l, &ds->back);
-    dfree(l, &ds->xr);
-    dfree(l, &ds->hpre);
-    dfree(l, &ds->act);
+    moe_layer_free_dev(l->rt, &ds->back);
+    moe_layer_free_dev(l->rt, &ds->xr);
+    moe_layer_free_dev(l->rt, &ds->hpre);
+    moe_layer_free_dev(l->rt, &ds->act);
     free(ds);
     s->dist = NULL;
 }
@@ -462,10 +447,7 @@ static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_
     g->aux = (double)E * aux;
     g->z = nt > 0 ? zs / nt : 0;
     g->entropy = nt > 0 ? hs / nt : 0;
-    g->capacity = l->cfg.capacity_factor <= 0
-                      ? -1
-                      : (int64_t)ceil((double)l->cfg.capacity_factor * (double)g->n_total * l->k /
-                                      (double)E);
+    g->capacity = moe_layer_capacity(l, g->n_total);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -579,7 +561,6 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     global_routing_t g = {.counts = gbuf, .prefix = gbuf + E};
     MOE_TRY_GOTO(st, exchange_routing(l, s, routing.counts, routing.score_mean, routing.stats,
                                        table, &g));
-    ds->n_total = g.n_total;
     ds->aux_scale = g.n_total ? (float)(((double)n / g.n_total) * ((double)n / g.n_total)) : 0;
     ds->z_scale = g.n_total ? (float)((double)n / g.n_total) : 0;
     /* backward's aux gradient needs the global selections */
@@ -595,12 +576,12 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     s->rows = ds->rows_recv;
     /* 5. gather, dispatch / experts / combine pipeline */
     size_t Rs = (size_t)ds->rows_send, Rr = (size_t)ds->rows_recv;
-    MOE_TRY_GOTO(st, dalloc(l, Rs * (size_t)H * a, &xs));
-    MOE_TRY_GOTO(st, dalloc(l, Rs * (size_t)H * a, &ds->back));
-    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)H * a, &ds->xr));
-    MOE_TRY_GOTO(st, dalloc(l, Rr * 2 * (size_t)Fl * a, &ds->hpre));
-    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)Fl * a, &ds->act));
-    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)H * a, &outr));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rs * (size_t)H * a, &xs));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rs * (size_t)H * a, &ds->back));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)H * a, &ds->xr));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * 2 * (size_t)Fl * a, &ds->hpre));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)Fl * a, &ds->act));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)H * a, &outr));
     if (Rs) MOE_TRY_GOTO(st, ops->gather_rows(ctx, xs, s->x, s->slot_of_row, K, NULL, (int64_t)Rs, H));
     MOE_TRY_GOTO(st, pipeline(l, s, xs, ds->xr, outr, ds->back, slice_forward, NULL));
     /* 6. unpermute */
@@ -608,8 +589,8 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     moe_layer_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
     MOE_TRY_GOTO(st, moe_layer_update_bias(l, g.counts, (double)g.n_total * K));
 fail:
-    dfree(l, &xs);
-    dfree(l, &outr);
+    moe_layer_free_dev(l->rt, &xs);
+    moe_layer_free_dev(l->rt, &outr);
     moe_routing_host_free(&routing);
     free(table);
     free(gbuf);
@@ -636,18 +617,18 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
     void *d_rows = NULL, *d_outr = NULL, *d_xr = NULL, *d_back = NULL, *scratch = NULL;
     moe_status_t st = MOE_STATUS_SUCCESS;
 
-    MOE_TRY_GOTO(st, dalloc(l, (size_t)n * (size_t)K * sizeof(float), &d_w));
-    MOE_TRY_GOTO(st, dalloc(l, Rs * (size_t)H * a, &d_rows));
-    MOE_TRY_GOTO(st, dalloc(l, Rs * (size_t)H * a, &d_back));
-    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)H * a, &d_outr));
-    MOE_TRY_GOTO(st, dalloc(l, Rr * (size_t)H * a, &d_xr));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, (size_t)n * (size_t)K * sizeof(float), &d_w));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rs * (size_t)H * a, &d_rows));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rs * (size_t)H * a, &d_back));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)H * a, &d_outr));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)H * a, &d_xr));
     /* scratch for the largest slice: a peer block's chunk */
     int64_t max_slice = 0;
     for (int q = 0; q < d->P; q++) {
         int64_t c = (ds->rc[q] + l->cfg.a2a_chunks - 1) / l->cfg.a2a_chunks + 1;
         if (c > max_slice) max_slice = c;
     }
-    MOE_TRY_GOTO(st, dalloc(l, (size_t)max_slice * 3 * (size_t)Fl * a, &scratch));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, (size_t)max_slice * 3 * (size_t)Fl * a, &scratch));
     if (n > 0)
         MOE_TRY_GOTO(st, ops->combine_weight_grad(ctx, d_w, dy->data, ds->back, s->row_of_slot, n,
                                                   K, H));
@@ -663,11 +644,11 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
                                                    l->cfg.z_loss_coef * ds->z_scale));
     }
 fail:
-    dfree(l, &d_w);
-    dfree(l, &d_rows);
-    dfree(l, &d_outr);
-    dfree(l, &d_xr);
-    dfree(l, &d_back);
-    dfree(l, &scratch);
+    moe_layer_free_dev(l->rt, &d_w);
+    moe_layer_free_dev(l->rt, &d_rows);
+    moe_layer_free_dev(l->rt, &d_outr);
+    moe_layer_free_dev(l->rt, &d_xr);
+    moe_layer_free_dev(l->rt, &d_back);
+    moe_layer_free_dev(l->rt, &scratch);
     return st;
 }

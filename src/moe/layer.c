@@ -126,12 +126,12 @@ fail:
 
 /* ---- create / destroy --------------------------------------------------------------------- */
 
-static moe_status_t alloc_dev(moe_runtime_t *rt, size_t bytes, void *out)
+moe_status_t moe_layer_alloc_dev(moe_runtime_t *rt, size_t bytes, void *out)
 {
     return MOE_OPS(rt)->alloc(MOE_CTX(rt), bytes, (void **)out);
 }
 
-static void free_dev(moe_runtime_t *rt, void *pp)
+void moe_layer_free_dev(moe_runtime_t *rt, void *pp)
 {
     void **p = pp;
     if (*p) MOE_OPS(rt)->free(MOE_CTX(rt), *p);
@@ -158,12 +158,12 @@ static moe_status_t add_param(moe_layer_t *l, const char *name, moe_param_kind_t
         p->global_shape[d] = global[d];
         p->shard_offset[d] = offset[d];
     }
-    MOE_TRY(alloc_dev(rt, moe_tensor_bytes(&p->value), value));
+    MOE_TRY(moe_layer_alloc_dev(rt, moe_tensor_bytes(&p->value), value));
     p->value.data = *value;
     if (grad) {
         p->grad = p->value;
         p->grad.dtype = MOE_DTYPE_F32;
-        MOE_TRY(alloc_dev(rt, moe_tensor_bytes(&p->grad), grad));
+        MOE_TRY(moe_layer_alloc_dev(rt, moe_tensor_bytes(&p->grad), grad));
         p->grad.data = *grad;
         MOE_TRY(MOE_OPS(rt)->memset_zero(MOE_CTX(rt), *grad, moe_tensor_bytes(&p->grad)));
     }
@@ -175,7 +175,7 @@ static moe_status_t create_params(moe_layer_t *l)
 {
     moe_dtype_t act = MOE_OPS(l->rt)->compute_dtype;
     int64_t h = l->h, e = l->e, el = l->el, fl = l->f_local, f = l->cfg.ffn_hidden;
-    int64_t first_expert = l->cfg.placement == MOE_PLACEMENT_CONTIGUOUS ? l->ep_rank * el : l->ep_rank;
+    int64_t first_expert = expert_id(l, 0);
     int64_t zero[4] = {0, 0, 0, 0};
 
     int64_t wg_shape[2] = {h, e};
@@ -210,13 +210,13 @@ static void layer_free(moe_layer_t *l)
     if (l->slots)
         for (int i = 0; i < l->cfg.max_microbatches; i++) slot_free(l, &l->slots[i]);
     free(l->slots);
-    free_dev(rt, &l->wg);
-    free_dev(rt, &l->w1);
-    free_dev(rt, &l->w2);
-    free_dev(rt, &l->dwg);
-    free_dev(rt, &l->dw1);
-    free_dev(rt, &l->dw2);
-    free_dev(rt, &l->bias);
+    moe_layer_free_dev(rt, &l->wg);
+    moe_layer_free_dev(rt, &l->w1);
+    moe_layer_free_dev(rt, &l->w2);
+    moe_layer_free_dev(rt, &l->dwg);
+    moe_layer_free_dev(rt, &l->dw1);
+    moe_layer_free_dev(rt, &l->dw2);
+    moe_layer_free_dev(rt, &l->bias);
     free(l->host_bias);
     free(l->host_tokens_per_expert);
     moe_dist_destroy(l);
@@ -294,7 +294,7 @@ static void slot_free(moe_layer_t *l, moe_slot_t *s)
                     (void **)&s->counts, (void **)&s->score_mean, (void **)&s->router_stats,
                     (void **)&s->row_of_slot, (void **)&s->slot_of_row, (void **)&s->kept,
                     &s->xp, &s->hpre, &s->act, &s->out};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) free_dev(rt, dev[i]);
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) moe_layer_free_dev(rt, dev[i]);
     moe_dist_slot_free(l, s);
     free(s->host_kept);
     free(s->host_offsets);
@@ -307,16 +307,16 @@ static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
     size_t act = moe_dtype_size(MOE_OPS(rt)->compute_dtype);
     size_t nk = (size_t)n * (size_t)l->k, ne = (size_t)n * (size_t)l->e, e = (size_t)l->e;
     s->n = n;
-    MOE_TRY(alloc_dev(rt, (size_t)n * (size_t)l->h * act, &s->x));
-    MOE_TRY(alloc_dev(rt, ne * sizeof(float), &s->logits));
-    MOE_TRY(alloc_dev(rt, nk * sizeof(int32_t), &s->topk_idx));
-    MOE_TRY(alloc_dev(rt, nk * sizeof(float), &s->topk_w));
-    MOE_TRY(alloc_dev(rt, e * sizeof(int32_t), &s->counts));
-    MOE_TRY(alloc_dev(rt, e * sizeof(float), &s->score_mean));
-    MOE_TRY(alloc_dev(rt, 2 * sizeof(float), &s->router_stats));
-    MOE_TRY(alloc_dev(rt, nk * sizeof(int32_t), &s->row_of_slot));
-    MOE_TRY(alloc_dev(rt, nk * sizeof(int32_t), &s->slot_of_row));
-    MOE_TRY(alloc_dev(rt, e * sizeof(int32_t), &s->kept));
+    MOE_TRY(moe_layer_alloc_dev(rt, (size_t)n * (size_t)l->h * act, &s->x));
+    MOE_TRY(moe_layer_alloc_dev(rt, ne * sizeof(float), &s->logits));
+    MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->topk_idx));
+    MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(float), &s->topk_w));
+    MOE_TRY(moe_layer_alloc_dev(rt, e * sizeof(int32_t), &s->counts));
+    MOE_TRY(moe_layer_alloc_dev(rt, e * sizeof(float), &s->score_mean));
+    MOE_TRY(moe_layer_alloc_dev(rt, 2 * sizeof(float), &s->router_stats));
+    MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->row_of_slot));
+    MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->slot_of_row));
+    MOE_TRY(moe_layer_alloc_dev(rt, e * sizeof(int32_t), &s->kept));
     s->host_kept = calloc(e, sizeof(int64_t));
     s->host_offsets = calloc((size_t)l->el + 1, sizeof(int64_t));
     if (!s->host_kept || !s->host_offsets)
@@ -374,10 +374,10 @@ static moe_status_t slot_alloc_rows(moe_layer_t *l, moe_slot_t *s, int64_t rows)
     size_t act = moe_dtype_size(MOE_OPS(rt)->compute_dtype);
     size_t r = (size_t)rows, h = (size_t)l->h, f = (size_t)l->f_local;
     s->rows = rows;
-    MOE_TRY(alloc_dev(rt, r * h * act, &s->xp));
-    MOE_TRY(alloc_dev(rt, r * 2 * f * act, &s->hpre));
-    MOE_TRY(alloc_dev(rt, r * f * act, &s->act));
-    MOE_TRY(alloc_dev(rt, r * h * act, &s->out));
+    MOE_TRY(moe_layer_alloc_dev(rt, r * h * act, &s->xp));
+    MOE_TRY(moe_layer_alloc_dev(rt, r * 2 * f * act, &s->hpre));
+    MOE_TRY(moe_layer_alloc_dev(rt, r * f * act, &s->act));
+    MOE_TRY(moe_layer_alloc_dev(rt, r * h * act, &s->out));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -460,7 +460,7 @@ static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t 
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
-static int64_t capacity_for(const moe_layer_t *l, int64_t n)
+int64_t moe_layer_capacity(const moe_layer_t *l, int64_t n)
 {
     if (l->cfg.capacity_factor <= 0) return -1;
     return (int64_t)ceil((double)l->cfg.capacity_factor * (double)n * l->k / (double)l->e);
@@ -472,7 +472,7 @@ static int64_t capacity_for(const moe_layer_t *l, int64_t n)
 static moe_status_t pad_rows(moe_layer_t *l, moe_slot_t *s, int64_t stride)
 {
     int32_t *padded = NULL;
-    MOE_TRY(alloc_dev(l->rt, sizeof(int32_t) * (size_t)(l->el * stride), &padded));
+    MOE_TRY(moe_layer_alloc_dev(l->rt, sizeof(int32_t) * (size_t)(l->el * stride), &padded));
     moe_pad_plan_t a = {
         .n = s->n, .e = l->e, .k = l->k, .stride = stride, .topk_idx = s->topk_idx,
         .kept = s->kept, .slot_of_row = s->slot_of_row, .row_of_slot = s->row_of_slot,
@@ -480,10 +480,10 @@ static moe_status_t pad_rows(moe_layer_t *l, moe_slot_t *s, int64_t stride)
     };
     moe_status_t st = MOE_OPS(l->rt)->pad_plan(MOE_CTX(l->rt), &a);
     if (st != MOE_STATUS_SUCCESS) {
-        free_dev(l->rt, &padded);
+        moe_layer_free_dev(l->rt, &padded);
         return st;
     }
-    free_dev(l->rt, &s->slot_of_row);
+    moe_layer_free_dev(l->rt, &s->slot_of_row);
     s->slot_of_row = padded;
     for (int32_t j = 0; j <= l->el; j++) s->host_offsets[j] = j * stride;
     return MOE_STATUS_SUCCESS;
@@ -496,7 +496,7 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
     moe_runtime_t *rt = l->rt;
     const moe_backend_ops_t *ops = MOE_OPS(rt);
     void *ctx = MOE_CTX(rt);
-    int64_t n = x->shape[0], h = l->h, capacity = capacity_for(l, n);
+    int64_t n = x->shape[0], h = l->h, capacity = moe_layer_capacity(l, n);
     int32_t e = l->e, k = l->k;
     moe_routing_host_t routing = {0};
     moe_status_t st = MOE_STATUS_SUCCESS;
@@ -570,7 +570,7 @@ moe_status_t moe_layer_router_backward(moe_layer_t *l, const moe_slot_t *s, cons
 {
     moe_runtime_t *rt = l->rt;
     float *dlogits = NULL;
-    MOE_TRY(alloc_dev(rt, (size_t)s->n * (size_t)l->e * sizeof(float), &dlogits));
+    MOE_TRY(moe_layer_alloc_dev(rt, (size_t)s->n * (size_t)l->e * sizeof(float), &dlogits));
     moe_router_bwd_t r = {
         .n = s->n, .h = l->h, .e = l->e, .k = l->k, .score_fn = l->cfg.score_fn,
         .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
@@ -578,7 +578,7 @@ moe_status_t moe_layer_router_backward(moe_layer_t *l, const moe_slot_t *s, cons
         .aux_coef = aux_coef, .z_coef = z_coef, .dlogits = dlogits, .dx = dx, .dwg = l->dwg,
     };
     moe_status_t st = MOE_OPS(rt)->router_backward(MOE_CTX(rt), &r);
-    free_dev(rt, &dlogits);
+    moe_layer_free_dev(rt, &dlogits);
     return st;
 }
 
@@ -603,12 +603,12 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
     if (l->dist) return moe_dist_backward(l, s, dy, dx); /* collective even with n == 0 */
     if (n == 0) return MOE_STATUS_SUCCESS;
 
-    MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)n * (size_t)k * sizeof(float), &d_w));
+    MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)n * (size_t)k * sizeof(float), &d_w));
     MOE_TRY_GOTO(st, ops->combine_weight_grad(ctx, d_w, dy->data, s->out, s->row_of_slot, n, k, h));
     if (rows > 0) {
-        MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_out));
-        MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_xp));
-        MOE_TRY_GOTO(st, alloc_dev(rt, (size_t)rows * 3 * (size_t)fl * act, &scratch));
+        MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_out));
+        MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_xp));
+        MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * 3 * (size_t)fl * act, &scratch));
         MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_out, dy->data, s->slot_of_row, k, s->topk_w,
                                           rows, h));
         moe_experts_t ex = {
@@ -624,10 +624,10 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
     MOE_TRY_GOTO(st, moe_layer_router_backward(l, s, d_w, dx, l->cfg.aux_loss_coef,
                                                l->cfg.z_loss_coef));
 fail:
-    free_dev(rt, &d_w);
-    free_dev(rt, &d_out);
-    free_dev(rt, &d_xp);
-    free_dev(rt, &scratch);
+    moe_layer_free_dev(rt, &d_w);
+    moe_layer_free_dev(rt, &d_out);
+    moe_layer_free_dev(rt, &d_xp);
+    moe_layer_free_dev(rt, &scratch);
     return st;
 }
 
@@ -647,11 +647,11 @@ moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tens
     moe_status_t st = MOE_STATUS_SUCCESS;
     if (!dx_data && s->n > 0) {
         size_t bytes = (size_t)s->n * (size_t)layer->h * moe_dtype_size(MOE_OPS(rt)->compute_dtype);
-        MOE_TRY(alloc_dev(rt, bytes, &dx_scratch));
+        MOE_TRY(moe_layer_alloc_dev(rt, bytes, &dx_scratch));
         dx_data = dx_scratch;
     }
     st = backward_impl(layer, s, dy, dx_data);
-    free_dev(rt, &dx_scratch);
+    moe_layer_free_dev(rt, &dx_scratch);
     if (st == MOE_STATUS_SUCCESS) slot_free(layer, s);
     return st;
 }

@@ -57,6 +57,13 @@ struct moe_layer {
 
 /* ---- steps shared by the single-rank path (layer.c) and the distributed one (dispatch.c) */
 
+/* Device memory of the runtime's backend; free sets *pp to NULL and ignores NULL. */
+moe_status_t moe_layer_alloc_dev(moe_runtime_t *rt, size_t bytes, void *out);
+void moe_layer_free_dev(moe_runtime_t *rt, void *pp);
+/* Slots an expert keeps out of n tokens' (capacity_factor * n * K / E, rounded up), or -1
+ * when dropless. */
+int64_t moe_layer_capacity(const moe_layer_t *l, int64_t n);
+
 /* The router's small per-forward results, copied to the host. */
 typedef struct moe_routing_host {
     int32_t *counts;       /* [E] selections per expert (before capacity) */
