@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "bench_fill.h"
+#include "grid.cuh"
 
 /* A hash of (i, seed) mapped to [-1, 1). */
 static __device__ float hash_uniform(int64_t i, uint64_t seed)
@@ -22,9 +23,7 @@ static __device__ void put(float *p, float v) { *p = v; }
 template <typename T>
 __global__ void fill(T *p, int64_t n, uint64_t seed, float scale)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        put(p + i, hash_uniform(i, seed) * scale);
+    GRID_STRIDE(i, n) put(p + i, hash_uniform(i, seed) * scale);
 }
 
 extern "C" int bench_fill_bf16(void *p, int64_t n, uint64_t seed, float scale, cudaStream_t s)

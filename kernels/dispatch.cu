@@ -21,11 +21,14 @@
 #include <limits.h>
 
 #include "bf16_vec.cuh"
+#include "grid.cuh"
 #include "kernels.h"
 
 #define CHUNK 1024            /* slots per plan chunk (one warp in plan_place) */
 #define PLACE_WARPS 4
 #define MAX_PLAN_E 2048       /* plan_place keeps (PLACE_WARPS + 2) x E ints in shared memory */
+static_assert(sizeof(int32_t) * MAX_PLAN_E * (PLACE_WARPS + 2) <= 48 * 1024,
+              "plan_place's shared memory must fit the default 48 KiB");
 
 /* ---- plan ---------------------------------------------------------------------------------- */
 
@@ -146,11 +149,6 @@ extern "C" cudaError_t moe_cuda_plan(const int32_t *topk_idx, int64_t n, int32_t
     plan_count<<<nchunks, 256, sizeof(int32_t) * (size_t)e, stream>>>(topk_idx, slots, e, scratch);
     plan_scan<<<e, 256, 0, stream>>>(scratch, nchunks, e, capacity, kept);
     size_t smem = sizeof(int32_t) * (size_t)e * (2 + PLACE_WARPS);
-    if (smem > 48 * 1024) {
-        cudaError_t rc = cudaFuncSetAttribute(plan_place, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem);
-        if (rc != cudaSuccess) return rc;
-    }
     plan_place<<<(nchunks + PLACE_WARPS - 1) / PLACE_WARPS, PLACE_WARPS * 32, smem, stream>>>(
         topk_idx, slots, nchunks, e, scratch, kept, row_of_slot, slot_of_row);
     return cudaGetLastError();
@@ -168,8 +166,7 @@ __global__ void pad_plan_kernel(const int32_t *__restrict__ idx, int64_t slots, 
     if (threadIdx.x < 32) expert_offsets(kept, e, s_off, s_kept);
     __syncthreads();
     int64_t total = (int64_t)e * stride, n = slots > total ? slots : total;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, n) {
         if (i < slots) {
             int32_t r = row_of_slot[i];
             if (r >= 0) {

@@ -5,17 +5,8 @@
  */
 #include <cuda_bf16.h>
 
+#include "grid.cuh"
 #include "kernels.h"
-
-static unsigned grid_for(int64_t n)
-{
-    int64_t b = (n + 255) / 256;
-    return (unsigned)(b < 1 ? 1 : b > 132 * 32 ? 132 * 32 : b);
-}
-
-#define GRID_STRIDE(i, n)                                                                  \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);              \
-         i += (int64_t)gridDim.x * blockDim.x)
 
 __global__ void bf16_to_f32(float *dst, const __nv_bfloat16 *src, int64_t n)
 {

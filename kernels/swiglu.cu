@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include "bf16_vec.cuh"
+#include "grid.cuh"
 #include "kernels.h"
 
 template <int VEC>
@@ -16,8 +17,7 @@ __global__ void swiglu_fwd(__nv_bfloat16 *__restrict__ act, const __nv_bfloat16 
                            int64_t rows, int64_t f)
 {
     int64_t per_row = f / VEC, total = rows * per_row;
-    for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < total;
-         v += (int64_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(v, total) {
         int64_t r = v / per_row, c = (v % per_row) * VEC;
         float g[VEC], u[VEC], a[VEC];
         load_vec<VEC>(hpre + r * 2 * f + c, g);
@@ -33,8 +33,7 @@ __global__ void swiglu_bwd(__nv_bfloat16 *__restrict__ d_hpre, const __nv_bfloat
                            const __nv_bfloat16 *__restrict__ hpre, int64_t rows, int64_t f)
 {
     int64_t per_row = f / VEC, total = rows * per_row;
-    for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < total;
-         v += (int64_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(v, total) {
         int64_t r = v / per_row, c = (v % per_row) * VEC;
         float g[VEC], u[VEC], da[VEC], dg[VEC], du[VEC];
         load_vec<VEC>(hpre + r * 2 * f + c, g);
@@ -49,13 +48,6 @@ __global__ void swiglu_bwd(__nv_bfloat16 *__restrict__ d_hpre, const __nv_bfloat
         store_vec<VEC>(d_hpre + r * 2 * f + c, dg);
         store_vec<VEC>(d_hpre + r * 2 * f + f + c, du);
     }
-}
-
-/* Enough blocks to fill the GPU several times over; the loops stride past that. */
-static unsigned grid_for(int64_t work)
-{
-    int64_t b = (work + 255) / 256;
-    return (unsigned)(b < 1 ? 1 : b > 132 * 32 ? 132 * 32 : b);
 }
 
 extern "C" cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, int64_t f,

@@ -42,12 +42,35 @@ static void cuda_destroy(void *vctx)
     free(c);
 }
 
+/* Free the workspace in the order of the stream it was used on. */
+static moe_status_t drop_workspace(cuda_ctx_t *c)
+{
+    if (c->ws) MOE_CUDA_CHECK(cudaFreeAsync(c->ws, c->stream));
+    c->ws = NULL;
+    c->ws_bytes = 0;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_fork(cuda_ctx_t *c, int n)
+{
+    MOE_CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
+    for (int s = 0; s < n; s++) MOE_CUDA_CHECK(cudaStreamWaitEvent(c->side[s], c->fork, 0));
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_cuda_join(cuda_ctx_t *c, int n)
+{
+    for (int s = 0; s < n; s++) {
+        MOE_CUDA_CHECK(cudaEventRecord(c->join[s], c->side[s]));
+        MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[s], 0));
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_cuda_workspace(cuda_ctx_t *c, size_t bytes, void **out)
 {
     if (bytes > c->ws_bytes) {
-        if (c->ws) MOE_CUDA_CHECK(cudaFreeAsync(c->ws, c->stream));
-        c->ws = NULL;
-        c->ws_bytes = 0;
+        MOE_TRY(drop_workspace(c));
         size_t want = bytes + bytes / 4; /* headroom: shapes drift between microbatches */
         cudaError_t rc = cudaMallocFromPoolAsync(&c->ws, want, c->pool, c->stream);
         if (rc != cudaSuccess)
@@ -126,9 +149,7 @@ static moe_status_t cuda_set_stream(void *vctx, void *stream)
     cudaStream_t next = stream ? (cudaStream_t)stream : c->own_stream;
     if (next == c->stream) return MOE_STATUS_SUCCESS;
     /* the workspace is ordered on the old stream: free it there, regrow on the new one */
-    if (c->ws) MOE_CUDA_CHECK(cudaFreeAsync(c->ws, c->stream));
-    c->ws = NULL;
-    c->ws_bytes = 0;
+    MOE_TRY(drop_workspace(c));
     c->stream = next;
     MOE_CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     return MOE_STATUS_SUCCESS;
@@ -197,8 +218,6 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     cuda_ctx_t *c = calloc(1, sizeof *c);
     if (!c) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "CUDA backend context");
     c->device = p->device_index;
-    c->deterministic = p->deterministic;
-    c->logger = p->logger;
     moe_status_t st;
     MOE_CUDA_CHECK_GOTO(st, cudaSetDevice(c->device));
     MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->own_stream, cudaStreamNonBlocking));
@@ -221,7 +240,7 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
         MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming));
         MOE_TRY_GOTO(st, make_cublas(c->side[i], &c->side_cublas[i], &c->side_ws[i]));
     }
-    c->gemm_mode = gemm_mode_from_env(c->logger);
+    c->gemm_mode = gemm_mode_from_env(p->logger);
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;

@@ -16,7 +16,5 @@
 #define MOE_CUBLAS_CHECK(call)                                                             \
     MOE_CHECK_GEN(cublasStatus_t, call, rc_ == CUBLAS_STATUS_SUCCESS,                      \
                   MOE_STATUS_BACKEND_ERROR, cublasGetStatusString)
-/* After every kernel launch. */
-#define MOE_CUDA_CHECK_LAUNCH() MOE_CUDA_CHECK(cudaGetLastError())
 
 #endif /* MOE_CUDA_CHECK_H */

@@ -26,7 +26,6 @@ typedef enum cuda_gemm_mode {
 
 typedef struct cuda_ctx {
     int device;
-    bool deterministic;
     cudaStream_t own_stream;
     cudaStream_t stream;                 /* current: own_stream or the caller's */
     cublasHandle_t cublas;               /* bound to `stream` */
@@ -47,8 +46,12 @@ typedef struct cuda_ctx {
     /* pinned landing buffer of the plan's kept counts */
     int32_t *pinned_kept;
     size_t pinned_kept_n;
-    const moe_logger_t *logger;
 } cuda_ctx_t;
+
+/* Side streams 0..n-1 wait for the work enqueued so far on c->stream (fork), and c->stream
+ * waits for everything enqueued on them (join). */
+moe_status_t moe_cuda_fork(cuda_ctx_t *c, int n);
+moe_status_t moe_cuda_join(cuda_ctx_t *c, int n);
 
 /* A scratch pointer of at least `bytes`, valid for work enqueued on c->stream until the next
  * call. */

@@ -152,11 +152,7 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
         return MOE_STATUS_SUCCESS;
     }
     bool fan = mode == CUDA_GEMM_STREAMS;
-    if (fan) {
-        MOE_CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
-        for (int s = 0; s < MOE_CUDA_SIDE_STREAMS; s++)
-            MOE_CUDA_CHECK(cudaStreamWaitEvent(c->side[s], c->fork, 0));
-    }
+    if (fan) MOE_TRY(moe_cuda_fork(c, MOE_CUDA_SIDE_STREAMS));
     int next = 0;
     for (int32_t e = 0; e < x->el; e++) {
         int64_t r0 = x->host_offsets[e], rows = x->host_offsets[e + 1] - r0;
@@ -168,11 +164,7 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
             MOE_TRY(run_one(h, &g));
         }
     }
-    if (fan)
-        for (int s = 0; s < MOE_CUDA_SIDE_STREAMS; s++) {
-            MOE_CUDA_CHECK(cudaEventRecord(c->join[s], c->side[s]));
-            MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[s], 0));
-        }
+    if (fan) MOE_TRY(moe_cuda_join(c, MOE_CUDA_SIDE_STREAMS));
     return MOE_STATUS_SUCCESS;
 }
 

@@ -11,8 +11,6 @@
 #include "../../../kernels/kernels.h"
 #include "cuda_ctx.h"
 
-#define MOE_LAUNCH(call) MOE_CUDA_CHECK(call)
-
 moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
                            int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                            const void *b, int64_t ldb, float beta, void *c, cudaDataType_t ctype,
@@ -54,7 +52,7 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
      * slower even at N*H*E <= 2^27. */
     MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x, a->h,
                  0.0f, a->logits, CUDA_R_32F, a->e));
-    MOE_LAUNCH(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
+    MOE_CUDA_CHECK(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
                                       a->renormalize, a->topk_idx, a->topk_w, a->counts,
                                       a->score_mean, a->stats, scratch, c->router_tickets,
                                       c->stream));
@@ -69,21 +67,19 @@ moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
     /* dlogits in bf16 feeds the tensor-core GEMMs (the f32 copy is the op's output) */
     void *dl16;
     MOE_TRY(moe_cuda_workspace(c, 2 * (size_t)a->n * (size_t)a->e, &dl16));
-    MOE_LAUNCH(moe_cuda_router_dlogits(a->logits, a->topk_idx, a->topk_w, a->d_topk_w, a->counts,
+    MOE_CUDA_CHECK(moe_cuda_router_dlogits(a->logits, a->topk_idx, a->topk_w, a->d_topk_w, a->counts,
                                        a->n, a->e, a->k, (int)a->score_fn, a->renormalize,
                                        a->aux_coef, a->z_coef, a->dlogits, dl16, c->stream));
     /* The two GEMMs only share their read-only input dl16: dwg runs on a side stream while
      * dx runs here, so one's memory-bound phases overlap the other's math. */
-    MOE_CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
-    MOE_CUDA_CHECK(cudaStreamWaitEvent(c->side[0], c->fork, 0));
+    MOE_TRY(moe_cuda_fork(c, 1));
     /* dwg [H,E] += x^T · dlogits  ==  dwg^T += dlogits^T · x */
     MOE_TRY(moe_cuda_gemm(c->side_cublas[0], CUBLAS_OP_N, CUBLAS_OP_T, a->e, a->h, a->n, dl16, a->e, a->x,
                  a->h, 1.0f, a->dwg, CUDA_R_32F, a->e));
     /* dx [N,H] += dlogits [N,E] · wg^T  ==  dx^T += wg · dlogits^T */
     MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, a->h, a->n, a->e, a->wg, a->e, dl16, a->e,
                  1.0f, a->dx, CUDA_R_16BF, a->h));
-    MOE_CUDA_CHECK(cudaEventRecord(c->join[0], c->side[0]));
-    MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[0], 0));
+    MOE_TRY(moe_cuda_join(c, 1));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -97,7 +93,7 @@ moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a)
     void *scratch;
     MOE_TRY(moe_cuda_workspace(c, sizeof(int32_t) * (size_t)moe_cuda_plan_scratch(a->n, a->k, a->e),
                                &scratch));
-    MOE_LAUNCH(moe_cuda_plan(a->topk_idx, a->n, a->k, a->e, a->capacity, a->row_of_slot,
+    MOE_CUDA_CHECK(moe_cuda_plan(a->topk_idx, a->n, a->k, a->e, a->capacity, a->row_of_slot,
                              a->slot_of_row, a->kept, scratch, c->stream));
     if ((size_t)a->e > c->pinned_kept_n) {
         if (c->pinned_kept) MOE_CUDA_CHECK(cudaFreeHost(c->pinned_kept));
@@ -117,7 +113,7 @@ moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a)
 moe_status_t moe_cuda_pad_plan_op(void *ctx, const moe_pad_plan_t *a)
 {
     cuda_ctx_t *c = ctx;
-    MOE_LAUNCH(moe_cuda_pad_plan(a->topk_idx, a->n, a->k, a->e, a->kept, a->stride, a->slot_of_row,
+    MOE_CUDA_CHECK(moe_cuda_pad_plan(a->topk_idx, a->n, a->k, a->e, a->kept, a->stride, a->slot_of_row,
                                  a->row_of_slot, a->padded_slot_of_row, c->stream));
     return MOE_STATUS_SUCCESS;
 }
@@ -127,7 +123,7 @@ moe_status_t moe_cuda_gather_rows_op(void *ctx, void *dst, const void *src,
                                      int64_t rows, int64_t h)
 {
     cuda_ctx_t *c = ctx;
-    MOE_LAUNCH(moe_cuda_gather_rows(dst, src, slot_of_row, k, scale, rows, h, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_gather_rows(dst, src, slot_of_row, k, scale, rows, h, c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -135,7 +131,7 @@ moe_status_t moe_cuda_combine_op(void *ctx, void *dst, const void *src, const in
                                  const float *w, int64_t n, int32_t k, int64_t h)
 {
     cuda_ctx_t *c = ctx;
-    MOE_LAUNCH(moe_cuda_combine(dst, src, row_of_slot, w, n, k, h, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_combine(dst, src, row_of_slot, w, n, k, h, c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -144,7 +140,7 @@ moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *d
                                              int64_t n, int32_t k, int64_t h)
 {
     cuda_ctx_t *c = ctx;
-    MOE_LAUNCH(moe_cuda_combine_weight_grad(dw, dy, rows, row_of_slot, n, k, h, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_combine_weight_grad(dw, dy, rows, row_of_slot, n, k, h, c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -155,7 +151,7 @@ moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a)
     cuda_ctx_t *c = ctx;
     /* bias corrections in fp64 on the host, as the host twin computes them */
     double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
-    MOE_LAUNCH(moe_cuda_adamw(a->master, a->m, a->v, a->param, a->grad, a->n, a->lr, a->beta1,
+    MOE_CUDA_CHECK(moe_cuda_adamw(a->master, a->m, a->v, a->param, a->grad, a->n, a->lr, a->beta1,
                               a->beta2, a->eps, a->weight_decay, a->grad_scale,
                               (float)(1.0 / bc1), (float)(1.0 / sqrt(bc2)), c->stream));
     return MOE_STATUS_SUCCESS;
@@ -164,20 +160,20 @@ moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a)
 moe_status_t moe_cuda_add_op(void *ctx, void *dst, const void *src, int64_t n)
 {
     cuda_ctx_t *c = ctx;
-    MOE_LAUNCH(moe_cuda_add_bf16(dst, src, n, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_add_bf16(dst, src, n, c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_cuda_act_to_f32(void *ctx, float *dst, const void *src, int64_t n)
 {
     cuda_ctx_t *c = ctx;
-    MOE_LAUNCH(moe_cuda_bf16_to_f32(dst, src, n, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_bf16_to_f32(dst, src, n, c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_cuda_f32_to_act(void *ctx, void *dst, const float *src, int64_t n)
 {
     cuda_ctx_t *c = ctx;
-    MOE_LAUNCH(moe_cuda_f32_to_bf16(dst, src, n, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_f32_to_bf16(dst, src, n, c->stream));
     return MOE_STATUS_SUCCESS;
 }
