@@ -113,8 +113,6 @@ struct moe_ckpt {
 
 /* ---- small helpers ----------------------------------------------------------------------- */
 
-static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
-
 static size_t env_size(const char *name, size_t fallback, const moe_logger_t *log)
 {
     const char *v = getenv(name);
@@ -868,10 +866,6 @@ static void free_handle(moe_ckpt_t *ck)
     moe_comm_destroy(ck->comm_w);
     pthread_mutex_destroy(&ck->mu);
     pthread_cond_destroy(&ck->cv);
-    free((char *)ck->cfg.s3_endpoint);
-    free((char *)ck->cfg.s3_bucket);
-    free((char *)ck->cfg.s3_prefix);
-    free((char *)ck->cfg.s3_region);
     free(ck->dir);
     ck->magic = MOE_MAGIC_DEAD;
     free(ck);
@@ -932,10 +926,8 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     ck->log = &rt->logger;
     ck->cfg = c;
     ck->cfg.dir = NULL;
-    ck->cfg.s3_endpoint = dup_or_null(c.s3_endpoint);
-    ck->cfg.s3_bucket = dup_or_null(c.s3_bucket);
-    ck->cfg.s3_prefix = dup_or_null(c.s3_prefix);
-    ck->cfg.s3_region = dup_or_null(c.s3_region);
+    /* the caller's strings are not kept: the S3 client copied what it needs */
+    ck->cfg.s3_endpoint = ck->cfg.s3_bucket = ck->cfg.s3_prefix = ck->cfg.s3_region = NULL;
     ck->cfg.s3_access_key = ck->cfg.s3_secret_key = ck->cfg.s3_session_token = NULL;
     ck->dir = strdup(c.dir);
     pthread_mutex_init(&ck->mu, NULL);

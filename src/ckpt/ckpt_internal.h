@@ -48,7 +48,6 @@ typedef struct ck_piece {
 
 typedef struct ck_file {
     char *path;               /* plain file name inside the step directory */
-    int32_t rank;
     uint64_t bytes;           /* file size (a multiple of CK_ALIGN) */
 } ck_file_t;
 
@@ -87,9 +86,6 @@ moe_status_t ck_manifest_read(const char *stepdir, ck_manifest_t *out);
 
 /* ---- writer.c ---- */
 typedef struct ck_writer ck_writer_t;
-typedef struct ck_wreq_done {
-    void *seg_cookie;          /* returned when every request of a segment has completed */
-} ck_wreq_done_t;
 moe_status_t ck_writer_create(int queue_depth, size_t io_block, bool direct,
                               const moe_logger_t *log, ck_writer_t **out);
 void ck_writer_destroy(ck_writer_t *w);
@@ -110,7 +106,6 @@ moe_status_t ck_writer_finish(ck_writer_t *w);
 /* Abandon the current file (close without fsync), reaping what is in flight. */
 void ck_writer_cancel(ck_writer_t *w);
 bool ck_writer_direct(const ck_writer_t *w);
-bool ck_writer_uring(const ck_writer_t *w);
 
 /* ---- fs helpers (writer.c) ---- */
 moe_status_t ck_fsync_dir(const char *dir);

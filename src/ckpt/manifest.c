@@ -487,7 +487,6 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
         ck_file_t *f = &out->files[out->nfiles++];
         f->path = strdup(p->valuestring);
         f->bytes = bytes;
-        f->rank = (int32_t)rank;
         if (!f->path) {
             st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest path");
             goto fail;

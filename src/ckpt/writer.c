@@ -60,7 +60,6 @@ struct ck_writer {
 };
 
 bool ck_writer_direct(const ck_writer_t *w) { return w->direct; }
-bool ck_writer_uring(const ck_writer_t *w) { return w->uring; }
 
 moe_status_t ck_writer_create(int queue_depth, size_t io_block, bool direct,
                               const moe_logger_t *log, ck_writer_t **out)
@@ -134,7 +133,7 @@ moe_status_t ck_writer_open(ck_writer_t *w, const char *path)
                     "checkpoint: the file system of %s refuses O_DIRECT; using buffered writes",
                     path);
         } else if (w->fd < 0) {
-            return MOE_FAIL(errno == ENOSPC ? MOE_STATUS_IO_ERROR : MOE_STATUS_IO_ERROR,
+            return MOE_FAIL(MOE_STATUS_IO_ERROR,
                             "open(%s, O_DIRECT) failed: %s", path, strerror(errno));
         }
     }
