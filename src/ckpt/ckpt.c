@@ -169,12 +169,6 @@ static bool file_exists(const char *path)
     return stat(path, &sb) == 0;
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Complete local checkpoints (a step directory with manifest.json), ascending. */
 static moe_status_t local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n)
 {
@@ -204,7 +198,7 @@ static moe_status_t local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n)
     }
     closedir(d);
     if (!v) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "step list");
-    qsort(v, (size_t)cnt, sizeof *v, cmp_i64);
+    qsort(v, (size_t)cnt, sizeof *v, ck_cmp_i64);
     *out = v;
     *n = cnt;
     return MOE_STATUS_SUCCESS;
@@ -341,12 +335,18 @@ static seg_t *next_segment(moe_ckpt_t *ck, job_t *j)
     }
 }
 
-/* Every rank contributes ok (1/0); returns the minimum. Records its own failure first. */
-static moe_status_t agree(moe_comm_t *c, int32_t ok, int32_t *all_ok)
+/* Saves (and, with uploads, S3 uploads) still pending; the caller holds ck->mu. */
+static bool busy_locked(const moe_ckpt_t *ck, bool uploads)
 {
-    *all_ok = ok;
+    return ck->st.pending_saves > 0 || (uploads && ck->st.pending_uploads > 0);
+}
+
+/* Every rank contributes v; *out gets their min or max (v itself without a communicator). */
+static moe_status_t agree(moe_comm_t *c, int32_t v, moe_reduce_op_t op, int32_t *out)
+{
+    *out = v;
     if (!c) return MOE_STATUS_SUCCESS;
-    return moe_comm_allreduce(c, &ok, all_ok, 1, MOE_COMM_I32, MOE_REDUCE_MIN);
+    return moe_comm_allreduce(c, &v, out, 1, MOE_COMM_I32, op);
 }
 
 /* Rank 0 receives every rank's piece list (JSON text) and file size. */
@@ -443,9 +443,10 @@ static void local_retention(moe_ckpt_t *ck)
 static moe_status_t write_job(moe_ckpt_t *ck, job_t *j, char *stepdir, char **pieces_json)
 {
     moe_status_t st = MOE_STATUS_SUCCESS;
-    char tmp[PATH_MAX + 64], fin[PATH_MAX + 64];
-    snprintf(tmp, sizeof tmp, "%s/rank-%05d.bin.tmp", stepdir, ck->rank);
-    snprintf(fin, sizeof fin, "%s/rank-%05d.bin", stepdir, ck->rank);
+    char tmp[PATH_MAX + 64], fin[PATH_MAX + 64], name[32];
+    ck_rank_filename(ck->rank, name, sizeof name);
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", stepdir, name);
+    snprintf(fin, sizeof fin, "%s/%s", stepdir, name);
     bool opened = false;
     if (j->snap_failed && j->npieces == 0) /* a placeholder for a save refused at once */
         return MOE_FAIL(MOE_STATUS_ABORTED, "the save of step %" PRId64 " was refused", j->step);
@@ -528,7 +529,7 @@ static void commit_job(moe_ckpt_t *ck, job_t *j)
     step_path(ck, j->step, stepdir, sizeof stepdir);
     /* every rank takes part in the agreement, failed or not, so nobody waits for ever */
     int32_t all_ok = 0;
-    moe_status_t cst = agree(ck->comm_w, j->local_ok, &all_ok);
+    moe_status_t cst = agree(ck->comm_w, j->local_ok, MOE_REDUCE_MIN, &all_ok);
     if (cst != MOE_STATUS_SUCCESS) {
         set_async_error(ck, cst, "checkpoint agreement");
         all_ok = 0;
@@ -711,7 +712,7 @@ static void *s3_main(void *arg)
         pthread_mutex_unlock(&ck->mu);
         moe_status_t st = MOE_STATUS_ABORTED;
         char file[64];
-        snprintf(file, sizeof file, "rank-%05d.bin", ck->rank);
+        ck_rank_filename(ck->rank, file, sizeof file);
         if (!aborting) {
             st = put_step_file(ck, u->step, u->manifest_only ? CK_MANIFEST : file);
             if (st == MOE_STATUS_SUCCESS && ck->world == 1)
@@ -790,7 +791,7 @@ static moe_status_t progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t t
             u->next = NULL;
             pthread_mutex_unlock(&ck->mu);
             int32_t all_ok = 0;
-            moe_status_t st = agree(ck->comm_w, u->ok, &all_ok);
+            moe_status_t st = agree(ck->comm_w, u->ok, MOE_REDUCE_MIN, &all_ok);
             if (st != MOE_STATUS_SUCCESS) {
                 free(u);
                 return st;
@@ -817,7 +818,7 @@ static moe_status_t progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t t
         }
         if (!drain) return MOE_STATUS_SUCCESS;
         pthread_mutex_lock(&ck->mu);
-        int32_t busy[2] = {ck->st.pending_saves > 0 || (uploads && ck->st.pending_uploads > 0),
+        int32_t busy[2] = {busy_locked(ck, uploads),
                            timeout_ms >= 0 && (moe_now_s() - t0) * 1000.0 > (double)timeout_ms};
         pthread_mutex_unlock(&ck->mu);
         int32_t any[2];
@@ -961,11 +962,11 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
             unlink(probe);
         }
     }
-    int32_t ok = st == MOE_STATUS_SUCCESS, all_ok = ok;
+    int32_t all_ok;
     /* host[]: MPI over host buffers (comm[] may be NCCL on device buffers) */
     moe_comm_t *world = rt->mesh->host[MOE_AXIS_WORLD];
     if (world) {
-        moe_status_t cst = moe_comm_allreduce(world, &ok, &all_ok, 1, MOE_COMM_I32, MOE_REDUCE_MIN);
+        moe_status_t cst = agree(world, st == MOE_STATUS_SUCCESS, MOE_REDUCE_MIN, &all_ok);
         if (cst != MOE_STATUS_SUCCESS) st = cst;
         if (st == MOE_STATUS_SUCCESS && !all_ok)
             st = MOE_FAIL(MOE_STATUS_IO_ERROR, "another rank could not use its checkpoint "
@@ -1025,11 +1026,11 @@ static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms)
     }
     pthread_mutex_lock(&ck->mu);
     while (ck->async_err == MOE_STATUS_SUCCESS &&
-           (ck->st.pending_saves > 0 || (uploads && ck->st.pending_uploads > 0))) {
+           busy_locked(ck, uploads)) {
         if (timeout_ms < 0) {
             pthread_cond_wait(&ck->cv, &ck->mu);
         } else if (pthread_cond_timedwait(&ck->cv, &ck->mu, &dl) == ETIMEDOUT) {
-            bool busy = ck->st.pending_saves > 0 || (uploads && ck->st.pending_uploads > 0);
+            bool busy = busy_locked(ck, uploads);
             pthread_mutex_unlock(&ck->mu);
             if (busy)
                 return MOE_FAIL(MOE_STATUS_TIMEOUT, "checkpoint work still in progress after "
@@ -1233,7 +1234,7 @@ moe_status_t moe_ckpt_poll(moe_ckpt_t *ck, int include_uploads)
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_TRY(take_async_error(ck));
     pthread_mutex_lock(&ck->mu);
-    bool busy = ck->st.pending_saves > 0 || (include_uploads && ck->st.pending_uploads > 0);
+    bool busy = busy_locked(ck, include_uploads);
     pthread_mutex_unlock(&ck->mu);
     return busy ? MOE_STATUS_IN_PROGRESS : MOE_STATUS_SUCCESS;
 }
@@ -1294,13 +1295,6 @@ static int32_t severity(moe_status_t st)
     return 1;
 }
 
-static moe_status_t agree_max(moe_comm_t *c, int32_t v, int32_t *out)
-{
-    *out = v;
-    if (!c) return MOE_STATUS_SUCCESS;
-    return moe_comm_allreduce(c, &v, out, 1, MOE_COMM_I32, MOE_REDUCE_MAX);
-}
-
 /* Rank 0: fetch step from S3 into a hidden directory, then swap it in for the local copy. */
 static moe_status_t restore_from_s3(moe_ckpt_t *ck, int64_t step)
 {
@@ -1352,7 +1346,7 @@ static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
     step_path(ck, step, stepdir, sizeof stepdir);
     moe_status_t st = ck_load_dir(ck->rt, stepdir, step, t, count);
     int32_t sev;
-    MOE_TRY(agree_max(ck->comm_w, severity(st), &sev));
+    MOE_TRY(agree(ck->comm_w, severity(st), MOE_REDUCE_MAX, &sev));
     if (sev == 0) return MOE_STATUS_SUCCESS;
     if (st == MOE_STATUS_SUCCESS)
         st = MOE_FAIL(sev == 2 ? MOE_STATUS_INVALID_ARGUMENT : MOE_STATUS_CORRUPT,
@@ -1374,7 +1368,7 @@ static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
     if (ck->comm_w) MOE_TRY(moe_comm_broadcast(ck->comm_w, &ok, 1, MOE_COMM_I32, 0));
     if (!ok) return MOE_FAIL(MOE_STATUS_CORRUPT, "step %" PRId64 " unusable locally and on S3", step);
     st = ck_load_dir(ck->rt, stepdir, step, t, count);
-    MOE_TRY(agree_max(ck->comm_w, severity(st), &sev));
+    MOE_TRY(agree(ck->comm_w, severity(st), MOE_REDUCE_MAX, &sev));
     if (sev == 0) return MOE_STATUS_SUCCESS;
     if (st == MOE_STATUS_SUCCESS)
         st = MOE_FAIL(sev == 2 ? MOE_STATUS_INVALID_ARGUMENT : MOE_STATUS_CORRUPT,
@@ -1432,7 +1426,7 @@ static moe_status_t candidates(moe_ckpt_t *ck, int64_t **cand, int32_t *ncand, i
         MOE_TRY(moe_comm_broadcast(ck->comm_w, all, (size_t)(n[0] + n[1]), MOE_COMM_I64, 0));
     /* unique, descending */
     int32_t m = (int32_t)n[0];
-    qsort(all, (size_t)m, sizeof *all, cmp_i64);
+    qsort(all, (size_t)m, sizeof *all, ck_cmp_i64);
     int32_t u = 0; /* unique in place (ascending), then reversed */
     for (int32_t i = 0; i < m; i++)
         if (u == 0 || all[u - 1] != all[i]) all[u++] = all[i];

@@ -82,6 +82,17 @@ void ck_step_dirname(int64_t step, char *buf, size_t len)
     snprintf(buf, len, "step-%012" PRId64, step);
 }
 
+void ck_rank_filename(int32_t rank, char *buf, size_t len)
+{
+    snprintf(buf, len, "rank-%05d.bin", rank);
+}
+
+int ck_cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 bool ck_parse_step_dirname(const char *s, int64_t *step)
 {
     if (strncmp(s, "step-", 5) != 0) return false;
@@ -305,7 +316,7 @@ char *ck_pieces_to_json(const ck_piece_t *p, int32_t n)
         cJSON_AddItemToObject(o, "global_shape", int_array(q->global_shape, q->ndim));
         cJSON_AddItemToObject(o, "slice_start", int_array(q->start, q->ndim));
         cJSON_AddItemToObject(o, "slice_shape", int_array(q->extent, q->ndim));
-        snprintf(rankfile, sizeof rankfile, "rank-%05d.bin", q->file);
+        ck_rank_filename(q->file, rankfile, sizeof rankfile);
         cJSON_AddStringToObject(o, "file", rankfile);
         cJSON_AddNumberToObject(o, "offset", (double)q->offset);
         cJSON_AddNumberToObject(o, "length", (double)q->length);
@@ -342,7 +353,7 @@ char *ck_manifest_build(int64_t step, uint64_t chunk_bytes, int32_t world, const
     for (int32_t r = 0; r < world; r++) {
         cJSON *f = cJSON_CreateObject();
         cJSON_AddItemToArray(files, f);
-        snprintf(name, sizeof name, "rank-%05d.bin", r);
+        ck_rank_filename(r, name, sizeof name);
         cJSON_AddStringToObject(f, "path", name);
         cJSON_AddNumberToObject(f, "rank", r);
         cJSON_AddNumberToObject(f, "bytes", (double)rank_file_bytes[r]);

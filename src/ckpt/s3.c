@@ -789,12 +789,6 @@ static void collect_step(const char *key, void *ud)
     a->v[a->n++] = step;
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 moe_status_t ck_s3_list_steps(ck_s3_t *s, int64_t **steps, int32_t *count, int retries)
 {
     steps_acc_t a = {.prefix = s->prefix};
@@ -804,7 +798,7 @@ moe_status_t ck_s3_list_steps(ck_s3_t *s, int64_t **steps, int32_t *count, int r
         free(a.v);
         return st;
     }
-    if (a.n) qsort(a.v, (size_t)a.n, sizeof *a.v, cmp_i64);
+    if (a.n) qsort(a.v, (size_t)a.n, sizeof *a.v, ck_cmp_i64);
     *steps = a.v;
     *count = a.n;
     return MOE_STATUS_SUCCESS;
