@@ -351,7 +351,7 @@ static void backoff_sleep(const ck_s3_t *s, int attempt, unsigned *seed)
 
 /* method key [query] [body] -> response. `retries` < 0 uses the configured count. */
 static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, const char *query,
-                           body_t *body, resp_t *r, long *http, int retries)
+                           body_t *body, resp_t *r, int retries)
 {
     if (retries < 0) retries = s->max_retries;
     char hash[65];
@@ -458,7 +458,6 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
         long code = 0;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
         curl_easy_cleanup(c);
-        *http = code;
         bool last = attempt >= retries;
         if (rc == CURLE_ABORTED_BY_CALLBACK) {
             st = MOE_FAIL(MOE_STATUS_ABORTED, "S3 %s %s cancelled", method, key);
@@ -529,10 +528,9 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
 moe_status_t ck_s3_check_bucket(ck_s3_t *s)
 {
     resp_t r = {.fd = -1};
-    long code;
     char key[8] = "";
     /* GET /bucket/?list-type=2&max-keys=1 */
-    moe_status_t st = s3_req(s, "GET", key, "list-type=2&max-keys=1", NULL, &r, &code, 1);
+    moe_status_t st = s3_req(s, "GET", key, "list-type=2&max-keys=1", NULL, &r, 1);
     free(r.data);
     return st;
 }
@@ -565,10 +563,9 @@ static void *part_worker(void *arg)
         uint64_t len = m->size - off < m->s->part_bytes ? m->size - off : m->s->part_bytes;
         body_t b = {.fd = m->fd, .off = off, .len = len};
         resp_t r = {.fd = -1};
-        long code;
         char q[1024];
         snprintf(q, sizeof q, "partNumber=%d&uploadId=%s", i + 1, m->upload_id_enc);
-        moe_status_t st = s3_req(m->s, "PUT", m->key, q, &b, &r, &code, -1);
+        moe_status_t st = s3_req(m->s, "PUT", m->key, q, &b, &r, -1);
         if (st == MOE_STATUS_SUCCESS && !r.etag[0])
             st = MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "S3 part %d of %s: no ETag", i + 1, m->key);
         if (st == MOE_STATUS_SUCCESS) {
@@ -590,8 +587,7 @@ static void *part_worker(void *arg)
 static moe_status_t multipart(ck_s3_t *s, const char *key, int fd, uint64_t size, uint64_t *sent)
 {
     resp_t r = {.fd = -1};
-    long code;
-    MOE_TRY(s3_req(s, "POST", key, "uploads=", NULL, &r, &code, -1));
+    MOE_TRY(s3_req(s, "POST", key, "uploads=", NULL, &r, -1));
     char uid[512];
     xml_value(r.data, "UploadId", uid, sizeof uid);
     free(r.data);
@@ -633,7 +629,7 @@ static moe_status_t multipart(ck_s3_t *s, const char *key, int fd, uint64_t size
             char q[1024];
             snprintf(q, sizeof q, "uploadId=%s", enc);
             resp_t r2 = {.fd = -1};
-            st = s3_req(s, "POST", key, q, &b, &r2, &code, -1);
+            st = s3_req(s, "POST", key, q, &b, &r2, -1);
             free(r2.data);
             free(xml);
         }
@@ -643,7 +639,7 @@ static moe_status_t multipart(ck_s3_t *s, const char *key, int fd, uint64_t size
         snprintf(keep, sizeof keep, "%s", moe_last_error());
         snprintf(q, sizeof q, "uploadId=%s", enc);
         resp_t r3 = {.fd = -1};
-        s3_req(s, "DELETE", key, q, NULL, &r3, &code, 0);
+        s3_req(s, "DELETE", key, q, NULL, &r3, 0);
         free(r3.data);
         MOE_FAIL(st, "%s", keep);
     }
@@ -674,8 +670,7 @@ moe_status_t ck_s3_put_file(ck_s3_t *s, const char *stepdir, const char *name,
     } else {
         body_t b = {.fd = fd, .off = 0, .len = size};
         resp_t r = {.fd = -1};
-        long code;
-        st = s3_req(s, "PUT", key, NULL, &b, &r, &code, -1);
+        st = s3_req(s, "PUT", key, NULL, &b, &r, -1);
         free(r.data);
         if (st == MOE_STATUS_SUCCESS) sent = size;
     }
@@ -692,8 +687,7 @@ moe_status_t ck_s3_get_file(ck_s3_t *s, const char *stepdir, const char *name,
     int fd = open(local_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return MOE_FAIL(MOE_STATUS_IO_ERROR, "open(%s) failed: %s", local_path, strerror(errno));
     resp_t r = {.fd = fd};
-    long code;
-    moe_status_t st = s3_req(s, "GET", key, NULL, NULL, &r, &code, -1);
+    moe_status_t st = s3_req(s, "GET", key, NULL, NULL, &r, -1);
     if (st == MOE_STATUS_SUCCESS && fsync(fd) != 0)
         st = MOE_FAIL(MOE_STATUS_IO_ERROR, "fsync(%s) failed: %s", local_path, strerror(errno));
     close(fd);
@@ -724,8 +718,7 @@ static moe_status_t list_keys(ck_s3_t *s, const char *sub, void (*fn)(const char
             snprintf(q, sizeof q, "list-type=2&prefix=%s", epfx ? epfx : "");
         }
         resp_t r = {.fd = -1};
-        long code;
-        st = s3_req(s, "GET", "", q, NULL, &r, &code, retries);
+        st = s3_req(s, "GET", "", q, NULL, &r, retries);
         if (st != MOE_STATUS_SUCCESS) {
             free(r.data);
             break;
@@ -828,8 +821,7 @@ moe_status_t ck_s3_delete_step(ck_s3_t *s, const char *stepdir)
     char key[2048], sub[128];
     make_key(s, stepdir, CK_MANIFEST, key, sizeof key);
     resp_t r = {.fd = -1};
-    long code;
-    MOE_TRY(s3_req(s, "DELETE", key, NULL, NULL, &r, &code, -1)); /* un-commit first */
+    MOE_TRY(s3_req(s, "DELETE", key, NULL, NULL, &r, -1)); /* un-commit first */
     free(r.data);
     snprintf(sub, sizeof sub, "%s/", stepdir);
     keys_acc_t a = {0};
@@ -837,7 +829,7 @@ moe_status_t ck_s3_delete_step(ck_s3_t *s, const char *stepdir)
     for (int i = 0; i < a.n; i++) {
         if (st == MOE_STATUS_SUCCESS) {
             resp_t r2 = {.fd = -1};
-            st = s3_req(s, "DELETE", a.k[i], NULL, NULL, &r2, &code, -1);
+            st = s3_req(s, "DELETE", a.k[i], NULL, NULL, &r2, -1);
             free(r2.data);
         }
         free(a.k[i]);
