@@ -349,7 +349,8 @@ static void backoff_sleep(const ck_s3_t *s, int attempt, unsigned *seed)
     }
 }
 
-/* method key [query] [body] -> response. `retries` < 0 uses the configured count. */
+/* method key [query] [body] -> response. `retries` < 0 uses the configured count. On failure
+ * the in-memory response body is freed (r->data NULL). */
 static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, const char *query,
                            body_t *body, resp_t *r, int retries)
 {
@@ -520,6 +521,11 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
     }
     curl_slist_free_all(hdrs);
     free(url);
+    if (st != MOE_STATUS_SUCCESS) { /* the body served the message: callers may just return */
+        free(r->data);
+        r->data = NULL;
+        r->len = r->cap = 0;
+    }
     return st;
 }
 
