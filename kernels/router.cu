@@ -18,6 +18,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kernels.h"
 
 #define WARPS 8               /* warps per block in the per-token kernels */
@@ -440,6 +442,26 @@ static int select_lanes(int32_t e)
     return lanes;
 }
 
+/* The register layout for E experts, as compile-time EPL (experts a lane) and LANES (lanes a
+ * token): 8 experts a lane and select_lanes(E) lanes, 16 experts on 32 lanes above E = 256.
+ * Forward and backward must hold a token's logits alike, so both dispatch through here. */
+template <int V>
+using int_c = std::integral_constant<int, V>;
+
+template <class F>
+static cudaError_t with_layout(int32_t e, F &&launch)
+{
+    switch (e > 256 ? 64 : select_lanes(e)) {
+    case 1: return launch(int_c<8>{}, int_c<1>{});
+    case 2: return launch(int_c<8>{}, int_c<2>{});
+    case 4: return launch(int_c<8>{}, int_c<4>{});
+    case 8: return launch(int_c<8>{}, int_c<8>{});
+    case 16: return launch(int_c<8>{}, int_c<16>{});
+    case 32: return launch(int_c<8>{}, int_c<32>{});
+    default: return launch(int_c<16>{}, int_c<32>{});
+    }
+}
+
 /* Tokens per warp pass: a function of N and E alone (so the reduction order, and the result,
  * never depend on the device): as many as make the grid about one wave of 132 SMs x
  * SELECT_BLOCKS_PER_SM blocks, at most 64. Fewer, longer-lived blocks beat the earlier "64
@@ -501,20 +523,11 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
     if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K || k > e || n <= 0 ||
         select_blocks(n, e) > INT32_MAX)
         return cudaErrorInvalidValue;
-    cudaError_t rc;
-#define MOE_SEL(EPL, LANES)                                                                  \
-    rc = launch_select<EPL, LANES>(logits, bias, n, e, k, score_fn, renormalize, topk_idx,      \
-                                   topk_w, scratch, tickets, counts, score_mean, stats, stream)
-    switch (e > 256 ? 64 : select_lanes(e)) {
-    case 1: MOE_SEL(8, 1); break;
-    case 2: MOE_SEL(8, 2); break;
-    case 4: MOE_SEL(8, 4); break;
-    case 8: MOE_SEL(8, 8); break;
-    case 16: MOE_SEL(8, 16); break;
-    case 32: MOE_SEL(8, 32); break;
-    default: MOE_SEL(16, 32); break;
-    }
-#undef MOE_SEL
+    cudaError_t rc = with_layout(e, [&](auto epl, auto lanes) {
+        return launch_select<decltype(epl)::value, decltype(lanes)::value>(
+            logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, scratch, tickets, counts,
+            score_mean, stats, stream);
+    });
     return rc != cudaSuccess ? rc : cudaGetLastError();
 }
 
@@ -641,18 +654,11 @@ extern "C" cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_
                                                void *dlogits_bf16, cudaStream_t stream)
 {
     if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K || n <= 0) return cudaErrorInvalidValue;
-#define MOE_DL(EPL, LANES)                                                                   \
-    launch_dlogits<EPL, LANES>(logits, topk_idx, topk_w, d_topk_w, counts, n, e, k, score_fn, \
-                               renormalize, aux_coef, z_coef, dlogits, dlogits_bf16, stream)
-    switch (e > 256 ? 64 : select_lanes(e)) {
-    case 1: MOE_DL(8, 1); break;
-    case 2: MOE_DL(8, 2); break;
-    case 4: MOE_DL(8, 4); break;
-    case 8: MOE_DL(8, 8); break;
-    case 16: MOE_DL(8, 16); break;
-    case 32: MOE_DL(8, 32); break;
-    default: MOE_DL(16, 32); break;
-    }
-#undef MOE_DL
+    with_layout(e, [&](auto epl, auto lanes) {
+        launch_dlogits<decltype(epl)::value, decltype(lanes)::value>(
+            logits, topk_idx, topk_w, d_topk_w, counts, n, e, k, score_fn, renormalize, aux_coef,
+            z_coef, dlogits, dlogits_bf16, stream);
+        return cudaSuccess;
+    });
     return cudaGetLastError();
 }
