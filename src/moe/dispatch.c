@@ -202,38 +202,29 @@ static moe_status_t a2a_wait(moe_layer_t *l, a2a_op_t *op)
     return MOE_STATUS_SUCCESS;
 }
 
-/* The expert computation on rows [row0, row0 + rows) of the expert side, whose local-expert
- * boundaries are off[0..El] (relative to row0). */
-typedef moe_status_t (*slice_fn)(moe_layer_t *l, moe_slot_t *s, int64_t row0, int64_t rows,
-                                 const int64_t *off, void *exp_in, void *exp_out, void *scratch);
-
-static moe_status_t slice_forward(moe_layer_t *l, moe_slot_t *s, int64_t row0, int64_t rows,
-                                  const int64_t *off, void *exp_in, void *exp_out, void *scratch)
+/* The expert computation, forward or backward, on the rows of the expert side from row0 on,
+ * whose local-expert boundaries are off[0..El] (relative to row0). Forward reads the saved
+ * xr and writes exp_out; backward reads the upstream gradient from exp_in, writes the input
+ * gradient to exp_out and accumulates the weight gradients. */
+static moe_status_t run_slice(moe_layer_t *l, moe_slot_t *s, bool backward, int64_t row0,
+                              const int64_t *off, void *exp_in, void *exp_out, void *scratch)
 {
-    (void)rows, (void)exp_in, (void)scratch;
     moe_dist_slot_t *ds = s->dist;
     size_t a = l->dist->act, H = (size_t)l->h, F = (size_t)l->f_local, r0 = (size_t)row0;
     moe_experts_t ex = {
         .h = l->h, .f = l->f_local, .el = l->el, .host_offsets = off, .w1 = l->w1, .w2 = l->w2,
         .xp = (char *)ds->xr + r0 * H * a, .hpre = (char *)ds->hpre + r0 * 2 * F * a,
-        .act = (char *)ds->act + r0 * F * a, .out = (char *)exp_out + r0 * H * a,
+        .act = (char *)ds->act + r0 * F * a,
     };
-    return MOE_OPS(l->rt)->experts_forward(MOE_CTX(l->rt), &ex);
-}
-
-static moe_status_t slice_backward(moe_layer_t *l, moe_slot_t *s, int64_t row0, int64_t rows,
-                                   const int64_t *off, void *exp_in, void *exp_out, void *scratch)
-{
-    (void)rows;
-    moe_dist_slot_t *ds = s->dist;
-    size_t a = l->dist->act, H = (size_t)l->h, F = (size_t)l->f_local, r0 = (size_t)row0;
-    moe_experts_t ex = {
-        .h = l->h, .f = l->f_local, .el = l->el, .host_offsets = off, .w1 = l->w1, .w2 = l->w2,
-        .xp = (char *)ds->xr + r0 * H * a, .hpre = (char *)ds->hpre + r0 * 2 * F * a,
-        .act = (char *)ds->act + r0 * F * a, .out = NULL,
-        .d_out = (char *)exp_in + r0 * H * a, .d_xp = (char *)exp_out + r0 * H * a,
-        .dw1 = l->dw1, .dw2 = l->dw2, .scratch = scratch,
-    };
+    if (!backward) {
+        ex.out = (char *)exp_out + r0 * H * a;
+        return MOE_OPS(l->rt)->experts_forward(MOE_CTX(l->rt), &ex);
+    }
+    ex.d_out = (char *)exp_in + r0 * H * a;
+    ex.d_xp = (char *)exp_out + r0 * H * a;
+    ex.dw1 = l->dw1;
+    ex.dw2 = l->dw2;
+    ex.scratch = scratch;
     return MOE_OPS(l->rt)->experts_backward(MOE_CTX(l->rt), &ex);
 }
 
@@ -243,7 +234,7 @@ typedef struct chunk_job {
     moe_layer_t *l;
     moe_slot_t *s;
     int c;
-    slice_fn fn;
+    bool backward;
     void *exp_in, *exp_out, *scratch;
     moe_status_t st;
     char err[600];
@@ -283,7 +274,8 @@ static moe_status_t compute_chunk(chunk_job_t *j, poll_set_t *polls)
             off[e] = b - lo;
             if (e < El) acc += ds->cnt[q * El + e];
         }
-        MOE_TRY(j->fn(l, j->s, ds->rd[q] + lo, hi - lo, off, j->exp_in, j->exp_out, j->scratch));
+        MOE_TRY(run_slice(l, j->s, j->backward, ds->rd[q] + lo, off, j->exp_in, j->exp_out,
+                          j->scratch));
         bool idle;
         if (polls) MOE_TRY(poll_all(l, polls, &idle));
     }
@@ -331,9 +323,10 @@ static moe_status_t run_chunk(moe_layer_t *l, chunk_job_t *j, poll_set_t *ps)
     return MOE_STATUS_SUCCESS;
 }
 
-/* tok_in (token side) -> exp_in (expert side) -> fn -> exp_out -> tok_out (token side). */
+/* tok_in (token side) -> exp_in (expert side) -> run_slice -> exp_out -> tok_out (token
+ * side). */
 static moe_status_t pipeline(moe_layer_t *l, moe_slot_t *s, const void *tok_in, void *exp_in,
-                             void *exp_out, void *tok_out, slice_fn fn, void *scratch)
+                             void *exp_out, void *tok_out, bool backward, void *scratch)
 {
     moe_dist_t *d = l->dist;
     moe_dist_slot_t *ds = s->dist;
@@ -342,7 +335,7 @@ static moe_status_t pipeline(moe_layer_t *l, moe_slot_t *s, const void *tok_in, 
     a2a_op_t disp[C], comb[C];
     moe_status_t st = MOE_STATUS_SUCCESS;
     int started_d = 0, started_c = 0;
-    chunk_job_t job = {.l = l, .s = s, .fn = fn, .exp_in = exp_in, .exp_out = exp_out,
+    chunk_job_t job = {.l = l, .s = s, .backward = backward, .exp_in = exp_in, .exp_out = exp_out,
                        .scratch = scratch};
 
     MOE_TRY_GOTO(st, a2a_start(l, ds, 0, false, tok_in, exp_in, &disp[0]));
@@ -583,7 +576,7 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)Fl * a, &ds->act));
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)H * a, &outr));
     if (Rs) MOE_TRY_GOTO(st, ops->gather_rows(ctx, xs, s->x, s->slot_of_row, K, NULL, (int64_t)Rs, H));
-    MOE_TRY_GOTO(st, pipeline(l, s, xs, ds->xr, outr, ds->back, slice_forward, NULL));
+    MOE_TRY_GOTO(st, pipeline(l, s, xs, ds->xr, outr, ds->back, false, NULL));
     /* 6. unpermute */
     if (n > 0) MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H));
     moe_layer_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
@@ -635,7 +628,7 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
     if (Rs)
         MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_rows, dy->data, s->slot_of_row, K, s->topk_w,
                                           (int64_t)Rs, H));
-    MOE_TRY_GOTO(st, pipeline(l, s, d_rows, d_outr, d_xr, d_back, slice_backward, scratch));
+    MOE_TRY_GOTO(st, pipeline(l, s, d_rows, d_outr, d_xr, d_back, true, scratch));
     if (n > 0) {
         MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_back, s->row_of_slot, NULL, n, K, H));
         /* the op scales by its local N; the global batch's terms need Nt (see top) */
