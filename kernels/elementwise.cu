@@ -1,5 +1,5 @@
 /*
- * Element-wise kernels: bf16 <-> f32 conversion, bf16 add, and the fused AdamW update
+ * Element-wise kernels: bf16 <-> f32 conversion and the fused AdamW update
  * (fp32 master and moments, bf16 model copy written from the updated master). n elements;
  * grid-stride loops, memory-bound (AdamW moves 4+4+4+4 bytes in, 4+4+4+2 out per element).
  */
@@ -16,11 +16,6 @@ __global__ void bf16_to_f32(float *dst, const __nv_bfloat16 *src, int64_t n)
 __global__ void f32_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n)
 {
     GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
-}
-
-__global__ void add_bf16(__nv_bfloat16 *dst, const __nv_bfloat16 *src, int64_t n)
-{
-    GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(__bfloat162float(dst[i]) + __bfloat162float(src[i]));
 }
 
 __global__ void adamw(float *__restrict__ master, float *__restrict__ m, float *__restrict__ v,
@@ -53,13 +48,6 @@ extern "C" cudaError_t moe_cuda_f32_to_bf16(void *dst, const float *src, int64_t
 {
     if (n <= 0) return cudaSuccess;
     f32_to_bf16<<<grid_for(n), 256, 0, stream>>>((__nv_bfloat16 *)dst, src, n);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t moe_cuda_add_bf16(void *dst, const void *src, int64_t n, cudaStream_t stream)
-{
-    if (n <= 0) return cudaSuccess;
-    add_bf16<<<grid_for(n), 256, 0, stream>>>((__nv_bfloat16 *)dst, (const __nv_bfloat16 *)src, n);
     return cudaGetLastError();
 }
 

@@ -88,8 +88,6 @@ cudaError_t moe_cuda_swiglu_backward(void *d_hpre, const void *d_act, const void
 
 cudaError_t moe_cuda_bf16_to_f32(float *dst, const void *src, int64_t n, cudaStream_t stream);
 cudaError_t moe_cuda_f32_to_bf16(void *dst, const float *src, int64_t n, cudaStream_t stream);
-/* dst += src over bf16 */
-cudaError_t moe_cuda_add_bf16(void *dst, const void *src, int64_t n, cudaStream_t stream);
 /* AdamW (moe/optim.h); bc1/bc2 are the bias corrections 1 - beta^step. */
 cudaError_t moe_cuda_adamw(float *master, float *m, float *v, void *param, const float *grad,
                            int64_t n, float lr, float beta1, float beta2, float eps,

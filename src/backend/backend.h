@@ -188,8 +188,6 @@ typedef struct moe_backend_ops {
     moe_status_t (*experts_forward)(void *ctx, const moe_experts_t *a);
     moe_status_t (*experts_backward)(void *ctx, const moe_experts_t *a);
     moe_status_t (*adamw_update)(void *ctx, const moe_adamw_update_t *a);
-    /* dst[i] += src[i], act, n elements */
-    moe_status_t (*add)(void *ctx, void *dst, const void *src, int64_t n);
 } moe_backend_ops_t;
 
 typedef struct moe_backend {

@@ -81,7 +81,6 @@ int64_t moe_cuda_expert_row_stride(void *ctx, int32_t el, const int64_t *kept);
 moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a);
 moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a);
 moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a);
-moe_status_t moe_cuda_add_op(void *ctx, void *dst, const void *src, int64_t n);
 moe_status_t moe_cuda_act_to_f32(void *ctx, float *dst, const void *src, int64_t n);
 moe_status_t moe_cuda_f32_to_act(void *ctx, void *dst, const float *src, int64_t n);
 

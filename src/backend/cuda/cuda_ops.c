@@ -157,13 +157,6 @@ moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a)
     return MOE_STATUS_SUCCESS;
 }
 
-moe_status_t moe_cuda_add_op(void *ctx, void *dst, const void *src, int64_t n)
-{
-    cuda_ctx_t *c = ctx;
-    MOE_CUDA_CHECK(moe_cuda_add_bf16(dst, src, n, c->stream));
-    return MOE_STATUS_SUCCESS;
-}
-
 moe_status_t moe_cuda_act_to_f32(void *ctx, float *dst, const void *src, int64_t n)
 {
     cuda_ctx_t *c = ctx;

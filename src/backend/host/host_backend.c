@@ -71,15 +71,6 @@ static moe_status_t host_f32_act(void *ctx, void *dst, const float *src, int64_t
     return host_copy(ctx, dst, src, (size_t)n * sizeof(float));
 }
 
-static moe_status_t host_add(void *ctx, void *dst, const void *src, int64_t n)
-{
-    (void)ctx;
-    float *d = dst;
-    const float *s = src;
-    for (int64_t i = 0; i < n; i++) d[i] += s[i];
-    return MOE_STATUS_SUCCESS;
-}
-
 static const moe_backend_ops_t host_ops = {
     .name = "host",
     .kind = MOE_BACKEND_HOST,
@@ -107,7 +98,6 @@ static const moe_backend_ops_t host_ops = {
     .experts_forward = moe_host_experts_forward,
     .experts_backward = moe_host_experts_backward,
     .adamw_update = moe_host_adamw_update,
-    .add = host_add,
 };
 
 moe_status_t moe_backend_host_create(const moe_backend_params_t *p, moe_backend_t *out)
