@@ -405,7 +405,6 @@ static moe_status_t wrap(ncclComm_t comm, const moe_comm_t *like, int world_rank
     }
     {
         moe_comm_req_t *r = NULL;
-        MOE_TRY_GOTO(st, check_live(c, "allgather"));
         ncclResult_t rc = ncclAllGather(m->dev_scratch + c->rank, m->dev_scratch, 1, ncclInt32,
                                         m->comm, m->stream);
         if (rc != ncclSuccess && rc != ncclInProgress) {
