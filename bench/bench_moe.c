@@ -142,7 +142,7 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t n = shapes[s][0], h = shapes[s][1], e = shapes[s][2], k = shapes[s][3];
         router_arg_t a = {.be = be, .stream = stream};
-        a.scratch = dalloc(4 * (size_t)moe_cuda_router_select_scratch(n, (int32_t)e));
+        a.scratch = dalloc(4 * (size_t)moe_cuda_router_forward_scratch(n, (int32_t)e));
         a.tickets = dalloc(sizeof(unsigned) * MOE_ROUTER_TICKETS);
         CU(cudaMemsetAsync(a.tickets, 0, sizeof(unsigned) * MOE_ROUTER_TICKETS, stream));
         void *wg = dalloc(2 * h * e);
@@ -176,9 +176,16 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
         double flops_f = 2.0 * n * h * e;
         double bytes_f = 2.0 * n * h + 2.0 * h * e + 4.0 * n * e + 8.0 * n * k;
         double fl_hbm = bytes_f / HBM_BPS * 1e3, fl_tc = flops_f / TC_FLOPS * 1e3, ms;
-        ms = time_median(stream, run_router_fwd, &a, 5, iters);
-        emit("router_fwd", shape, "gemm+select", ms, fmax(fl_hbm, fl_tc),
-             fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
+        /* both forward paths where the fused kernel applies (auto picks it) */
+        cuda_ctx_t *c = be.ctx;
+        bool fused = moe_cuda_router_fused_supported(h, (int32_t)e, a.f[0].x, wg, a.f[0].logits);
+        for (int m = fused ? 0 : 1; m < 2; m++) {
+            c->router_mode = m == 0 ? CUDA_ROUTER_AUTO : CUDA_ROUTER_GEMM;
+            ms = time_median(stream, run_router_fwd, &a, 5, iters);
+            emit("router_fwd", shape, m == 0 ? "fused" : "gemm+select", ms, fmax(fl_hbm, fl_tc),
+                 fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
+        }
+        c->router_mode = CUDA_ROUTER_AUTO;
         ms = time_median(stream, run_router_select, &a, 5, iters);
         emit("router_select_only", shape, "select", ms, 4.0 * n * e / HBM_BPS * 1e3, "hbm", 0);
         /* backward: read x, logits, write dlogits, read+write dx; two GEMMs */

@@ -3,9 +3,10 @@
 #   build (sm_90, Release) -> GPU tests -> compute-sanitizer memcheck + racecheck on the test
 #   binaries -> bench_moe -> bench/torch_moe.py, logs and JSON lines under $OUT.
 # Usage (from the repository root, deps unpacked): bash bench/run_device.sh [phases...]
-#   phases: build tests sanitize bench torch (default: all of them), and profile: ncu's time
-#   of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1), summed
-#   by bench/kernel_times.py into $OUT/profile.txt
+#   phases: build tests sanitize bench torch (default: all of them); dist: the distributed
+#   layer test on the CUDA backend (2 and 4 ranks sharing the GPU through MPI); profile: ncu's
+#   time of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1),
+#   summed by bench/kernel_times.py into $OUT/profile.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-out}
@@ -35,9 +36,15 @@ if has tests; then
   done
 fi
 
+if has dist; then
+  cmake --build "$B" -j16 --target test_dist_layer_np2 test_dist_layer_np4 >>"$OUT/build.log" 2>&1
+  (cd "$B" && ctest -R dist_layer_cuda --output-on-failure) >"$OUT/dist.log" 2>&1 || status=1
+  grep -E "tests passed|Passed|Failed|Skipped" "$OUT/dist.log"
+fi
+
 if has sanitize; then
   for tool in memcheck racecheck; do
-    for t in test_cuda_ops test_cuda_layer; do
+    for t in ${MOE_SANITIZE_TESTS:-test_cuda_ops test_cuda_layer}; do
       log=/tmp/sanitize_${tool}_$t.log
       timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 "$T/$t" >"$log" 2>&1
       rc=$?

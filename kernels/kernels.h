@@ -24,8 +24,9 @@ extern "C" {
 #define MOE_ROUTER_MAX_E 512
 #define MOE_ROUTER_MAX_K 8
 
-/* Floats of scratch router_select needs for its per-block partial sums. */
-int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e);
+/* Floats of scratch the forward kernels (router_select or router_fused) need for their
+ * per-block partial sums. */
+int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e);
 
 /* Completion tickets of router_select's in-kernel reduction: zeroed once by the owner; every
  * launch leaves them zero again. Launches sharing them must be stream-ordered. */
@@ -39,6 +40,18 @@ cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64
                                    float *topk_w, int32_t *counts, float *score_mean,
                                    float *stats, float *scratch, unsigned *tickets,
                                    cudaStream_t stream);
+
+/* The whole forward in one kernel for E <= 64: logits f32 [N,E] = x bf16 [N,H] . wg bf16 [H,E]
+ * on the tensor cores, then the selection as above, without a second pass over the logits.
+ * Only where moe_cuda_router_fused_supported (E % 8 == 0, H % 8 == 0, 16-byte aligned
+ * pointers); scratch and tickets as for moe_cuda_router_select. */
+bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x, const void *wg,
+                                     const float *logits);
+cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bias, int64_t n,
+                                  int64_t h, int32_t e, int32_t k, int score_fn, bool renormalize,
+                                  float *logits, int32_t *topk_idx, float *topk_w,
+                                  int32_t *counts, float *score_mean, float *stats,
+                                  float *scratch, unsigned *tickets, cudaStream_t stream);
 
 /* dlogits f32 [N,E] (and its bf16 copy for the tensor-core GEMMs) from d(topk_w) and the
  * aux/z coefficients; see host_router.c for the formulas. */

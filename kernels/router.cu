@@ -217,10 +217,8 @@ struct total_sink { /* the op's outputs */
  * loads in flight, then the runs in order. Fixed split, fixed order: deterministic. */
 template <typename T, typename Sink>
 static __device__ void sum_rows(const T *mean, const T *stats, const int32_t *count, int r0,
-                                int r1, int e, const Sink &out)
+                                int r1, int e, const Sink &out, double *s_a, long long *s_n)
 {
-    __shared__ double s_a[WARPS * 32];
-    __shared__ long long s_n[WARPS * 32];
     int cols = e + 2, P = max(1, (int)blockDim.x / cols), C = blockDim.x / P;
     int len = (r1 - r0 + P - 1) / P, p = threadIdx.x / C;
     for (int c0 = 0; c0 < cols; c0 += C) {
@@ -281,55 +279,51 @@ static __device__ void select_reduce(const select_scratch &p, int gsz, unsigned 
 {
     int nb = gridDim.x, ng = (nb + gsz - 1) / gsz, g = blockIdx.x / gsz;
     int r0 = g * gsz, r1 = min(nb, r0 + gsz);
+    /* one per thread (blockDim <= WARPS * 32), shared by the three sum_rows instances */
+    __shared__ double s_a[WARPS * 32];
+    __shared__ long long s_n[WARPS * 32];
     if (!last_to_arrive(&tickets[1 + g], (unsigned)(r1 - r0))) return;
     if (ng == 1) { /* the only group: its sums are the totals */
-        sum_rows(p.b_mean, p.b_stats, p.b_count, r0, r1, e, total);
+        sum_rows(p.b_mean, p.b_stats, p.b_count, r0, r1, e, total, s_a, s_n);
         return;
     }
     group_sink row = {p.g_mean + (int64_t)g * e, p.g_stats + 2 * g, p.g_count + (int64_t)g * e, e};
-    sum_rows(p.b_mean, p.b_stats, p.b_count, r0, r1, e, row);
+    sum_rows(p.b_mean, p.b_stats, p.b_count, r0, r1, e, row, s_a, s_n);
     if (!last_to_arrive(&tickets[0], (unsigned)ng)) return;
-    sum_rows(p.g_mean, p.g_stats, p.g_count, 0, ng, e, total);
+    sum_rows(p.g_mean, p.g_stats, p.g_count, 0, ng, e, total, s_a, s_n);
 }
 
-/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. */
+/* One lane's share of the selection: its experts' selection bias, and running sums over the
+ * tokens its group has selected (P_e numerators, z and entropy). Shared by router_select
+ * (logits from global memory) and router_fused (logits from its shared-memory tile). */
 template <int EPL, int LANES>
-__global__ void __launch_bounds__(WARPS * 32, EPL == 8 ? SELECT_BLOCKS_PER_SM : 1)
-router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
-              int k, int score_fn, bool renorm, bool vec, int32_t *__restrict__ topk_idx,
-              float *__restrict__ topk_w, float *scratch, unsigned *tickets,
-              int32_t *__restrict__ counts, float *__restrict__ score_mean,
-              float *__restrict__ stats, int iters, int gsz)
-{
-    constexpr int GROUPS = 32 / LANES;
-    extern __shared__ float smem[]; /* [WARPS][E] means, then [E] int counts, [WARPS][2] */
-    float *s_mean = smem;
-    int32_t *s_count = (int32_t *)(s_mean + WARPS * e);
-    float *s_stats = (float *)(s_count + e);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LANES, grp = lane / LANES;
-    unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
-    for (int j = threadIdx.x; j < e; j += blockDim.x) s_count[j] = 0;
-    /* launched as a programmatic dependent of the logits GEMM: wait for it (and its memory)
-     * only now, so this grid's launch overlaps the GEMM's end */
-    cudaGridDependencySynchronize();
-    __syncthreads();
-
+struct selector {
     using row_t = token_row<EPL, LANES>;
     float kb[EPL], pm[EPL];
+    float z_acc, ent_acc;
+
+    __device__ selector(const float *bias, int e, int sub)
+    {
 #pragma unroll
-    for (int i = 0; i < EPL; i++) {
-        int j = row_t::expert(sub, i);
-        kb[i] = bias && j < e ? bias[j] : 0.0f;
-        pm[i] = 0.0f;
+        for (int i = 0; i < EPL; i++) {
+            int j = row_t::expert(sub, i);
+            kb[i] = bias && j < e ? bias[j] : 0.0f;
+            pm[i] = 0.0f;
+        }
+        z_acc = ent_acc = 0;
     }
-    float z_acc = 0, ent_acc = 0;
-    int64_t first = ((int64_t)blockIdx.x * WARPS + warp) * iters * GROUPS;
-    for (int it = 0; it < iters; it++) {
-        int64_t t0 = first + (int64_t)it * GROUPS, t = t0 + grp;
-        if (t0 >= n) break; /* warp-uniform */
-        bool valid = t < n;
+
+    /* Token t, its E logits at `row` (16-byte aligned when vec): scores, statistics, top-k
+     * on score + bias, weights; counts go to the block's s_count. A group with valid = false
+     * computes on row's values and writes nothing. Every lane of the warp must call. */
+    __device__ void token(const float *row, int64_t t, bool valid, int e, int k, int score_fn,
+                          bool renorm, bool vec, int lane, int32_t *__restrict__ topk_idx,
+                          float *__restrict__ topk_w, int32_t *s_count)
+    {
+        int sub = lane % LANES, grp = lane / LANES;
+        unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
         row_t r;
-        r.load(logits + (valid ? t : 0) * e, e, sub, score_fn, valid, vec);
+        r.load(row, e, sub, score_fn, valid, vec);
         /* entropy -sum q log q; softmax: log q = logit - lse exactly, no log needed */
         float ent = 0;
 #pragma unroll
@@ -397,39 +391,88 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
             }
         }
     }
-    /* fold the lane groups together (fixed butterfly), then the warps (fixed order) */
+
+    /* The block's partials: lane groups folded (fixed butterfly), then the warps (fixed
+     * order) into this block's row of the scratch, then select_reduce. s_mean [warps][E] and
+     * s_stats [warps][2] are the block's shared arrays, s_count its counts. */
+    __device__ void finish(float *s_mean, float *s_stats, const int32_t *s_count, int e,
+                           float *scratch, int gsz, unsigned *tickets, const total_sink &total)
+    {
+        int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LANES;
+        int warps = blockDim.x / 32;
 #pragma unroll
-    for (int o = LANES; o < 32; o <<= 1) {
+        for (int o = LANES; o < 32; o <<= 1) {
 #pragma unroll
-        for (int i = 0; i < EPL; i++) pm[i] += __shfl_xor_sync(0xffffffffu, pm[i], o);
-        z_acc += __shfl_xor_sync(0xffffffffu, z_acc, o);
-        ent_acc += __shfl_xor_sync(0xffffffffu, ent_acc, o);
-    }
-    if (grp == 0)
-#pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            int j = row_t::expert(sub, i);
-            if (j < e) s_mean[warp * e + j] = pm[i];
+            for (int i = 0; i < EPL; i++) pm[i] += __shfl_xor_sync(0xffffffffu, pm[i], o);
+            z_acc += __shfl_xor_sync(0xffffffffu, z_acc, o);
+            ent_acc += __shfl_xor_sync(0xffffffffu, ent_acc, o);
         }
-    if (lane == 0) {
-        s_stats[warp * 2] = z_acc;
-        s_stats[warp * 2 + 1] = ent_acc;
+        if (lane < LANES)
+#pragma unroll
+            for (int i = 0; i < EPL; i++) {
+                int j = row_t::expert(sub, i);
+                if (j < e) s_mean[warp * e + j] = pm[i];
+            }
+        if (lane == 0) {
+            s_stats[warp * 2] = z_acc;
+            s_stats[warp * 2 + 1] = ent_acc;
+        }
+        __syncthreads();
+        int nb = gridDim.x;
+        select_scratch p(scratch, nb, (nb + gsz - 1) / gsz, e);
+        for (int j = threadIdx.x; j < e; j += blockDim.x) {
+            float acc = 0;
+            for (int w = 0; w < warps; w++) acc += s_mean[w * e + j];
+            p.b_mean[(int64_t)blockIdx.x * e + j] = acc;
+            p.b_count[(int64_t)blockIdx.x * e + j] = s_count[j];
+        }
+        if (threadIdx.x < 2) {
+            float acc = 0;
+            for (int w = 0; w < warps; w++) acc += s_stats[w * 2 + threadIdx.x];
+            p.b_stats[blockIdx.x * 2 + threadIdx.x] = acc;
+        }
+        select_reduce(p, gsz, tickets, e, total);
     }
+};
+
+/* Shared memory of the selection: [warps][E] means, [E] int counts, [warps][2] stats. */
+static size_t select_smem(int warps, int32_t e)
+{
+    return sizeof(float) * ((size_t)warps * e + 2 * (size_t)warps) + sizeof(int32_t) * (size_t)e;
+}
+
+/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. */
+template <int EPL, int LANES>
+__global__ void __launch_bounds__(WARPS * 32, EPL == 8 ? SELECT_BLOCKS_PER_SM : 1)
+router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
+              int k, int score_fn, bool renorm, bool vec, int32_t *__restrict__ topk_idx,
+              float *__restrict__ topk_w, float *scratch, unsigned *tickets,
+              int32_t *__restrict__ counts, float *__restrict__ score_mean,
+              float *__restrict__ stats, int iters, int gsz)
+{
+    constexpr int GROUPS = 32 / LANES;
+    extern __shared__ float smem[];
+    float *s_mean = smem;
+    int32_t *s_count = (int32_t *)(s_mean + WARPS * e);
+    float *s_stats = (float *)(s_count + e);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / LANES;
+    for (int j = threadIdx.x; j < e; j += blockDim.x) s_count[j] = 0;
+    /* launched as a programmatic dependent of the logits GEMM: wait for it (and its memory)
+     * only now, so this grid's launch overlaps the GEMM's end */
+    cudaGridDependencySynchronize();
     __syncthreads();
-    int nb = gridDim.x;
-    select_scratch p(scratch, nb, (nb + gsz - 1) / gsz, e);
-    for (int j = threadIdx.x; j < e; j += blockDim.x) {
-        float acc = 0;
-        for (int w = 0; w < WARPS; w++) acc += s_mean[w * e + j];
-        p.b_mean[(int64_t)blockIdx.x * e + j] = acc;
-        p.b_count[(int64_t)blockIdx.x * e + j] = s_count[j];
+
+    selector<EPL, LANES> sel(bias, e, lane % LANES);
+    int64_t first = ((int64_t)blockIdx.x * WARPS + warp) * iters * GROUPS;
+    for (int it = 0; it < iters; it++) {
+        int64_t t0 = first + (int64_t)it * GROUPS, t = t0 + grp;
+        if (t0 >= n) break; /* warp-uniform */
+        bool valid = t < n;
+        sel.token(logits + (valid ? t : 0) * e, t, valid, e, k, score_fn, renorm, vec, lane,
+                  topk_idx, topk_w, s_count);
     }
-    if (threadIdx.x < 2) {
-        float acc = 0;
-        for (int w = 0; w < WARPS; w++) acc += s_stats[w * 2 + threadIdx.x];
-        p.b_stats[blockIdx.x * 2 + threadIdx.x] = acc;
-    }
-    select_reduce(p, gsz, tickets, e, {score_mean, stats, counts, e, 1.0 / (double)n});
+    sel.finish(s_mean, s_stats, s_count, e, scratch, gsz, tickets,
+               {score_mean, stats, counts, e, 1.0 / (double)n});
 }
 
 /* Lanes per token (forward and backward): enough that each lane holds at most 8 experts (16
@@ -480,11 +523,12 @@ static int64_t select_blocks(int64_t n, int32_t e)
     return (n + per_block - 1) / per_block;
 }
 
-extern "C" int64_t moe_cuda_router_select_scratch(int64_t n, int32_t e)
+static int64_t partial_floats(int64_t nb, int32_t e)
 {
-    int64_t nb = select_blocks(n, e), gsz = select_group(nb);
+    int64_t gsz = select_group(nb);
     return select_scratch::floats(nb, (nb + gsz - 1) / gsz, e);
 }
+
 
 template <int EPL, int LANES>
 static cudaError_t launch_select(const float *logits, const float *bias, int64_t n, int32_t e,
@@ -493,7 +537,7 @@ static cudaError_t launch_select(const float *logits, const float *bias, int64_t
                                  int32_t *counts, float *score_mean, float *stats,
                                  cudaStream_t stream)
 {
-    size_t smem = sizeof(float) * (WARPS * (size_t)e + 2 * WARPS) + sizeof(int32_t) * (size_t)e;
+    size_t smem = select_smem(WARPS, e);
     bool vec = e % 4 == 0 && (uintptr_t)logits % 16 == 0;
     /* programmatic dependent launch (see cudaGridDependencySynchronize in the kernel):
      * forward 0.1809 -> 0.1790 ms (E=64) and 0.4395 -> 0.4382 ms (E=256), N=65536 */
@@ -529,6 +573,277 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
             score_mean, stats, stream);
     });
     return rc != cudaSuccess ? rc : cudaGetLastError();
+}
+
+/* ---- fused forward: logits GEMM + selection in one kernel (E <= 64) ------------------------ */
+
+/* Below E = 64 the logits GEMM moves bytes, not math (N*H*2 bytes of x for 2*N*H*E flops), so
+ * one pass over x that keeps the logits on chip is the whole cost. A block owns BM tokens and
+ * all (up to 64, zero-padded) experts:
+ *  - mainloop: x and wg tiles of BK = 64 hidden each stream through a STAGES-deep cp.async
+ *    ring in shared memory (16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free;
+ *    rows past N and hidden past H zero-filled); bf16 mma.sync m16n8k16 with f32 accumulate;
+ *    4 warps, each 32 tokens x (64 / (4 / (BM / 32))) experts;
+ *  - epilogue: the f32 logits tile goes to shared memory (reusing the ring), is written out
+ *    once (the interface saves logits), and the selector runs on it from there;
+ *  - the block's partials end like router_select's (select_reduce, same determinism).
+ * Two blocks per SM at BM = 128 (96 KiB ring each), so one block's epilogue overlaps the other's
+ * loads. Conditions: E <= 64 and E % 8 == 0 (16-byte wg chunks), H % 8 == 0, x / wg / logits
+ * 16-byte aligned (moe_cuda_router_fused_supported). */
+namespace fused {
+constexpr int EP = 64, BK = 64, STAGES = 4, THREADS = 128;
+constexpr int ROW_BYTES = BK * 2; /* one tile row: 8 chunks of 16 bytes */
+constexpr int LDS = EP + 8;       /* logits tile row stride (floats): conflict-free float2 stores */
+
+template <int BM>
+struct cfg {
+    static constexpr int WM = BM / 32, WN = 4 / WM, NT = EP / 8 / WN; /* n8 tiles per warp */
+    static constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = A_BYTES + BK * ROW_BYTES;
+    static constexpr int RING = STAGES * STAGE_BYTES, TILE = BM * LDS * 4;
+    static constexpr int MAIN = RING > TILE ? RING : TILE;
+    static_assert(NT % 2 == 0, "B fragments load two n8 tiles at a time");
+};
+
+static __device__ __forceinline__ int swz(int row, int chunk)
+{
+    return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
+}
+
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool full)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(full ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Issues the loads of hidden tile kt into ring stage `st`. */
+template <int BM>
+static __device__ __forceinline__ void load_tile(uint32_t ring, int st, int kt,
+                                                 const __nv_bfloat16 *x, const __nv_bfloat16 *wg,
+                                                 int64_t m0, int64_t n, int64_t h, int e)
+{
+    uint32_t a = ring + st * cfg<BM>::STAGE_BYTES, b = a + cfg<BM>::A_BYTES;
+    int64_t k0 = (int64_t)kt * BK;
+#pragma unroll
+    for (int j = 0; j < BM * 8 / THREADS; j++) {
+        int i = threadIdx.x + j * THREADS, r = i >> 3, c = i & 7;
+        int64_t tok = m0 + r, kk = k0 + c * 8;
+        bool ok = tok < n && kk < h;
+        cp_async16(a + swz(r, c), ok ? x + tok * h + kk : x, ok);
+    }
+    int chunks = e >> 3; /* wg chunks per hidden row; chunks past E stay zero */
+    for (int i = threadIdx.x; i < BK * chunks; i += THREADS) {
+        int r = i / chunks, c = i - r * chunks;
+        int64_t kk = k0 + r;
+        bool ok = kk < h;
+        cp_async16(b + swz(r, c), ok ? wg + kk * e + c * 8 : wg, ok);
+    }
+}
+} /* namespace fused */
+
+template <int BM, int LANES>
+__global__ void __launch_bounds__(fused::THREADS, BM == 128 ? 2 : 1)
+router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
+             const float *__restrict__ bias, int64_t n, int64_t h, int e, int k, int score_fn,
+             bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
+             float *__restrict__ topk_w, float *scratch, unsigned *tickets,
+             int32_t *__restrict__ counts, float *__restrict__ score_mean,
+             float *__restrict__ stats, int gsz)
+{
+    using namespace fused;
+    using C = cfg<BM>;
+    constexpr int GROUPS = 32 / LANES, NWARPS = THREADS / 32;
+    extern __shared__ __align__(128) unsigned char fsmem[];
+    float *s_mean = (float *)(fsmem + C::MAIN);
+    int32_t *s_count = (int32_t *)(s_mean + NWARPS * e);
+    float *s_stats = (float *)(s_count + e);
+    uint32_t ring = (uint32_t)__cvta_generic_to_shared(fsmem);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int wm = warp / C::WN, wn = warp % C::WN;
+    int64_t m0 = (int64_t)blockIdx.x * BM;
+    int ktiles = (int)((h + BK - 1) / BK);
+
+    /* wg chunks past E are never loaded: zero them once in every stage */
+    for (int i = threadIdx.x; i < STAGES * BK * 8; i += THREADS) {
+        int st = i / (BK * 8), r = (i / 8) % BK, c = i % 8;
+        if (c >= (e >> 3))
+            *(uint4 *)(fsmem + st * C::STAGE_BYTES + C::A_BYTES + swz(r, c)) = make_uint4(0, 0, 0, 0);
+    }
+    for (int j = threadIdx.x; j < e; j += THREADS) s_count[j] = 0;
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < ktiles) load_tile<BM>(ring, st, st, x, wg, m0, n, h, e);
+        cp_commit();
+    }
+
+    float acc[2][C::NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < C::NT; nt++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.0f;
+
+    for (int kt = 0; kt < ktiles; kt++) {
+        cp_wait<STAGES - 2>(); /* tile kt has landed (this thread's part) */
+        __syncthreads();       /* ... everyone's; and stage (kt-1) % STAGES is free again */
+        int next = kt + STAGES - 1;
+        if (next < ktiles) load_tile<BM>(ring, next % STAGES, next, x, wg, m0, n, h, e);
+        cp_commit();
+        uint32_t a = ring + (kt % STAGES) * C::STAGE_BYTES, b = a + C::A_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t af[2][4], bf[C::NT / 2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                int row = wm * 32 + mt * 16 + (lane & 15);
+                ldsm_x4(af[mt], a + swz(row, kk * 2 + (lane >> 4)));
+            }
+#pragma unroll
+            for (int np = 0; np < C::NT / 2; np++) {
+                int krow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                ldsm_x4_t(bf[np], b + swz(krow, wn * C::NT + np * 2 + (lane >> 4)));
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < C::NT; nt++)
+                    mma_bf16(acc[mt][nt], af[mt], bf[nt / 2][(nt & 1) * 2],
+                             bf[nt / 2][(nt & 1) * 2 + 1]);
+        }
+    }
+    cp_wait<0>();
+    __syncthreads(); /* the ring is free: the logits tile takes its place */
+
+    float *tile = (float *)fsmem;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < C::NT; nt++) {
+            int row = wm * 32 + mt * 16 + (lane >> 2), col = (wn * C::NT + nt) * 8 + 2 * (lane & 3);
+            *(float2 *)(tile + row * LDS + col) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+            *(float2 *)(tile + (row + 8) * LDS + col) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+        }
+    __syncthreads();
+    int rows = (int)min((int64_t)BM, n - m0), q4 = e / 4;
+    for (int i = threadIdx.x; i < rows * q4; i += THREADS) {
+        int r = i / q4, c = (i - r * q4) * 4;
+        *(float4 *)(logits + (m0 + r) * e + c) = *(const float4 *)(tile + r * LDS + c);
+    }
+
+    selector<8, LANES> sel(bias, e, lane % LANES);
+    for (int p = warp * GROUPS; p < rows; p += NWARPS * GROUPS) { /* warp-uniform */
+        int r = p + lane / LANES;
+        bool valid = r < rows;
+        sel.token(tile + (valid ? r : 0) * LDS, m0 + r, valid, e, k, score_fn, renorm, true, lane,
+                  topk_idx, topk_w, s_count);
+    }
+    sel.finish(s_mean, s_stats, s_count, e, scratch, gsz, tickets,
+               {score_mean, stats, counts, e, 1.0 / (double)n});
+}
+
+/* Tokens per block: the largest tile that still gives about two waves of 132 SMs (small N
+ * wants more, narrower blocks: each streams all of wg, 128 bytes per hidden row). */
+static int fused_bm(int64_t n)
+{
+    return n >= 128 * 264 ? 128 : n >= 64 * 264 ? 64 : 32;
+}
+
+static int64_t fused_blocks(int64_t n)
+{
+    int bm = fused_bm(n);
+    return (n + bm - 1) / bm;
+}
+
+extern "C" int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e)
+{
+    int64_t a = partial_floats(select_blocks(n, e), e), b = partial_floats(fused_blocks(n), e);
+    return a > b ? a : b;
+}
+
+extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x,
+                                                const void *wg, const float *logits)
+{
+    return e <= fused::EP && e % 8 == 0 && h % 8 == 0 && (uintptr_t)x % 16 == 0 &&
+           (uintptr_t)wg % 16 == 0 && (uintptr_t)logits % 16 == 0;
+}
+
+template <int BM, int LANES>
+static cudaError_t launch_fused(const void *x, const void *wg, const float *bias, int64_t n,
+                                int64_t h, int32_t e, int32_t k, int score_fn, bool renorm,
+                                float *logits, int32_t *topk_idx, float *topk_w, float *scratch,
+                                unsigned *tickets, int32_t *counts, float *score_mean,
+                                float *stats, cudaStream_t stream)
+{
+    auto kernel = router_fused<BM, LANES>;
+    constexpr int NWARPS = fused::THREADS / 32;
+    /* the attribute is per device: set it once on each (idempotent, so racing is harmless) */
+    static bool sized[64];
+    int dev = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    if (rc != cudaSuccess) return rc;
+    if (dev >= 64 || !sized[dev]) {
+        int most = (int)(fused::cfg<BM>::MAIN + select_smem(NWARPS, fused::EP));
+        rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+        if (rc != cudaSuccess) return rc;
+        if (dev < 64) sized[dev] = true;
+    }
+    int64_t nb = fused_blocks(n);
+    kernel<<<(unsigned)nb, fused::THREADS, fused::cfg<BM>::MAIN + select_smem(NWARPS, e), stream>>>(
+        (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg, bias, n, h, e, k, score_fn, renorm,
+        logits, topk_idx, topk_w, scratch, tickets, counts, score_mean, stats, select_group(nb));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bias,
+                                             int64_t n, int64_t h, int32_t e, int32_t k,
+                                             int score_fn, bool renormalize, float *logits,
+                                             int32_t *topk_idx, float *topk_w, int32_t *counts,
+                                             float *score_mean, float *stats, float *scratch,
+                                             unsigned *tickets, cudaStream_t stream)
+{
+    if (!moe_cuda_router_fused_supported(h, e, x, wg, logits) || k > MOE_ROUTER_MAX_K || k > e ||
+        n <= 0 || fused_blocks(n) > INT32_MAX)
+        return cudaErrorInvalidValue;
+    auto launch = [&](auto bm, auto lanes) {
+        return launch_fused<decltype(bm)::value, decltype(lanes)::value>(
+            x, wg, bias, n, h, e, k, score_fn, renormalize, logits, topk_idx, topk_w, scratch,
+            tickets, counts, score_mean, stats, stream);
+    };
+    /* the tile (fused_bm) and the selection's lanes a token (select_lanes: 1 to 8 for E <= 64) */
+    auto by_lanes = [&](auto bm) {
+        switch (select_lanes(e)) {
+        case 1: return launch(bm, int_c<1>{});
+        case 2: return launch(bm, int_c<2>{});
+        case 4: return launch(bm, int_c<4>{});
+        default: return launch(bm, int_c<8>{});
+        }
+    };
+    int bm = fused_bm(n);
+    return bm == 128 ? by_lanes(int_c<128>{}) : bm == 64 ? by_lanes(int_c<64>{}) : by_lanes(int_c<32>{});
 }
 
 /* ---- backward: d logits ------------------------------------------------------------------- */

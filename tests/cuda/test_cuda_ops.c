@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "../../kernels/kernels.h"
+#include "backend/cuda/cuda_ctx.h"
 #include "gpu_check.h"
 
 static uint64_t seed;
@@ -50,16 +52,19 @@ static double host_key(const router_case_t *rc, const float *logits, const float
     return s + (bias ? bias[j] : 0.0);
 }
 
-static void run_router_case(const router_case_t *rc, test_rng_t *rng)
+static void run_router_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t *G)
 {
-    fprintf(stderr, "router N=%lld H=%lld E=%d K=%d %s renorm=%d bias=%d\n", (long long)rc->n,
-            (long long)rc->h, rc->e, rc->k, rc->fn == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid",
-            rc->renorm, rc->bias);
     int64_t n = rc->n, h = rc->h, e = rc->e, k = rc->k;
     float *x = rand_f32(rng, n * h, 1.0), *wg = rand_f32(rng, h * e, 1.0 / sqrt((double)h));
     float *bias = rc->bias ? rand_f32(rng, e, 0.05) : NULL;
-    void *dx_ = gpu_up_bf16(&P, x, n * h), *dwg_ = gpu_up_bf16(&P, wg, h * e);
-    float *dbias = bias ? gpu_up_f32(&P, bias, e) : NULL;
+    void *dx_ = gpu_up_bf16(G, x, n * h), *dwg_ = gpu_up_bf16(G, wg, h * e);
+    float *dbias = bias ? gpu_up_f32(G, bias, e) : NULL;
+    float *g_logits_dev = gpu_poison(G, 4 * n * e, false);
+    bool fused = ((cuda_ctx_t *)G->cuda.ctx)->router_mode == CUDA_ROUTER_AUTO &&
+                 moe_cuda_router_fused_supported(h, rc->e, dx_, dwg_, g_logits_dev);
+    fprintf(stderr, "router N=%lld H=%lld E=%d K=%d %s renorm=%d bias=%d: %s\n", (long long)n,
+            (long long)h, rc->e, rc->k, rc->fn == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid",
+            rc->renorm, rc->bias, fused ? "fused kernel" : "GEMM + selection");
 
     /* host forward */
     float *logits = malloc(4 * n * e), *tw = malloc(4 * n * k), *pm = malloc(4 * e), st[2];
@@ -68,40 +73,40 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng)
                            .renormalize = rc->renorm, .x = x, .wg = wg, .bias = bias,
                            .logits = logits, .topk_idx = idx, .topk_w = tw, .counts = counts,
                            .score_mean = pm, .stats = st};
-    TEST_OK(P.host.ops->router_forward(P.host.ctx, &hf));
+    TEST_OK(G->host.ops->router_forward(G->host.ctx, &hf));
 
     /* GPU forward into poisoned buffers */
     moe_router_fwd_t gf = hf;
     gf.x = dx_;
     gf.wg = dwg_;
     gf.bias = dbias;
-    gf.logits = gpu_poison(&P, 4 * n * e, false);
-    gf.topk_idx = gpu_poison(&P, 4 * n * k, true);
-    gf.topk_w = gpu_poison(&P, 4 * n * k, false);
-    gf.counts = gpu_poison(&P, 4 * e, true);
-    gf.score_mean = gpu_poison(&P, 4 * e, false);
-    gf.stats = gpu_poison(&P, 8, false);
-    TEST_OK(P.cuda.ops->router_forward(P.cuda.ctx, &gf));
+    gf.logits = g_logits_dev;
+    gf.topk_idx = gpu_poison(G, 4 * n * k, true);
+    gf.topk_w = gpu_poison(G, 4 * n * k, false);
+    gf.counts = gpu_poison(G, 4 * e, true);
+    gf.score_mean = gpu_poison(G, 4 * e, false);
+    gf.stats = gpu_poison(G, 8, false);
+    TEST_OK(G->cuda.ops->router_forward(G->cuda.ctx, &gf));
     float *g_logits = malloc(4 * n * e), *g_tw = malloc(4 * n * k), *g_pm = malloc(4 * e), g_st[2];
     int32_t *g_idx = malloc(4 * n * k), *g_counts = malloc(4 * e);
-    gpu_down_f32(&P, g_logits, gf.logits, n * e);
-    gpu_down_f32(&P, g_tw, gf.topk_w, n * k);
-    gpu_down_f32(&P, g_pm, gf.score_mean, e);
-    gpu_down_f32(&P, g_st, gf.stats, 2);
-    gpu_down_i32(&P, g_idx, gf.topk_idx, n * k);
-    gpu_down_i32(&P, g_counts, gf.counts, e);
+    gpu_down_f32(G, g_logits, gf.logits, n * e);
+    gpu_down_f32(G, g_tw, gf.topk_w, n * k);
+    gpu_down_f32(G, g_pm, gf.score_mean, e);
+    gpu_down_f32(G, g_st, gf.stats, 2);
+    gpu_down_i32(G, g_idx, gf.topk_idx, n * k);
+    gpu_down_i32(G, g_counts, gf.counts, e);
 
     /* deterministic: a second run gives the same bits */
     {
         float *again = malloc(4 * n * e), st2[2], *pm2 = malloc(4 * e);
-        TEST_OK(P.cuda.ops->router_forward(P.cuda.ctx, &gf));
-        gpu_down_f32(&P, again, gf.logits, n * e);
+        TEST_OK(G->cuda.ops->router_forward(G->cuda.ctx, &gf));
+        gpu_down_f32(G, again, gf.logits, n * e);
         assert_memory_equal(again, g_logits, 4 * n * e);
-        gpu_down_f32(&P, again, gf.topk_w, n * k);
+        gpu_down_f32(G, again, gf.topk_w, n * k);
         assert_memory_equal(again, g_tw, 4 * n * k);
-        gpu_down_f32(&P, pm2, gf.score_mean, e);
+        gpu_down_f32(G, pm2, gf.score_mean, e);
         assert_memory_equal(pm2, g_pm, 4 * e);
-        gpu_down_f32(&P, st2, gf.stats, 2);
+        gpu_down_f32(G, st2, gf.stats, 2);
         assert_memory_equal(st2, g_st, sizeof st2);
         free(again);
         free(pm2);
@@ -137,31 +142,31 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng)
     /* backward, both from the host's forward results so they see identical inputs */
     float *d_tw = rand_f32(rng, n * k, 1.0);
     float *dx_h = rand_f32(rng, n * h, 0.01), *dwg_h = rand_f32(rng, h * e, 0.01);
-    void *dx_g = gpu_up_bf16(&P, dx_h, n * h);
-    float *dwg_g = gpu_up_f32(&P, dwg_h, h * e);
+    void *dx_g = gpu_up_bf16(G, dx_h, n * h);
+    float *dwg_g = gpu_up_f32(G, dwg_h, h * e);
     float *dl_h = malloc(4 * n * e);
     moe_router_bwd_t hb = {.n = n, .h = h, .e = rc->e, .k = rc->k, .score_fn = rc->fn,
                            .renormalize = rc->renorm, .x = x, .wg = wg, .logits = logits,
                            .topk_idx = idx, .topk_w = tw, .d_topk_w = d_tw, .counts = counts,
                            .aux_coef = 0.3f, .z_coef = 0.2f, .dlogits = dl_h, .dx = dx_h,
                            .dwg = dwg_h};
-    TEST_OK(P.host.ops->router_backward(P.host.ctx, &hb));
+    TEST_OK(G->host.ops->router_backward(G->host.ctx, &hb));
     moe_router_bwd_t gb = hb;
     gb.x = dx_;
     gb.wg = dwg_;
-    gb.logits = gpu_up_f32(&P, logits, n * e);
-    gb.topk_idx = gpu_up_i32(&P, idx, n * k);
-    gb.topk_w = gpu_up_f32(&P, tw, n * k);
-    gb.d_topk_w = gpu_up_f32(&P, d_tw, n * k);
-    gb.counts = gpu_up_i32(&P, counts, e);
-    gb.dlogits = gpu_poison(&P, 4 * n * e, false);
+    gb.logits = gpu_up_f32(G, logits, n * e);
+    gb.topk_idx = gpu_up_i32(G, idx, n * k);
+    gb.topk_w = gpu_up_f32(G, tw, n * k);
+    gb.d_topk_w = gpu_up_f32(G, d_tw, n * k);
+    gb.counts = gpu_up_i32(G, counts, e);
+    gb.dlogits = gpu_poison(G, 4 * n * e, false);
     gb.dx = dx_g;
     gb.dwg = dwg_g;
-    TEST_OK(P.cuda.ops->router_backward(P.cuda.ctx, &gb));
+    TEST_OK(G->cuda.ops->router_backward(G->cuda.ctx, &gb));
     float *g_dl = malloc(4 * n * e), *g_dx = malloc(4 * n * h), *g_dwg = malloc(4 * h * e);
-    gpu_down_f32(&P, g_dl, gb.dlogits, n * e);
-    gpu_down_bf16(&P, g_dx, gb.dx, n * h);
-    gpu_down_f32(&P, g_dwg, gb.dwg, h * e);
+    gpu_down_f32(G, g_dl, gb.dlogits, n * e);
+    gpu_down_bf16(G, g_dx, gb.dx, n * h);
+    gpu_down_f32(G, g_dwg, gb.dwg, h * e);
     check_close("dlogits", g_dl, dl_h, n * e, 1e-5);
     check_close("dx (+=, bf16)", g_dx, dx_h, n * h, 1e-2);
     check_close("dwg (+=, bf16 operands)", g_dwg, dwg_h, h * e, 1e-2);
@@ -169,7 +174,7 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng)
     void *dev[] = {dx_, dwg_, dbias, gf.logits, gf.topk_idx, gf.topk_w, gf.counts, gf.score_mean,
                    gf.stats, dx_g, dwg_g, (void *)gb.logits, (void *)gb.topk_idx,
                    (void *)gb.topk_w, (void *)gb.d_topk_w, (void *)gb.counts, gb.dlogits};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(&P, dev[i]);
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(G, dev[i]);
     void *hostp[] = {x, wg, bias, logits, tw, pm, idx, counts, g_logits, g_tw, g_pm, g_idx,
                      g_counts, d_tw, dx_h, dwg_h, dl_h, g_dl, g_dx, g_dwg};
     for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
@@ -193,8 +198,24 @@ static void test_router(void **state)
         {2100, 520, 160, 6, MOE_SCORE_SIGMOID, true, true},
         /* 7 passes per warp (the grid is sized to one wave), a partly filled last block */
         {20000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, true},
+        /* the fused kernel's three tiles (32, 64, 128 tokens) with partial last tiles, hidden
+         * sizes that end inside a 64-wide tile, and E = 24, 48, 64 */
+        {20000, 200, 48, 6, MOE_SCORE_SIGMOID, true, true},
+        {40000, 136, 64, 2, MOE_SCORE_SOFTMAX, true, true},
+        {777, 1032, 24, 3, MOE_SCORE_SOFTMAX, false, false},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_router_case(&cases[i], &rng);
+    /* every case through both forward paths: the fused kernel where it applies (auto) and the
+     * cuBLAS GEMM + selection kernel */
+    const char *modes[] = {"auto", "gemm"};
+    for (int m = 0; m < 2; m++) {
+        setenv("MOE_CUDA_ROUTER", modes[m], 1);
+        gpu_pair_t G;
+        gpu_pair_init(&G);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            run_router_case(&cases[i], &rng, &G);
+        gpu_pair_free(&G);
+    }
+    unsetenv("MOE_CUDA_ROUTER");
 }
 
 /* ---- plan ------------------------------------------------------------------------------ */

@@ -212,6 +212,14 @@ static cuda_gemm_mode_t gemm_mode_from_env(const moe_logger_t *logger)
     return m;
 }
 
+static cuda_router_mode_t router_mode_from_env(const moe_logger_t *logger)
+{
+    const char *v = getenv("MOE_CUDA_ROUTER");
+    if (!v || !*v || strcmp(v, "gemm") != 0) return CUDA_ROUTER_AUTO;
+    moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_ROUTER=gemm: router forward as cuBLAS GEMM + selection");
+    return CUDA_ROUTER_GEMM;
+}
+
 moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_t *out)
 {
     cuda_ctx_t *c = calloc(1, sizeof *c);
@@ -240,6 +248,7 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
         MOE_TRY_GOTO(st, make_cublas(c->side[i], &c->side_cublas[i], &c->side_ws[i]));
     }
     c->gemm_mode = gemm_mode_from_env(p->logger);
+    c->router_mode = router_mode_from_env(p->logger);
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;

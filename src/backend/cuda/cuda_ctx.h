@@ -24,6 +24,12 @@ typedef enum cuda_gemm_mode {
     CUDA_GEMM_BATCHED    /* cublasGemmStridedBatchedEx when every expert has the same rows */
 } cuda_gemm_mode_t;
 
+/* How router_forward runs (MOE_CUDA_ROUTER=gemm overrides AUTO). */
+typedef enum cuda_router_mode {
+    CUDA_ROUTER_AUTO = 0, /* the fused kernel where it applies (E <= 64), else GEMM + selection */
+    CUDA_ROUTER_GEMM      /* always the cuBLAS logits GEMM, then the selection kernel */
+} cuda_router_mode_t;
+
 typedef struct cuda_ctx {
     int device;
     cudaStream_t own_stream;
@@ -35,6 +41,7 @@ typedef struct cuda_ctx {
     void *side_ws[MOE_CUDA_SIDE_STREAMS];
     cudaEvent_t fork, join[MOE_CUDA_SIDE_STREAMS];
     cuda_gemm_mode_t gemm_mode;
+    cuda_router_mode_t router_mode;
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */
     cudaMemPool_t pool;

@@ -44,8 +44,16 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
         return MOE_STATUS_SUCCESS;
     }
     void *scratch;
-    MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_select_scratch(a->n, a->e),
+    MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_forward_scratch(a->n, a->e),
                                &scratch));
+    if (c->router_mode == CUDA_ROUTER_AUTO &&
+        moe_cuda_router_fused_supported(a->h, a->e, a->x, a->wg, a->logits)) {
+        MOE_CUDA_CHECK(moe_cuda_router_fused(a->x, a->wg, a->bias, a->n, a->h, a->e, a->k,
+                                             (int)a->score_fn, a->renormalize, a->logits,
+                                             a->topk_idx, a->topk_w, a->counts, a->score_mean,
+                                             a->stats, scratch, c->router_tickets, c->stream));
+        return MOE_STATUS_SUCCESS;
+    }
     /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T. Measured alternatives
      * (docs/cuda-backend.md): a copy of wg transposed to K-major was 1.2x-2.1x slower in
      * cuBLAS; logits computed inside the selection kernel (no GEMM launch) were 3.6x-21x
