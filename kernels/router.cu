@@ -583,7 +583,9 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
  *  - mainloop: x and wg tiles of BK = 64 hidden each stream through a STAGES-deep cp.async
  *    ring in shared memory (16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free;
  *    rows past N and hidden past H zero-filled); bf16 mma.sync m16n8k16 with f32 accumulate;
- *    4 warps, each 32 tokens x (64 / (4 / (BM / 32))) experts;
+ *    8 warps, each 32 tokens x 64 / (8 / (BM / 32)) experts. Every address is computed once
+ *    before the loop (a thread always copies chunk tid % 8 of rows tid / 8 + 32 j), so the
+ *    loop is copies, ldmatrix and mma;
  *  - epilogue: the f32 logits tile goes to shared memory (reusing the ring), is written out
  *    once (the interface saves logits), and the selector runs on it from there;
  *  - the block's partials end like router_select's (select_reduce, same determinism).
@@ -591,17 +593,19 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
  * loads. Conditions: E <= 64 and E % 8 == 0 (16-byte wg chunks), H % 8 == 0, x / wg / logits
  * 16-byte aligned (moe_cuda_router_fused_supported). */
 namespace fused {
-constexpr int EP = 64, BK = 64, STAGES = 4, THREADS = 128;
-constexpr int ROW_BYTES = BK * 2; /* one tile row: 8 chunks of 16 bytes */
-constexpr int LDS = EP + 8;       /* logits tile row stride (floats): conflict-free float2 stores */
+constexpr int EP = 64, BK = 64, STAGES = 4, THREADS = 256, NWARPS = THREADS / 32;
+constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 bytes */
+constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
+constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
 
 template <int BM>
 struct cfg {
-    static constexpr int WM = BM / 32, WN = 4 / WM, NT = EP / 8 / WN; /* n8 tiles per warp */
+    static constexpr int WM = BM / 32, WN = NWARPS / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
     static constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = A_BYTES + BK * ROW_BYTES;
+    static constexpr int A_PASSES = BM / PASS_ROWS, B_PASSES = BK / PASS_ROWS;
     static constexpr int RING = STAGES * STAGE_BYTES, TILE = BM * LDS * 4;
     static constexpr int MAIN = RING > TILE ? RING : TILE;
-    static_assert(NT % 2 == 0, "B fragments load two n8 tiles at a time");
+    static_assert(BM % PASS_ROWS == 0 && NWARPS % WM == 0, "tile shape");
 };
 
 static __device__ __forceinline__ int swz(int row, int chunk)
@@ -618,18 +622,21 @@ static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.comm
 template <int N>
 static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
+/* four (two) 8x8 b16 matrices; .trans delivers them column-wise (the mma's B operand) */
+template <int NMAT, bool TRANS>
+static __device__ __forceinline__ void ldsm(uint32_t *r, uint32_t addr)
 {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+    if constexpr (NMAT == 4 && !TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    else if constexpr (NMAT == 4)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                     : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
+
 static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                                 uint32_t b1)
 {
@@ -639,29 +646,62 @@ static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Issues the loads of hidden tile kt into ring stage `st`. */
+/* One thread's share of the tile copies: chunk `lc` of rows lr + PASS_ROWS * j, for x and wg.
+ * Sources advance by one 64-wide hidden tile per step; smem offsets are fixed. */
 template <int BM>
-static __device__ __forceinline__ void load_tile(uint32_t ring, int st, int kt,
-                                                 const __nv_bfloat16 *x, const __nv_bfloat16 *wg,
-                                                 int64_t m0, int64_t n, int64_t h, int e)
-{
-    uint32_t a = ring + st * cfg<BM>::STAGE_BYTES, b = a + cfg<BM>::A_BYTES;
-    int64_t k0 = (int64_t)kt * BK;
+struct copier {
+    using C = cfg<BM>;
+    const __nv_bfloat16 *xs, *ws; /* this thread's first x and wg chunk of the current tile */
+    const __nv_bfloat16 *x0, *w0; /* in-bounds addresses for the zero-filling copies */
+    int64_t x_pass, w_pass, w_step;   /* elements: to the next pass's row; wg to the next tile */
+    int64_t h, kc, k_left;            /* kc: this thread's hidden offset lc * 8 */
+    unsigned x_rows;                  /* bit j: x row of pass j is a token (< N) */
+    uint32_t a_off, b_off;
+    bool w_chunk;                     /* lc < E / 8: this thread copies wg */
+
+    __device__ copier(const __nv_bfloat16 *x, const __nv_bfloat16 *wg, int64_t m0, int64_t n,
+                      int64_t h_, int e)
+    {
+        int lr = threadIdx.x >> 3, lc = threadIdx.x & 7;
+        h = h_;
+        x0 = x;
+        w0 = wg;
+        kc = lc * 8;
+        k_left = h;
+        xs = x + (m0 + lr) * h + kc;
+        ws = wg + (int64_t)lr * e + kc;
+        x_pass = PASS_ROWS * h;
+        w_pass = (int64_t)PASS_ROWS * e;
+        w_step = (int64_t)BK * e;
+        x_rows = 0;
 #pragma unroll
-    for (int j = 0; j < BM * 8 / THREADS; j++) {
-        int i = threadIdx.x + j * THREADS, r = i >> 3, c = i & 7;
-        int64_t tok = m0 + r, kk = k0 + c * 8;
-        bool ok = tok < n && kk < h;
-        cp_async16(a + swz(r, c), ok ? x + tok * h + kk : x, ok);
+        for (int j = 0; j < C::A_PASSES; j++) x_rows |= (m0 + lr + PASS_ROWS * j < n) << j;
+        a_off = swz(lr, lc);
+        b_off = C::A_BYTES + swz(lr, lc);
+        w_chunk = lc < (e >> 3);
     }
-    int chunks = e >> 3; /* wg chunks per hidden row; chunks past E stay zero */
-    for (int i = threadIdx.x; i < BK * chunks; i += THREADS) {
-        int r = i / chunks, c = i - r * chunks;
-        int64_t kk = k0 + r;
-        bool ok = kk < h;
-        cp_async16(b + swz(r, c), ok ? wg + kk * e + c * 8 : wg, ok);
+
+    /* copies the current hidden tile into the stage at `stage` and steps to the next */
+    __device__ __forceinline__ void issue(uint32_t stage)
+    {
+        bool col = kc < k_left; /* hidden past H (last tile) is zero-filled */
+#pragma unroll
+        for (int j = 0; j < C::A_PASSES; j++) {
+            bool ok = col && (x_rows >> j & 1);
+            cp_async16(stage + a_off + j * PASS_ROWS * ROW_BYTES, ok ? xs + j * x_pass : x0, ok);
+        }
+        if (w_chunk) {
+#pragma unroll
+            for (int j = 0; j < C::B_PASSES; j++) {
+                bool ok = (threadIdx.x >> 3) + PASS_ROWS * j < k_left;
+                cp_async16(stage + b_off + j * PASS_ROWS * ROW_BYTES, ok ? ws + j * w_pass : w0, ok);
+            }
+        }
+        xs += BK;
+        ws += w_step;
+        k_left -= BK;
     }
-}
+};
 } /* namespace fused */
 
 template <int BM, int LANES>
@@ -675,7 +715,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
 {
     using namespace fused;
     using C = cfg<BM>;
-    constexpr int GROUPS = 32 / LANES, NWARPS = THREADS / 32;
+    constexpr int GROUPS = 32 / LANES;
     extern __shared__ __align__(128) unsigned char fsmem[];
     float *s_mean = (float *)(fsmem + C::MAIN);
     int32_t *s_count = (int32_t *)(s_mean + NWARPS * e);
@@ -686,18 +726,34 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     int64_t m0 = (int64_t)blockIdx.x * BM;
     int ktiles = (int)((h + BK - 1) / BK);
 
-    /* wg chunks past E are never loaded: zero them once in every stage */
+    /* wg chunks past E are never copied: zero them once in every stage */
     for (int i = threadIdx.x; i < STAGES * BK * 8; i += THREADS) {
         int st = i / (BK * 8), r = (i / 8) % BK, c = i % 8;
         if (c >= (e >> 3))
             *(uint4 *)(fsmem + st * C::STAGE_BYTES + C::A_BYTES + swz(r, c)) = make_uint4(0, 0, 0, 0);
     }
     for (int j = threadIdx.x; j < e; j += THREADS) s_count[j] = 0;
+
+    copier<BM> cp(x, wg, m0, n, h, e);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
-        if (st < ktiles) load_tile<BM>(ring, st, st, x, wg, m0, n, h, e);
+        if (st < ktiles) cp.issue(ring + st * C::STAGE_BYTES);
         cp_commit();
     }
+
+    /* this lane's ldmatrix offsets inside a stage: A rows wm*32 + mt*16 + lane % 16, 16-byte
+     * chunk 2 kk + lane / 16; B hidden rows kk*16 + lane % 8 (+8 for lanes 8-15, 24-31), expert
+     * chunk wn*NT + 2 np + lane / 16 (the XOR swizzle only depends on row % 8 = lane % 8) */
+    int lo = lane & 7, hi = lane >> 4;
+    uint32_t a_row = (wm * 32 + (lane & 15)) * ROW_BYTES, a_x[BK / 16];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) a_x[kk] = a_row + (((2 * kk + hi) ^ lo) << 4);
+    constexpr int BLD = C::NT >= 2 ? C::NT / 2 : 1; /* B ldmatrix per k16: x4 (two n8) or x2 */
+    uint32_t b_x[BLD];
+#pragma unroll
+    for (int np = 0; np < BLD; np++)
+        b_x[np] = C::A_BYTES + (lo + ((lane >> 3) & 1) * 8) * ROW_BYTES +
+                  (((wn * C::NT + 2 * np + (C::NT >= 2 ? hi : 0)) ^ lo) << 4);
 
     float acc[2][C::NT][4];
 #pragma unroll
@@ -707,33 +763,33 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.0f;
 
+    uint32_t use = ring, load = ring + (STAGES - 1) * C::STAGE_BYTES;
+    const uint32_t ring_end = ring + STAGES * C::STAGE_BYTES;
     for (int kt = 0; kt < ktiles; kt++) {
         cp_wait<STAGES - 2>(); /* tile kt has landed (this thread's part) */
-        __syncthreads();       /* ... everyone's; and stage (kt-1) % STAGES is free again */
-        int next = kt + STAGES - 1;
-        if (next < ktiles) load_tile<BM>(ring, next % STAGES, next, x, wg, m0, n, h, e);
+        __syncthreads();       /* ... everyone's; and the stage read in step kt-1 is free */
+        if (kt + STAGES - 1 < ktiles) cp.issue(load);
         cp_commit();
-        uint32_t a = ring + (kt % STAGES) * C::STAGE_BYTES, b = a + C::A_BYTES;
+        load = load + C::STAGE_BYTES == ring_end ? ring : load + C::STAGE_BYTES;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
-            uint32_t af[2][4], bf[C::NT / 2][4];
+            uint32_t af[2][4], bf[C::NT][2];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                int row = wm * 32 + mt * 16 + (lane & 15);
-                ldsm_x4(af[mt], a + swz(row, kk * 2 + (lane >> 4)));
-            }
+            for (int mt = 0; mt < 2; mt++) ldsm<4, false>(af[mt], use + a_x[kk] + mt * 16 * ROW_BYTES);
 #pragma unroll
-            for (int np = 0; np < C::NT / 2; np++) {
-                int krow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                ldsm_x4_t(bf[np], b + swz(krow, wn * C::NT + np * 2 + (lane >> 4)));
+            for (int np = 0; np < BLD; np++) {
+                uint32_t addr = use + b_x[np] + kk * 16 * ROW_BYTES;
+                if constexpr (C::NT >= 2)
+                    ldsm<4, true>(&bf[2 * np][0], addr); /* bf[2np][0..1], bf[2np+1][0..1] */
+                else
+                    ldsm<2, true>(&bf[0][0], addr);
             }
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int nt = 0; nt < C::NT; nt++)
-                    mma_bf16(acc[mt][nt], af[mt], bf[nt / 2][(nt & 1) * 2],
-                             bf[nt / 2][(nt & 1) * 2 + 1]);
+                for (int nt = 0; nt < C::NT; nt++) mma_bf16(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
         }
+        use = use + C::STAGE_BYTES == ring_end ? ring : use + C::STAGE_BYTES;
     }
     cp_wait<0>();
     __syncthreads(); /* the ring is free: the logits tile takes its place */
@@ -799,20 +855,19 @@ static cudaError_t launch_fused(const void *x, const void *wg, const float *bias
                                 float *stats, cudaStream_t stream)
 {
     auto kernel = router_fused<BM, LANES>;
-    constexpr int NWARPS = fused::THREADS / 32;
     /* the attribute is per device: set it once on each (idempotent, so racing is harmless) */
     static bool sized[64];
     int dev = 0;
     cudaError_t rc = cudaGetDevice(&dev);
     if (rc != cudaSuccess) return rc;
     if (dev >= 64 || !sized[dev]) {
-        int most = (int)(fused::cfg<BM>::MAIN + select_smem(NWARPS, fused::EP));
+        int most = (int)(fused::cfg<BM>::MAIN + select_smem(fused::NWARPS, fused::EP));
         rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
         if (rc != cudaSuccess) return rc;
         if (dev < 64) sized[dev] = true;
     }
     int64_t nb = fused_blocks(n);
-    kernel<<<(unsigned)nb, fused::THREADS, fused::cfg<BM>::MAIN + select_smem(NWARPS, e), stream>>>(
+    kernel<<<(unsigned)nb, fused::THREADS, fused::cfg<BM>::MAIN + select_smem(fused::NWARPS, e), stream>>>(
         (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg, bias, n, h, e, k, score_fn, renorm,
         logits, topk_idx, topk_w, scratch, tickets, counts, score_mean, stats, select_group(nb));
     return cudaGetLastError();
