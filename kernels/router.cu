@@ -149,7 +149,6 @@ struct token_row {
  * Tickets: [0] counts finished groups, [1 + g] finished blocks of group g; the last arrival
  * resets its ticket to 0 for the next launch. */
 #define MAX_GROUPS (MOE_ROUTER_TICKETS - 1)
-#define MAX_BLOCK 512 /* threads in the largest block that reduces (router_fused<256>) */
 
 /* Blocks per group, a function of nb alone: one group up to 64 blocks; beyond, about sqrt(nb)
  * so both levels sum few rows, and never more than MAX_GROUPS groups. */
@@ -280,9 +279,9 @@ static __device__ void select_reduce(const select_scratch &p, int gsz, unsigned 
 {
     int nb = gridDim.x, ng = (nb + gsz - 1) / gsz, g = blockIdx.x / gsz;
     int r0 = g * gsz, r1 = min(nb, r0 + gsz);
-    /* one per thread, shared by the three sum_rows instances */
-    __shared__ double s_a[MAX_BLOCK];
-    __shared__ long long s_n[MAX_BLOCK];
+    /* one per thread (blockDim <= WARPS * 32), shared by the three sum_rows instances */
+    __shared__ double s_a[WARPS * 32];
+    __shared__ long long s_n[WARPS * 32];
     if (!last_to_arrive(&tickets[1 + g], (unsigned)(r1 - r0))) return;
     if (ng == 1) { /* the only group: its sums are the totals */
         sum_rows(p.b_mean, p.b_stats, p.b_count, r0, r1, e, total, s_a, s_n);
@@ -594,15 +593,13 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
  * loads. Conditions: E <= 64 and E % 8 == 0 (16-byte wg chunks), H % 8 == 0, x / wg / logits
  * 16-byte aligned (moe_cuda_router_fused_supported). */
 namespace fused {
-constexpr int EP = 64, BK = 64, STAGES = 4;
-constexpr int ROW_BYTES = BK * 2; /* one tile row: 8 chunks of 16 bytes */
+constexpr int EP = 64, BK = 64, STAGES = 4, THREADS = 256, NWARPS = THREADS / 32;
+constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 bytes */
+constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
 
 template <int BM>
 struct cfg {
-    /* 8 warps, 16 for 256 tokens (32 tokens x 32 experts each: 32 accumulators a thread) */
-    static constexpr int NWARPS = BM >= 256 ? BM / 16 : 8, THREADS = NWARPS * 32;
-    static constexpr int PASS_ROWS = THREADS / 8; /* rows one pass of the block's copies covers */
     static constexpr int WM = BM / 32, WN = NWARPS / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
     static constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = A_BYTES + BK * ROW_BYTES;
     static constexpr int A_PASSES = BM / PASS_ROWS, B_PASSES = BK / PASS_ROWS;
@@ -673,12 +670,12 @@ struct copier {
         k_left = h;
         xs = x + (m0 + lr) * h + kc;
         ws = wg + (int64_t)lr * e + kc;
-        x_pass = C::PASS_ROWS * h;
-        w_pass = (int64_t)C::PASS_ROWS * e;
+        x_pass = PASS_ROWS * h;
+        w_pass = (int64_t)PASS_ROWS * e;
         w_step = (int64_t)BK * e;
         x_rows = 0;
 #pragma unroll
-        for (int j = 0; j < C::A_PASSES; j++) x_rows |= (m0 + lr + C::PASS_ROWS * j < n) << j;
+        for (int j = 0; j < C::A_PASSES; j++) x_rows |= (m0 + lr + PASS_ROWS * j < n) << j;
         a_off = swz(lr, lc);
         b_off = C::A_BYTES + swz(lr, lc);
         w_chunk = lc < (e >> 3);
@@ -691,13 +688,13 @@ struct copier {
 #pragma unroll
         for (int j = 0; j < C::A_PASSES; j++) {
             bool ok = col && (x_rows >> j & 1);
-            cp_async16(stage + a_off + j * C::PASS_ROWS * ROW_BYTES, ok ? xs + j * x_pass : x0, ok);
+            cp_async16(stage + a_off + j * PASS_ROWS * ROW_BYTES, ok ? xs + j * x_pass : x0, ok);
         }
         if (w_chunk) {
 #pragma unroll
             for (int j = 0; j < C::B_PASSES; j++) {
-                bool ok = (threadIdx.x >> 3) + C::PASS_ROWS * j < k_left;
-                cp_async16(stage + b_off + j * C::PASS_ROWS * ROW_BYTES, ok ? ws + j * w_pass : w0, ok);
+                bool ok = (threadIdx.x >> 3) + PASS_ROWS * j < k_left;
+                cp_async16(stage + b_off + j * PASS_ROWS * ROW_BYTES, ok ? ws + j * w_pass : w0, ok);
             }
         }
         xs += BK;
@@ -708,7 +705,7 @@ struct copier {
 } /* namespace fused */
 
 template <int BM, int LANES>
-__global__ void __launch_bounds__(fused::cfg<BM>::THREADS, BM == 128 ? 2 : 1)
+__global__ void __launch_bounds__(fused::THREADS, BM == 128 ? 2 : 1)
 router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
              const float *__restrict__ bias, int64_t n, int64_t h, int e, int k, int score_fn,
              bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
@@ -718,7 +715,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
 {
     using namespace fused;
     using C = cfg<BM>;
-    constexpr int GROUPS = 32 / LANES, THREADS = C::THREADS, NWARPS = C::NWARPS;
+    constexpr int GROUPS = 32 / LANES;
     extern __shared__ __align__(128) unsigned char fsmem[];
     float *s_mean = (float *)(fsmem + C::MAIN);
     int32_t *s_count = (int32_t *)(s_mean + NWARPS * e);
@@ -824,13 +821,11 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
                {score_mean, stats, counts, e, 1.0 / (double)n});
 }
 
-/* Tokens per block. Every block streams all of wg (128 bytes per hidden row) from L2 beside
- * its x rows, so large N wants tall tiles (wg traffic is half of x's at 128 tokens, which put
- * L2 at 78% busy with DRAM at 68%; a quarter at 256); small N wants narrow ones, so that there
- * are blocks for every SM. 256 and 128 from about 1.5 and 2 waves of 132 SMs. */
+/* Tokens per block: the largest tile that still gives about two waves of 132 SMs (small N
+ * wants more, narrower blocks: each streams all of wg, 128 bytes per hidden row). */
 static int fused_bm(int64_t n)
 {
-    return n >= 256 * 192 ? 256 : n >= 128 * 264 ? 128 : n >= 64 * 264 ? 64 : 32;
+    return n >= 128 * 264 ? 128 : n >= 64 * 264 ? 64 : 32;
 }
 
 static int64_t fused_blocks(int64_t n)
@@ -866,14 +861,13 @@ static cudaError_t launch_fused(const void *x, const void *wg, const float *bias
     cudaError_t rc = cudaGetDevice(&dev);
     if (rc != cudaSuccess) return rc;
     if (dev >= 64 || !sized[dev]) {
-        int most = (int)(fused::cfg<BM>::MAIN + select_smem(fused::cfg<BM>::NWARPS, fused::EP));
+        int most = (int)(fused::cfg<BM>::MAIN + select_smem(fused::NWARPS, fused::EP));
         rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
         if (rc != cudaSuccess) return rc;
         if (dev < 64) sized[dev] = true;
     }
     int64_t nb = fused_blocks(n);
-    kernel<<<(unsigned)nb, fused::cfg<BM>::THREADS,
-             fused::cfg<BM>::MAIN + select_smem(fused::cfg<BM>::NWARPS, e), stream>>>(
+    kernel<<<(unsigned)nb, fused::THREADS, fused::cfg<BM>::MAIN + select_smem(fused::NWARPS, e), stream>>>(
         (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg, bias, n, h, e, k, score_fn, renorm,
         logits, topk_idx, topk_w, scratch, tickets, counts, score_mean, stats, select_group(nb));
     return cudaGetLastError();
@@ -903,12 +897,8 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
         default: return launch(bm, int_c<8>{});
         }
     };
-    switch (fused_bm(n)) {
-    case 256: return by_lanes(int_c<256>{});
-    case 128: return by_lanes(int_c<128>{});
-    case 64: return by_lanes(int_c<64>{});
-    default: return by_lanes(int_c<32>{});
-    }
+    int bm = fused_bm(n);
+    return bm == 128 ? by_lanes(int_c<128>{}) : bm == 64 ? by_lanes(int_c<64>{}) : by_lanes(int_c<32>{});
 }
 
 /* ---- backward: d logits ------------------------------------------------------------------- */
