@@ -137,8 +137,10 @@ static void run_router_bwd(void *p, int i)
 
 static void bench_router(moe_backend_t be, cudaStream_t stream)
 {
+    /* the six, then the router of the first layer shape */
     const int64_t shapes[][4] = {{65536, 4096, 64, 2}, {65536, 7168, 256, 8}, {512, 256, 16, 2},
-                                 {1024, 512, 32, 2},   {2048, 1024, 64, 2},  {4096, 2048, 64, 4}};
+                                 {1024, 512, 32, 2},   {2048, 1024, 64, 2},  {4096, 2048, 64, 4},
+                                 {16384, 4096, 64, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t n = shapes[s][0], h = shapes[s][1], e = shapes[s][2], k = shapes[s][3];
         router_arg_t a = {.be = be, .stream = stream};
@@ -176,11 +178,12 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
         double flops_f = 2.0 * n * h * e;
         double bytes_f = 2.0 * n * h + 2.0 * h * e + 4.0 * n * e + 8.0 * n * k;
         double fl_hbm = bytes_f / HBM_BPS * 1e3, fl_tc = flops_f / TC_FLOPS * 1e3, ms;
-        /* both forward paths where the fused kernel applies (auto picks it) */
+        /* both forward paths where the fused kernel applies (auto picks one by N) */
         cuda_ctx_t *c = be.ctx;
-        bool fused = moe_cuda_router_fused_supported(h, (int32_t)e, a.f[0].x, wg, a.f[0].logits);
+        c->router_mode = CUDA_ROUTER_FUSED;
+        bool fused = moe_cuda_router_uses_fused(c, &a.f[0]);
         for (int m = fused ? 0 : 1; m < 2; m++) {
-            c->router_mode = m == 0 ? CUDA_ROUTER_AUTO : CUDA_ROUTER_GEMM;
+            c->router_mode = m == 0 ? CUDA_ROUTER_FUSED : CUDA_ROUTER_GEMM;
             ms = time_median(stream, run_router_fwd, &a, 5, iters);
             emit("router_fwd", shape, m == 0 ? "fused" : "gemm+select", ms, fmax(fl_hbm, fl_tc),
                  fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);

@@ -59,9 +59,9 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t
     float *bias = rc->bias ? rand_f32(rng, e, 0.05) : NULL;
     void *dx_ = gpu_up_bf16(G, x, n * h), *dwg_ = gpu_up_bf16(G, wg, h * e);
     float *dbias = bias ? gpu_up_f32(G, bias, e) : NULL;
-    float *g_logits_dev = gpu_poison(G, 4 * n * e, false);
-    bool fused = ((cuda_ctx_t *)G->cuda.ctx)->router_mode == CUDA_ROUTER_AUTO &&
-                 moe_cuda_router_fused_supported(h, rc->e, dx_, dwg_, g_logits_dev);
+    moe_router_fwd_t probe = {.n = n, .h = h, .e = rc->e, .x = dx_, .wg = dwg_,
+                              .logits = gpu_poison(G, 4 * n * e, false)};
+    bool fused = moe_cuda_router_uses_fused(G->cuda.ctx, &probe);
     fprintf(stderr, "router N=%lld H=%lld E=%d K=%d %s renorm=%d bias=%d: %s\n", (long long)n,
             (long long)h, rc->e, rc->k, rc->fn == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid",
             rc->renorm, rc->bias, fused ? "fused kernel" : "GEMM + selection");
@@ -80,7 +80,7 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t
     gf.x = dx_;
     gf.wg = dwg_;
     gf.bias = dbias;
-    gf.logits = g_logits_dev;
+    gf.logits = probe.logits;
     gf.topk_idx = gpu_poison(G, 4 * n * k, true);
     gf.topk_w = gpu_poison(G, 4 * n * k, false);
     gf.counts = gpu_poison(G, 4 * e, true);
@@ -198,15 +198,16 @@ static void test_router(void **state)
         {2100, 520, 160, 6, MOE_SCORE_SIGMOID, true, true},
         /* 7 passes per warp (the grid is sized to one wave), a partly filled last block */
         {20000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, true},
-        /* the fused kernel's three tiles (32, 64, 128 tokens) with partial last tiles, hidden
-         * sizes that end inside a 64-wide tile, and E = 24, 48, 64 */
+        /* the fused kernel's two tiles (64, 128 tokens) with partial last tiles, hidden sizes
+         * that end inside a 64-wide tile, E = 8 ... 64 (1 to 8 lanes a token) */
         {20000, 200, 48, 6, MOE_SCORE_SIGMOID, true, true},
         {40000, 136, 64, 2, MOE_SCORE_SOFTMAX, true, true},
         {777, 1032, 24, 3, MOE_SCORE_SOFTMAX, false, false},
+        {17000, 40, 16, 2, MOE_SCORE_SIGMOID, false, true},
     };
-    /* every case through both forward paths: the fused kernel where it applies (auto) and the
-     * cuBLAS GEMM + selection kernel */
-    const char *modes[] = {"auto", "gemm"};
+    /* every case through both forward paths: the fused kernel wherever it applies, and the
+     * cuBLAS GEMM + selection kernel (auto picks one of the two by size) */
+    const char *modes[] = {"fused", "gemm"};
     for (int m = 0; m < 2; m++) {
         setenv("MOE_CUDA_ROUTER", modes[m], 1);
         gpu_pair_t G;

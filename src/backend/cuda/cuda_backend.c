@@ -215,9 +215,12 @@ static cuda_gemm_mode_t gemm_mode_from_env(const moe_logger_t *logger)
 static cuda_router_mode_t router_mode_from_env(const moe_logger_t *logger)
 {
     const char *v = getenv("MOE_CUDA_ROUTER");
-    if (!v || !*v || strcmp(v, "gemm") != 0) return CUDA_ROUTER_AUTO;
-    moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_ROUTER=gemm: router forward as cuBLAS GEMM + selection");
-    return CUDA_ROUTER_GEMM;
+    if (!v || !*v || strcmp(v, "auto") == 0) return CUDA_ROUTER_AUTO;
+    cuda_router_mode_t m = strcmp(v, "gemm") == 0    ? CUDA_ROUTER_GEMM
+                           : strcmp(v, "fused") == 0 ? CUDA_ROUTER_FUSED
+                                                     : CUDA_ROUTER_AUTO;
+    moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_ROUTER=%s: router forward mode %d", v, (int)m);
+    return m;
 }
 
 moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_t *out)

@@ -24,10 +24,11 @@ typedef enum cuda_gemm_mode {
     CUDA_GEMM_BATCHED    /* cublasGemmStridedBatchedEx when every expert has the same rows */
 } cuda_gemm_mode_t;
 
-/* How router_forward runs (MOE_CUDA_ROUTER=gemm overrides AUTO). */
+/* How router_forward runs (MOE_CUDA_ROUTER=gemm|fused overrides AUTO). */
 typedef enum cuda_router_mode {
-    CUDA_ROUTER_AUTO = 0, /* the fused kernel where it applies (E <= 64), else GEMM + selection */
-    CUDA_ROUTER_GEMM      /* always the cuBLAS logits GEMM, then the selection kernel */
+    CUDA_ROUTER_AUTO = 0, /* the fused kernel where it applies and is faster, else GEMM */
+    CUDA_ROUTER_GEMM,     /* the cuBLAS logits GEMM, then the selection kernel */
+    CUDA_ROUTER_FUSED     /* the fused kernel wherever it applies (E <= 64, ...) */
 } cuda_router_mode_t;
 
 typedef struct cuda_ctx {
@@ -70,6 +71,9 @@ moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
                            int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                            const void *b, int64_t ldb, float beta, void *c, cudaDataType_t ctype,
                            int64_t ldc);
+
+/* Whether router_forward runs the fused kernel for these arguments (mode, shape, alignment). */
+bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a);
 
 /* op implementations (cuda_ops.c, cuda_experts.c) */
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a);

@@ -33,6 +33,19 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
     return MOE_STATUS_SUCCESS;
 }
 
+/* The fused kernel reads x once at about the rate cuBLAS's GEMM does and saves the selection's
+ * second pass; below FUSED_MIN_TOKENS its blocks are too few to hide the loads and the two
+ * launches win (docs/cuda-backend.md, "Router forward"). */
+#define FUSED_MIN_TOKENS 16384
+
+bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
+{
+    if (c->router_mode == CUDA_ROUTER_GEMM ||
+        !moe_cuda_router_fused_supported(a->h, a->e, a->x, a->wg, a->logits))
+        return false;
+    return c->router_mode == CUDA_ROUTER_FUSED || a->n >= FUSED_MIN_TOKENS;
+}
+
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
 {
     cuda_ctx_t *c = ctx;
@@ -46,8 +59,7 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
     void *scratch;
     MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_forward_scratch(a->n, a->e),
                                &scratch));
-    if (c->router_mode == CUDA_ROUTER_AUTO &&
-        moe_cuda_router_fused_supported(a->h, a->e, a->x, a->wg, a->logits)) {
+    if (moe_cuda_router_uses_fused(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_router_fused(a->x, a->wg, a->bias, a->n, a->h, a->e, a->k,
                                              (int)a->score_fn, a->renormalize, a->logits,
                                              a->topk_idx, a->topk_w, a->counts, a->score_mean,
