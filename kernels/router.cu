@@ -814,20 +814,11 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
                {score_mean, stats, counts, e, 1.0 / (double)n});
 }
 
-/* Tokens per block: 128 from about two waves of 132 SMs x 2 blocks, else 64 (narrower blocks,
- * more of them; each streams all of wg, 128 bytes per hidden row). 256-token blocks of 16 warps
- * (one per SM, so no epilogue overlap; wg traffic halved) measured slower: 0.170 vs 0.165 ms at
- * N=65536 H=4096 E=64. */
-static int fused_bm(int64_t n)
-{
-    return n >= 128 * 264 ? 128 : 64;
-}
+/* Tokens per block. 256-token blocks of 16 warps (one per SM, so no epilogue overlap; wg
+ * traffic halved) measured slower: 0.170 vs 0.165 ms at N=65536 H=4096 E=64. */
+#define FUSED_BM 128
 
-static int64_t fused_blocks(int64_t n)
-{
-    int bm = fused_bm(n);
-    return (n + bm - 1) / bm;
-}
+static int64_t fused_blocks(int64_t n) { return (n + FUSED_BM - 1) / FUSED_BM; }
 
 extern "C" int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e)
 {
@@ -883,7 +874,7 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
             x, wg, bias, n, h, e, k, score_fn, renormalize, logits, topk_idx, topk_w, scratch,
             tickets, counts, score_mean, stats, stream);
     };
-    /* the tile (fused_bm) and the selection's lanes a token (select_lanes: 1 to 8 for E <= 64) */
+    /* the selection's lanes a token (select_lanes: 1 to 8 for E <= 64) */
     auto by_lanes = [&](auto bm) {
         switch (select_lanes(e)) {
         case 1: return launch(bm, int_c<1>{});
@@ -892,7 +883,7 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
         default: return launch(bm, int_c<8>{});
         }
     };
-    return fused_bm(n) == 128 ? by_lanes(int_c<128>{}) : by_lanes(int_c<64>{});
+    return by_lanes(int_c<FUSED_BM>{});
 }
 
 /* ---- backward: d logits ------------------------------------------------------------------- */

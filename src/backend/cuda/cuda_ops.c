@@ -33,10 +33,11 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
     return MOE_STATUS_SUCCESS;
 }
 
-/* The fused kernel reads x once at about the rate cuBLAS's GEMM does and saves the selection's
- * second pass; below FUSED_MIN_TOKENS its blocks are too few to hide the loads and the two
- * launches win (docs/cuda-backend.md, "Router forward"). */
-#define FUSED_MIN_TOKENS 16384
+/* The fused kernel saves the selection's second pass but reads x a little slower than cuBLAS's
+ * GEMM, and only with two waves of its 128-token blocks (132 SMs x 2) does it hide its loads:
+ * N=65536 H=4096 E=64 0.159 vs 0.173 ms, N=16384 0.055 vs 0.049 ms, and the small shapes
+ * 10-25 us vs 10-19 us (docs/cuda-backend.md, "Router forward"). */
+#define FUSED_MIN_TOKENS (128 * 264)
 
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
 {
