@@ -6,7 +6,7 @@
 #   phases: build tests sanitize bench torch (default: all of them); dist: the distributed
 #   layer test on the CUDA backend (2 and 4 ranks sharing the GPU through MPI); profile: ncu's
 #   time of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1),
-#   summed by bench/kernel_times.py into $OUT/profile.txt
+#   summed by bench/kernel_times.py into $OUT/profile.txt; algos: bench/gemm_algos.c
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-out}
@@ -71,6 +71,15 @@ if has torch; then
     python3 bench/brief.py "$OUT/bench_torch_$part.jsonl"
   done
 fi
+# algos: every cublasLt algorithm for the GEMMs whose default pick is far from the floor
+if has algos; then
+  cmake --build "$B" -j16 --target gemm_algos >>"$OUT/build.log" 2>&1 &&
+    "$B/bench/gemm_algos" >"$OUT/gemm_algos.jsonl" || status=1
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); print(r["shape"], r["variant"], r["ms"], r["tbps"], r.get("waves", ""))' "$OUT/gemm_algos.jsonl"
+fi
+
 if has profile; then
   for i in ${MOE_PROFILE_SHAPES:-0 1}; do
     csv=/tmp/profile_layer$i.csv
