@@ -191,14 +191,18 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
         c->router_mode = CUDA_ROUTER_AUTO;
         ms = time_median(stream, run_router_select, &a, 5, iters);
         emit("router_select_only", shape, "select", ms, 4.0 * n * e / HBM_BPS * 1e3, "hbm", 0);
-        /* backward: read x, logits, write dlogits, read+write dx; two GEMMs */
+        /* backward: read x, logits, write dlogits, write dx (the layer's call: the router is
+         * dx's first writer) or read+write it; two GEMMs */
         double flops_b = 4.0 * n * h * e;
-        double bytes_b = 2.0 * n * h + 4.0 * n * e * 2 + 4.0 * n * h + 4.0 * h * e * 2;
-        ms = time_median(stream, run_router_bwd, &a, 5, iters);
-        fl_hbm = bytes_b / HBM_BPS * 1e3;
-        fl_tc = flops_b / TC_FLOPS * 1e3;
-        emit("router_bwd", shape, "dlogits+2xcublas", ms, fmax(fl_hbm, fl_tc),
-             fl_hbm >= fl_tc ? "hbm" : "tc", flops_b / ms * 1e-9);
+        for (int add = 0; add < 2; add++) {
+            for (int b = 0; b < 3; b++) a.b[b].overwrite_dx = !add;
+            double bytes_b = 2.0 * n * h + 4.0 * n * e * 2 + (add ? 4.0 : 2.0) * n * h + 4.0 * h * e * 2;
+            ms = time_median(stream, run_router_bwd, &a, 5, iters);
+            fl_hbm = bytes_b / HBM_BPS * 1e3;
+            fl_tc = flops_b / TC_FLOPS * 1e3;
+            emit("router_bwd", shape, add ? "add to dx" : "write dx", ms, fmax(fl_hbm, fl_tc),
+                 fl_hbm >= fl_tc ? "hbm" : "tc", flops_b / ms * 1e-9);
+        }
         CU(cudaDeviceSynchronize());
         for (int b = 0; b < 3; b++) {
             void *p[] = {(void *)a.f[b].x, a.f[b].logits, a.f[b].topk_idx, a.f[b].topk_w,

@@ -221,11 +221,12 @@ __global__ void gather_rows_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_b
 template <int VEC>
 __global__ void combine_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_bfloat16 *__restrict__ src,
                                const int32_t *__restrict__ row_of_slot, const float *__restrict__ w,
-                               int k, int64_t h)
+                               int k, int64_t h, bool accumulate)
 {
     int64_t t = blockIdx.x;
     for (int64_t i = (int64_t)threadIdx.x * VEC; i < h; i += (int64_t)blockDim.x * VEC) {
         float acc[VEC] = {};
+        if (accumulate) load_vec<VEC>(dst + t * h + i, acc);
         for (int j = 0; j < k; j++) {
             int32_t row = row_of_slot[t * k + j];
             if (row < 0) continue;
@@ -285,15 +286,15 @@ extern "C" cudaError_t moe_cuda_gather_rows(void *dst, const void *src, const in
 
 extern "C" cudaError_t moe_cuda_combine(void *dst, const void *src, const int32_t *row_of_slot,
                                         const float *w, int64_t n, int32_t k, int64_t h,
-                                        cudaStream_t stream)
+                                        bool accumulate, cudaStream_t stream)
 {
     if (n <= 0) return cudaSuccess;
     if (h % 8 == 0)
         combine_kernel<8><<<(unsigned)n, row_threads(h, 8), 0, stream>>>(
-            (__nv_bfloat16 *)dst, (const __nv_bfloat16 *)src, row_of_slot, w, k, h);
+            (__nv_bfloat16 *)dst, (const __nv_bfloat16 *)src, row_of_slot, w, k, h, accumulate);
     else
         combine_kernel<1><<<(unsigned)n, row_threads(h, 1), 0, stream>>>(
-            (__nv_bfloat16 *)dst, (const __nv_bfloat16 *)src, row_of_slot, w, k, h);
+            (__nv_bfloat16 *)dst, (const __nv_bfloat16 *)src, row_of_slot, w, k, h, accumulate);
     return cudaGetLastError();
 }
 

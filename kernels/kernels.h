@@ -81,8 +81,9 @@ cudaError_t moe_cuda_pad_plan(const int32_t *topk_idx, int64_t n, int32_t k, int
 cudaError_t moe_cuda_gather_rows(void *dst, const void *src, const int32_t *slot_of_row,
                                  int32_t k, const float *scale, int64_t rows, int64_t h,
                                  cudaStream_t stream);
+/* accumulate: dst += the sum (dst read first, one rounding) */
 cudaError_t moe_cuda_combine(void *dst, const void *src, const int32_t *row_of_slot,
-                             const float *w, int64_t n, int32_t k, int64_t h,
+                             const float *w, int64_t n, int32_t k, int64_t h, bool accumulate,
                              cudaStream_t stream);
 cudaError_t moe_cuda_combine_weight_grad(float *dw, const void *dy, const void *rows,
                                          const int32_t *row_of_slot, int64_t n, int32_t k,

@@ -63,8 +63,9 @@ typedef struct moe_router_bwd {
     float aux_coef;            /* multiplies d aux / d scores; 0 disables */
     float z_coef;              /* multiplies d z / d logits; 0 disables */
     float *dlogits;            /* f32 [N,E] scratch */
-    void *dx;                  /* act [N,H]: dx += dlogits · wg^T */
+    void *dx;                  /* act [N,H]: dx += dlogits · wg^T (= when overwrite_dx) */
     float *dwg;                /* f32 [H,E]: dwg += x^T · dlogits */
+    bool overwrite_dx;         /* the first writer of dx: write instead of add (no read) */
 } moe_router_bwd_t;
 
 /* Dispatch plan: capacity drop and the stable counting sort of (token, k) slots by expert.
@@ -178,9 +179,10 @@ typedef struct moe_backend_ops {
     moe_status_t (*gather_rows)(void *ctx, void *dst, const void *src, const int32_t *slot_of_row,
                                 int32_t k, const float *scale, int64_t rows, int64_t h);
     /* dst[t,:] = sum_k (w ? w[t,k] : 1) * src[row_of_slot[t,k], :] over kept slots (no
-     * atomics); tokens with no kept slot get 0. Serves unpermute and permute's backward. */
+     * atomics); tokens with no kept slot get 0. With accumulate, dst[t,:] += the same (one
+     * rounding, dst first). Serves unpermute and permute's backward. */
     moe_status_t (*combine)(void *ctx, void *dst, const void *src, const int32_t *row_of_slot,
-                            const float *w, int64_t n, int32_t k, int64_t h);
+                            const float *w, int64_t n, int32_t k, int64_t h, bool accumulate);
     /* dw[t,k] = <dy[t,:], rows[row_of_slot[t,k], :]> for kept slots, 0 for dropped ones */
     moe_status_t (*combine_weight_grad)(void *ctx, float *dw, const void *dy, const void *rows,
                                         const int32_t *row_of_slot, int64_t n, int32_t k,

@@ -578,7 +578,9 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     if (Rs) MOE_TRY_GOTO(st, ops->gather_rows(ctx, xs, s->x, s->slot_of_row, K, NULL, (int64_t)Rs, H));
     MOE_TRY_GOTO(st, pipeline(l, s, xs, ds->xr, outr, ds->back, false, NULL));
     /* 6. unpermute */
-    if (n > 0) MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H));
+    if (n > 0)
+        MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H,
+                                      false));
     moe_layer_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
     MOE_TRY_GOTO(st, moe_layer_update_bias(l, g.counts, (double)g.n_total * K));
 fail:
@@ -622,20 +624,20 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
         if (c > max_slice) max_slice = c;
     }
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, (size_t)max_slice * 3 * (size_t)Fl * a, &scratch));
-    if (n > 0)
+    if (n > 0) {
         MOE_TRY_GOTO(st, ops->combine_weight_grad(ctx, d_w, dy->data, ds->back, s->row_of_slot, n,
                                                   K, H));
-    if (Rs)
-        MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_rows, dy->data, s->slot_of_row, K, s->topk_w,
-                                          (int64_t)Rs, H));
-    MOE_TRY_GOTO(st, pipeline(l, s, d_rows, d_outr, d_xr, d_back, true, scratch));
-    if (n > 0) {
-        MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_back, s->row_of_slot, NULL, n, K, H));
-        /* the op scales by its local N; the global batch's terms need Nt (see top) */
+        /* the router writes dx; the combine below adds the experts' part. The op scales by
+         * its local N; the global batch's terms need Nt (see top) */
         MOE_TRY_GOTO(st, moe_layer_router_backward(l, s, d_w, dx,
                                                    l->cfg.aux_loss_coef * ds->aux_scale,
                                                    l->cfg.z_loss_coef * ds->z_scale));
     }
+    if (Rs)
+        MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_rows, dy->data, s->slot_of_row, K, s->topk_w,
+                                          (int64_t)Rs, H));
+    MOE_TRY_GOTO(st, pipeline(l, s, d_rows, d_outr, d_xr, d_back, true, scratch));
+    if (n > 0) MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_back, s->row_of_slot, NULL, n, K, H, true));
 fail:
     moe_layer_free_dev(l->rt, &d_w);
     moe_layer_free_dev(l->rt, &d_rows);

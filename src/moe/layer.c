@@ -524,7 +524,8 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
         };
         MOE_TRY_GOTO(st, ops->experts_forward(ctx, &ex));
     }
-    if (n > 0) MOE_TRY_GOTO(st, ops->combine(ctx, y->data, s->out, s->row_of_slot, s->topk_w, n, k, h));
+    if (n > 0)
+        MOE_TRY_GOTO(st, ops->combine(ctx, y->data, s->out, s->row_of_slot, s->topk_w, n, k, h, false));
     MOE_TRY_GOTO(st, finish_routing_stats(l, s, capacity, &routing));
 fail:
     moe_routing_host_free(&routing);
@@ -576,6 +577,7 @@ moe_status_t moe_layer_router_backward(moe_layer_t *l, const moe_slot_t *s, cons
         .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
         .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w, .counts = s->counts,
         .aux_coef = aux_coef, .z_coef = z_coef, .dlogits = dlogits, .dx = dx, .dwg = l->dwg,
+        .overwrite_dx = true,
     };
     moe_status_t st = MOE_OPS(rt)->router_backward(MOE_CTX(rt), &r);
     moe_layer_free_dev(rt, &dlogits);
@@ -605,6 +607,8 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
 
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)n * (size_t)k * sizeof(float), &d_w));
     MOE_TRY_GOTO(st, ops->combine_weight_grad(ctx, d_w, dy->data, s->out, s->row_of_slot, n, k, h));
+    MOE_TRY_GOTO(st, moe_layer_router_backward(l, s, d_w, dx, l->cfg.aux_loss_coef,
+                                               l->cfg.z_loss_coef));
     if (rows > 0) {
         MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_out));
         MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_xp));
@@ -619,10 +623,8 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
         };
         MOE_TRY_GOTO(st, ops->experts_backward(ctx, &ex));
     }
-    /* dx = sum over the token's kept slots of d_xp (rows == 0: every slot dropped, dx = 0) */
-    MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_xp, s->row_of_slot, NULL, n, k, h));
-    MOE_TRY_GOTO(st, moe_layer_router_backward(l, s, d_w, dx, l->cfg.aux_loss_coef,
-                                               l->cfg.z_loss_coef));
+    /* dx += sum over the token's kept slots of d_xp (rows == 0: every slot dropped, + 0) */
+    MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_xp, s->row_of_slot, NULL, n, k, h, true));
 fail:
     moe_layer_free_dev(rt, &d_w);
     moe_layer_free_dev(rt, &d_out);

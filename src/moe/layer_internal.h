@@ -82,7 +82,8 @@ void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, 
                          double z, double entropy);
 /* The expert-bias sign rule from selections per expert ([E]) out of `slots` in total. */
 moe_status_t moe_layer_update_bias(moe_layer_t *l, const double *selected, double slots);
-/* Router backward into dx (+=) and the router gradient, with the given loss coefficients. */
+/* Router backward: writes dx (the first of its two parts; the experts' combine adds the other)
+ * and adds the router gradient, with the given loss coefficients. */
 moe_status_t moe_layer_router_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w,
                                        void *dx, float aux_coef, float z_coef);
 

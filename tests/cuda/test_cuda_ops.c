@@ -170,6 +170,15 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t
     check_close("dlogits", g_dl, dl_h, n * e, 1e-5);
     check_close("dx (+=, bf16)", g_dx, dx_h, n * h, 1e-2);
     check_close("dwg (+=, bf16 operands)", g_dwg, dwg_h, h * e, 1e-2);
+    /* overwrite_dx: dx written over poison (NaN on the host, 0x7f7f on the GPU) */
+    for (int64_t i = 0; i < n * h; i++) dx_h[i] = NAN;
+    hb.overwrite_dx = gb.overwrite_dx = true;
+    gb.dx = gpu_poison(G, 2 * n * h, false);
+    TEST_OK(G->host.ops->router_backward(G->host.ctx, &hb));
+    TEST_OK(G->cuda.ops->router_backward(G->cuda.ctx, &gb));
+    gpu_down_bf16(G, g_dx, gb.dx, n * h);
+    check_close("dx (overwritten, bf16)", g_dx, dx_h, n * h, 1e-2);
+    gpu_free(G, gb.dx);
 
     void *dev[] = {dx_, dwg_, dbias, gf.logits, gf.topk_idx, gf.topk_w, gf.counts, gf.score_mean,
                    gf.stats, dx_g, dwg_g, (void *)gb.logits, (void *)gb.topk_idx,
@@ -358,10 +367,15 @@ static void run_rows_case(int64_t n, int32_t k, int64_t h, test_rng_t *rng)
         free(fsor);
 
         out = gpu_poison(&P, 2 * n * h, false);
-        HOST(combine, ref, src, ros, scaled ? w : NULL, n, k, h);
-        CUDA(combine, out, gsrc, gros, scaled ? gw : NULL, n, k, h);
+        HOST(combine, ref, src, ros, scaled ? w : NULL, n, k, h, false);
+        CUDA(combine, out, gsrc, gros, scaled ? gw : NULL, n, k, h, false);
         gpu_down_bf16(&P, got, out, n * h);
         check_close(scaled ? "combine (weighted)" : "combine", got, ref, n * h, 1e-2);
+        /* accumulate adds onto what dst holds (here the sum just written: twice the sum) */
+        HOST(combine, ref, src, ros, scaled ? w : NULL, n, k, h, true);
+        CUDA(combine, out, gsrc, gros, scaled ? gw : NULL, n, k, h, true);
+        gpu_down_bf16(&P, got, out, n * h);
+        check_close("combine (accumulate)", got, ref, n * h, 1e-2);
         gpu_free(&P, out);
     }
     float *dw = gpu_poison(&P, 4 * s, false);

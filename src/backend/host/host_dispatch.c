@@ -85,14 +85,14 @@ moe_status_t moe_host_gather_rows(void *ctx, void *dst, const void *src,
 }
 
 moe_status_t moe_host_combine(void *ctx, void *dst, const void *src, const int32_t *row_of_slot,
-                              const float *w, int64_t n, int32_t k, int64_t h)
+                              const float *w, int64_t n, int32_t k, int64_t h, bool accumulate)
 {
     (void)ctx;
     float *d = dst;
     const float *s = src;
     for (int64_t t = 0; t < n; t++) {
         float *out = d + t * h;
-        memset(out, 0, sizeof(float) * (size_t)h);
+        if (!accumulate) memset(out, 0, sizeof(float) * (size_t)h);
         for (int32_t j = 0; j < k; j++) {
             int32_t row = row_of_slot[t * k + j];
             if (row < 0) continue;

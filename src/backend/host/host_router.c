@@ -155,14 +155,14 @@ moe_status_t moe_host_router_backward(void *ctx, const moe_router_bwd_t *a)
         }
     }
     free(s);
-    /* dx += dlogits · wg^T ; dwg += x^T · dlogits (fp64 accumulation) */
+    /* dx += dlogits · wg^T (= when overwrite_dx) ; dwg += x^T · dlogits (fp64 accumulation) */
     const float *x = a->x, *wg = a->wg;
     float *dx = a->dx, *dwg = a->dwg;
     for (int64_t t = 0; t < a->n; t++)
         for (int64_t c = 0; c < a->h; c++) {
             double acc = 0;
             for (int32_t j = 0; j < e; j++) acc += (double)a->dlogits[t * e + j] * wg[c * e + j];
-            dx[t * a->h + c] += (float)acc;
+            dx[t * a->h + c] = (float)acc + (a->overwrite_dx ? 0.0f : dx[t * a->h + c]);
         }
     for (int64_t c = 0; c < a->h; c++)
         for (int32_t j = 0; j < e; j++) {
