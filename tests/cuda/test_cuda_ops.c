@@ -208,7 +208,7 @@ static void test_router(void **state)
         /* 7 passes per warp (the grid is sized to one wave), a partly filled last block */
         {20000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, true},
         /* for the fused kernel: partial last tiles, hidden sizes that end inside a 64-wide
-         * tile, E = 8 ... 64 (1 to 8 lanes a token); auto picks it at the 40000 one */
+         * tile, E = 8 ... 64 (1 to 8 lanes a token) */
         {20000, 200, 48, 6, MOE_SCORE_SIGMOID, true, true},
         {40000, 136, 64, 2, MOE_SCORE_SOFTMAX, true, true},
         {777, 1032, 24, 3, MOE_SCORE_SOFTMAX, false, false},

@@ -33,18 +33,21 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
     return MOE_STATUS_SUCCESS;
 }
 
-/* The fused kernel saves the selection's second pass but reads x a little slower than cuBLAS's
- * GEMM, and only with two waves of its 128-token blocks (132 SMs x 2) does it hide its loads:
- * N=65536 H=4096 E=64 0.159 vs 0.173 ms, N=16384 0.055 vs 0.049 ms, and the small shapes
- * 10-25 us vs 10-19 us (docs/cuda-backend.md, "Router forward"). */
+/* The fused kernel saves the selection's second pass and a launch, but each block walks all of
+ * H: it wins with two waves of its 128-token blocks (132 SMs x 2), or when H is short enough
+ * that a block's walk costs less than a launch. Run 13 (ms, fused vs GEMM + selection):
+ * N=65536 H=4096 0.160 vs 0.173; N=16384 H=4096 0.051 vs 0.048; N=512 H=256 0.0117 vs 0.0170;
+ * N=1024 H=512 0.0145 vs 0.0164; N=2048 H=1024 0.021 vs 0.016; N=4096 H=2048 0.032 vs 0.018. */
 #define FUSED_MIN_TOKENS (128 * 264)
+#define FUSED_MAX_SHORT_H 512
 
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
 {
     if (c->router_mode == CUDA_ROUTER_GEMM ||
         !moe_cuda_router_fused_supported(a->h, a->e, a->x, a->wg, a->logits))
         return false;
-    return c->router_mode == CUDA_ROUTER_FUSED || a->n >= FUSED_MIN_TOKENS;
+    return c->router_mode == CUDA_ROUTER_FUSED || a->n >= FUSED_MIN_TOKENS ||
+           a->h <= FUSED_MAX_SHORT_H;
 }
 
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
