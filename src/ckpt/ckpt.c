@@ -1337,6 +1337,25 @@ static moe_status_t restore_from_s3(moe_ckpt_t *ck, int64_t step)
     return MOE_STATUS_SUCCESS;
 }
 
+/* Every rank loads `step` from stepdir and all agree on the worst severity (collective).
+ * Success only if every rank loaded; else this rank's error, or a stand-in where only another
+ * rank failed. *sev: the agreed severity (2 when the agreement itself failed). */
+static moe_status_t load_agreed(moe_ckpt_t *ck, const char *stepdir, int64_t step,
+                                const moe_ckpt_tensor_t *t, int32_t count, int32_t *sev)
+{
+    moe_status_t st = ck_load_dir(ck->rt, stepdir, step, t, count);
+    moe_status_t cs = agree(ck->comm_w, severity(st), MOE_REDUCE_MAX, sev);
+    if (cs != MOE_STATUS_SUCCESS) {
+        *sev = 2;
+        return cs;
+    }
+    if (*sev == 0) return MOE_STATUS_SUCCESS;
+    if (st == MOE_STATUS_SUCCESS)
+        st = MOE_FAIL(*sev == 2 ? MOE_STATUS_INVALID_ARGUMENT : MOE_STATUS_CORRUPT,
+                      "another rank could not load step %" PRId64, step);
+    return st;
+}
+
 /* Try one step: local, then (if it fails for a reason of the checkpoint) the S3 copy.
  * Collective. Returns the agreed result. */
 static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
@@ -1344,14 +1363,9 @@ static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
 {
     char stepdir[PATH_MAX];
     step_path(ck, step, stepdir, sizeof stepdir);
-    moe_status_t st = ck_load_dir(ck->rt, stepdir, step, t, count);
     int32_t sev;
-    MOE_TRY(agree(ck->comm_w, severity(st), MOE_REDUCE_MAX, &sev));
-    if (sev == 0) return MOE_STATUS_SUCCESS;
-    if (st == MOE_STATUS_SUCCESS)
-        st = MOE_FAIL(sev == 2 ? MOE_STATUS_INVALID_ARGUMENT : MOE_STATUS_CORRUPT,
-                      "another rank could not load step %" PRId64, step);
-    if (sev == 2) return st;
+    moe_status_t st = load_agreed(ck, stepdir, step, t, count, &sev);
+    if (st == MOE_STATUS_SUCCESS || sev == 2) return st;
     moe_log(ck->log, st == MOE_STATUS_NOT_FOUND ? MOE_LOG_INFO : MOE_LOG_WARN,
             "checkpoint: local step %" PRId64 " unusable: %s%s", step, moe_last_error(),
             on_s3 ? "; trying its S3 copy" : "; falling back");
@@ -1367,13 +1381,8 @@ static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
     }
     if (ck->comm_w) MOE_TRY(moe_comm_broadcast(ck->comm_w, &ok, 1, MOE_COMM_I32, 0));
     if (!ok) return MOE_FAIL(MOE_STATUS_CORRUPT, "step %" PRId64 " unusable locally and on S3", step);
-    st = ck_load_dir(ck->rt, stepdir, step, t, count);
-    MOE_TRY(agree(ck->comm_w, severity(st), MOE_REDUCE_MAX, &sev));
-    if (sev == 0) return MOE_STATUS_SUCCESS;
-    if (st == MOE_STATUS_SUCCESS)
-        st = MOE_FAIL(sev == 2 ? MOE_STATUS_INVALID_ARGUMENT : MOE_STATUS_CORRUPT,
-                      "another rank could not load step %" PRId64, step);
-    if (sev == 1)
+    st = load_agreed(ck, stepdir, step, t, count, &sev);
+    if (st != MOE_STATUS_SUCCESS && sev == 1)
         moe_log(ck->log, MOE_LOG_WARN, "checkpoint: S3 copy of step %" PRId64 " unusable: %s",
                 step, moe_last_error());
     return st;

@@ -71,6 +71,9 @@ void ck_rank_filename(int32_t rank, char *buf, size_t len); /* "rank-00003.bin" 
 int ck_cmp_i64(const void *a, const void *b);
 bool ck_parse_step_dirname(const char *s, int64_t *step);
 void ck_manifest_free(ck_manifest_t *m);
+/* The tensor's box in its global tensor: global_shape and offset as given, or, where no global
+ * shape was given (all zero), the local shape at offset 0. */
+void ck_tensor_box(const moe_ckpt_tensor_t *e, int64_t *global, int64_t *offset);
 void ck_pieces_free(ck_piece_t *p, int32_t n);
 /* Pieces of a save: validate the user's tensors and cut expert-split pieces; offsets in the
  * rank file assigned (aligned), returns the file size. */

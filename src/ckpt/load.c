@@ -206,13 +206,13 @@ static moe_status_t load_tensor(moe_runtime_t *rt, const ck_manifest_t *m, const
     if (!any)
         return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "tensor %s is not in checkpoint step %" PRId64,
                         e->name, step);
-    bool global_given = false;
-    for (int d = 0; d < nd; d++) global_given |= e->global_shape[d] != 0;
+    int64_t gs[MOE_MAX_DIMS], go[MOE_MAX_DIMS];
+    ck_tensor_box(e, gs, go);
     char want[128], have[128];
     int nw = 0, nh = 0;
     bool same = any->ndim == nd;
     for (int d = 0; d < nd; d++) {
-        int64_t g = global_given ? e->global_shape[d] : x->shape[d];
+        int64_t g = gs[d];
         nw += snprintf(want + nw, sizeof want - (size_t)nw, "%s%" PRId64, d ? "," : "", g);
         if (d < any->ndim && any->global_shape[d] != g) same = false;
     }
@@ -235,7 +235,7 @@ static moe_status_t load_tensor(moe_runtime_t *rt, const ck_manifest_t *m, const
     moe_status_t st = MOE_STATUS_SUCCESS;
     box_t b;
     for (int d = 0; d < nd; d++) {
-        b.gstart[d] = global_given ? e->offset[d] : 0;
+        b.gstart[d] = go[d];
         b.ext[d] = x->shape[d];
         b.lstart[d] = 0;
     }

@@ -119,6 +119,17 @@ void ck_pieces_free(ck_piece_t *p, int32_t n)
     free(p);
 }
 
+void ck_tensor_box(const moe_ckpt_tensor_t *e, int64_t *global, int64_t *offset)
+{
+    const moe_tensor_t *x = &e->tensor;
+    bool given = false;
+    for (int d = 0; d < x->ndim; d++) given |= e->global_shape[d] != 0;
+    for (int d = 0; d < x->ndim; d++) {
+        global[d] = given ? e->global_shape[d] : x->shape[d];
+        offset[d] = given ? e->offset[d] : 0;
+    }
+}
+
 void ck_manifest_free(ck_manifest_t *m)
 {
     if (!m) return;
@@ -152,15 +163,14 @@ moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count)
                       e->name, x->ndim, MOE_MAX_DIMS);
         MOE_CHECK_ARG(x->device == MOE_DEVICE_HOST || x->device == MOE_DEVICE_CUDA,
                       "tensor %s: unknown device %d", e->name, (int)x->device);
-        bool global_given = false;
-        for (int d = 0; d < x->ndim; d++) global_given |= e->global_shape[d] != 0;
+        int64_t gs[MOE_MAX_DIMS], go[MOE_MAX_DIMS];
+        ck_tensor_box(e, gs, go);
         int64_t numel = 1;
         for (int d = 0; d < x->ndim; d++) {
             MOE_CHECK_ARG(x->shape[d] >= 0, "tensor %s: shape[%d] = %" PRId64, e->name, d,
                           x->shape[d]);
             numel *= x->shape[d];
-            int64_t g = global_given ? e->global_shape[d] : x->shape[d];
-            int64_t o = global_given ? e->offset[d] : 0;
+            int64_t g = gs[d], o = go[d];
             MOE_CHECK_ARG(o >= 0 && g >= 0, "tensor %s: offset[%d] = %" PRId64
                           ", global_shape[%d] = %" PRId64, e->name, d, o, d, g);
             if (!(e->expert_ids && d == e->expert_dim))
@@ -179,7 +189,7 @@ moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count)
                               "tensor %s: expert_ids need every dimension before expert_dim %d"
                               " to have extent 1 (dimension %d has %" PRId64 ")", e->name, ed,
                               d, x->shape[d]);
-            int64_t g = global_given ? e->global_shape[ed] : x->shape[ed];
+            int64_t g = gs[ed];
             for (int64_t k = 0; k < x->shape[ed]; k++) {
                 MOE_CHECK_ARG(e->expert_ids[k] >= 0 && e->expert_ids[k] < g,
                               "tensor %s: expert_ids[%" PRId64 "] = %d outside [0, %" PRId64 ")",
@@ -236,8 +246,6 @@ moe_status_t ck_layout(const moe_ckpt_tensor_t *t, int32_t count, uint64_t chunk
         const moe_ckpt_tensor_t *e = &t[i];
         const moe_tensor_t *x = &e->tensor;
         size_t es = moe_dtype_size(x->dtype);
-        bool global_given = false;
-        for (int d = 0; d < x->ndim; d++) global_given |= e->global_shape[d] != 0;
         int ed = e->expert_ids ? e->expert_dim : -1;
         int64_t runs_end = ed >= 0 ? x->shape[ed] : 1;
         /* bytes per index of the expert dimension */
@@ -259,11 +267,8 @@ moe_status_t ck_layout(const moe_ckpt_tensor_t *t, int32_t count, uint64_t chunk
             q->dtype = x->dtype;
             q->ndim = x->ndim;
             uint64_t numel = 1;
-            for (int d = 0; d < x->ndim; d++) {
-                q->global_shape[d] = global_given ? e->global_shape[d] : x->shape[d];
-                q->start[d] = global_given ? e->offset[d] : 0;
-                q->extent[d] = x->shape[d];
-            }
+            ck_tensor_box(e, q->global_shape, q->start);
+            for (int d = 0; d < x->ndim; d++) q->extent[d] = x->shape[d];
             if (ed >= 0) {
                 q->start[ed] = e->expert_ids[k];
                 q->extent[ed] = k1 - k;
