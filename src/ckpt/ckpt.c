@@ -1116,6 +1116,22 @@ static moe_status_t save_checks(moe_ckpt_t *ck, int64_t step, const moe_ckpt_ten
     return MOE_STATUS_SUCCESS;
 }
 
+/* Appends j (of `step`, started at t0) to the jobs the writer thread takes in order. */
+static void enqueue_job(moe_ckpt_t *ck, job_t *j, int64_t step, double t0, bool failed)
+{
+    j->step = step;
+    j->t_start = t0;
+    j->all_queued = j->snap_failed = failed;
+    pthread_mutex_lock(&ck->mu);
+    if (ck->jobs_tail) ck->jobs_tail->next = j;
+    else ck->jobs = j;
+    ck->jobs_tail = j;
+    ck->st.pending_saves++;
+    if (!failed) ck->st.state = MOE_CKPT_WRITING;
+    pthread_cond_broadcast(&ck->cv);
+    pthread_mutex_unlock(&ck->mu);
+}
+
 moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_tensor_t *tensors,
                                  int32_t count)
 {
@@ -1137,29 +1153,11 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
         }
         /* Several ranks: the others are saving this step, so take part anyway with a failed
          * job; the agreement then fails the step on every rank (nobody waits for ever). */
-        j->step = step;
-        j->t_start = t0;
-        j->all_queued = j->snap_failed = true;
-        pthread_mutex_lock(&ck->mu);
-        if (ck->jobs_tail) ck->jobs_tail->next = j;
-        else ck->jobs = j;
-        ck->jobs_tail = j;
-        ck->st.pending_saves++;
-        pthread_cond_broadcast(&ck->cv);
-        pthread_mutex_unlock(&ck->mu);
+        enqueue_job(ck, j, step, t0, true);
         return st; /* moe_last_error() still holds the reason */
     }
-    j->step = step;
-    j->t_start = t0;
     ck->last_saved_step = step;
-    pthread_mutex_lock(&ck->mu);
-    if (ck->jobs_tail) ck->jobs_tail->next = j;
-    else ck->jobs = j;
-    ck->jobs_tail = j;
-    ck->st.pending_saves++;
-    ck->st.state = MOE_CKPT_WRITING;
-    pthread_cond_broadcast(&ck->cv);
-    pthread_mutex_unlock(&ck->mu);
+    enqueue_job(ck, j, step, t0, false);
 
     /* the snapshot: file range [k*chunk, (k+1)*chunk) goes through one segment */
     uint64_t chunk = ck->cfg.chunk_bytes;
