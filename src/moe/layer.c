@@ -316,11 +316,12 @@ static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
     MOE_TRY(moe_layer_alloc_dev(rt, 2 * sizeof(float), &s->router_stats));
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->row_of_slot));
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->slot_of_row));
-    MOE_TRY(moe_layer_alloc_dev(rt, e * sizeof(int32_t), &s->kept));
     s->host_kept = calloc(e, sizeof(int64_t));
+    if (!s->host_kept) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
+    if (l->dist) return MOE_STATUS_SUCCESS; /* the rest is the single-rank plan's */
+    MOE_TRY(moe_layer_alloc_dev(rt, e * sizeof(int32_t), &s->kept));
     s->host_offsets = calloc((size_t)l->el + 1, sizeof(int64_t));
-    if (!s->host_kept || !s->host_offsets)
-        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
+    if (!s->host_offsets) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
     return MOE_STATUS_SUCCESS;
 }
 

@@ -24,9 +24,9 @@ typedef struct moe_slot {
     float *router_stats;       /* f32 [2] */
     int32_t *row_of_slot;      /* i32 [N,K] */
     int32_t *slot_of_row;      /* i32 [N*K], or [El*stride] once padded (-1: filler) */
-    int32_t *kept;             /* i32 [E] */
+    int32_t *kept;             /* i32 [E] (single-rank path only) */
     int64_t *host_kept;        /* host [E] */
-    int64_t *host_offsets;     /* host [El+1] row offsets of the local experts */
+    int64_t *host_offsets;     /* host [El+1] row offsets of the local experts (single-rank) */
     void *xp, *hpre, *act, *out; /* act [R,H], [R,2,Fl], [R,Fl], [R,H] */
     struct moe_dist_slot *dist; /* distributed layer's saved state (dispatch.c), or NULL */
 } moe_slot_t;
