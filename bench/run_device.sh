@@ -9,16 +9,13 @@
 #   summed by bench/kernel_times.py into $OUT/profile.txt; algos: bench/gemm_algos.c
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/moe-out}
 source scripts/device_env.sh
-mkdir -p "$OUT"
 phases=${*:-build tests sanitize bench torch}
 has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }
 status=0
 
 if has build; then
-  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON \
-    >"$OUT/build.log" 2>&1 &&
+  device_configure >"$OUT/build.log" 2>&1 &&
     cmake --build "$B" -j16 --target test_cuda_ops test_cuda_layer bench_moe >>"$OUT/build.log" 2>&1 ||
     { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
   echo "build ok"

@@ -6,11 +6,8 @@
 #   bench_dist_layer (hidden all-to-all fraction, host backend, 4 ranks on 16 cores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/moe-out}
 source scripts/device_env.sh
-mkdir -p "$OUT"
-cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON \
-  -DMOE_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 &&
+device_configure -DMOE_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 &&
   cmake --build "$B" -j16 --target test_comm_device test_comm_ops test_dist_layer_np2 test_dist_layer_np4 \
     bench_dist_layer >>"$OUT/build.log" 2>&1 ||
   { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }

@@ -20,10 +20,8 @@
 # bench.log. Exit status: 0 when every part that ran passed (skips count as passed).
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/moe-out}
 source scripts/device_env.sh
 BUDGET=${MOE_MULTI_BUDGET_S:-340}
-mkdir -p "$OUT"
 S="$OUT/summary.txt"
 LOG="$OUT/tests.log"
 : >"$S"
@@ -87,8 +85,7 @@ fi
 
 if has build; then
   t0=$SECONDS
-  timeout 240 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DMOE_CUDA=ON -DMOE_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 || { say "configure: FAILED"; status=1; }
+  device_configure -DMOE_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 || { say "configure: FAILED"; status=1; }
   grep -E "libmoe .*CUDA=" "$OUT/build.log" | tee -a "$S"
   for t in test_dist_layer_np2 test_comm_device bench_dist_layer; do
     l=$(left)
