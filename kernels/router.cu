@@ -870,21 +870,17 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
     if (!moe_cuda_router_fused_supported(h, e, x, wg, logits) || k > MOE_ROUTER_MAX_K || k > e ||
         n <= 0 || fused_blocks(n) > INT32_MAX)
         return cudaErrorInvalidValue;
-    auto launch = [&](auto bm, auto lanes) {
-        return launch_fused<decltype(bm)::value, decltype(lanes)::value>(
+    auto launch = [&](auto lanes) {
+        return launch_fused<FUSED_BM, decltype(lanes)::value>(
             x, wg, bias, n, h, e, k, score_fn, renormalize, logits, topk_idx, topk_w, scratch,
             tickets, counts, score_mean, stats, stream);
     };
-    /* the selection's lanes a token (select_lanes: 1 to 8 for E <= 64) */
-    auto by_lanes = [&](auto bm) {
-        switch (select_lanes(e)) {
-        case 1: return launch(bm, int_c<1>{});
-        case 2: return launch(bm, int_c<2>{});
-        case 4: return launch(bm, int_c<4>{});
-        default: return launch(bm, int_c<8>{});
-        }
-    };
-    return by_lanes(int_c<FUSED_BM>{});
+    switch (select_lanes(e)) { /* the selection's lanes a token: 1 to 8 for E <= 64 */
+    case 1: return launch(int_c<1>{});
+    case 2: return launch(int_c<2>{});
+    case 4: return launch(int_c<4>{});
+    default: return launch(int_c<8>{});
+    }
 }
 
 /* ---- backward: d logits ------------------------------------------------------------------- */
