@@ -178,7 +178,7 @@ static void bench_router(moe_backend_t be, cudaStream_t stream)
         double flops_f = 2.0 * n * h * e;
         double bytes_f = 2.0 * n * h + 2.0 * h * e + 4.0 * n * e + 8.0 * n * k;
         double fl_hbm = bytes_f / HBM_BPS * 1e3, fl_tc = flops_f / TC_FLOPS * 1e3, ms;
-        /* both forward paths where the fused kernel applies (auto picks one by N) */
+        /* both forward paths where the fused kernel applies (auto picks one by N and H) */
         cuda_ctx_t *c = be.ctx;
         c->router_mode = CUDA_ROUTER_FUSED;
         bool fused = moe_cuda_router_uses_fused(c, &a.f[0]);
