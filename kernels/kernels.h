@@ -61,6 +61,10 @@ cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_t *topk_idx
                                     int score_fn, bool renormalize, float aux_coef, float z_coef,
                                     float *dlogits, void *dlogits_bf16, cudaStream_t stream);
 
+/* The expert-bias sign rule (see moe_backend_ops_t.expert_bias_step). */
+cudaError_t moe_cuda_expert_bias_step(float *bias, const int32_t *counts, int32_t e,
+                                      int64_t slots, float rate, cudaStream_t stream);
+
 /* ---- dispatch (dispatch.cu) ---- */
 
 /* Int32 scratch the plan needs: per-chunk expert histograms plus row bases. */

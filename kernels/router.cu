@@ -1014,3 +1014,23 @@ extern "C" cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_
     });
     return cudaGetLastError();
 }
+
+/* The expert-bias sign rule on the device copy, so that the forward never reads it back.
+ * counts[j] against mean = slots / E compared exactly, as counts[j] * E against slots. */
+__global__ void expert_bias_step(float *bias, const int32_t *counts, int32_t e, int64_t slots,
+                                 float rate)
+{
+    int32_t j = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (j >= e) return;
+    int64_t scaled = (int64_t)counts[j] * e;
+    bias[j] += rate * (float)((scaled < slots) - (scaled > slots));
+}
+
+extern "C" cudaError_t moe_cuda_expert_bias_step(float *bias, const int32_t *counts, int32_t e,
+                                                 int64_t slots, float rate, cudaStream_t stream)
+{
+    if (e <= 0) return cudaSuccess;
+    expert_bias_step<<<(unsigned)((e + 255) / 256), 256, 0, stream>>>(bias, counts, e, slots,
+                                                                      rate);
+    return cudaGetLastError();
+}

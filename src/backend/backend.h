@@ -10,8 +10,8 @@
  * backend's device; f32/i32 pointers are on the device too unless named `host_*`.
  * Parameter gradients are f32 on every backend (accumulated over microbatches without bf16
  * rounding); parameters themselves are in the compute dtype, with f32 masters in AdamW.
- * Ordering: ops are enqueued in call order (CUDA: on the backend's current stream); `copy`
- * and `synchronize` block the host. Every op validates nothing the layer already validated:
+ * Ordering: ops are enqueued in call order (CUDA: on the backend's current stream); `copy`,
+ * `plan` and `synchronize` block the host. Every op validates nothing the layer already validated:
  * the layer checks user input, ops trust the layer.
  *
  * Determinism: every op must give bitwise-identical results for identical inputs when the
@@ -79,7 +79,12 @@ typedef struct moe_plan {
     int32_t *row_of_slot;      /* i32 [N,K] row in the permuted buffer, -1 if dropped */
     int32_t *slot_of_row;      /* i32 [N*K] slot that fills each row (first R entries valid) */
     int32_t *kept;             /* i32 [E] kept slots per expert */
-    int64_t *host_kept;        /* host i64 [E]: the same, copied to the host (the one sync) */
+    /* The plan ends in the layer's one device->host synchronisation, which brings the
+     * routing results with it: summary_bytes at `summary` (device, `kept` among them) are
+     * copied to host_summary. */
+    const void *summary;
+    size_t summary_bytes;
+    void *host_summary;
 } moe_plan_t;
 
 /* A plan re-laid with `stride` rows per expert (stride >= every kept count) so that all
@@ -155,6 +160,8 @@ typedef struct moe_backend_ops {
     moe_status_t (*memset_zero)(void *ctx, void *p, size_t bytes);
     /* blocking copy of bytes between any two memories (host, pinned or device) */
     moe_status_t (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+    /* device-to-device copy, enqueued like the other ops (does not block) */
+    moe_status_t (*copy_device)(void *ctx, void *dst, const void *src, size_t bytes);
     moe_status_t (*synchronize)(void *ctx);
     /* the stream ops are enqueued on (CUDA), or ignored */
     moe_status_t (*set_stream)(void *ctx, void *stream);
@@ -169,6 +176,10 @@ typedef struct moe_backend_ops {
     /* ---- MoE ops ---- */
     moe_status_t (*router_forward)(void *ctx, const moe_router_fwd_t *a);
     moe_status_t (*router_backward)(void *ctx, const moe_router_bwd_t *a);
+    /* The expert-bias balancing rule, on the device copy (the state): with mean = slots / E,
+     * bias[j] += rate where counts[j] < mean, -= rate where counts[j] > mean. */
+    moe_status_t (*expert_bias_step)(void *ctx, float *bias, const int32_t *counts, int32_t e,
+                                     int64_t slots, float rate);
     moe_status_t (*plan)(void *ctx, const moe_plan_t *a);
     /* Rows per expert of a padded layout that suits this backend's expert GEMMs better than
      * the compact one, for these kept counts ([El]); 0 keeps the compact layout. NULL: never. */

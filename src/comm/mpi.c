@@ -442,7 +442,7 @@ static moe_status_t mpi_alltoallv(moe_comm_t *c, const void *send, const size_t 
                   "alltoallv on the %s communicator: rank %d sends itself %zu elements but "
                   "expects %zu", c->name, me, send_counts[me], recv_counts[me]);
     MOE_CHECK_ARG((send || !send_end) && (recv || !recv_end), "alltoallv: buffer is NULL");
-    moe_comm_req_t *r;
+    moe_comm_req_t *r = NULL;
     MOE_TRY(req_new(c, "alltoallv", 2 * (P - 1) > 0 ? 2 * (P - 1) : 1, true, &r));
     moe_status_t st = MOE_STATUS_SUCCESS;
     const char *s = send;

@@ -582,11 +582,10 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
         MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H,
                                       false));
     moe_layer_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
-    MOE_TRY_GOTO(st, moe_layer_update_bias(l, g.counts, (double)g.n_total * K));
+    MOE_TRY_GOTO(st, moe_layer_update_bias(l, s, g.n_total * K)); /* s->counts: global */
 fail:
     moe_layer_free_dev(l->rt, &xs);
     moe_layer_free_dev(l->rt, &outr);
-    moe_routing_host_free(&routing);
     free(table);
     free(gbuf);
     free(kept_group);

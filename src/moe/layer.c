@@ -195,8 +195,6 @@ static moe_status_t create_params(moe_layer_t *l)
         int64_t b_shape[1] = {e};
         MOE_TRY(add_param(l, "router.expert_bias", MOE_PARAM_BUFFER, MOE_DTYPE_F32, 1, b_shape,
                           b_shape, zero, -1, -1, (void **)&l->bias, NULL));
-        l->host_bias = calloc((size_t)e, sizeof(float));
-        if (!l->host_bias) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "expert bias");
         MOE_TRY(MOE_OPS(l->rt)->memset_zero(MOE_CTX(l->rt), l->bias, sizeof(float) * (size_t)e));
     }
     return MOE_STATUS_SUCCESS;
@@ -217,7 +215,6 @@ static void layer_free(moe_layer_t *l)
     moe_layer_free_dev(rt, &l->dw1);
     moe_layer_free_dev(rt, &l->dw2);
     moe_layer_free_dev(rt, &l->bias);
-    free(l->host_bias);
     free(l->host_tokens_per_expert);
     moe_dist_destroy(l);
     l->magic = MOE_MAGIC_DEAD;
@@ -291,14 +288,29 @@ static void slot_free(moe_layer_t *l, moe_slot_t *s)
 {
     moe_runtime_t *rt = l->rt;
     void **dev[] = {&s->x, (void **)&s->logits, (void **)&s->topk_idx, (void **)&s->topk_w,
-                    (void **)&s->counts, (void **)&s->score_mean, (void **)&s->router_stats,
-                    (void **)&s->row_of_slot, (void **)&s->slot_of_row, (void **)&s->kept,
+                    &s->summary, (void **)&s->row_of_slot, (void **)&s->slot_of_row,
                     &s->xp, &s->hpre, &s->act, &s->out};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) moe_layer_free_dev(rt, dev[i]);
     moe_dist_slot_free(l, s);
+    free(s->host_summary);
     free(s->host_kept);
     free(s->host_offsets);
     memset(s, 0, sizeof *s);
+}
+
+/* The slot's routing summary (see moe_slot_t): the single-rank plan's kept counts last. */
+static size_t summary_bytes(const moe_layer_t *l)
+{
+    return sizeof(int32_t) * (size_t)((l->dist ? 2 : 3) * l->e + 2);
+}
+
+static moe_routing_host_t routing_view(const moe_layer_t *l, const moe_slot_t *s)
+{
+    moe_routing_host_t r = {.counts = s->host_summary};
+    r.score_mean = (float *)r.counts + l->e;
+    r.stats = r.score_mean + l->e;
+    r.kept = l->dist ? NULL : (int32_t *)(r.stats + 2);
+    return r;
 }
 
 static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
@@ -311,15 +323,18 @@ static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
     MOE_TRY(moe_layer_alloc_dev(rt, ne * sizeof(float), &s->logits));
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->topk_idx));
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(float), &s->topk_w));
-    MOE_TRY(moe_layer_alloc_dev(rt, e * sizeof(int32_t), &s->counts));
-    MOE_TRY(moe_layer_alloc_dev(rt, e * sizeof(float), &s->score_mean));
-    MOE_TRY(moe_layer_alloc_dev(rt, 2 * sizeof(float), &s->router_stats));
+    MOE_TRY(moe_layer_alloc_dev(rt, summary_bytes(l), &s->summary));
+    s->counts = s->summary;
+    s->score_mean = (float *)s->counts + e;
+    s->router_stats = s->score_mean + e;
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->row_of_slot));
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->slot_of_row));
+    s->host_summary = malloc(summary_bytes(l));
     s->host_kept = calloc(e, sizeof(int64_t));
-    if (!s->host_kept) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
+    if (!s->host_summary || !s->host_kept)
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
     if (l->dist) return MOE_STATUS_SUCCESS; /* the rest is the single-rank plan's */
-    MOE_TRY(moe_layer_alloc_dev(rt, e * sizeof(int32_t), &s->kept));
+    s->kept = (int32_t *)(s->router_stats + 2);
     s->host_offsets = calloc((size_t)l->el + 1, sizeof(int64_t));
     if (!s->host_offsets) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
     return MOE_STATUS_SUCCESS;
@@ -330,15 +345,11 @@ moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *
     const moe_backend_ops_t *ops = MOE_OPS(l->rt);
     void *ctx = MOE_CTX(l->rt);
     int64_t n = x->shape[0];
-    size_t e = (size_t)l->e;
     MOE_TRY(slot_alloc_routing(l, s, n));
-    MOE_TRY(ops->copy(ctx, s->x, x->data, (size_t)n * (size_t)l->h * moe_dtype_size(ops->compute_dtype)));
-    if (n == 0) {
-        /* the device copies must hold zeros too: backward and the plan read them */
-        MOE_TRY(ops->memset_zero(ctx, s->counts, sizeof(int32_t) * e));
-        MOE_TRY(ops->memset_zero(ctx, s->score_mean, sizeof(float) * e));
-        return ops->memset_zero(ctx, s->router_stats, 2 * sizeof(float));
-    }
+    MOE_TRY(ops->copy_device(ctx, s->x, x->data,
+                             (size_t)n * (size_t)l->h * moe_dtype_size(ops->compute_dtype)));
+    /* no tokens: the summary holds zeros (backward and the plan read it) */
+    if (n == 0) return ops->memset_zero(ctx, s->summary, summary_bytes(l));
     moe_router_fwd_t r = {
         .n = n, .h = l->h, .e = l->e, .k = l->k, .score_fn = l->cfg.score_fn,
         .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .bias = l->bias,
@@ -350,23 +361,9 @@ moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *
 
 moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_host_t *out)
 {
-    const moe_backend_ops_t *ops = MOE_OPS(l->rt);
-    void *ctx = MOE_CTX(l->rt);
-    size_t e = (size_t)l->e;
-    out->counts = calloc(e, sizeof(int32_t));
-    out->score_mean = calloc(e, sizeof(float));
-    if (!out->counts || !out->score_mean) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing results");
-    MOE_TRY(ops->copy(ctx, out->counts, s->counts, sizeof(int32_t) * e));
-    MOE_TRY(ops->copy(ctx, out->score_mean, s->score_mean, sizeof(float) * e));
-    return ops->copy(ctx, out->stats, s->router_stats, sizeof out->stats);
-}
-
-void moe_routing_host_free(moe_routing_host_t *r)
-{
-    free(r->counts);
-    free(r->score_mean);
-    r->counts = NULL;
-    r->score_mean = NULL;
+    MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), s->host_summary, s->summary, summary_bytes(l)));
+    *out = routing_view(l, s);
+    return MOE_STATUS_SUCCESS;
 }
 
 static moe_status_t slot_alloc_rows(moe_layer_t *l, moe_slot_t *s, int64_t rows)
@@ -427,18 +424,11 @@ void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, 
     st->capacity = capacity;
 }
 
-moe_status_t moe_layer_update_bias(moe_layer_t *l, const double *selected, double slots)
+moe_status_t moe_layer_update_bias(moe_layer_t *l, const moe_slot_t *s, int64_t slots)
 {
     if (!l->cfg.expert_bias || slots <= 0) return MOE_STATUS_SUCCESS;
-    /* the device copy is the state (a checkpoint load may have replaced it): start from it */
-    MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), l->host_bias, l->bias,
-                                 sizeof(float) * (size_t)l->e));
-    double mean = slots / (double)l->e;
-    for (int64_t j = 0; j < l->e; j++) {
-        double d = mean - selected[j];
-        l->host_bias[j] += l->cfg.expert_bias_rate * (float)((d > 0) - (d < 0));
-    }
-    return MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), l->bias, l->host_bias, sizeof(float) * (size_t)l->e);
+    return MOE_OPS(l->rt)->expert_bias_step(MOE_CTX(l->rt), l->bias, s->counts, l->e, slots,
+                                            l->cfg.expert_bias_rate);
 }
 
 /* The single-rank routing summary: aux from local counts and P, then the bias rule. */
@@ -447,16 +437,10 @@ static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t 
 {
     int64_t e = l->e, slots = s->n * l->k;
     double aux = 0;
-    double *selected = malloc(sizeof(double) * (size_t)e);
-    if (!selected) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing statistics");
-    for (int64_t j = 0; j < e; j++) {
-        selected[j] = r->counts[j];
+    for (int64_t j = 0; j < e; j++)
         aux += (slots ? (double)r->counts[j] / (double)slots : 0.0) * r->score_mean[j];
-    }
     moe_layer_set_stats(l, s, capacity, (double)e * aux, r->stats[0], r->stats[1]);
-    moe_status_t st = moe_layer_update_bias(l, selected, (double)slots);
-    free(selected);
-    return st;
+    return moe_layer_update_bias(l, s, slots);
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */
@@ -499,38 +483,32 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
     void *ctx = MOE_CTX(rt);
     int64_t n = x->shape[0], h = l->h, capacity = moe_layer_capacity(l, n);
     int32_t e = l->e, k = l->k;
-    moe_routing_host_t routing = {0};
-    moe_status_t st = MOE_STATUS_SUCCESS;
 
-    MOE_TRY_GOTO(st, moe_layer_route(l, s, x));
+    MOE_TRY(moe_layer_route(l, s, x));
     moe_plan_t p = {
         .n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = s->topk_idx,
         .row_of_slot = s->row_of_slot, .slot_of_row = s->slot_of_row, .kept = s->kept,
-        .host_kept = s->host_kept,
+        .summary = s->summary, .summary_bytes = summary_bytes(l), .host_summary = s->host_summary,
     };
-    MOE_TRY_GOTO(st, ops->plan(ctx, &p));
-    /* the plan ends in the layer's one wait for the device; these small copies find it idle */
-    MOE_TRY_GOTO(st, moe_routing_fetch(l, s, &routing));
+    MOE_TRY(ops->plan(ctx, &p)); /* the forward's one wait for the device */
+    moe_routing_host_t routing = routing_view(l, s);
+    for (int32_t j = 0; j < e; j++) s->host_kept[j] = routing.kept[j];
     s->host_offsets[0] = 0;
     for (int32_t j = 0; j < l->el; j++) s->host_offsets[j + 1] = s->host_offsets[j] + s->host_kept[j];
     int64_t stride = ops->expert_row_stride ? ops->expert_row_stride(ctx, l->el, s->host_kept) : 0;
-    if (stride > 0) MOE_TRY_GOTO(st, pad_rows(l, s, stride));
+    if (stride > 0) MOE_TRY(pad_rows(l, s, stride));
     int64_t rows = s->host_offsets[l->el];
-    MOE_TRY_GOTO(st, slot_alloc_rows(l, s, rows));
+    MOE_TRY(slot_alloc_rows(l, s, rows));
     if (rows > 0) {
-        MOE_TRY_GOTO(st, ops->gather_rows(ctx, s->xp, s->x, s->slot_of_row, k, NULL, rows, h));
+        MOE_TRY(ops->gather_rows(ctx, s->xp, s->x, s->slot_of_row, k, NULL, rows, h));
         moe_experts_t ex = {
             .h = h, .f = l->f_local, .el = l->el, .host_offsets = s->host_offsets,
             .w1 = l->w1, .w2 = l->w2, .xp = s->xp, .hpre = s->hpre, .act = s->act, .out = s->out,
         };
-        MOE_TRY_GOTO(st, ops->experts_forward(ctx, &ex));
+        MOE_TRY(ops->experts_forward(ctx, &ex));
     }
-    if (n > 0)
-        MOE_TRY_GOTO(st, ops->combine(ctx, y->data, s->out, s->row_of_slot, s->topk_w, n, k, h, false));
-    MOE_TRY_GOTO(st, finish_routing_stats(l, s, capacity, &routing));
-fail:
-    moe_routing_host_free(&routing);
-    return st;
+    if (n > 0) MOE_TRY(ops->combine(ctx, y->data, s->out, s->row_of_slot, s->topk_w, n, k, h, false));
+    return finish_routing_stats(l, s, capacity, &routing);
 }
 
 /* Validate x/y (or dy/dx) against the layer: [N,H] in the compute dtype on the device. */

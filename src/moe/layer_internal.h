@@ -19,12 +19,17 @@ typedef struct moe_slot {
     float *logits;             /* f32 [N,E] */
     int32_t *topk_idx;         /* i32 [N,K] */
     float *topk_w;             /* f32 [N,K] */
-    int32_t *counts;           /* i32 [E] selected per expert, before capacity */
-    float *score_mean;         /* f32 [E] */
-    float *router_stats;       /* f32 [2] */
+    /* The routing summary, one device block so that one copy brings it to the host:
+     * i32 counts[E] | f32 score_mean[E] | f32 router_stats[2] | i32 kept[E] (single-rank
+     * path only); the four pointers below point into it. */
+    void *summary;
+    void *host_summary;        /* host copy of it */
+    int32_t *counts;           /* selected per expert, before capacity */
+    float *score_mean;
+    float *router_stats;
+    int32_t *kept;
     int32_t *row_of_slot;      /* i32 [N,K] */
     int32_t *slot_of_row;      /* i32 [N*K], or [El*stride] once padded (-1: filler) */
-    int32_t *kept;             /* i32 [E] (single-rank path only) */
     int64_t *host_kept;        /* host [E] */
     int64_t *host_offsets;     /* host [El+1] row offsets of the local experts (single-rank) */
     void *xp, *hpre, *act, *out; /* act [R,H], [R,2,Fl], [R,Fl], [R,H] */
@@ -43,7 +48,6 @@ struct moe_layer {
     float *dwg, *dw1, *dw2;    /* f32, same shapes */
     bool grads_discarded;      /* moe_layer_discard_grad: the next backward writes them */
     float *bias;               /* f32 [E] device, or NULL when expert_bias is off */
-    float *host_bias;          /* host scratch for the sign rule (the device copy is the state) */
 
     moe_param_info_t params[4];
     int32_t num_params;
@@ -64,24 +68,25 @@ void moe_layer_free_dev(moe_runtime_t *rt, void *pp);
  * when dropless. */
 int64_t moe_layer_capacity(const moe_layer_t *l, int64_t n);
 
-/* The router's small per-forward results, copied to the host. */
+/* The router's small per-forward results on the host: views into the slot's host_summary. */
 typedef struct moe_routing_host {
     int32_t *counts;       /* [E] selections per expert (before capacity) */
     float *score_mean;     /* [E] P_e over this rank's tokens */
-    float stats[2];        /* mean lse^2, mean entropy, over this rank's tokens */
+    float *stats;          /* [2] mean lse^2, mean entropy, over this rank's tokens */
+    int32_t *kept;         /* [E] kept per expert (single-rank path, after the plan), or NULL */
 } moe_routing_host_t;
 
 /* Allocate the slot's routing state for x's N tokens, save x and enqueue the router
  * (zeros when N = 0). */
 moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x);
-/* Copy the router's small results to the host (blocking; free with moe_routing_host_free). */
+/* Copy the router's small results to the host (blocking, one copy). */
 moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_host_t *out);
-void moe_routing_host_free(moe_routing_host_t *r);
 /* Fill the layer's stats from s->host_kept and the given loss terms. */
 void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, double aux,
                          double z, double entropy);
-/* The expert-bias sign rule from selections per expert ([E]) out of `slots` in total. */
-moe_status_t moe_layer_update_bias(moe_layer_t *l, const double *selected, double slots);
+/* The expert-bias sign rule on the device, from the slot's counts (the selections the
+ * balance is judged on) out of `slots` in total. */
+moe_status_t moe_layer_update_bias(moe_layer_t *l, const moe_slot_t *s, int64_t slots);
 /* Router backward: writes dx (the first of its two parts; the experts' combine adds the other)
  * and adds the router gradient, with the given loss coefficients. */
 moe_status_t moe_layer_router_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w,

@@ -249,16 +249,19 @@ static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, tes
             idx[t * k + j] = v;
         }
     int32_t *ros = malloc(4 * s), *sor = malloc(4 * s), *kept = malloc(4 * e);
-    int64_t *hk = malloc(8 * e), *g_hk = malloc(8 * e);
+    /* the summary the plan brings to the host is the kept counts themselves here */
+    int32_t *hk = malloc(4 * e), *g_hk = malloc(4 * e);
     moe_plan_t hp = {.n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = idx,
-                     .row_of_slot = ros, .slot_of_row = sor, .kept = kept, .host_kept = hk};
+                     .row_of_slot = ros, .slot_of_row = sor, .kept = kept, .summary = kept,
+                     .summary_bytes = 4 * (size_t)e, .host_summary = hk};
     TEST_OK(P.host.ops->plan(P.host.ctx, &hp));
     moe_plan_t gp = hp;
     gp.topk_idx = gpu_up_i32(&P, idx, s);
     gp.row_of_slot = gpu_poison(&P, 4 * s, true);
     gp.slot_of_row = gpu_poison(&P, 4 * s, true);
     gp.kept = gpu_poison(&P, 4 * e, true);
-    gp.host_kept = g_hk;
+    gp.summary = gp.kept;
+    gp.host_summary = g_hk;
     TEST_OK(P.cuda.ops->plan(P.cuda.ctx, &gp));
     int32_t *g_ros = malloc(4 * s), *g_sor = malloc(4 * s), *g_kept = malloc(4 * e);
     gpu_down_i32(&P, g_ros, gp.row_of_slot, s);

@@ -26,7 +26,7 @@ static void cuda_destroy(void *vctx)
     cudaSetDevice(c->device);
     if (c->ws) cudaFreeAsync(c->ws, c->stream);
     if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->pinned_kept) cudaFreeHost(c->pinned_kept);
+    if (c->pinned_summary) cudaFreeHost(c->pinned_summary);
     if (c->router_tickets) cudaFree(c->router_tickets);
     for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
         if (c->side_cublas[i]) cublasDestroy(c->side_cublas[i]);
@@ -136,6 +136,14 @@ static moe_status_t cuda_copy(void *vctx, void *dst, const void *src, size_t byt
     return MOE_STATUS_SUCCESS;
 }
 
+static moe_status_t cuda_copy_device(void *vctx, void *dst, const void *src, size_t bytes)
+{
+    cuda_ctx_t *c = vctx;
+    if (bytes == 0) return MOE_STATUS_SUCCESS;
+    MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
 static moe_status_t cuda_synchronize(void *vctx)
 {
     cuda_ctx_t *c = vctx;
@@ -171,6 +179,7 @@ static const moe_backend_ops_t cuda_ops = {
     .free_pinned = cuda_free_pinned,
     .memset_zero = cuda_memset_zero,
     .copy = cuda_copy,
+    .copy_device = cuda_copy_device,
     .synchronize = cuda_synchronize,
     .set_stream = cuda_set_stream,
     .stream = cuda_stream,
@@ -178,6 +187,7 @@ static const moe_backend_ops_t cuda_ops = {
     .f32_to_act = moe_cuda_f32_to_act,
     .router_forward = moe_cuda_router_forward,
     .router_backward = moe_cuda_router_backward,
+    .expert_bias_step = moe_cuda_expert_bias_step_op,
     .plan = moe_cuda_plan_op,
     .expert_row_stride = moe_cuda_expert_row_stride,
     .pad_plan = moe_cuda_pad_plan_op,

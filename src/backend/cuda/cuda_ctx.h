@@ -51,9 +51,9 @@ typedef struct cuda_ctx {
     size_t ws_bytes;
     /* router_select's completion tickets (MOE_ROUTER_TICKETS, zero between launches) */
     unsigned *router_tickets;
-    /* pinned landing buffer of the plan's kept counts */
-    int32_t *pinned_kept;
-    size_t pinned_kept_n;
+    /* pinned landing buffer of the plan's routing summary */
+    void *pinned_summary;
+    size_t pinned_summary_bytes;
 } cuda_ctx_t;
 
 /* Side streams 0..n-1 wait for the work enqueued so far on c->stream (fork), and c->stream
@@ -78,6 +78,8 @@ bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a);
 /* op implementations (cuda_ops.c, cuda_experts.c) */
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a);
 moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a);
+moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t *counts,
+                                          int32_t e, int64_t slots, float rate);
 moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a);
 moe_status_t moe_cuda_pad_plan_op(void *ctx, const moe_pad_plan_t *a);
 moe_status_t moe_cuda_gather_rows_op(void *ctx, void *dst, const void *src,

@@ -7,6 +7,7 @@
  * C = A·B (row-major) is computed as C^T = B^T·A^T.
  */
 #include <math.h>
+#include <string.h>
 
 #include "../../../kernels/kernels.h"
 #include "cuda_ctx.h"
@@ -111,8 +112,17 @@ moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
+moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t *counts,
+                                          int32_t e, int64_t slots, float rate)
+{
+    cuda_ctx_t *c = ctx;
+    MOE_CUDA_CHECK(moe_cuda_expert_bias_step(bias, counts, e, slots, rate, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
 /* The plan ends with the layer's one device->host synchronisation: the kept counts size the
- * expert GEMMs, which the host launches. */
+ * expert GEMMs, which the host launches, and the rest of the routing summary rides along in
+ * the same copy. */
 moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a)
 {
     cuda_ctx_t *c = ctx;
@@ -121,18 +131,17 @@ moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a)
                                &scratch));
     MOE_CUDA_CHECK(moe_cuda_plan(a->topk_idx, a->n, a->k, a->e, a->capacity, a->row_of_slot,
                              a->slot_of_row, a->kept, scratch, c->stream));
-    if ((size_t)a->e > c->pinned_kept_n) {
-        if (c->pinned_kept) MOE_CUDA_CHECK(cudaFreeHost(c->pinned_kept));
-        c->pinned_kept = NULL;
-        c->pinned_kept_n = 0;
-        MOE_CUDA_CHECK(cudaHostAlloc((void **)&c->pinned_kept, sizeof(int32_t) * (size_t)a->e,
-                                     cudaHostAllocDefault));
-        c->pinned_kept_n = (size_t)a->e;
+    if (a->summary_bytes > c->pinned_summary_bytes) {
+        if (c->pinned_summary) MOE_CUDA_CHECK(cudaFreeHost(c->pinned_summary));
+        c->pinned_summary = NULL;
+        c->pinned_summary_bytes = 0;
+        MOE_CUDA_CHECK(cudaHostAlloc(&c->pinned_summary, a->summary_bytes, cudaHostAllocDefault));
+        c->pinned_summary_bytes = a->summary_bytes;
     }
-    MOE_CUDA_CHECK(cudaMemcpyAsync(c->pinned_kept, a->kept, sizeof(int32_t) * (size_t)a->e,
+    MOE_CUDA_CHECK(cudaMemcpyAsync(c->pinned_summary, a->summary, a->summary_bytes,
                                    cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    for (int32_t j = 0; j < a->e; j++) a->host_kept[j] = c->pinned_kept[j];
+    memcpy(a->host_summary, c->pinned_summary, a->summary_bytes);
     return MOE_STATUS_SUCCESS;
 }
 

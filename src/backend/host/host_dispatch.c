@@ -39,7 +39,7 @@ moe_status_t moe_host_plan(void *ctx, const moe_plan_t *a)
             a->row_of_slot[s] = -1;
         }
     }
-    for (int32_t ex = 0; ex < a->e; ex++) a->host_kept[ex] = a->kept[ex];
+    memcpy(a->host_summary, a->summary, a->summary_bytes);
     free(fill);
     free(end);
     return MOE_STATUS_SUCCESS;

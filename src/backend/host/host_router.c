@@ -172,3 +172,15 @@ moe_status_t moe_host_router_backward(void *ctx, const moe_router_bwd_t *a)
         }
     return MOE_STATUS_SUCCESS;
 }
+
+/* counts[j] against mean = slots / E compared exactly, as counts[j] * E against slots */
+moe_status_t moe_host_expert_bias_step(void *ctx, float *bias, const int32_t *counts, int32_t e,
+                                       int64_t slots, float rate)
+{
+    (void)ctx;
+    for (int32_t j = 0; j < e; j++) {
+        int64_t scaled = (int64_t)counts[j] * e;
+        bias[j] += rate * (float)((scaled < slots) - (scaled > slots));
+    }
+    return MOE_STATUS_SUCCESS;
+}
