@@ -3,6 +3,7 @@
 
 #include "../core/error.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -40,6 +41,26 @@ void moe_comm_backoff(unsigned spin)
         struct timespec ts = {0, spin > 4096 ? 200000 : 20000};
         nanosleep(&ts, NULL);
     }
+}
+
+bool moe_comm_mark_dead(moe_comm_t *c, const char *fmt, ...)
+{
+    if (c->dead) return false;
+    c->dead = true;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->dead_reason, sizeof c->dead_reason, fmt, ap);
+    va_end(ap);
+    return true;
+}
+
+moe_status_t moe_comm_check_live(const moe_comm_t *c, const char *what)
+{
+    if (c->dead)
+        return MOE_FAIL(MOE_STATUS_ABORTED,
+                        "%s on the %s communicator (%s): the communicator is unusable after %s",
+                        what, c->name, c->members, c->dead_reason);
+    return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_comm_check_peer_tag(const moe_comm_t *c, const char *what, int peer, int tag)

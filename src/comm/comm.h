@@ -81,6 +81,10 @@ struct moe_comm {
     const moe_backend_t *backend;
     /* "world ranks 0,2,4,6": the members, for messages (set by the implementation). */
     char members[96];
+    /* After a timeout, a failed operation or an abort the communicator is dead: every later
+     * call fails with ABORTED and names the first cause (moe_comm_mark_dead). */
+    bool dead;
+    char dead_reason[160];
 };
 
 /* Tags of send/recv: 0 <= tag < MOE_COMM_MAX_TAG (larger ones are reserved for libmoe's
@@ -124,6 +128,12 @@ moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size);
 /* True when this build has the backend. */
 bool moe_comm_have_mpi(void);
 bool moe_comm_have_nccl(void);
+
+/* State both implementations keep the same way: record the first cause of death
+ * (printf-style; returns whether c was live until now), and fail with ABORTED, naming `what`
+ * and that cause, once c is dead. */
+bool moe_comm_mark_dead(moe_comm_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+moe_status_t moe_comm_check_live(const moe_comm_t *c, const char *what);
 
 /* Argument checks both implementations make before starting an operation (one wording on
  * MPI and NCCL). `what` names the operation in the message. */

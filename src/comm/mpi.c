@@ -58,8 +58,6 @@ typedef struct pool_block {
 typedef struct mpi_impl {
     MPI_Comm comm;
     int *world_ranks;          /* [size] member i's rank in the root communicator */
-    bool dead;                 /* after a timeout or abort */
-    char dead_reason[160];
     MPI_Op bf16_op[3];         /* sum, max, min on bf16 (MPI has no bf16 type) */
     pool_block_t *pool;        /* pinned staging blocks (device buffers only), grown */
     int npool;
@@ -159,16 +157,6 @@ static void *pool_ptr(moe_comm_t *c, int slot) { return ((mpi_impl_t *)c->impl)-
 
 /* ---- requests -------------------------------------------------------------------------------- */
 
-static moe_status_t check_live(moe_comm_t *c, const char *what)
-{
-    mpi_impl_t *m = c->impl;
-    if (m->dead)
-        return MOE_FAIL(MOE_STATUS_ABORTED,
-                        "%s on the %s communicator (%s): the communicator is unusable after %s",
-                        what, c->name, c->members, m->dead_reason);
-    return MOE_STATUS_SUCCESS;
-}
-
 static moe_status_t req_new(moe_comm_t *c, const char *what, int n, bool a2a, moe_comm_req_t **out)
 {
     moe_comm_req_t *r = calloc(1, sizeof *r);
@@ -235,12 +223,10 @@ static bool is_inflight(moe_comm_t *c, moe_comm_req_t *r)
  * communicator is dead from then on and the request stays in flight (leaked with it). */
 static moe_status_t start_failed(moe_comm_t *c, moe_comm_req_t *r, moe_status_t st)
 {
-    mpi_impl_t *m = c->impl;
     bool posted = false;
     for (int i = 0; i < r->n; i++) posted |= r->reqs[i] != MPI_REQUEST_NULL;
     if (posted) {
-        m->dead = true;
-        snprintf(m->dead_reason, sizeof m->dead_reason, "a failed %s", r->what);
+        moe_comm_mark_dead(c, "a failed %s", r->what);
         inflight_add(c, r);
     } else {
         req_free(c, r);
@@ -280,7 +266,7 @@ static moe_status_t mpi_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
     *done = false;
     MOE_CHECK_ARG(r != NULL && is_inflight(c, r), "not an operation in flight on the %s communicator",
                   c->name);
-    MOE_TRY(check_live(c, r->what));
+    MOE_TRY(moe_comm_check_live(c, r->what));
     MPI_Status st_inline[2];
     MPI_Status *sts = r->n <= 2 ? st_inline : malloc((size_t)r->n * sizeof *sts);
     if (!sts) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "statuses");
@@ -288,9 +274,7 @@ static moe_status_t mpi_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
     int rc = MPI_Testall(r->n, r->reqs, &flag, sts);
     moe_status_t st = MOE_STATUS_SUCCESS;
     if (rc != MPI_SUCCESS) {
-        mpi_impl_t *m = c->impl;
-        m->dead = true;
-        snprintf(m->dead_reason, sizeof m->dead_reason, "an MPI error in %s", r->what);
+        moe_comm_mark_dead(c, "an MPI error in %s", r->what);
         st = MOE_FAIL(MOE_STATUS_COMM_ERROR, "%s on the %s communicator (%s): MPI_Testall: %s",
                       r->what, c->name, c->members, mpi_describe(rc));
     } else if (flag) {
@@ -312,7 +296,6 @@ static moe_status_t mpi_wait(moe_comm_t *c, moe_comm_req_t *r)
         MOE_TRY(mpi_test(c, r, &done));
         if (done) return MOE_STATUS_SUCCESS;
         if (moe_now_ms() > deadline) {
-            mpi_impl_t *m = c->impl;
             char pending[160] = "";
             if (r->peer) { /* alltoallv: name the ranks whose rows have not arrived */
                 size_t len = 0;
@@ -326,8 +309,7 @@ static moe_status_t mpi_wait(moe_comm_t *c, moe_comm_req_t *r)
                                                 r->peer[i]);
                 }
             }
-            m->dead = true;
-            snprintf(m->dead_reason, sizeof m->dead_reason, "a timeout in %s", what);
+            moe_comm_mark_dead(c, "a timeout in %s", what);
             return MOE_FAIL(MOE_STATUS_TIMEOUT,
                             "%s on the %s communicator (rank %d of %d; %s) did not complete "
                             "within %d ms%s: a peer is dead or stalled",
@@ -369,7 +351,7 @@ static moe_status_t stage_one(moe_comm_t *c, moe_comm_req_t *r, size_t bytes, co
 static moe_status_t mpi_allreduce(moe_comm_t *c, const void *send, void *recv, size_t count,
                                   moe_comm_dtype_t dt, moe_reduce_op_t op, moe_comm_req_t **out)
 {
-    MOE_TRY(check_live(c, "allreduce"));
+    MOE_TRY(moe_comm_check_live(c, "allreduce"));
     MOE_TRY(check_count(c, "allreduce", count));
     MOE_TRY(moe_comm_check_reduce_op(op));
     MOE_CHECK_ARG(mpi_type(dt) != MPI_DATATYPE_NULL, "unknown dtype %d", (int)dt);
@@ -396,7 +378,7 @@ fail:
 static moe_status_t mpi_broadcast(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
                                   int root, moe_comm_req_t **out)
 {
-    MOE_TRY(check_live(c, "broadcast"));
+    MOE_TRY(moe_comm_check_live(c, "broadcast"));
     MOE_TRY(check_count(c, "broadcast", count));
     MOE_TRY(moe_comm_check_root(c, root));
     MOE_CHECK_ARG(mpi_type(dt) != MPI_DATATYPE_NULL, "unknown dtype %d", (int)dt);
@@ -423,7 +405,7 @@ static moe_status_t mpi_alltoallv(moe_comm_t *c, const void *send, const size_t 
                                   const size_t *recv_displs, moe_comm_dtype_t dt,
                                   moe_comm_req_t **out)
 {
-    MOE_TRY(check_live(c, "alltoallv"));
+    MOE_TRY(moe_comm_check_live(c, "alltoallv"));
     MOE_TRY(moe_comm_check_alltoallv(send_counts, send_displs, recv_counts, recv_displs));
     MOE_CHECK_ARG(mpi_type(dt) != MPI_DATATYPE_NULL, "unknown dtype %d", (int)dt);
     mpi_impl_t *m = c->impl;
@@ -496,7 +478,7 @@ static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count, mo
                         int peer, int tag, moe_comm_req_t **out)
 {
     const char *what = is_send ? "send" : "recv";
-    MOE_TRY(check_live(c, what));
+    MOE_TRY(moe_comm_check_live(c, what));
     MOE_TRY(check_count(c, what, count));
     MOE_TRY(moe_comm_check_peer_tag(c, what, peer, tag));
     MOE_CHECK_ARG(mpi_type(dt) != MPI_DATATYPE_NULL, "unknown dtype %d", (int)dt);
@@ -533,7 +515,7 @@ static moe_status_t mpi_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dt
 
 static moe_status_t mpi_barrier(moe_comm_t *c)
 {
-    MOE_TRY(check_live(c, "barrier"));
+    MOE_TRY(moe_comm_check_live(c, "barrier"));
     mpi_impl_t *m = c->impl;
     moe_comm_req_t *r;
     MOE_TRY(req_new(c, "barrier", 1, false, &r));
@@ -549,13 +531,9 @@ fail:
 
 static void mpi_abort(moe_comm_t *c)
 {
-    mpi_impl_t *m = c->impl;
-    if (!m->dead) {
-        m->dead = true;
-        snprintf(m->dead_reason, sizeof m->dead_reason, "abort");
+    if (moe_comm_mark_dead(c, "abort"))
         moe_log(c->logger, MOE_LOG_WARN, "comm: the %s communicator (%s) was aborted", c->name,
                 c->members);
-    }
 }
 
 static void mpi_destroy(moe_comm_t *c)
@@ -568,7 +546,7 @@ static void mpi_destroy(moe_comm_t *c)
                 "buffers are leaked", c->name);
     for (moe_comm_req_t *r = m->inflight; r;) {
         moe_comm_req_t *next = r->next;
-        if (!m->dead) {
+        if (!c->dead) {
             /* completed or not, nobody will wait for them: detach what is safe */
             for (int i = 0; i < r->n; i++)
                 if (r->reqs[i] != MPI_REQUEST_NULL && r->peer) MPI_Request_free(&r->reqs[i]);
@@ -686,7 +664,7 @@ static moe_status_t mpi_split(moe_comm_t *c, int color, int key, const char *nam
 {
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
-    MOE_TRY(check_live(c, "split"));
+    MOE_TRY(moe_comm_check_live(c, "split"));
     MOE_CHECK_ARG(color >= 0, "split color %d must be >= 0", color);
     mpi_impl_t *m = c->impl;
     int mine[2] = {color, key};

@@ -39,8 +39,6 @@ typedef struct nccl_impl {
     cudaEvent_t produced;     /* recorded on the producing stream before each operation */
     int world_rank;           /* this rank in the root (bootstrap) communicator */
     int *dev_scratch;         /* device int [size]: barrier and member discovery */
-    bool dead;
-    char dead_reason[160];
     moe_comm_req_t *inflight;
 } nccl_impl_t;
 
@@ -66,21 +64,9 @@ static ncclDataType_t nccl_type(moe_comm_dtype_t dt)
 static void mark_dead(moe_comm_t *c, const char *why)
 {
     nccl_impl_t *m = c->impl;
-    if (m->dead) return;
-    m->dead = true;
-    snprintf(m->dead_reason, sizeof m->dead_reason, "%s", why);
+    if (!moe_comm_mark_dead(c, "%s", why)) return;
     if (m->comm) ncclCommAbort(m->comm); /* stops NCCL's kernels and proxy; peers time out */
     m->comm = NULL;
-}
-
-static moe_status_t check_live(moe_comm_t *c, const char *what)
-{
-    nccl_impl_t *m = c->impl;
-    if (m->dead)
-        return MOE_FAIL(MOE_STATUS_ABORTED,
-                        "%s on the %s communicator (%s): the communicator is unusable after %s",
-                        what, c->name, c->members, m->dead_reason);
-    return MOE_STATUS_SUCCESS;
 }
 
 /* Poll a non-blocking NCCL call (init, split, group end) until it settles. */
@@ -122,7 +108,7 @@ static moe_status_t settle(moe_comm_t *c, ncclComm_t comm, const char *what)
 /* Before enqueuing: order after the stream that produced the buffers. */
 static moe_status_t begin(moe_comm_t *c, const char *what)
 {
-    MOE_TRY(check_live(c, what));
+    MOE_TRY(moe_comm_check_live(c, what));
     nccl_impl_t *m = c->impl;
     cudaStream_t producer = c->backend ? (cudaStream_t)c->backend->ops->stream(c->backend->ctx)
                                        : NULL;
@@ -179,7 +165,7 @@ static moe_status_t nccl_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
     *done = false;
     MOE_CHECK_ARG(r && is_inflight(c, r), "not an operation in flight on the %s communicator",
                   c->name);
-    MOE_TRY(check_live(c, r->what));
+    MOE_TRY(moe_comm_check_live(c, r->what));
     nccl_impl_t *m = c->impl;
     cudaError_t q = cudaEventQuery(r->done);
     if (q == cudaSuccess) {
@@ -325,7 +311,7 @@ static void nccl_destroy(moe_comm_t *c)
             r = next;
         }
         if (m->comm) {
-            if (m->dead) ncclCommAbort(m->comm);
+            if (c->dead) ncclCommAbort(m->comm);
             else {
                 cudaStreamSynchronize(m->stream);
                 ncclCommDestroy(m->comm);
@@ -467,7 +453,7 @@ static moe_status_t nccl_split(moe_comm_t *c, int color, int key, const char *na
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
     MOE_CHECK_ARG(color >= 0, "split color %d must be >= 0", color);
-    MOE_TRY(check_live(c, "split"));
+    MOE_TRY(moe_comm_check_live(c, "split"));
     nccl_impl_t *m = c->impl;
     ncclConfig_t cfg = nonblocking_config();
     ncclComm_t nc = NULL;
