@@ -10,7 +10,7 @@
  * host's exactly (integer counting, slot order inside each expert):
  *   1. plan_count: per-chunk expert histograms
  *   2. plan_scan:  per expert, exclusive scan over chunks -> each chunk's first rank; totals,
- *                  kept = min(total, capacity)
+ *                  kept = min(total, capacity - first)
  *   3. plan_place: one warp per chunk walks its slots in order, 32 at a time (match_any
  *                  ranks equal experts inside the 32), and writes row_of_slot / slot_of_row.
  * pad_plan re-lays a plan with a fixed number of rows per expert (filler rows: slot -1).
@@ -48,7 +48,7 @@ __global__ void plan_count(const int32_t *__restrict__ idx, int64_t slots, int e
 /* Block j scans expert j's counts over the chunks in place: hist[c][j] becomes the rank of
  * the chunk's first slot of expert j. */
 __global__ void plan_scan(int32_t *__restrict__ hist, int nchunks, int e, int64_t capacity,
-                          int32_t *__restrict__ kept)
+                          const int32_t *__restrict__ first, int32_t *__restrict__ kept)
 {
     __shared__ int32_t s_sum[256];
     int j = blockIdx.x;
@@ -72,26 +72,27 @@ __global__ void plan_scan(int32_t *__restrict__ hist, int nchunks, int e, int64_
         run += h;
     }
     if (threadIdx.x == blockDim.x - 1) {
-        int64_t total = s_sum[threadIdx.x];
-        kept[j] = (int32_t)(capacity < 0 || total < capacity ? total : capacity);
+        int64_t total = s_sum[threadIdx.x], room = capacity - (first ? first[j] : 0);
+        kept[j] = (int32_t)(capacity < 0 || total < room ? total : room);
     }
 }
 
-/* Expert row offsets (exclusive scan of kept) and kept into shared memory, by one warp,
- * 32 experts a step; the block synchronises before reading them. */
-static __device__ void expert_offsets(const int32_t *__restrict__ kept, int e, int32_t *s_off,
-                                      int32_t *s_kept)
+/* Expert row offsets (exclusive scan of kept, experts in row order) and kept into shared
+ * memory, by one warp, 32 experts a step; the block synchronises before reading them. */
+static __device__ void expert_offsets(const int32_t *__restrict__ kept,
+                                      const int32_t *__restrict__ row_order, int e,
+                                      int32_t *s_off, int32_t *s_kept)
 {
     int lane = threadIdx.x % 32;
     int32_t carry = 0;
-    for (int j0 = 0; j0 < e; j0 += 32) {
-        int j = j0 + lane;
-        int32_t v = j < e ? kept[j] : 0, incl = v;
+    for (int g0 = 0; g0 < e; g0 += 32) {
+        int g = g0 + lane, j = g < e && row_order ? row_order[g] : g;
+        int32_t v = g < e ? kept[j] : 0, incl = v;
         for (int o = 1; o < 32; o <<= 1) {
             int32_t u = __shfl_up_sync(0xffffffffu, incl, o);
             if (lane >= o) incl += u;
         }
-        if (j < e) {
+        if (g < e) {
             s_off[j] = carry + incl - v;
             s_kept[j] = v;
         }
@@ -101,12 +102,13 @@ static __device__ void expert_offsets(const int32_t *__restrict__ kept, int e, i
 
 __global__ void plan_place(const int32_t *__restrict__ idx, int64_t slots, int nchunks, int e,
                            const int32_t *__restrict__ base, const int32_t *__restrict__ kept,
+                           const int32_t *__restrict__ row_order,
                            int32_t *__restrict__ row_of_slot, int32_t *__restrict__ slot_of_row)
 {
     extern __shared__ int32_t smem[];
     int32_t *s_off = smem, *s_kept = smem + e, *s_rank = smem + 2 * e;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp == 0) expert_offsets(kept, e, s_off, s_kept);
+    if (warp == 0) expert_offsets(kept, row_order, e, s_off, s_kept);
     int c = blockIdx.x * PLACE_WARPS + warp;
     int32_t *rank = s_rank + warp * e;
     if (c < nchunks)
@@ -138,7 +140,8 @@ extern "C" int64_t moe_cuda_plan_scratch(int64_t n, int32_t k, int32_t e)
 }
 
 extern "C" cudaError_t moe_cuda_plan(const int32_t *topk_idx, int64_t n, int32_t k, int32_t e,
-                                     int64_t capacity, int32_t *row_of_slot,
+                                     int64_t capacity, const int32_t *first,
+                                     const int32_t *row_order, int32_t *row_of_slot,
                                      int32_t *slot_of_row, int32_t *kept, int32_t *scratch,
                                      cudaStream_t stream)
 {
@@ -147,10 +150,10 @@ extern "C" cudaError_t moe_cuda_plan(const int32_t *topk_idx, int64_t n, int32_t
     int nchunks = (int)((slots + CHUNK - 1) / CHUNK);
     if (nchunks == 0) return cudaMemsetAsync(kept, 0, sizeof(int32_t) * (size_t)e, stream);
     plan_count<<<nchunks, 256, sizeof(int32_t) * (size_t)e, stream>>>(topk_idx, slots, e, scratch);
-    plan_scan<<<e, 256, 0, stream>>>(scratch, nchunks, e, capacity, kept);
+    plan_scan<<<e, 256, 0, stream>>>(scratch, nchunks, e, capacity, first, kept);
     size_t smem = sizeof(int32_t) * (size_t)e * (2 + PLACE_WARPS);
     plan_place<<<(nchunks + PLACE_WARPS - 1) / PLACE_WARPS, PLACE_WARPS * 32, smem, stream>>>(
-        topk_idx, slots, nchunks, e, scratch, kept, row_of_slot, slot_of_row);
+        topk_idx, slots, nchunks, e, scratch, kept, row_order, row_of_slot, slot_of_row);
     return cudaGetLastError();
 }
 
@@ -163,7 +166,7 @@ __global__ void pad_plan_kernel(const int32_t *__restrict__ idx, int64_t slots, 
 {
     extern __shared__ int32_t smem[];
     int32_t *s_off = smem, *s_kept = smem + e;
-    if (threadIdx.x < 32) expert_offsets(kept, e, s_off, s_kept);
+    if (threadIdx.x < 32) expert_offsets(kept, NULL, e, s_off, s_kept);
     __syncthreads();
     int64_t total = (int64_t)e * stride, n = slots > total ? slots : total;
     GRID_STRIDE(i, n) {

@@ -72,8 +72,9 @@ int64_t moe_cuda_plan_scratch(int64_t n, int32_t k, int32_t e);
 
 /* Stable counting sort of the N*K slots by expert with capacity drop (see moe_plan_t). */
 cudaError_t moe_cuda_plan(const int32_t *topk_idx, int64_t n, int32_t k, int32_t e,
-                          int64_t capacity, int32_t *row_of_slot, int32_t *slot_of_row,
-                          int32_t *kept, int32_t *scratch, cudaStream_t stream);
+                          int64_t capacity, const int32_t *first, const int32_t *row_order,
+                          int32_t *row_of_slot, int32_t *slot_of_row, int32_t *kept,
+                          int32_t *scratch, cudaStream_t stream);
 
 /* The plan re-laid with `stride` rows per expert (see moe_pad_plan_t). */
 cudaError_t moe_cuda_pad_plan(const int32_t *topk_idx, int64_t n, int32_t k, int32_t e,

@@ -69,12 +69,16 @@ typedef struct moe_router_bwd {
 } moe_router_bwd_t;
 
 /* Dispatch plan: capacity drop and the stable counting sort of (token, k) slots by expert.
- * Slot s = t*K + k. An expert keeps its first `capacity` slots in slot order. */
+ * Slot s = t*K + k. Expert e keeps its first capacity - first[e] slots in slot order (the
+ * distributed layer's global order puts other ranks' first[e] selections ahead of these);
+ * rows are laid out expert by expert in row_order, each expert's in slot order. */
 typedef struct moe_plan {
     int64_t n;
     int32_t e, k;
     int64_t capacity;          /* < 0: dropless */
     const int32_t *topk_idx;   /* i32 [N,K] */
+    const int32_t *first;      /* i32 [E] (0 <= first[e] <= capacity), or NULL: zeros */
+    const int32_t *row_order;  /* i32 [E] a permutation of the experts, or NULL: 0..E-1 */
     /* outputs */
     int32_t *row_of_slot;      /* i32 [N,K] row in the permuted buffer, -1 if dropped */
     int32_t *slot_of_row;      /* i32 [N*K] slot that fills each row (first R entries valid) */

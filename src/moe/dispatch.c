@@ -12,9 +12,9 @@
  *                 rank's N, counts, N*P_e, N*z, N*entropy -> global counts, capacity
  *                 C = ceil(cf*Nt*K/E), this rank's prefix per expert (ranks before it in the
  *                 concatenated order), global aux / z / entropy
- *   3. plan (host) keep slot (t,k) of expert e iff prefix_e + (earlier selections of e here)
- *                 < C; rows sorted by (owner rank, local expert, slot) -> row_of_slot,
- *                 slot_of_row, rows per ep peer
+ *   3. plan       the backend's: keep slot (t,k) of expert e iff prefix_e + (earlier
+ *                 selections of e here) < C; rows sorted by (owner rank, local expert, slot)
+ *                 -> row_of_slot, slot_of_row; kept counts to the host -> rows per ep peer
  *   4. counts     all-to-all over ep of El row counts per peer -> rows from each peer per
  *                 local expert
  *   5. pipeline   rows are split per peer block into `a2a_chunks` chunks; chunk c+1's
@@ -47,6 +47,8 @@ typedef struct moe_dist {
     moe_comm_dtype_t act_dt;
     size_t act;                      /* bytes per activation element */
     int32_t *group;                  /* [E] expert -> owner * El + local (row order) */
+    int32_t *row_order;              /* device i32 [E]: the inverse, the plan's row_order */
+    int32_t *first, *host_first;     /* device and host i32 [E]: the plan's first */
     bool worker_thread;              /* host backend: experts on a thread while MPI progresses */
     moe_dist_timing_t timing;
 } moe_dist_t;
@@ -84,26 +86,37 @@ moe_status_t moe_dist_create(moe_layer_t *l)
         free(d);
         return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "expert map");
     }
+    l->dist = d; /* from here on moe_dist_destroy frees what was made */
+    d->host_first = malloc(sizeof(int32_t) * (size_t)l->e);
+    if (!d->host_first) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "expert map");
     for (int32_t e = 0; e < l->e; e++) {
         int32_t owner = l->cfg.placement == MOE_PLACEMENT_CONTIGUOUS ? e / l->el : e % d->P;
         int32_t local = l->cfg.placement == MOE_PLACEMENT_CONTIGUOUS ? e % l->el : e / d->P;
         d->group[e] = owner * l->el + local;
+        d->host_first[d->group[e]] = e; /* the inverse map, on its way to the device */
     }
+    size_t bytes = sizeof(int32_t) * (size_t)l->e;
+    MOE_TRY(moe_layer_alloc_dev(l->rt, bytes, &d->row_order));
+    MOE_TRY(moe_layer_alloc_dev(l->rt, bytes, &d->first));
+    MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), d->row_order, d->host_first, bytes));
     /* The host worker thread: on when MPI allows other threads (MPI_THREAD_FUNNELED or
      * more; libmoe's own MPI_Init asks for SERIALIZED); MOE_A2A_THREAD=1 / 0 forces it. */
     const char *wt = getenv("MOE_A2A_THREAD");
     bool want = wt ? strcmp(wt, "0") != 0 : moe_comm_mpi_threads_ok();
     d->worker_thread = want && MOE_OPS(l->rt)->device == MOE_DEVICE_HOST && d->ep &&
                        l->cfg.a2a_chunks > 1;
-    l->dist = d;
     return MOE_STATUS_SUCCESS;
 }
 
 void moe_dist_destroy(moe_layer_t *l)
 {
     if (!l->dist) return;
-    free(l->dist->group);
-    free(l->dist);
+    moe_dist_t *d = l->dist;
+    moe_layer_free_dev(l->rt, &d->row_order);
+    moe_layer_free_dev(l->rt, &d->first);
+    free(d->host_first);
+    free(d->group);
+    free(d);
     l->dist = NULL;
 }
 
@@ -444,40 +457,33 @@ static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_
     return MOE_STATUS_SUCCESS;
 }
 
-/* Host plan: capacity against the global order, rows sorted by (owner, local expert, slot). */
+/* The backend's plan against the global order: an expert's capacity counts the selections
+ * on the dense ranks before this one first; rows sorted by (owner rank, local expert, slot).
+ * Its wait for the device brings the kept counts to r->kept. */
 static moe_status_t plan_rows(moe_layer_t *l, moe_slot_t *s, const global_routing_t *g,
-                              const int32_t *idx, int32_t *row_of_slot, int32_t *slot_of_row,
-                              int64_t *kept_group)
+                              const moe_routing_host_t *r, int64_t *kept_group)
 {
     moe_dist_t *d = l->dist;
     moe_dist_slot_t *ds = s->dist;
-    int32_t E = l->e, El = l->el, K = l->k;
-    int64_t slots = s->n * K;
-    int64_t *seen = calloc((size_t)E, sizeof *seen);
-    int64_t *fill = calloc((size_t)E + 1, sizeof *fill);
-    if (!seen || !fill) {
-        free(seen);
-        free(fill);
-        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "plan scratch");
+    const moe_backend_ops_t *ops = MOE_OPS(l->rt);
+    void *ctx = MOE_CTX(l->rt);
+    int32_t E = l->e, El = l->el;
+    if (g->capacity >= 0) {
+        for (int32_t e = 0; e < E; e++)
+            d->host_first[e] = (int32_t)(g->prefix[e] < (double)g->capacity ? g->prefix[e]
+                                                                          : (double)g->capacity);
+        MOE_TRY(ops->copy(ctx, d->first, d->host_first, sizeof(int32_t) * (size_t)E));
     }
-    memset(kept_group, 0, sizeof(int64_t) * (size_t)E);
-    memset(s->host_kept, 0, sizeof(int64_t) * (size_t)E);
-    for (int64_t sl = 0; sl < slots; sl++) {
-        int32_t e = idx[sl];
-        bool keep = g->capacity < 0 || g->prefix[e] + (double)seen[e] < (double)g->capacity;
-        seen[e]++;
-        row_of_slot[sl] = keep ? 0 : -1;
-        if (keep) {
-            kept_group[d->group[e]]++;
-            s->host_kept[e]++;
-        }
-    }
-    for (int32_t gi = 0; gi < E; gi++) fill[gi + 1] = fill[gi] + kept_group[gi];
-    for (int64_t sl = 0; sl < slots; sl++) {
-        if (row_of_slot[sl] < 0) continue;
-        int64_t r = fill[d->group[idx[sl]]]++;
-        row_of_slot[sl] = (int32_t)r;
-        slot_of_row[r] = (int32_t)sl;
+    moe_plan_t p = {
+        .n = s->n, .e = E, .k = l->k, .capacity = g->capacity, .topk_idx = s->topk_idx,
+        .first = g->capacity >= 0 ? d->first : NULL, .row_order = d->row_order,
+        .row_of_slot = s->row_of_slot, .slot_of_row = s->slot_of_row, .kept = s->kept,
+        .summary = s->kept, .summary_bytes = sizeof(int32_t) * (size_t)E, .host_summary = r->kept,
+    };
+    MOE_TRY(ops->plan(ctx, &p));
+    for (int32_t e = 0; e < E; e++) {
+        s->host_kept[e] = r->kept[e];
+        kept_group[d->group[e]] = r->kept[e];
     }
     ds->rows_send = 0;
     for (int p = 0; p < d->P; p++) {
@@ -486,8 +492,6 @@ static moe_status_t plan_rows(moe_layer_t *l, moe_slot_t *s, const global_routin
         ds->sd[p] = ds->rows_send;
         ds->rows_send += ds->sc[p];
     }
-    free(seen);
-    free(fill);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -526,9 +530,8 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     moe_dist_t *d = l->dist;
     int64_t n = x->shape[0], H = l->h, Fl = l->f_local;
     int32_t E = l->e, K = l->k;
-    size_t a = d->act, nk = (size_t)n * (size_t)K;
+    size_t a = d->act;
     moe_status_t st = MOE_STATUS_SUCCESS;
-    int32_t *h_idx = NULL, *h_ros = NULL, *h_sor = NULL;
     double *table = NULL, *gbuf = NULL;
     int64_t *kept_group = NULL;
     void *xs = NULL, *outr = NULL;
@@ -542,14 +545,10 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     table = calloc((size_t)d->D * (size_t)(3 + 2 * E), sizeof *table);
     gbuf = calloc((size_t)E * 2, sizeof *gbuf);
     kept_group = calloc((size_t)E, sizeof *kept_group);
-    h_idx = malloc(sizeof(int32_t) * (nk ? nk : 1));
-    h_ros = malloc(sizeof(int32_t) * (nk ? nk : 1));
-    h_sor = malloc(sizeof(int32_t) * (nk ? nk : 1));
-    if (!table || !gbuf || !kept_group || !h_idx || !h_ros || !h_sor) {
+    if (!table || !gbuf || !kept_group) {
         st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing host buffers");
         goto fail;
     }
-    if (nk) MOE_TRY_GOTO(st, ops->copy(ctx, h_idx, s->topk_idx, sizeof(int32_t) * nk));
     /* 2. global routing statistics, capacity and this rank's place in the global order */
     global_routing_t g = {.counts = gbuf, .prefix = gbuf + E};
     MOE_TRY_GOTO(st, exchange_routing(l, s, routing.counts, routing.score_mean, routing.stats,
@@ -559,12 +558,8 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     /* backward's aux gradient needs the global selections */
     for (int32_t e = 0; e < E; e++) routing.counts[e] = (int32_t)g.counts[e];
     MOE_TRY_GOTO(st, ops->copy(ctx, s->counts, routing.counts, sizeof(int32_t) * (size_t)E));
-    /* 3. plan on the host, 4. row counts to the expert owners */
-    MOE_TRY_GOTO(st, plan_rows(l, s, &g, h_idx, h_ros, h_sor, kept_group));
-    if (nk) {
-        MOE_TRY_GOTO(st, ops->copy(ctx, s->row_of_slot, h_ros, sizeof(int32_t) * nk));
-        MOE_TRY_GOTO(st, ops->copy(ctx, s->slot_of_row, h_sor, sizeof(int32_t) * nk));
-    }
+    /* 3. plan, 4. row counts to the expert owners */
+    MOE_TRY_GOTO(st, plan_rows(l, s, &g, &routing, kept_group));
     MOE_TRY_GOTO(st, exchange_counts(l, s, kept_group));
     s->rows = ds->rows_recv;
     /* 5. gather, dispatch / experts / combine pipeline */
@@ -589,9 +584,6 @@ fail:
     free(table);
     free(gbuf);
     free(kept_group);
-    free(h_idx);
-    free(h_ros);
-    free(h_sor);
     return st;
 }
 

@@ -298,10 +298,15 @@ static void slot_free(moe_layer_t *l, moe_slot_t *s)
     memset(s, 0, sizeof *s);
 }
 
-/* The slot's routing summary (see moe_slot_t): the single-rank plan's kept counts last. */
+/* The slot's summary (see moe_slot_t): the router's results, then the plan's kept counts. */
+static size_t router_results_bytes(const moe_layer_t *l)
+{
+    return sizeof(int32_t) * (size_t)(2 * l->e + 2);
+}
+
 static size_t summary_bytes(const moe_layer_t *l)
 {
-    return sizeof(int32_t) * (size_t)((l->dist ? 2 : 3) * l->e + 2);
+    return router_results_bytes(l) + sizeof(int32_t) * (size_t)l->e;
 }
 
 static moe_routing_host_t routing_view(const moe_layer_t *l, const moe_slot_t *s)
@@ -309,7 +314,7 @@ static moe_routing_host_t routing_view(const moe_layer_t *l, const moe_slot_t *s
     moe_routing_host_t r = {.counts = s->host_summary};
     r.score_mean = (float *)r.counts + l->e;
     r.stats = r.score_mean + l->e;
-    r.kept = l->dist ? NULL : (int32_t *)(r.stats + 2);
+    r.kept = (int32_t *)(r.stats + 2);
     return r;
 }
 
@@ -327,14 +332,14 @@ static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
     s->counts = s->summary;
     s->score_mean = (float *)s->counts + e;
     s->router_stats = s->score_mean + e;
+    s->kept = (int32_t *)(s->router_stats + 2);
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->row_of_slot));
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->slot_of_row));
     s->host_summary = malloc(summary_bytes(l));
     s->host_kept = calloc(e, sizeof(int64_t));
     if (!s->host_summary || !s->host_kept)
         return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
-    if (l->dist) return MOE_STATUS_SUCCESS; /* the rest is the single-rank plan's */
-    s->kept = (int32_t *)(s->router_stats + 2);
+    if (l->dist) return MOE_STATUS_SUCCESS; /* the rest is the single-rank path's */
     s->host_offsets = calloc((size_t)l->el + 1, sizeof(int64_t));
     if (!s->host_offsets) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
     return MOE_STATUS_SUCCESS;
@@ -361,7 +366,8 @@ moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *
 
 moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_host_t *out)
 {
-    MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), s->host_summary, s->summary, summary_bytes(l)));
+    MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), s->host_summary, s->summary,
+                                 router_results_bytes(l)));
     *out = routing_view(l, s);
     return MOE_STATUS_SUCCESS;
 }
@@ -494,7 +500,8 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
     moe_routing_host_t routing = routing_view(l, s);
     for (int32_t j = 0; j < e; j++) s->host_kept[j] = routing.kept[j];
     s->host_offsets[0] = 0;
-    for (int32_t j = 0; j < l->el; j++) s->host_offsets[j + 1] = s->host_offsets[j] + s->host_kept[j];
+    for (int32_t j = 0; j < l->el; j++)
+        s->host_offsets[j + 1] = s->host_offsets[j] + s->host_kept[j];
     int64_t stride = ops->expert_row_stride ? ops->expert_row_stride(ctx, l->el, s->host_kept) : 0;
     if (stride > 0) MOE_TRY(pad_rows(l, s, stride));
     int64_t rows = s->host_offsets[l->el];
@@ -507,7 +514,8 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
         };
         MOE_TRY(ops->experts_forward(ctx, &ex));
     }
-    if (n > 0) MOE_TRY(ops->combine(ctx, y->data, s->out, s->row_of_slot, s->topk_w, n, k, h, false));
+    if (n > 0)
+        MOE_TRY(ops->combine(ctx, y->data, s->out, s->row_of_slot, s->topk_w, n, k, h, false));
     return finish_routing_stats(l, s, capacity, &routing);
 }
 

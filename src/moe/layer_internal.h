@@ -20,8 +20,8 @@ typedef struct moe_slot {
     int32_t *topk_idx;         /* i32 [N,K] */
     float *topk_w;             /* f32 [N,K] */
     /* The routing summary, one device block so that one copy brings it to the host:
-     * i32 counts[E] | f32 score_mean[E] | f32 router_stats[2] | i32 kept[E] (single-rank
-     * path only); the four pointers below point into it. */
+     * i32 counts[E] | f32 score_mean[E] | f32 router_stats[2] | i32 kept[E]; the four
+     * pointers below point into it. */
     void *summary;
     void *host_summary;        /* host copy of it */
     int32_t *counts;           /* selected per expert, before capacity */
@@ -73,13 +73,14 @@ typedef struct moe_routing_host {
     int32_t *counts;       /* [E] selections per expert (before capacity) */
     float *score_mean;     /* [E] P_e over this rank's tokens */
     float *stats;          /* [2] mean lse^2, mean entropy, over this rank's tokens */
-    int32_t *kept;         /* [E] kept per expert (single-rank path, after the plan), or NULL */
+    int32_t *kept;         /* [E] kept per expert (after the plan) */
 } moe_routing_host_t;
 
 /* Allocate the slot's routing state for x's N tokens, save x and enqueue the router
  * (zeros when N = 0). */
 moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x);
-/* Copy the router's small results to the host (blocking, one copy). */
+/* Copy the router's small results to the host (blocking, one copy); out->kept points at
+ * where a plan's kept counts go (the copy does not fill it). */
 moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_host_t *out);
 /* Fill the layer's stats from s->host_kept and the given loss terms. */
 void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, double aux,

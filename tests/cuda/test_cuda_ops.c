@@ -230,9 +230,13 @@ static void test_router(void **state)
 
 /* ---- plan ------------------------------------------------------------------------------ */
 
-static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, test_rng_t *rng)
+/* global: the distributed layer's plan, with other ranks' selections ahead (first, random in
+ * 0..capacity) and the experts' rows in a shuffled order */
+static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, bool global,
+                          test_rng_t *rng)
 {
-    fprintf(stderr, "plan N=%lld E=%d K=%d capacity=%lld\n", (long long)n, e, k, (long long)capacity);
+    fprintf(stderr, "plan N=%lld E=%d K=%d capacity=%lld%s\n", (long long)n, e, k,
+            (long long)capacity, global ? " (first, row order)" : "");
     int64_t s = n * k;
     int32_t *idx = malloc(4 * s);
     /* distinct experts per token, skewed towards low indices so capacity bites */
@@ -251,12 +255,25 @@ static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, tes
     int32_t *ros = malloc(4 * s), *sor = malloc(4 * s), *kept = malloc(4 * e);
     /* the summary the plan brings to the host is the kept counts themselves here */
     int32_t *hk = malloc(4 * e), *g_hk = malloc(4 * e);
+    int32_t *first = malloc(4 * (size_t)e), *order = malloc(4 * (size_t)e);
+    for (int32_t j = 0; j < e; j++) {
+        first[j] = (int32_t)(test_rng_uniform(rng) * (double)(capacity + 1));
+        order[j] = j;
+    }
+    for (int32_t j = e - 1; j > 0; j--) { /* Fisher-Yates */
+        int32_t q = (int32_t)(test_rng_uniform(rng) * (j + 1)), v = order[j];
+        order[j] = order[q];
+        order[q] = v;
+    }
     moe_plan_t hp = {.n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = idx,
+                     .first = global ? first : NULL, .row_order = global ? order : NULL,
                      .row_of_slot = ros, .slot_of_row = sor, .kept = kept, .summary = kept,
                      .summary_bytes = 4 * (size_t)e, .host_summary = hk};
     TEST_OK(P.host.ops->plan(P.host.ctx, &hp));
     moe_plan_t gp = hp;
     gp.topk_idx = gpu_up_i32(&P, idx, s);
+    gp.first = global ? gpu_up_i32(&P, first, e) : NULL;
+    gp.row_order = global ? gpu_up_i32(&P, order, e) : NULL;
     gp.row_of_slot = gpu_poison(&P, 4 * s, true);
     gp.slot_of_row = gpu_poison(&P, 4 * s, true);
     gp.kept = gpu_poison(&P, 4 * e, true);
@@ -276,31 +293,38 @@ static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, tes
     assert_memory_equal(g_ros, ros, 4 * s);
     assert_memory_equal(g_sor, sor, 4 * rows);
     fprintf(stderr, "  %lld rows kept of %lld slots: identical\n", (long long)rows, (long long)s);
-
-    /* the same plan re-laid with a fixed stride per expert (3 filler rows past the largest) */
-    int64_t stride = 3;
-    for (int32_t j = 0; j < e; j++) stride = kept[j] + 3 > stride ? kept[j] + 3 : stride;
-    int32_t *pad = malloc(4 * (size_t)(e * stride)), *g_pad = malloc(4 * (size_t)(e * stride));
-    moe_pad_plan_t ha = {.n = n, .e = e, .k = k, .stride = stride, .topk_idx = idx, .kept = kept,
-                         .slot_of_row = sor, .row_of_slot = ros, .padded_slot_of_row = pad};
-    TEST_OK(P.host.ops->pad_plan(P.host.ctx, &ha));
-    moe_pad_plan_t ga = {.n = n, .e = e, .k = k, .stride = stride, .topk_idx = gp.topk_idx,
-                         .kept = gp.kept, .slot_of_row = gp.slot_of_row, .row_of_slot = gp.row_of_slot,
-                         .padded_slot_of_row = gpu_poison(&P, 4 * (size_t)(e * stride), true)};
-    TEST_OK(P.cuda.ops->pad_plan(P.cuda.ctx, &ga));
-    gpu_down_i32(&P, g_ros, ga.row_of_slot, s);
-    gpu_down_i32(&P, g_pad, ga.padded_slot_of_row, e * stride);
-    assert_memory_equal(g_ros, ros, 4 * s);
-    assert_memory_equal(g_pad, pad, 4 * (size_t)(e * stride));
-    fprintf(stderr, "  padded to %lld rows per expert: identical\n", (long long)stride);
-    gpu_free(&P, ga.padded_slot_of_row);
-    free(pad);
-    free(g_pad);
+    if (global) {
+        gpu_free(&P, (void *)gp.first);
+        gpu_free(&P, (void *)gp.row_order);
+    } else { /* padding is the single-rank layout's (expert order, nothing ahead) */
+        /* the same plan re-laid with a fixed stride per expert (3 filler rows past the largest) */
+        int64_t stride = 3;
+        for (int32_t j = 0; j < e; j++) stride = kept[j] + 3 > stride ? kept[j] + 3 : stride;
+        size_t padded = (size_t)(e * stride);
+        int32_t *pad = malloc(4 * padded), *g_pad = malloc(4 * padded);
+        moe_pad_plan_t ha = {.n = n, .e = e, .k = k, .stride = stride, .topk_idx = idx,
+                             .kept = kept, .slot_of_row = sor, .row_of_slot = ros,
+                             .padded_slot_of_row = pad};
+        TEST_OK(P.host.ops->pad_plan(P.host.ctx, &ha));
+        moe_pad_plan_t ga = {.n = n, .e = e, .k = k, .stride = stride, .topk_idx = gp.topk_idx,
+                             .kept = gp.kept, .slot_of_row = gp.slot_of_row,
+                             .row_of_slot = gp.row_of_slot,
+                             .padded_slot_of_row = gpu_poison(&P, 4 * padded, true)};
+        TEST_OK(P.cuda.ops->pad_plan(P.cuda.ctx, &ga));
+        gpu_down_i32(&P, g_ros, ga.row_of_slot, s);
+        gpu_down_i32(&P, g_pad, ga.padded_slot_of_row, (int64_t)padded);
+        assert_memory_equal(g_ros, ros, 4 * s);
+        assert_memory_equal(g_pad, pad, 4 * padded);
+        fprintf(stderr, "  padded to %lld rows per expert: identical\n", (long long)stride);
+        gpu_free(&P, ga.padded_slot_of_row);
+        free(pad);
+        free(g_pad);
+    }
     gpu_free(&P, (void *)gp.topk_idx);
     gpu_free(&P, gp.row_of_slot);
     gpu_free(&P, gp.slot_of_row);
     gpu_free(&P, gp.kept);
-    void *hostp[] = {idx, ros, sor, kept, hk, g_hk, g_ros, g_sor, g_kept};
+    void *hostp[] = {idx, ros, sor, kept, hk, g_hk, g_ros, g_sor, g_kept, first, order};
     for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
 }
 
@@ -308,12 +332,15 @@ static void test_plan(void **state)
 {
     (void)state;
     test_rng_t rng = {seed + 1};
-    run_plan_case(3001, 8, 2, -1, &rng);
-    run_plan_case(3001, 8, 2, 500, &rng);
-    run_plan_case(20000, 64, 4, -1, &rng);
-    run_plan_case(20000, 64, 4, 1000, &rng);
-    run_plan_case(777, 300, 8, 12, &rng);
-    run_plan_case(5, 16, 2, -1, &rng);
+    run_plan_case(3001, 8, 2, -1, false, &rng);
+    run_plan_case(3001, 8, 2, 500, false, &rng);
+    run_plan_case(20000, 64, 4, -1, false, &rng);
+    run_plan_case(20000, 64, 4, 1000, false, &rng);
+    run_plan_case(777, 300, 8, 12, false, &rng);
+    run_plan_case(5, 16, 2, -1, false, &rng);
+    run_plan_case(20000, 64, 4, 1000, true, &rng);
+    run_plan_case(3001, 8, 2, -1, true, &rng); /* dropless: only the order matters */
+    run_plan_case(777, 300, 8, 12, true, &rng);
 }
 
 /* ---- gather / combine ------------------------------------------------------------------- */

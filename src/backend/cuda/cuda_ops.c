@@ -129,8 +129,9 @@ moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a)
     void *scratch;
     MOE_TRY(moe_cuda_workspace(c, sizeof(int32_t) * (size_t)moe_cuda_plan_scratch(a->n, a->k, a->e),
                                &scratch));
-    MOE_CUDA_CHECK(moe_cuda_plan(a->topk_idx, a->n, a->k, a->e, a->capacity, a->row_of_slot,
-                             a->slot_of_row, a->kept, scratch, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_plan(a->topk_idx, a->n, a->k, a->e, a->capacity, a->first,
+                                 a->row_order, a->row_of_slot, a->slot_of_row, a->kept, scratch,
+                                 c->stream));
     if (a->summary_bytes > c->pinned_summary_bytes) {
         if (c->pinned_summary) MOE_CUDA_CHECK(cudaFreeHost(c->pinned_summary));
         c->pinned_summary = NULL;

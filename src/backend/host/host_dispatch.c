@@ -13,23 +13,25 @@ moe_status_t moe_host_plan(void *ctx, const moe_plan_t *a)
 {
     (void)ctx;
     int64_t slots = a->n * a->k;
-    int64_t *fill = malloc(sizeof(int64_t) * ((size_t)a->e + 1));
-    if (!fill) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "plan scratch for E=%d", a->e);
-    /* kept per expert: its first `capacity` slots in slot order */
+    /* kept per expert: its first capacity - first[e] slots in slot order */
     memset(a->kept, 0, sizeof(int32_t) * (size_t)a->e);
     for (int64_t s = 0; s < slots; s++) {
         int32_t ex = a->topk_idx[s];
-        if (a->capacity < 0 || a->kept[ex] < a->capacity) a->kept[ex]++;
+        int64_t ahead = a->first ? a->first[ex] : 0;
+        if (a->capacity < 0 || ahead + a->kept[ex] < a->capacity) a->kept[ex]++;
     }
-    /* fill[e] runs from the expert's first row to its end; a full expert drops the slot */
-    fill[0] = 0;
-    for (int32_t ex = 0; ex < a->e; ex++) fill[ex + 1] = fill[ex] + a->kept[ex];
-    int64_t *end = malloc(sizeof(int64_t) * (size_t)a->e);
-    if (!end) {
-        free(fill);
-        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "plan scratch for E=%d", a->e);
+    /* fill[e] runs from the expert's first row to end[e], experts in row order; a full
+     * expert drops the slot */
+    int64_t *fill = malloc(sizeof(int64_t) * 2 * (size_t)a->e);
+    if (!fill) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "plan scratch for E=%d", a->e);
+    int64_t *end = fill + a->e;
+    int64_t row = 0;
+    for (int32_t g = 0; g < a->e; g++) {
+        int32_t ex = a->row_order ? a->row_order[g] : g;
+        fill[ex] = row;
+        row += a->kept[ex];
+        end[ex] = row;
     }
-    for (int32_t ex = 0; ex < a->e; ex++) end[ex] = fill[ex + 1];
     for (int64_t s = 0; s < slots; s++) {
         int32_t ex = a->topk_idx[s];
         if (fill[ex] < end[ex]) {
@@ -39,9 +41,8 @@ moe_status_t moe_host_plan(void *ctx, const moe_plan_t *a)
             a->row_of_slot[s] = -1;
         }
     }
-    memcpy(a->host_summary, a->summary, a->summary_bytes);
     free(fill);
-    free(end);
+    memcpy(a->host_summary, a->summary, a->summary_bytes);
     return MOE_STATUS_SUCCESS;
 }
 
