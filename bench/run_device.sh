@@ -6,7 +6,9 @@
 #   phases: build tests sanitize bench torch (default: all of them); dist: the distributed
 #   layer test on the CUDA backend (2 and 4 ranks sharing the GPU through MPI); profile: ncu's
 #   time of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1),
-#   summed by bench/kernel_times.py into $OUT/profile.txt; algos: bench/gemm_algos.c
+#   summed by bench/kernel_times.py into $OUT/profile.txt; algos: bench/gemm_algos.c;
+#   ab: bench_moe of this tree and of $MOE_AB_TREE (another source tree carried with the call),
+#   taking turns, 3 rounds, parts $MOE_BENCH_PART (default router)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -75,6 +77,26 @@ if has algos; then
   python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     r = json.loads(l); print(r["shape"], r["variant"], r["ms"], r["tbps"], r.get("waves", ""))' "$OUT/gemm_algos.jsonl"
+fi
+
+# ab: the drift between device calls (up to 9%) is larger than many a change, so a change is
+# measured against its base in the same call, the two binaries taking turns
+if has ab; then
+  other=${MOE_AB_TREE:?ab needs MOE_AB_TREE, the source tree to compare with}
+  BO=/tmp/build-device-ab
+  (cd "$other" && B=$BO && device_configure && cmake --build "$BO" -j16 --target bench_moe) \
+    >>"$OUT/build.log" 2>&1 || { echo "AB BUILD FAILED ($other)"; tail -20 "$OUT/build.log"; exit 1; }
+  for round in 1 2 3; do
+    for side in this other; do
+      bin=$B/bench/bench_moe
+      [ $side = other ] && bin=$BO/bench/bench_moe
+      for part in ${MOE_BENCH_PART:-router}; do
+        "$bin" "$part" >/tmp/ab.jsonl || status=1
+        cat /tmp/ab.jsonl >>"$OUT/ab_$side.jsonl"
+        python3 bench/brief.py /tmp/ab.jsonl | sed "s/^/$side $round  /"
+      done
+    done
+  done
 fi
 
 if has profile; then
