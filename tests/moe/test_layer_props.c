@@ -6,7 +6,9 @@
  *    first `capacity` slots in token order;
  *  - the output equals the naive sum_k w * FFN_e(x) of the oracle;
  *  - the same inputs give bitwise-equal outputs;
- *  - pad_plan (the padded layout a backend may ask for) keeps all of the above per expert.
+ *  - pad_plan (the padded layout a backend may ask for) keeps all of the above per expert;
+ *  - the plan against a global order (the distributed layer's: other ranks' selections ahead
+ *    of these, experts' rows in a given order) keeps and lays out rows as that order says.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -288,6 +290,82 @@ static void test_pad_plan(void **state)
     fixture_free(&fx);
 }
 
+/* The plan op with `first` and `row_order`, on random routings: expert e keeps its first
+ * min(count_e, capacity - first[e]) slots; expert row_order[g]'s rows follow those of
+ * row_order[0..g-1], in slot order; row_of_slot and slot_of_row invert each other. */
+static void check_global_plan(test_rng_t *rng, int64_t n, int32_t e, int32_t k, int64_t capacity)
+{
+    moe_backend_t be;
+    moe_backend_params_t bp = {0};
+    TEST_OK(moe_backend_host_create(&bp, &be));
+    const moe_backend_ops_t *ops = be.ops;
+    size_t slots = (size_t)(n * k), ne = (size_t)e, i4 = sizeof(int32_t);
+    int32_t *idx = malloc(i4 * slots + 1), *ros = malloc(i4 * slots + 1), *sor = malloc(i4 * slots + 1);
+    int32_t *first = malloc(i4 * ne), *order = malloc(i4 * ne), *kept = malloc(i4 * ne);
+    int32_t *host_kept = malloc(i4 * ne), *count = calloc(ne, i4);
+    for (int64_t t = 0; t < n; t++)
+        for (int32_t j = 0; j < k; j++) { /* distinct experts, skewed to the low ones */
+            int32_t v;
+            bool dup;
+            do {
+                double u = test_rng_uniform(rng);
+                v = (int32_t)(u * u * e);
+                dup = false;
+                for (int32_t q = 0; q < j; q++) dup |= idx[t * k + q] == v;
+            } while (dup);
+            idx[t * k + j] = v;
+            count[v]++;
+        }
+    for (int32_t j = 0; j < e; j++) {
+        first[j] = capacity < 0 ? 0 : (int32_t)(test_rng_uniform(rng) * (double)(capacity + 1));
+        order[j] = j;
+    }
+    for (int32_t j = e - 1; j > 0; j--) {
+        int32_t q = (int32_t)(test_rng_uniform(rng) * (j + 1)), v = order[j];
+        order[j] = order[q];
+        order[q] = v;
+    }
+    moe_plan_t p = {.n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = idx,
+                    .first = capacity < 0 ? NULL : first, .row_order = order, .row_of_slot = ros,
+                    .slot_of_row = sor, .kept = kept, .summary = kept, .summary_bytes = i4 * ne,
+                    .host_summary = host_kept};
+    TEST_OK(ops->plan(be.ctx, &p));
+    int64_t *base = malloc(sizeof(int64_t) * ne), *seen = calloc(ne, sizeof(int64_t));
+    int64_t rows = 0;
+    for (int32_t g = 0; g < e; g++) {
+        int32_t ex = order[g];
+        int64_t room = capacity < 0 ? count[ex] : capacity - first[ex];
+        assert_int_equal(kept[ex], count[ex] < room ? count[ex] : room);
+        assert_int_equal(host_kept[ex], kept[ex]);
+        base[ex] = rows;
+        rows += kept[ex];
+    }
+    for (int64_t sl = 0; sl < (int64_t)slots; sl++) {
+        int32_t ex = idx[sl];
+        int64_t rank = seen[ex]++;
+        if (rank < kept[ex]) {
+            assert_int_equal(ros[sl], base[ex] + rank);
+            assert_int_equal(sor[ros[sl]], sl);
+        } else {
+            assert_int_equal(ros[sl], -1);
+        }
+    }
+    void *bufs[] = {idx, ros, sor, first, order, kept, host_kept, count, base, seen};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    ops->destroy(be.ctx);
+}
+
+static void test_plan_global_order(void **state)
+{
+    (void)state;
+    test_rng_t rng = {base_seed + 3};
+    check_global_plan(&rng, 300, 8, 2, 40);
+    check_global_plan(&rng, 1000, 16, 4, 100);
+    check_global_plan(&rng, 257, 5, 1, 10);
+    check_global_plan(&rng, 300, 8, 2, -1); /* dropless: the order alone */
+    check_global_plan(&rng, 0, 4, 2, 3);
+}
+
 static void test_zero_tokens(void **state)
 {
     (void)state;
@@ -318,6 +396,7 @@ int main(void)
         cmocka_unit_test(test_all_tokens_to_one_expert),
         cmocka_unit_test(test_zero_tokens),
         cmocka_unit_test(test_pad_plan),
+        cmocka_unit_test(test_plan_global_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
