@@ -239,32 +239,14 @@ static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, boo
             (long long)capacity, global ? " (first, row order)" : "");
     int64_t s = n * k;
     int32_t *idx = malloc(4 * s);
-    /* distinct experts per token, skewed towards low indices so capacity bites */
-    for (int64_t t = 0; t < n; t++)
-        for (int32_t j = 0; j < k; j++) {
-            int32_t v;
-            bool dup;
-            do {
-                double u = test_rng_uniform(rng);
-                v = (int32_t)(u * u * e);
-                dup = false;
-                for (int32_t q = 0; q < j; q++) dup |= idx[t * k + q] == v;
-            } while (dup);
-            idx[t * k + j] = v;
-        }
+    test_fill_routing(rng, idx, n, e, k);
     int32_t *ros = malloc(4 * s), *sor = malloc(4 * s), *kept = malloc(4 * e);
     /* the summary the plan brings to the host is the kept counts themselves here */
     int32_t *hk = malloc(4 * e), *g_hk = malloc(4 * e);
     int32_t *first = malloc(4 * (size_t)e), *order = malloc(4 * (size_t)e);
-    for (int32_t j = 0; j < e; j++) {
+    for (int32_t j = 0; j < e; j++)
         first[j] = (int32_t)(test_rng_uniform(rng) * (double)(capacity + 1));
-        order[j] = j;
-    }
-    for (int32_t j = e - 1; j > 0; j--) { /* Fisher-Yates */
-        int32_t q = (int32_t)(test_rng_uniform(rng) * (j + 1)), v = order[j];
-        order[j] = order[q];
-        order[q] = v;
-    }
+    test_fill_permutation(rng, order, e);
     moe_plan_t hp = {.n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = idx,
                      .first = global ? first : NULL, .row_order = global ? order : NULL,
                      .row_of_slot = ros, .slot_of_row = sor, .kept = kept, .summary = kept,

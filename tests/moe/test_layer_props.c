@@ -303,28 +303,11 @@ static void check_global_plan(test_rng_t *rng, int64_t n, int32_t e, int32_t k, 
     int32_t *idx = malloc(i4 * slots + 1), *ros = malloc(i4 * slots + 1), *sor = malloc(i4 * slots + 1);
     int32_t *first = malloc(i4 * ne), *order = malloc(i4 * ne), *kept = malloc(i4 * ne);
     int32_t *host_kept = malloc(i4 * ne), *count = calloc(ne, i4);
-    for (int64_t t = 0; t < n; t++)
-        for (int32_t j = 0; j < k; j++) { /* distinct experts, skewed to the low ones */
-            int32_t v;
-            bool dup;
-            do {
-                double u = test_rng_uniform(rng);
-                v = (int32_t)(u * u * e);
-                dup = false;
-                for (int32_t q = 0; q < j; q++) dup |= idx[t * k + q] == v;
-            } while (dup);
-            idx[t * k + j] = v;
-            count[v]++;
-        }
-    for (int32_t j = 0; j < e; j++) {
+    test_fill_routing(rng, idx, n, e, k);
+    for (size_t sl = 0; sl < slots; sl++) count[idx[sl]]++;
+    for (int32_t j = 0; j < e; j++)
         first[j] = capacity < 0 ? 0 : (int32_t)(test_rng_uniform(rng) * (double)(capacity + 1));
-        order[j] = j;
-    }
-    for (int32_t j = e - 1; j > 0; j--) {
-        int32_t q = (int32_t)(test_rng_uniform(rng) * (j + 1)), v = order[j];
-        order[j] = order[q];
-        order[q] = v;
-    }
+    test_fill_permutation(rng, order, e);
     moe_plan_t p = {.n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = idx,
                     .first = capacity < 0 ? NULL : first, .row_order = order, .row_of_slot = ros,
                     .slot_of_row = sor, .kept = kept, .summary = kept, .summary_bytes = i4 * ne,

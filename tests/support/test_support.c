@@ -31,6 +31,32 @@ void test_fill_normal(test_rng_t *r, float *x, int64_t n, double std)
     for (int64_t i = 0; i < n; i++) x[i] = (float)(std * test_rng_normal(r));
 }
 
+void test_fill_routing(test_rng_t *r, int32_t *idx, int64_t n, int32_t e, int32_t k)
+{
+    for (int64_t t = 0; t < n; t++)
+        for (int32_t j = 0; j < k; j++) {
+            int32_t v;
+            int dup;
+            do {
+                double u = test_rng_uniform(r);
+                v = (int32_t)(u * u * e);
+                dup = 0;
+                for (int32_t q = 0; q < j; q++) dup |= idx[t * k + q] == v;
+            } while (dup);
+            idx[t * k + j] = v;
+        }
+}
+
+void test_fill_permutation(test_rng_t *r, int32_t *p, int32_t n)
+{
+    for (int32_t j = 0; j < n; j++) p[j] = j;
+    for (int32_t j = n - 1; j > 0; j--) { /* Fisher-Yates */
+        int32_t q = (int32_t)(test_rng_uniform(r) * (j + 1)), v = p[j];
+        p[j] = p[q];
+        p[q] = v;
+    }
+}
+
 double test_rel_err(const float *a, const float *b, int64_t n)
 {
     double num = 0, den = 0;

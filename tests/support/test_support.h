@@ -18,6 +18,11 @@ double test_rng_uniform(test_rng_t *r);             /* [0, 1) */
 double test_rng_normal(test_rng_t *r);              /* N(0, 1) */
 int64_t test_rng_int(test_rng_t *r, int64_t lo, int64_t hi); /* [lo, hi] */
 void test_fill_normal(test_rng_t *r, float *x, int64_t n, double std);
+/* idx [n,k]: k distinct experts of e per token, skewed towards the low indices (so that a
+ * capacity bites) */
+void test_fill_routing(test_rng_t *r, int32_t *idx, int64_t n, int32_t e, int32_t k);
+/* p[0..n): a random permutation of 0..n-1 */
+void test_fill_permutation(test_rng_t *r, int32_t *p, int32_t n);
 
 /* ||a - b|| / ||b|| in fp64 (0 when both are zero) */
 double test_rel_err(const float *a, const float *b, int64_t n);
