@@ -474,13 +474,13 @@ static moe_status_t plan_rows(moe_layer_t *l, moe_slot_t *s, const global_routin
                                                                           : (double)g->capacity);
         MOE_TRY(ops->copy(ctx, d->first, d->host_first, sizeof(int32_t) * (size_t)E));
     }
-    moe_plan_t p = {
+    moe_plan_t plan = {
         .n = s->n, .e = E, .k = l->k, .capacity = g->capacity, .topk_idx = s->topk_idx,
         .first = g->capacity >= 0 ? d->first : NULL, .row_order = d->row_order,
         .row_of_slot = s->row_of_slot, .slot_of_row = s->slot_of_row, .kept = s->kept,
         .summary = s->kept, .summary_bytes = sizeof(int32_t) * (size_t)E, .host_summary = r->kept,
     };
-    MOE_TRY(ops->plan(ctx, &p));
+    MOE_TRY(ops->plan(ctx, &plan));
     for (int32_t e = 0; e < E; e++) {
         s->host_kept[e] = r->kept[e];
         kept_group[d->group[e]] = r->kept[e];
