@@ -461,7 +461,7 @@ static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_
  * on the dense ranks before this one first; rows sorted by (owner rank, local expert, slot).
  * Its wait for the device brings the kept counts to r->kept. */
 static moe_status_t plan_rows(moe_layer_t *l, moe_slot_t *s, const global_routing_t *g,
-                              const moe_routing_host_t *r, int64_t *kept_group)
+                              const moe_routing_parts_t *r, int64_t *kept_group)
 {
     moe_dist_t *d = l->dist;
     moe_dist_slot_t *ds = s->dist;
@@ -535,7 +535,7 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     double *table = NULL, *gbuf = NULL;
     int64_t *kept_group = NULL;
     void *xs = NULL, *outr = NULL;
-    moe_routing_host_t routing = {0};
+    moe_routing_parts_t routing = {0};
 
     /* 1. router on the local tokens */
     MOE_TRY_GOTO(st, moe_layer_route(l, s, x));

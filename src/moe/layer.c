@@ -309,9 +309,9 @@ static size_t summary_bytes(const moe_layer_t *l)
     return router_results_bytes(l) + sizeof(int32_t) * (size_t)l->e;
 }
 
-static moe_routing_host_t routing_view(const moe_layer_t *l, const moe_slot_t *s)
+static moe_routing_parts_t summary_parts(const moe_layer_t *l, void *block)
 {
-    moe_routing_host_t r = {.counts = s->host_summary};
+    moe_routing_parts_t r = {.counts = block};
     r.score_mean = (float *)r.counts + l->e;
     r.stats = r.score_mean + l->e;
     r.kept = (int32_t *)(r.stats + 2);
@@ -329,10 +329,11 @@ static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->topk_idx));
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(float), &s->topk_w));
     MOE_TRY(moe_layer_alloc_dev(rt, summary_bytes(l), &s->summary));
-    s->counts = s->summary;
-    s->score_mean = (float *)s->counts + e;
-    s->router_stats = s->score_mean + e;
-    s->kept = (int32_t *)(s->router_stats + 2);
+    moe_routing_parts_t dev = summary_parts(l, s->summary);
+    s->counts = dev.counts;
+    s->score_mean = dev.score_mean;
+    s->router_stats = dev.stats;
+    s->kept = dev.kept;
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->row_of_slot));
     MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->slot_of_row));
     s->host_summary = malloc(summary_bytes(l));
@@ -364,11 +365,11 @@ moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *
     return ops->router_forward(ctx, &r);
 }
 
-moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_host_t *out)
+moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_parts_t *out)
 {
     MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), s->host_summary, s->summary,
                                  router_results_bytes(l)));
-    *out = routing_view(l, s);
+    *out = summary_parts(l, s->host_summary);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -439,7 +440,7 @@ moe_status_t moe_layer_update_bias(moe_layer_t *l, const moe_slot_t *s, int64_t 
 
 /* The single-rank routing summary: aux from local counts and P, then the bias rule. */
 static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t capacity,
-                                         const moe_routing_host_t *r)
+                                         const moe_routing_parts_t *r)
 {
     int64_t e = l->e, slots = s->n * l->k;
     double aux = 0;
@@ -497,7 +498,7 @@ static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor
         .summary = s->summary, .summary_bytes = summary_bytes(l), .host_summary = s->host_summary,
     };
     MOE_TRY(ops->plan(ctx, &p)); /* the forward's one wait for the device */
-    moe_routing_host_t routing = routing_view(l, s);
+    moe_routing_parts_t routing = summary_parts(l, s->host_summary);
     for (int32_t j = 0; j < e; j++) s->host_kept[j] = routing.kept[j];
     s->host_offsets[0] = 0;
     for (int32_t j = 0; j < l->el; j++)

@@ -68,20 +68,20 @@ void moe_layer_free_dev(moe_runtime_t *rt, void *pp);
  * when dropless. */
 int64_t moe_layer_capacity(const moe_layer_t *l, int64_t n);
 
-/* The router's small per-forward results on the host: views into the slot's host_summary. */
-typedef struct moe_routing_host {
+/* The parts of a routing summary block (moe_slot_t's layout), on the device or the host. */
+typedef struct moe_routing_parts {
     int32_t *counts;       /* [E] selections per expert (before capacity) */
     float *score_mean;     /* [E] P_e over this rank's tokens */
     float *stats;          /* [2] mean lse^2, mean entropy, over this rank's tokens */
     int32_t *kept;         /* [E] kept per expert (after the plan) */
-} moe_routing_host_t;
+} moe_routing_parts_t;
 
 /* Allocate the slot's routing state for x's N tokens, save x and enqueue the router
  * (zeros when N = 0). */
 moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x);
 /* Copy the router's small results to the host (blocking, one copy); out->kept points at
  * where a plan's kept counts go (the copy does not fill it). */
-moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_host_t *out);
+moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_parts_t *out);
 /* Fill the layer's stats from s->host_kept and the given loss terms. */
 void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, double aux,
                          double z, double entropy);
