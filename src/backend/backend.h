@@ -11,8 +11,8 @@
  * Parameter gradients are f32 on every backend (accumulated over microbatches without bf16
  * rounding); parameters themselves are in the compute dtype, with f32 masters in AdamW.
  * Ordering: ops are enqueued in call order (CUDA: on the backend's current stream); `copy`,
- * `plan` and `synchronize` block the host. Every op validates nothing the layer already validated:
- * the layer checks user input, ops trust the layer.
+ * `plan` and `synchronize` block the host. Every op validates nothing the layer already
+ * validated: the layer checks user input, ops trust the layer.
  *
  * Determinism: every op must give bitwise-identical results for identical inputs when the
  * runtime is deterministic (fixed reduction orders, no float atomics).
