@@ -110,8 +110,6 @@ moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
     return MOE_STATUS_SUCCESS;
 }
 
-/* ---- dispatch ----------------------------------------------------------------------------- */
-
 moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t *counts,
                                           int32_t e, int64_t slots, float rate)
 {
@@ -119,6 +117,8 @@ moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t 
     MOE_CUDA_CHECK(moe_cuda_expert_bias_step(bias, counts, e, slots, rate, c->stream));
     return MOE_STATUS_SUCCESS;
 }
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
 
 /* The plan ends with the layer's one device->host synchronisation: the kept counts size the
  * expert GEMMs, which the host launches, and the rest of the routing summary rides along in
