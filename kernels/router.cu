@@ -529,7 +529,6 @@ static int64_t partial_floats(int64_t nb, int32_t e)
     return select_scratch::floats(nb, (nb + gsz - 1) / gsz, e);
 }
 
-
 template <int EPL, int LANES>
 static cudaError_t launch_select(const float *logits, const float *bias, int64_t n, int32_t e,
                                  int32_t k, int score_fn, bool renorm, int32_t *topk_idx,
