@@ -41,11 +41,15 @@ if has dist; then
   grep -E "tests passed|Passed|Failed|Skipped" "$OUT/dist.log"
 fi
 
+# racecheck leaves out cuBLAS's kernels (nvjet_*): it reports hazards inside them in every run
+# (vendor code we cannot read or change); memcheck still covers them
 if has sanitize; then
   for tool in memcheck racecheck; do
+    filter=()
+    [ $tool = racecheck ] && filter=(--kernel-name-exclude kns=nvjet)
     for t in ${MOE_SANITIZE_TESTS:-test_cuda_ops test_cuda_layer}; do
       log=/tmp/sanitize_${tool}_$t.log
-      timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 "$T/$t" >"$log" 2>&1
+      timeout 240 compute-sanitizer --tool $tool "${filter[@]}" --error-exitcode 99 "$T/$t" >"$log" 2>&1
       rc=$?
       { echo "== $tool $t rc=$rc"; cat "$log"; } >>"$OUT/sanitize.log"
       echo "compute-sanitizer $tool $t: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
