@@ -338,48 +338,58 @@ struct selector {
 #pragma unroll
             for (int i = 0; i < EPL; i++) pm[i] += r.q[i];
         }
-        /* top-k on 32-bit keys. Each lane keeps its head: its largest key (lowest slot on
-         * equal keys) and that expert's score. A round takes the group's largest head; among
-         * equal heads the lowest lane, which holds the lower expert index (experts are
-         * lane-contiguous). Only the winning lane then rescans its slots. */
+        /* top-k on 32-bit keys. Each lane finds its two largest keys in one pass (the lower
+         * slot first on equal keys), with their scores. A round takes the group's largest
+         * first key; among equal ones the lowest lane, which holds the lower expert index
+         * (experts are lane-contiguous). The winner moves its second key up; a lane winning
+         * again rescans its untaken slots (unless it was the last round). Every lane gets
+         * the winners by shuffle, and the group's first lane writes them. */
         unsigned u[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++)
             u[i] = row_t::expert(sub, i) < e ? key_bits(r.s[i] + kb[i]) : 0u;
-        unsigned hu;
-        int hi;
-        float hs;
-        auto rescan = [&]() {
-            hu = u[0];
-            hi = 0;
-            hs = r.s[0];
+        unsigned taken = 0, h1, h2;
+        int i1, i2;
+        float s1, s2;
+        auto top_two = [&]() {
+            h1 = h2 = 0u;
+            i1 = i2 = 0;
+            s1 = s2 = 0.0f;
 #pragma unroll
-            for (int i = 1; i < EPL; i++) {
-                bool gt = u[i] > hu;
-                hu = gt ? u[i] : hu;
-                hi = gt ? i : hi;
-                hs = gt ? r.s[i] : hs;
+            for (int i = 0; i < EPL; i++) {
+                unsigned v = (taken >> i) & 1u ? 0u : u[i];
+                bool gt1 = v > h1, gt2 = v > h2;
+                h2 = gt1 ? h1 : gt2 ? v : h2;
+                i2 = gt1 ? i1 : gt2 ? i : i2;
+                s2 = gt1 ? s1 : gt2 ? r.s[i] : s2;
+                h1 = gt1 ? v : h1;
+                i1 = gt1 ? i : i1;
+                s1 = gt1 ? r.s[i] : s1;
             }
         };
-        rescan();
+        top_two();
+        bool second = true; /* h2 is this lane's next key */
         float ws[MOE_ROUTER_MAX_K], wsum = 0;
+        int wi[MOE_ROUTER_MAX_K];
 #pragma unroll
         for (int j = 0; j < MOE_ROUTER_MAX_K; j++) {
             if (j >= k) break;
-            unsigned best = group_max_u32<LANES>(hu);
-            int win = __ffs(__ballot_sync(0xffffffffu, hu == best) & gmask) - 1;
-            float bs = __shfl_sync(0xffffffffu, hs, win);
-            ws[j] = bs;
-            wsum += bs;
+            unsigned best = group_max_u32<LANES>(h1);
+            int win = __ffs(__ballot_sync(0xffffffffu, h1 == best) & gmask) - 1;
+            ws[j] = __shfl_sync(0xffffffffu, s1, win);
+            wi[j] = __shfl_sync(0xffffffffu, row_t::expert(sub, i1), win);
+            wsum += ws[j];
             if (lane == win) {
-                int idx = row_t::expert(sub, hi);
-                if (valid) {
-                    topk_idx[t * k + j] = idx;
-                    atomicAdd(&s_count[idx], 1);
+                taken |= 1u << i1;
+                if (second) {
+                    h1 = h2;
+                    i1 = i2;
+                    s1 = s2;
+                    second = false;
+                } else if (j + 1 < k) {
+                    top_two();
+                    second = true;
                 }
-#pragma unroll
-                for (int i = 0; i < EPL; i++) u[i] = i == hi ? 0u : u[i];
-                rescan();
             }
         }
         if (valid && sub == 0) {
@@ -387,7 +397,9 @@ struct selector {
 #pragma unroll
             for (int j = 0; j < MOE_ROUTER_MAX_K; j++) {
                 if (j >= k) break;
+                topk_idx[t * k + j] = wi[j];
                 topk_w[t * k + j] = ws[j] * inv;
+                atomicAdd(&s_count[wi[j]], 1);
             }
         }
     }
