@@ -8,7 +8,7 @@
 #   time of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1),
 #   summed by bench/kernel_times.py into $OUT/profile.txt; algos: bench/gemm_algos.c;
 #   ab: bench_moe of this tree and of $MOE_AB_TREE (another source tree carried with the call),
-#   taking turns, 3 rounds, parts $MOE_BENCH_PART (default router)
+#   taking turns, 3 rounds, parts $MOE_BENCH_PART (default router); ncu: one kernel's counters
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -41,16 +41,21 @@ if has dist; then
   grep -E "tests passed|Passed|Failed|Skipped" "$OUT/dist.log"
 fi
 
-# racecheck leaves out cuBLAS's kernels (nvjet_*): it reports hazards inside them in every run
-# (vendor code we cannot read or change); memcheck still covers them
+# racecheck reports hazards inside cuBLAS's kernels (nvjet_*) in every run: vendor code we
+# cannot read or change. Those alone pass (counted in the log); any other hazard, a sanitizer
+# error or a failed test fails. (--kernel-name-exclude kns=nvjet instead crashed the sanitizer.)
 if has sanitize; then
-  for tool in memcheck racecheck; do
-    filter=()
-    [ $tool = racecheck ] && filter=(--kernel-name-exclude kns=nvjet)
+  for tool in ${MOE_SANITIZE_TOOLS:-memcheck racecheck}; do
     for t in ${MOE_SANITIZE_TESTS:-test_cuda_ops test_cuda_layer}; do
       log=/tmp/sanitize_${tool}_$t.log
-      timeout 240 compute-sanitizer --tool $tool "${filter[@]}" --error-exitcode 99 "$T/$t" >"$log" 2>&1
+      timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 "$T/$t" >"$log" 2>&1
       rc=$?
+      if [ $tool = racecheck ] && [ $rc -eq 99 ] && grep -q "PASSED" "$log" &&
+        ! grep -q -E "FAILED|Internal Sanitizer Error|Target application returned an error" "$log" &&
+        ! grep "Race reported" "$log" | grep -q -v nvjet; then
+        echo "  racecheck $t: $(grep -c 'Race reported' "$log") hazard reports, all inside cuBLAS (nvjet)"
+        rc=0
+      fi
       { echo "== $tool $t rc=$rc"; cat "$log"; } >>"$OUT/sanitize.log"
       echo "compute-sanitizer $tool $t: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
       [ $rc -eq 0 ] || { status=1; grep -m5 -A8 -E "Invalid|Race|Error" "$log"; }
@@ -101,6 +106,19 @@ if has ab; then
       done
     done
   done
+fi
+
+# ncu: the full counter set for one launch of kernel $MOE_NCU_KERNEL (a regex) in bench_moe
+# part $MOE_NCU_PART (default router), after skipping $MOE_NCU_SKIP launches of it: the details
+# page in ncu.txt, executed instructions per SASS line in ncu_sass.csv
+if has ncu; then
+  timeout 300 ncu --clock-control none -k "regex:${MOE_NCU_KERNEL:?ncu needs MOE_NCU_KERNEL}" \
+    --launch-skip "${MOE_NCU_SKIP:-0}" -c 1 --set full --import-source yes -f -o /tmp/ncu_kernel \
+    "$B/bench/bench_moe" "${MOE_NCU_PART:-router}" >/dev/null 2>"$OUT/ncu.err" || status=1
+  ncu --import /tmp/ncu_kernel.ncu-rep --page details >"$OUT/ncu.txt" 2>>"$OUT/ncu.err"
+  ncu --import /tmp/ncu_kernel.ncu-rep --page source --csv --print-source sass \
+    >"$OUT/ncu_sass.csv" 2>>"$OUT/ncu.err"
+  grep -E "Duration|Executed Instructions  |Issue Slots Busy|Registers Per|No Eligible|Achieved Occupancy" "$OUT/ncu.txt"
 fi
 
 if has profile; then
