@@ -75,7 +75,14 @@ static __device__ __forceinline__ float group_max(float v)
     }
 }
 
-static __device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + expf(-v)); }
+/* The router's transcendentals use the SFU's approximations (ex2, lg2, rcp): within 2e-7 of
+ * the correctly rounded results for scores (probabilities, |x| small where they are large),
+ * against a 1e-6 routing tie tolerance and 1e-5 bounds; the precise library calls were ~100
+ * of the ~750 instructions a token costs at E = 256 (ncu, run 4 of the sixth session). */
+static __device__ __forceinline__ float sigmoidf_(float v)
+{
+    return __fdividef(1.0f, 1.0f + __expf(-v));
+}
 
 /* A token's row held by a group of LANES lanes: lane `sub` of the group holds experts
  * sub*EPL ... sub*EPL+EPL-1. Logits, log-sum-exp, scores s, normalised scores q.
@@ -121,12 +128,12 @@ struct token_row {
         float ex[EPL], sum = 0;
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            ex[i] = expf(l[i] - mx); /* exp(-inf) = 0 for padding */
+            ex[i] = __expf(l[i] - mx); /* exp(-inf) = 0 for padding */
             sum += ex[i];
         }
         sum = group_sum<LANES>(sum);
-        lse = mx + logf(sum);
-        float inv_sum = 1.0f / sum, tot = 0;
+        lse = mx + __logf(sum);
+        float inv_sum = __fdividef(1.0f, sum), tot = 0;
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
             bool real = expert(sub, i) < e;
@@ -134,7 +141,7 @@ struct token_row {
             tot += s[i];
         }
         qnorm = score_fn == 0 ? 1.0f : group_sum<LANES>(tot);
-        float inv = 1.0f / qnorm;
+        float inv = __fdividef(1.0f, qnorm);
 #pragma unroll
         for (int i = 0; i < EPL; i++) q[i] = score_fn == 0 ? s[i] : s[i] * inv;
     }
@@ -328,7 +335,7 @@ struct selector {
         float ent = 0;
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            float lq = score_fn == 0 ? r.l[i] - r.lse : logf(r.q[i]);
+            float lq = score_fn == 0 ? r.l[i] - r.lse : __logf(r.q[i]);
             ent -= r.q[i] > 0 ? r.q[i] * lq : 0.0f;
         }
         ent = group_sum<LANES>(ent);
@@ -343,7 +350,8 @@ struct selector {
          * first key; among equal ones the lowest lane, which holds the lower expert index
          * (experts are lane-contiguous). The winner moves its second key up; a lane winning
          * again rescans its untaken slots (unless it was the last round). Every lane gets
-         * the winners by shuffle, and the group's first lane writes them. */
+         * the winners by shuffle (for the weights' sum); lane j % LANES of the group keeps
+         * and writes choice j, so up to LANES choices go out in one coalesced store. */
         unsigned u[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++)
@@ -369,16 +377,21 @@ struct selector {
         };
         top_two();
         bool second = true; /* h2 is this lane's next key */
-        float ws[MOE_ROUTER_MAX_K], wsum = 0;
-        int wi[MOE_ROUTER_MAX_K];
+        constexpr int KEEP = (MOE_ROUTER_MAX_K + LANES - 1) / LANES;
+        float ws[KEEP], wsum = 0;
+        int wi[KEEP];
 #pragma unroll
         for (int j = 0; j < MOE_ROUTER_MAX_K; j++) {
             if (j >= k) break;
             unsigned best = group_max_u32<LANES>(h1);
             int win = __ffs(__ballot_sync(0xffffffffu, h1 == best) & gmask) - 1;
-            ws[j] = __shfl_sync(0xffffffffu, s1, win);
-            wi[j] = __shfl_sync(0xffffffffu, row_t::expert(sub, i1), win);
-            wsum += ws[j];
+            float w = __shfl_sync(0xffffffffu, s1, win);
+            int x = __shfl_sync(0xffffffffu, row_t::expert(sub, i1), win);
+            wsum += w;
+            if (sub == j % LANES) {
+                ws[j / LANES] = w;
+                wi[j / LANES] = x;
+            }
             if (lane == win) {
                 taken |= 1u << i1;
                 if (second) {
@@ -392,14 +405,15 @@ struct selector {
                 }
             }
         }
-        if (valid && sub == 0) {
-            float inv = renorm ? 1.0f / wsum : 1.0f;
+        if (valid) {
+            float inv = renorm ? __fdividef(1.0f, wsum) : 1.0f;
 #pragma unroll
-            for (int j = 0; j < MOE_ROUTER_MAX_K; j++) {
+            for (int c = 0; c < KEEP; c++) {
+                int j = c * LANES + sub;
                 if (j >= k) break;
-                topk_idx[t * k + j] = wi[j];
-                topk_w[t * k + j] = ws[j] * inv;
-                atomicAdd(&s_count[wi[j]], 1);
+                topk_idx[t * k + j] = wi[c];
+                topk_w[t * k + j] = ws[c] * inv;
+                atomicAdd(&s_count[wi[c]], 1);
             }
         }
     }
@@ -934,7 +948,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
         float wsum = 0, gw_dot_w = 0;
         for (int j = 0; j < k; j++) {
             float lj = row[topk_idx[t * k + j]];
-            wsum += score_fn == 0 ? expf(lj - r.lse) : sigmoidf_(lj);
+            wsum += score_fn == 0 ? __expf(lj - r.lse) : sigmoidf_(lj);
             gw_dot_w += d_topk_w[t * k + j] * topk_w[t * k + j];
         }
         for (int j = 0; j < k; j++) {
@@ -967,7 +981,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
             g[i] = score_fn == 0 ? r.s[i] * (gs[i] - gs_dot_s) : gs[i] * r.s[i] * (1.0f - r.s[i]);
-            if (z_coef != 0) g[i] += zc * expf(r.l[i] - r.lse);
+            if (z_coef != 0) g[i] += zc * __expf(r.l[i] - r.lse);
         }
         /* a lane's experts are contiguous: vector stores where the row allows them */
 #pragma unroll
