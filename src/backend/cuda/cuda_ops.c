@@ -36,11 +36,13 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
 
 /* The fused kernel saves the selection's second pass and a launch, but each block walks all of
  * H: it wins with two waves of its 128-token blocks (132 SMs x 2), or when H is short enough
- * that a block's walk costs less than a launch. Run 13 (ms, fused vs GEMM + selection):
- * N=65536 H=4096 0.160 vs 0.173; N=16384 H=4096 0.051 vs 0.048; N=512 H=256 0.0117 vs 0.0170;
- * N=1024 H=512 0.0145 vs 0.0164; N=2048 H=1024 0.021 vs 0.016; N=4096 H=2048 0.032 vs 0.018. */
+ * that a block's walk costs less than a launch. Sixth session, 13 same-call pairs in three
+ * device calls (us, fused vs GEMM + selection): N=512 H=256 11.2-12.2 vs 10.4-18.7 (median
+ * 11.6 vs 13.2); N=1024 H=512 13.6-15.2 vs 11.7-13.4 (11 of 13; 17.5 and 18.0 in one call's
+ * first round); N=2048 H=1024 20-22 vs 13-18; N=4096 H=2048 30-32 vs 17-19; N=16384 H=4096
+ * 50 vs 48; N=65536 H=4096 159 vs 176. (Run 13 had N=1024 the other way: 14.5 vs 16.4.) */
 #define FUSED_MIN_TOKENS (128 * 264)
-#define FUSED_MAX_SHORT_H 512
+#define FUSED_MAX_SHORT_H 256
 
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
 {
