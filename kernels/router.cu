@@ -78,7 +78,7 @@ static __device__ __forceinline__ float group_max(float v)
 /* The router's transcendentals use the SFU's approximations (ex2, lg2, rcp): within 2e-7 of
  * the correctly rounded results for scores (probabilities, |x| small where they are large),
  * against a 1e-6 routing tie tolerance and 1e-5 bounds; the precise library calls were ~100
- * of the ~750 instructions a token costs at E = 256 (ncu, run 4 of the sixth session). */
+ * of the ~750 instructions a token cost at E = 256 (ncu, sixth session, call 4). */
 static __device__ __forceinline__ float sigmoidf_(float v)
 {
     return __fdividef(1.0f, 1.0f + __expf(-v));
