@@ -386,11 +386,11 @@ struct selector {
             unsigned best = group_max_u32<LANES>(h1);
             int win = __ffs(__ballot_sync(0xffffffffu, h1 == best) & gmask) - 1;
             float w = __shfl_sync(0xffffffffu, s1, win);
-            int x = __shfl_sync(0xffffffffu, row_t::expert(sub, i1), win);
+            int chosen = __shfl_sync(0xffffffffu, row_t::expert(sub, i1), win);
             wsum += w;
             if (sub == j % LANES) {
                 ws[j / LANES] = w;
-                wi[j / LANES] = x;
+                wi[j / LANES] = chosen;
             }
             if (lane == win) {
                 taken |= 1u << i1;
