@@ -10,7 +10,7 @@
  * ceilings.
  *
  * Shape legend: N tokens, H hidden, E experts, K top-k, T tokens per expert, F expert width.
- * Usage: bench_moe [router|experts|layer|all] [layer shape index]
+ * Usage: bench_moe [router|experts|layer|all] [shape index: router or layer shapes]
  *        bench_moe profile [layer shape index]
  * The experts and layer parts measure every expert GEMM mode (variant = mode) unless
  * MOE_CUDA_EXPERT_GEMM names one. `profile` runs two layer steps, then a third between
@@ -135,13 +135,14 @@ static void run_router_bwd(void *p, int i)
     CK(a->be.ops->router_backward(a->be.ctx, &a->b[i % 3]));
 }
 
-static void bench_router(moe_backend_t be, cudaStream_t stream)
+static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
 {
     /* the six, then the router of the first layer shape */
     const int64_t shapes[][4] = {{65536, 4096, 64, 2}, {65536, 7168, 256, 8}, {512, 256, 16, 2},
                                  {1024, 512, 32, 2},   {2048, 1024, 64, 2},  {4096, 2048, 64, 4},
                                  {16384, 4096, 64, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        if (only >= 0 && (size_t)only != s) continue;
         int64_t n = shapes[s][0], h = shapes[s][1], e = shapes[s][2], k = shapes[s][3];
         router_arg_t a = {.be = be, .stream = stream};
         a.scratch = dalloc(4 * (size_t)moe_cuda_router_forward_scratch(n, (int32_t)e));
@@ -408,11 +409,11 @@ int main(int argc, char **argv)
     moe_backend_t be;
     CK(moe_backend_cuda_create(&bp, &be));
     CK(be.ops->set_stream(be.ctx, stream));
-    if (!strcmp(what, "router") || !strcmp(what, "all")) bench_router(be, stream);
+    int only = argc > 2 ? atoi(argv[2]) : -1;
+    if (!strcmp(what, "router") || !strcmp(what, "all")) bench_router(be, stream, only);
     if (!strcmp(what, "experts") || !strcmp(what, "all")) bench_experts(be, stream);
     CK(be.ops->set_stream(be.ctx, NULL));
     be.ops->destroy(be.ctx);
-    int only = argc > 2 ? atoi(argv[2]) : -1;
     if (!strcmp(what, "layer") || !strcmp(what, "all")) bench_layer(stream, only, false);
     if (!strcmp(what, "profile")) bench_layer(stream, only, true);
     cudaStreamDestroy(stream);

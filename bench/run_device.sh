@@ -8,7 +8,8 @@
 #   time of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1),
 #   summed by bench/kernel_times.py into $OUT/profile.txt; algos: bench/gemm_algos.c;
 #   ab: bench_moe of this tree and of $MOE_AB_TREE (another source tree carried with the call),
-#   taking turns, 3 rounds, parts $MOE_BENCH_PART (default router); ncu: one kernel's counters
+#   taking turns, 3 rounds, parts $MOE_BENCH_PART (default router); ncu: one kernel's counters;
+#   kernels: every kernel's own time in the router bench of some shapes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -109,16 +110,31 @@ if has ab; then
 fi
 
 # ncu: the full counter set for one launch of kernel $MOE_NCU_KERNEL (a regex) in bench_moe
-# part $MOE_NCU_PART (default router), after skipping $MOE_NCU_SKIP launches of it: the details
+# $MOE_NCU_PART (default router; e.g. "router 5" for one shape), after skipping $MOE_NCU_SKIP launches of it: the details
 # page in ncu.txt, executed instructions per SASS line in ncu_sass.csv
 if has ncu; then
   timeout 300 ncu --clock-control none -k "regex:${MOE_NCU_KERNEL:?ncu needs MOE_NCU_KERNEL}" \
     --launch-skip "${MOE_NCU_SKIP:-0}" -c 1 --set full --import-source yes -f -o /tmp/ncu_kernel \
-    "$B/bench/bench_moe" "${MOE_NCU_PART:-router}" >/dev/null 2>"$OUT/ncu.err" || status=1
+    "$B/bench/bench_moe" ${MOE_NCU_PART:-router} >/dev/null 2>"$OUT/ncu.err" || status=1
   ncu --import /tmp/ncu_kernel.ncu-rep --page details >"$OUT/ncu.txt" 2>>"$OUT/ncu.err"
   ncu --import /tmp/ncu_kernel.ncu-rep --page source --csv --print-source sass \
     >"$OUT/ncu_sass.csv" 2>>"$OUT/ncu.err"
   grep -E "Duration|Executed Instructions  |Issue Slots Busy|Registers Per|No Eligible|Achieved Occupancy" "$OUT/ncu.txt"
+fi
+
+# kernels: each kernel's own time (ncu, one at a time) in bench_moe's router part, one run per
+# router shape in $MOE_KERNELS_SHAPES (default the four small ones), to set against the
+# event-timed figures, which also hold the launches and the gaps between kernels
+if has kernels; then
+  for i in ${MOE_KERNELS_SHAPES:-2 3 4 5}; do
+    csv=/tmp/kernels_router$i.csv
+    timeout 240 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      "$B/bench/bench_moe" router "$i" >"$csv" 2>/tmp/kernels_router$i.err
+    rc=$?
+    { echo "== router shape $i (ncu rc=$rc)"; python3 bench/kernel_times.py "$csv" 2>&1 || tail -20 /tmp/kernels_router$i.err; } |
+      tee -a "$OUT/kernels.txt"
+    [ $rc -eq 0 ] || status=1
+  done
 fi
 
 if has profile; then
