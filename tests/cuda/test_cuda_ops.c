@@ -213,6 +213,9 @@ static void test_router(void **state)
         {40000, 136, 64, 2, MOE_SCORE_SOFTMAX, true, true},
         {777, 1032, 24, 3, MOE_SCORE_SOFTMAX, false, false},
         {17000, 40, 16, 2, MOE_SCORE_SIGMOID, false, true},
+        /* few tokens and a long H (16 and 33 hidden tiles, the last one partial) */
+        {1000, 1024, 64, 4, MOE_SCORE_SOFTMAX, true, true},
+        {1500, 2056, 32, 4, MOE_SCORE_SIGMOID, true, false},
     };
     /* every case through both forward paths: the fused kernel wherever it applies, and the
      * cuBLAS GEMM + selection kernel (auto picks one of the two by size) */
