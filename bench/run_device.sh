@@ -110,8 +110,8 @@ if has ab; then
 fi
 
 # ncu: the full counter set for one launch of kernel $MOE_NCU_KERNEL (a regex) in bench_moe
-# $MOE_NCU_PART (default router; e.g. "router 5" for one shape), after skipping $MOE_NCU_SKIP launches of it: the details
-# page in ncu.txt, executed instructions per SASS line in ncu_sass.csv
+# $MOE_NCU_PART (default router; "router 5": one router shape), after skipping $MOE_NCU_SKIP
+# launches of it: the details page in ncu.txt, executed instructions per SASS line in ncu_sass.csv
 if has ncu; then
   timeout 300 ncu --clock-control none -k "regex:${MOE_NCU_KERNEL:?ncu needs MOE_NCU_KERNEL}" \
     --launch-skip "${MOE_NCU_SKIP:-0}" -c 1 --set full --import-source yes -f -o /tmp/ncu_kernel \
@@ -122,30 +122,32 @@ if has ncu; then
   grep -E "Duration|Executed Instructions  |Issue Slots Busy|Registers Per|No Eligible|Achieved Occupancy" "$OUT/ncu.txt"
 fi
 
-# kernels: each kernel's own time (ncu, one at a time) in bench_moe's router part, one run per
-# router shape in $MOE_KERNELS_SHAPES (default the four small ones), to set against the
-# event-timed figures, which also hold the launches and the gaps between kernels
+# kernel_times FILE LABEL ARGS...: ncu's time of every kernel of `ncu ARGS` (ncu options, then
+# the program), summed by kernel (bench/kernel_times.py) and appended to $OUT/FILE; kernels run
+# one at a time under ncu, so these are their own times without launches or gaps
+kernel_times() {
+  local file=$1 label=$2 rc
+  shift 2
+  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$@" \
+    >/tmp/kernel_times.csv 2>/tmp/kernel_times.err
+  rc=$?
+  { echo "== $label (ncu rc=$rc)"; python3 bench/kernel_times.py /tmp/kernel_times.csv 2>&1 ||
+    tail -20 /tmp/kernel_times.err; } | tee -a "$OUT/$file"
+  return $rc
+}
+
+# kernels: the router bench of each router shape in $MOE_KERNELS_SHAPES (default the four small
+# ones), to set against its event-timed figures, which also hold launches and gaps
 if has kernels; then
   for i in ${MOE_KERNELS_SHAPES:-2 3 4 5}; do
-    csv=/tmp/kernels_router$i.csv
-    timeout 240 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-      "$B/bench/bench_moe" router "$i" >"$csv" 2>/tmp/kernels_router$i.err
-    rc=$?
-    { echo "== router shape $i (ncu rc=$rc)"; python3 bench/kernel_times.py "$csv" 2>&1 || tail -20 /tmp/kernels_router$i.err; } |
-      tee -a "$OUT/kernels.txt"
-    [ $rc -eq 0 ] || status=1
+    kernel_times kernels.txt "router shape $i" "$B/bench/bench_moe" router "$i" || status=1
   done
 fi
 
 if has profile; then
   for i in ${MOE_PROFILE_SHAPES:-0 1}; do
-    csv=/tmp/profile_layer$i.csv
-    timeout 300 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
-      --csv "$B/bench/bench_moe" profile "$i" >"$csv" 2>/tmp/profile_layer$i.err
-    rc=$?
-    { echo "== layer shape $i (ncu rc=$rc)"; python3 bench/kernel_times.py "$csv" 2>&1 ||
-      tail -20 /tmp/profile_layer$i.err; } | tee -a "$OUT/profile.txt" | head -30
-    [ $rc -eq 0 ] || status=1
+    kernel_times profile.txt "layer shape $i" --profile-from-start off "$B/bench/bench_moe" \
+      profile "$i" || status=1
   done
 fi
 exit $status
