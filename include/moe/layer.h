@@ -73,7 +73,9 @@ typedef struct moe_layer_config {
 MOE_API moe_layer_config_t moe_layer_config_default(void);
 
 /* Collective over the runtime's mesh. Parameters are initialised from the runtime seed so
- * that every mesh shape produces the same global parameters. */
+ * that every mesh shape produces the same global parameters. Tensors above 1 M elements are
+ * drawn on several host threads: the online CPUs, or MOE_INIT_THREADS (at most 32); the values
+ * are the same for any count. */
 MOE_API moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *config,
                                       moe_layer_t **out);
 MOE_API moe_status_t moe_layer_destroy(moe_layer_t *layer);

@@ -8,13 +8,15 @@
  *  - the same inputs give bitwise-equal outputs;
  *  - pad_plan (the padded layout a backend may ask for) keeps all of the above per expert;
  *  - the plan against a global order (the distributed layer's: other ranks' selections ahead
- *    of these, experts' rows in a given order) keeps and lays out rows as that order says.
+ *    of these, experts' rows in a given order) keeps and lays out rows as that order says;
+ *  - parameter initialisation gives the same values whatever number of threads draws them.
  */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -369,6 +371,57 @@ static void test_zero_tokens(void **state)
     fixture_free(&fx);
 }
 
+/* The initial parameters of a layer with a 2 M-element tensor (drawn on several threads) under
+ * MOE_INIT_THREADS = 1, 3 and 8: bitwise equal, and N(0, init_std^2) as documented. */
+static void test_init_any_thread_count(void **state)
+{
+    (void)state;
+    moe_layer_config_t cfg = moe_layer_config_default();
+    cfg.hidden = 256;
+    cfg.ffn_hidden = 1024; /* w1 [4, 256, 2, 1024]: 2 M elements */
+    cfg.num_experts = 4;
+    cfg.top_k = 2;
+    moe_runtime_config_t rc = moe_runtime_config_default();
+    rc.backend = MOE_BACKEND_HOST;
+    rc.seed = base_seed;
+    const char *threads[] = {"1", "3", "8"};
+    float *first[3] = {NULL};
+    int64_t numel[3] = {0};
+    for (int t = 0; t < 3; t++) {
+        setenv("MOE_INIT_THREADS", threads[t], 1);
+        moe_runtime_t *rt;
+        moe_layer_t *l;
+        TEST_OK(moe_runtime_create(&rc, &rt));
+        TEST_OK(moe_layer_create(rt, &cfg, &l));
+        for (int i = 0; i < 3; i++) {
+            moe_param_info_t p = {.struct_size = sizeof p};
+            TEST_OK(moe_layer_param(l, i, &p));
+            int64_t n = moe_tensor_numel(&p.value);
+            if (t == 0) {
+                numel[i] = n;
+                first[i] = malloc(sizeof(float) * (size_t)n);
+                memcpy(first[i], p.value.data, sizeof(float) * (size_t)n);
+            } else {
+                assert_int_equal(n, numel[i]);
+                assert_memory_equal(p.value.data, first[i], sizeof(float) * (size_t)n);
+            }
+        }
+        TEST_OK(moe_layer_destroy(l));
+        TEST_OK(moe_runtime_destroy(rt));
+    }
+    unsetenv("MOE_INIT_THREADS");
+    double sum = 0, sq = 0;
+    for (int64_t j = 0; j < numel[1]; j++) {
+        sum += first[1][j];
+        sq += (double)first[1][j] * first[1][j];
+    }
+    /* w1: mean within 5 standard errors of 0, standard deviation within 1% of init_std */
+    double n1 = (double)numel[1], mean = sum / n1, sd = sqrt(sq / n1 - mean * mean);
+    assert_true(fabs(mean) < 5 * cfg.init_std / sqrt(n1));
+    assert_true(fabs(sd / cfg.init_std - 1) < 0.01);
+    for (int i = 0; i < 3; i++) free(first[i]);
+}
+
 int main(void)
 {
     base_seed = test_seed();
@@ -380,6 +433,7 @@ int main(void)
         cmocka_unit_test(test_zero_tokens),
         cmocka_unit_test(test_pad_plan),
         cmocka_unit_test(test_plan_global_order),
+        cmocka_unit_test(test_init_any_thread_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
