@@ -90,18 +90,21 @@ for l in open(sys.argv[1]):
 fi
 
 # ab: the drift between device calls (up to 9%) is larger than many a change, so a change is
-# measured against its base in the same call, the two binaries taking turns
+# measured against its base in the same call, the two binaries taking turns, $MOE_AB_ROUNDS
+# rounds (default 3) of bench_moe with each of the parts (default router), or with the
+# arguments $MOE_AB_ARGS instead (e.g. "layer 0": one layer shape)
 if has ab; then
   other=${MOE_AB_TREE:?ab needs MOE_AB_TREE, the source tree to compare with}
   BO=/tmp/build-device-ab
   (cd "$other" && B=$BO && device_configure && cmake --build "$BO" -j16 --target bench_moe) \
     >>"$OUT/build.log" 2>&1 || { echo "AB BUILD FAILED ($other)"; tail -20 "$OUT/build.log"; exit 1; }
-  for round in 1 2 3; do
+  if [ -n "${MOE_AB_ARGS:-}" ]; then runs=("$MOE_AB_ARGS"); else runs=(${MOE_BENCH_PART:-router}); fi
+  for round in $(seq "${MOE_AB_ROUNDS:-3}"); do
     for side in this other; do
       bin=$B/bench/bench_moe
       [ $side = other ] && bin=$BO/bench/bench_moe
-      for part in ${MOE_BENCH_PART:-router}; do
-        "$bin" "$part" >/tmp/ab.jsonl || status=1
+      for args in "${runs[@]}"; do
+        "$bin" $args >/tmp/ab.jsonl || status=1
         cat /tmp/ab.jsonl >>"$OUT/ab_$side.jsonl"
         python3 bench/brief.py /tmp/ab.jsonl | sed "s/^/$side $round  /"
       done
