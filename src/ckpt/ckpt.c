@@ -38,6 +38,7 @@
 #include <xxhash.h>
 
 #include "../core/clock.h"
+#include "../core/env.h"
 #include "../core/error.h"
 #include "../runtime/runtime.h"
 #include "ckpt_internal.h"
@@ -112,20 +113,6 @@ struct moe_ckpt {
 };
 
 /* ---- small helpers ----------------------------------------------------------------------- */
-
-static size_t env_size(const char *name, size_t fallback, const moe_logger_t *log)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) return fallback;
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*end || x == 0) {
-        moe_log(log, MOE_LOG_WARN, "checkpoint: ignoring %s=%s (not a positive integer)", name, v);
-        return fallback;
-    }
-    moe_log(log, MOE_LOG_INFO, "checkpoint: %s=%llu overrides the configured value", name, x);
-    return (size_t)x;
-}
 
 /* Record a background failure (first one wins until reported). Caller holds no lock. */
 static void set_async_error(moe_ckpt_t *ck, moe_status_t st, const char *what)
@@ -917,8 +904,9 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     MOE_CHECK_ARG(config != NULL, "config is NULL (config.dir is required)");
     MOE_CHECK_STRUCT_SIZE(config, moe_ckpt_config_t, sizeof(moe_ckpt_config_t));
     moe_ckpt_config_t c = *config;
-    c.chunk_bytes = env_size("MOE_CKPT_CHUNK_BYTES", c.chunk_bytes, &rt->logger);
-    c.pinned_budget_bytes = env_size("MOE_CKPT_PINNED_BYTES", c.pinned_budget_bytes, &rt->logger);
+    c.chunk_bytes = moe_env_positive("MOE_CKPT_CHUNK_BYTES", c.chunk_bytes, &rt->logger);
+    c.pinned_budget_bytes =
+        moe_env_positive("MOE_CKPT_PINNED_BYTES", c.pinned_budget_bytes, &rt->logger);
     MOE_TRY(check_config(&c));
 
     moe_ckpt_t *ck = calloc(1, sizeof *ck);

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../core/env.h"
 #include "../core/error.h"
 #include "../core/tensor.h"
 #include "dispatch.h"
@@ -124,22 +125,23 @@ static void *init_range_fill(void *arg)
 /* Above this many elements a tensor's values are drawn on several threads: about 90 ns an
  * element on one core, so the experts of a 1.1 G-parameter layer took over a minute serially.
  * Each element depends on its index alone: the values are the same for any thread count.
- * Threads: MOE_INIT_THREADS if set (>= 1), else the online CPUs; at most INIT_MAX_THREADS. */
+ * Threads: MOE_INIT_THREADS if set (a positive integer), else the online CPUs; at most
+ * INIT_MAX_THREADS. */
 #define INIT_PARALLEL_MIN (1 << 20)
 #define INIT_MAX_THREADS 32
 
-static int init_threads(int64_t n)
+static int init_threads(const moe_layer_t *l, int64_t n)
 {
     if (n < INIT_PARALLEL_MIN) return 1;
-    const char *v = getenv("MOE_INIT_THREADS");
-    long t = v && *v ? strtol(v, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
-    return t < 1 ? 1 : t > INIT_MAX_THREADS ? INIT_MAX_THREADS : (int)t;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t t = moe_env_positive("MOE_INIT_THREADS", cpus < 1 ? 1 : (size_t)cpus, &l->rt->logger);
+    return t > INIT_MAX_THREADS ? INIT_MAX_THREADS : (int)t;
 }
 
 static void init_values(const moe_layer_t *l, int tensor_id, const moe_param_info_t *p,
                         float *out, int64_t n)
 {
-    int threads = init_threads(n);
+    int threads = init_threads(l, n);
     init_range_t r[INIT_MAX_THREADS];
     pthread_t th[INIT_MAX_THREADS];
     bool started[INIT_MAX_THREADS] = {false};
