@@ -1,13 +1,17 @@
 /*
- * Every algorithm cublasLt's heuristic offers for the backend's GEMMs that cuBLAS's default
- * choice leaves far from their floor, timed one by one: are they slow because of the pick?
- * Shapes: the router backward's dx += dlogits . wg^T (bf16 in, bf16 C, beta 1) at the two
- * router bench shapes, and the same with beta 0 for comparison.
+ * Every algorithm cublasLt's heuristic offers for a GEMM, timed one by one against
+ * cublasGemmEx's default choice (variant "gemmex"): is a GEMM slow because of the pick?
+ * Groups (the first argument; default all):
+ *   router_dx   the router backward's dx = dlogits . wg^T (bf16 C), beta 1 (add) and 0 (write),
+ *               at the two large router bench shapes;
+ *   logits      the router forward's logits GEMM at N=65536 H=7168 E=256 (f32 C);
+ *   experts     the six expert GEMM kinds of layer shape 1 (H=2048 F=8192) for one expert
+ *               of 4096 rows, as cuda_experts.c issues them (f32 weight gradients, beta 0).
  * Method as bench_moe: CUDA events around each call, warm-up, median of 20, random data.
- * Usage: gemm_algos (prints JSON lines; the default cublasGemmEx call is variant "gemmex").
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -27,17 +31,27 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* column-major C[m,n] = op(A)[m,k] . op(B)[k,n], bf16 A and B, f32 compute */
 typedef struct gemm {
-    int64_t m, n, k; /* column-major C[m,n] = op(A)[m,k] . B[k,n], A transposed */
+    const char *group, *label;
+    cublasOperation_t ta, tb;
+    int64_t m, n, k;
+    cudaDataType_t ctype;
     float beta;
-    void *a, *b, *c;
 } gemm_t;
+
+typedef struct operands {
+    void *a, *b, *c;
+} operands_t;
+
+static int64_t lda_of(const gemm_t *g) { return g->ta == CUBLAS_OP_N ? g->m : g->k; }
+static int64_t ldb_of(const gemm_t *g) { return g->tb == CUBLAS_OP_N ? g->k : g->n; }
 
 /* median ms of RUNS calls of the given algorithm (NULL: cublasGemmEx's default) */
 static float time_gemm(cublasHandle_t h, cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
                        cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
                        cublasLtMatrixLayout_t lc, const cublasLtMatmulAlgo_t *algo, void *ws,
-                       const gemm_t *g, cudaStream_t s)
+                       const gemm_t *g, const operands_t *o, cudaStream_t s)
 {
     const float one = 1.0f;
     cudaEvent_t ev[2 * RUNS];
@@ -46,12 +60,13 @@ static float time_gemm(cublasHandle_t h, cublasLtHandle_t lt, cublasLtMatmulDesc
     for (int i = -3; i < RUNS; i++) {
         if (i >= 0) CU(cudaEventRecord(ev[2 * i], s));
         if (algo)
-            BL(cublasLtMatmul(lt, desc, &one, g->a, la, g->b, lb, &g->beta, g->c, lc, g->c, lc, algo,
+            BL(cublasLtMatmul(lt, desc, &one, o->a, la, o->b, lb, &g->beta, o->c, lc, o->c, lc, algo,
                               ws, WS_BYTES, s));
         else
-            BL(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)g->m, (int)g->n, (int)g->k, &one,
-                            g->a, CUDA_R_16BF, (int)g->k, g->b, CUDA_R_16BF, (int)g->k, &g->beta,
-                            g->c, CUDA_R_16BF, (int)g->m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            BL(cublasGemmEx(h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &one, o->a,
+                            CUDA_R_16BF, (int)lda_of(g), o->b, CUDA_R_16BF, (int)ldb_of(g),
+                            &g->beta, o->c, g->ctype, (int)g->m, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
         if (i >= 0) CU(cudaEventRecord(ev[2 * i + 1], s));
     }
     CU(cudaStreamSynchronize(s));
@@ -61,10 +76,26 @@ static float time_gemm(cublasHandle_t h, cublasLtHandle_t lt, cublasLtMatmulDesc
     return 0.5f * (ms[RUNS / 2 - 1] + ms[RUNS / 2]);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    /* router dx: m = H, n = N, k = E */
-    const int64_t shapes[][3] = {{7168, 65536, 256}, {4096, 65536, 64}};
+    const char *only = argc > 1 ? argv[1] : NULL;
+    const cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
+    const cudaDataType_t BF = CUDA_R_16BF, F32 = CUDA_R_32F;
+    /* router dx: m = H, n = N, k = E; experts: H = 2048, F = 8192, 4096 rows (see describe()
+     * in cuda_experts.c for the operands) */
+    gemm_t gemms[] = {
+        {"router_dx", "dx add", T, N, 7168, 65536, 256, BF, 1.0f},
+        {"router_dx", "dx write", T, N, 7168, 65536, 256, BF, 0.0f},
+        {"router_dx", "dx add", T, N, 4096, 65536, 64, BF, 1.0f},
+        {"router_dx", "dx write", T, N, 4096, 65536, 64, BF, 0.0f},
+        {"logits", "logits", N, N, 256, 65536, 7168, F32, 0.0f},
+        {"experts", "fwd1", N, N, 16384, 4096, 2048, BF, 0.0f},
+        {"experts", "fwd2", N, N, 2048, 4096, 8192, BF, 0.0f},
+        {"experts", "d_act", T, N, 8192, 4096, 2048, BF, 0.0f},
+        {"experts", "dw2", N, T, 2048, 8192, 4096, F32, 0.0f},
+        {"experts", "d_xp", T, N, 2048, 4096, 16384, BF, 0.0f},
+        {"experts", "dw1", N, T, 16384, 2048, 4096, F32, 0.0f},
+    };
     cudaStream_t s;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cublasHandle_t h;
@@ -75,56 +106,58 @@ int main(void)
     void *ws;
     CU(cudaMalloc(&ws, WS_BYTES));
     BL(cublasSetWorkspace(h, ws, WS_BYTES));
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        for (int bi = 0; bi < 2; bi++) {
-            gemm_t g = {.m = shapes[si][0], .n = shapes[si][1], .k = shapes[si][2],
-                       .beta = bi == 0 ? 1.0f : 0.0f};
-            CU(cudaMalloc(&g.a, 2 * g.m * g.k));
-            CU(cudaMalloc(&g.b, 2 * g.k * g.n));
-            CU(cudaMalloc(&g.c, 2 * g.m * g.n));
-            CU(bench_fill_bf16(g.a, g.m * g.k, 1, 0.05f, s));
-            CU(bench_fill_bf16(g.b, g.k * g.n, 2, 0.05f, s));
-            CU(bench_fill_bf16(g.c, g.m * g.n, 3, 0.01f, s));
-            cublasLtMatmulDesc_t desc;
-            BL(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-            cublasOperation_t ta = CUBLAS_OP_T;
-            BL(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-            cublasLtMatrixLayout_t la, lb, lc;
-            BL(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)g.k, (uint64_t)g.m, g.k));
-            BL(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)g.k, (uint64_t)g.n, g.k));
-            BL(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, (uint64_t)g.m, (uint64_t)g.n, g.m));
-            cublasLtMatmulPreference_t pref;
-            BL(cublasLtMatmulPreferenceCreate(&pref));
-            uint64_t wsb = WS_BYTES;
-            BL(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &wsb, sizeof wsb));
-            cublasLtMatmulHeuristicResult_t res[32];
-            int found = 0;
-            BL(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 32, res, &found));
-            double bytes = 2.0 * (g.m * g.k + g.k * g.n + g.m * g.n * (bi == 0 ? 2 : 1));
-            char shape[96];
-            snprintf(shape, sizeof shape, "m=%lld n=%lld k=%lld beta=%g", (long long)g.m,
-                     (long long)g.n, (long long)g.k, g.beta);
-            float ms = time_gemm(h, lt, desc, la, lb, lc, NULL, ws, &g, s);
-            printf("{\"bench\":\"gemm_algo\",\"shape\":\"%s\",\"variant\":\"gemmex\",\"ms\":%.4f,"
-                   "\"tbps\":%.2f}\n", shape, ms, bytes / ms * 1e-9);
-            for (int i = 0; i < found; i++) {
-                if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-                ms = time_gemm(h, lt, desc, la, lb, lc, &res[i].algo, ws, &g, s);
-                printf("{\"bench\":\"gemm_algo\",\"shape\":\"%s\",\"variant\":\"lt%d\",\"ms\":%.4f,"
-                       "\"tbps\":%.2f,\"waves\":%.2f}\n", shape, i, ms, bytes / ms * 1e-9,
-                       res[i].wavesCount);
-            }
-            fflush(stdout);
-            cublasLtMatmulPreferenceDestroy(pref);
-            cublasLtMatrixLayoutDestroy(la);
-            cublasLtMatrixLayoutDestroy(lb);
-            cublasLtMatrixLayoutDestroy(lc);
-            cublasLtMatmulDescDestroy(desc);
-            cudaFree(g.a);
-            cudaFree(g.b);
-            cudaFree(g.c);
+    for (size_t gi = 0; gi < sizeof gemms / sizeof gemms[0]; gi++) {
+        gemm_t g = gemms[gi];
+        operands_t o;
+        if (only && strcmp(only, g.group)) continue;
+        size_t csize = g.ctype == F32 ? 4 : 2;
+        CU(cudaMalloc(&o.a, 2 * g.m * g.k));
+        CU(cudaMalloc(&o.b, 2 * g.k * g.n));
+        CU(cudaMalloc(&o.c, csize * g.m * g.n));
+        CU(bench_fill_bf16(o.a, g.m * g.k, 1, 0.05f, s));
+        CU(bench_fill_bf16(o.b, g.k * g.n, 2, 0.05f, s));
+        CU(cudaMemsetAsync(o.c, 0, csize * g.m * g.n, s));
+        cublasLtMatmulDesc_t desc;
+        BL(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        BL(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof g.ta));
+        BL(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.tb, sizeof g.tb));
+        cublasLtMatrixLayout_t la, lb, lc;
+        BL(cublasLtMatrixLayoutCreate(&la, BF, (uint64_t)(g.ta == N ? g.m : g.k),
+                                      (uint64_t)(g.ta == N ? g.k : g.m), lda_of(&g)));
+        BL(cublasLtMatrixLayoutCreate(&lb, BF, (uint64_t)(g.tb == N ? g.k : g.n),
+                                      (uint64_t)(g.tb == N ? g.n : g.k), ldb_of(&g)));
+        BL(cublasLtMatrixLayoutCreate(&lc, g.ctype, (uint64_t)g.m, (uint64_t)g.n, g.m));
+        cublasLtMatmulPreference_t pref;
+        BL(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t wsb = WS_BYTES;
+        BL(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &wsb, sizeof wsb));
+        cublasLtMatmulHeuristicResult_t res[32];
+        int found = 0;
+        BL(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 32, res, &found));
+        double flops = 2.0 * g.m * g.n * g.k;
+        double bytes = 2.0 * (g.m * g.k + g.k * g.n) + (double)csize * g.m * g.n * (g.beta != 0 ? 2 : 1);
+        char shape[128];
+        snprintf(shape, sizeof shape, "%s m=%lld n=%lld k=%lld beta=%g", g.label, (long long)g.m,
+                 (long long)g.n, (long long)g.k, g.beta);
+        for (int i = -1; i < found; i++) {
+            if (i >= 0 && res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            float ms = time_gemm(h, lt, desc, la, lb, lc, i < 0 ? NULL : &res[i].algo, ws, &g, &o, s);
+            char variant[16];
+            snprintf(variant, sizeof variant, i < 0 ? "gemmex" : "lt%d", i);
+            printf("{\"bench\":\"gemm_algo\",\"shape\":\"%s\",\"variant\":\"%s\",\"ms\":%.4f,"
+                   "\"tbps\":%.2f,\"tflops\":%.1f,\"waves\":%.2f}\n", shape, variant, ms,
+                   bytes / ms * 1e-9, flops / ms * 1e-9, i < 0 ? 0.0f : res[i].wavesCount);
         }
+        fflush(stdout);
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(lc);
+        cublasLtMatmulDescDestroy(desc);
+        cudaFree(o.a);
+        cudaFree(o.b);
+        cudaFree(o.c);
     }
     cudaFree(ws);
     cublasLtDestroy(lt);

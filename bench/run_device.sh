@@ -6,10 +6,12 @@
 #   phases: build tests sanitize bench torch (default: all of them); dist: the distributed
 #   layer test on the CUDA backend (2 and 4 ranks sharing the GPU through MPI); profile: ncu's
 #   time of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1),
-#   summed by bench/kernel_times.py into $OUT/profile.txt; algos: bench/gemm_algos.c;
-#   ab: bench_moe of this tree and of $MOE_AB_TREE (another source tree carried with the call),
-#   taking turns, 3 rounds, parts $MOE_BENCH_PART (default router); ncu: one kernel's counters;
-#   kernels: every kernel's own time in the router bench of some shapes
+#   summed by bench/kernel_times.py into $OUT/profile.txt; trace: the timeline of the same
+#   layer steps (bench/trace.c, CUPTI) in $OUT/trace.txt, also of $MOE_AB_TREE's bench_moe when
+#   set; algos: bench/gemm_algos.c ($MOE_ALGOS_GROUP: one group); ab: bench_moe of this tree
+#   and of $MOE_AB_TREE (another source tree carried with the call), taking turns, 3 rounds,
+#   parts $MOE_BENCH_PART (default router); ncu: one kernel's counters; kernels: every
+#   kernel's own time in the router bench of some shapes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -83,21 +85,24 @@ fi
 # algos: every cublasLt algorithm for the GEMMs whose default pick is far from the floor
 if has algos; then
   cmake --build "$B" -j16 --target gemm_algos >>"$OUT/build.log" 2>&1 &&
-    "$B/bench/gemm_algos" >"$OUT/gemm_algos.jsonl" || status=1
+    "$B/bench/gemm_algos" ${MOE_ALGOS_GROUP:-} >"$OUT/gemm_algos.jsonl" || status=1
   python3 -c 'import json,sys
 for l in open(sys.argv[1]):
-    r = json.loads(l); print(r["shape"], r["variant"], r["ms"], r["tbps"], r.get("waves", ""))' "$OUT/gemm_algos.jsonl"
+    r = json.loads(l); print(r["shape"], r["variant"], r["ms"], r["tbps"], r["tflops"], r["waves"])' "$OUT/gemm_algos.jsonl"
 fi
 
 # ab: the drift between device calls (up to 9%) is larger than many a change, so a change is
 # measured against its base in the same call, the two binaries taking turns, $MOE_AB_ROUNDS
 # rounds (default 3) of bench_moe with each of the parts (default router), or with the
 # arguments $MOE_AB_ARGS instead (e.g. "layer 0": one layer shape)
-if has ab; then
-  other=${MOE_AB_TREE:?ab needs MOE_AB_TREE, the source tree to compare with}
-  BO=/tmp/build-device-ab
+BO=/tmp/build-device-ab
+build_other() {
+  local other=${MOE_AB_TREE:?needs MOE_AB_TREE, the source tree to compare with}
   (cd "$other" && B=$BO && device_configure && cmake --build "$BO" -j16 --target bench_moe) \
     >>"$OUT/build.log" 2>&1 || { echo "AB BUILD FAILED ($other)"; tail -20 "$OUT/build.log"; exit 1; }
+}
+if has ab; then
+  build_other
   if [ -n "${MOE_AB_ARGS:-}" ]; then runs=("$MOE_AB_ARGS"); else runs=(${MOE_BENCH_PART:-router}); fi
   for round in $(seq "${MOE_AB_ROUNDS:-3}"); do
     for side in this other; do
@@ -151,6 +156,24 @@ if has profile; then
   for i in ${MOE_PROFILE_SHAPES:-0 1}; do
     kernel_times profile.txt "layer shape $i" --profile-from-start off "$B/bench/bench_moe" \
       profile "$i" || status=1
+  done
+fi
+# trace: CUPTI's timeline of one layer step (bench_moe profile) per shape in $MOE_PROFILE_SHAPES,
+# summarised by bench/trace_summary.py; with $MOE_AB_TREE also that tree's binary, alternating
+if has trace; then
+  cmake --build "$B" -j16 --target moe_trace >>"$OUT/build.log" 2>&1 || { echo "no moe_trace"; exit 1; }
+  sides=(this)
+  [ -n "${MOE_AB_TREE:-}" ] && { build_other; sides+=(other); }
+  for i in ${MOE_PROFILE_SHAPES:-0 1}; do
+    for side in "${sides[@]}"; do
+      bin=$B/bench/bench_moe
+      [ $side = other ] && bin=$BO/bench/bench_moe
+      CUDA_INJECTION64_PATH=$B/bench/libmoe_trace.so MOE_TRACE_OUT=/tmp/trace.csv \
+        "$bin" profile "$i" || status=1
+      { echo "== layer shape $i, $side"; python3 bench/trace_summary.py /tmp/trace.csv; } |
+        tee -a "$OUT/trace.txt"
+      cp /tmp/trace.csv "$OUT/trace_${i}_$side.csv"
+    done
   done
 fi
 exit $status
