@@ -6,7 +6,10 @@
  *               at the two large router bench shapes;
  *   logits      the router forward's logits GEMM at N=65536 H=7168 E=256 (f32 C);
  *   experts     the six expert GEMM kinds of layer shape 1 (H=2048 F=8192) for one expert
- *               of 4096 rows, as cuda_experts.c issues them (f32 weight gradients, beta 0).
+ *               of 4096 rows, as cuda_experts.c issues them (f32 weight gradients, beta 0);
+ *   wgrad       layer shape 0's weight gradients (H=4096 F=1408, 64 experts padded to 584
+ *               rows: strided batched, k = 584), with f32 output as the layer writes them and
+ *               with bf16 output for comparison.
  * Method as bench_moe: CUDA events around each call, warm-up, median of 20, random data.
  */
 #include <stdio.h>
@@ -38,6 +41,7 @@ typedef struct gemm {
     int64_t m, n, k;
     cudaDataType_t ctype;
     float beta;
+    int batch; /* > 1: strided batched, operands packed one after the other */
 } gemm_t;
 
 typedef struct operands {
@@ -62,6 +66,12 @@ static float time_gemm(cublasHandle_t h, cublasLtHandle_t lt, cublasLtMatmulDesc
         if (algo)
             BL(cublasLtMatmul(lt, desc, &one, o->a, la, o->b, lb, &g->beta, o->c, lc, o->c, lc, algo,
                               ws, WS_BYTES, s));
+        else if (g->batch > 1)
+            BL(cublasGemmStridedBatchedEx(
+                h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &one, o->a, CUDA_R_16BF,
+                (int)lda_of(g), g->m * g->k, o->b, CUDA_R_16BF, (int)ldb_of(g), g->k * g->n,
+                &g->beta, o->c, g->ctype, (int)g->m, g->m * g->n, g->batch, CUBLAS_COMPUTE_32F,
+                CUBLAS_GEMM_DEFAULT));
         else
             BL(cublasGemmEx(h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &one, o->a,
                             CUDA_R_16BF, (int)lda_of(g), o->b, CUDA_R_16BF, (int)ldb_of(g),
@@ -84,17 +94,21 @@ int main(int argc, char **argv)
     /* router dx: m = H, n = N, k = E; experts: H = 2048, F = 8192, 4096 rows (see describe()
      * in cuda_experts.c for the operands) */
     gemm_t gemms[] = {
-        {"router_dx", "dx add", T, N, 7168, 65536, 256, BF, 1.0f},
-        {"router_dx", "dx write", T, N, 7168, 65536, 256, BF, 0.0f},
-        {"router_dx", "dx add", T, N, 4096, 65536, 64, BF, 1.0f},
-        {"router_dx", "dx write", T, N, 4096, 65536, 64, BF, 0.0f},
-        {"logits", "logits", N, N, 256, 65536, 7168, F32, 0.0f},
-        {"experts", "fwd1", N, N, 16384, 4096, 2048, BF, 0.0f},
-        {"experts", "fwd2", N, N, 2048, 4096, 8192, BF, 0.0f},
-        {"experts", "d_act", T, N, 8192, 4096, 2048, BF, 0.0f},
-        {"experts", "dw2", N, T, 2048, 8192, 4096, F32, 0.0f},
-        {"experts", "d_xp", T, N, 2048, 4096, 16384, BF, 0.0f},
-        {"experts", "dw1", N, T, 16384, 2048, 4096, F32, 0.0f},
+        {"router_dx", "dx add", T, N, 7168, 65536, 256, BF, 1.0f, 1},
+        {"router_dx", "dx write", T, N, 7168, 65536, 256, BF, 0.0f, 1},
+        {"router_dx", "dx add", T, N, 4096, 65536, 64, BF, 1.0f, 1},
+        {"router_dx", "dx write", T, N, 4096, 65536, 64, BF, 0.0f, 1},
+        {"logits", "logits", N, N, 256, 65536, 7168, F32, 0.0f, 1},
+        {"experts", "fwd1", N, N, 16384, 4096, 2048, BF, 0.0f, 1},
+        {"experts", "fwd2", N, N, 2048, 4096, 8192, BF, 0.0f, 1},
+        {"experts", "d_act", T, N, 8192, 4096, 2048, BF, 0.0f, 1},
+        {"experts", "dw2", N, T, 2048, 8192, 4096, F32, 0.0f, 1},
+        {"experts", "d_xp", T, N, 2048, 4096, 16384, BF, 0.0f, 1},
+        {"experts", "dw1", N, T, 16384, 2048, 4096, F32, 0.0f, 1},
+        {"wgrad", "dw1 x64", N, T, 2816, 4096, 584, F32, 0.0f, 64},
+        {"wgrad", "dw2 x64", N, T, 4096, 1408, 584, F32, 0.0f, 64},
+        {"wgrad", "dw1 x64 bf16 out", N, T, 2816, 4096, 584, BF, 0.0f, 64},
+        {"wgrad", "dw2 x64 bf16 out", N, T, 4096, 1408, 584, BF, 0.0f, 64},
     };
     cudaStream_t s;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -109,14 +123,15 @@ int main(int argc, char **argv)
     for (size_t gi = 0; gi < sizeof gemms / sizeof gemms[0]; gi++) {
         gemm_t g = gemms[gi];
         operands_t o;
+        int64_t batch = g.batch > 1 ? g.batch : 1;
         if (only && strcmp(only, g.group)) continue;
         size_t csize = g.ctype == F32 ? 4 : 2;
-        CU(cudaMalloc(&o.a, 2 * g.m * g.k));
-        CU(cudaMalloc(&o.b, 2 * g.k * g.n));
-        CU(cudaMalloc(&o.c, csize * g.m * g.n));
-        CU(bench_fill_bf16(o.a, g.m * g.k, 1, 0.05f, s));
-        CU(bench_fill_bf16(o.b, g.k * g.n, 2, 0.05f, s));
-        CU(cudaMemsetAsync(o.c, 0, csize * g.m * g.n, s));
+        CU(cudaMalloc(&o.a, 2 * g.m * g.k * batch));
+        CU(cudaMalloc(&o.b, 2 * g.k * g.n * batch));
+        CU(cudaMalloc(&o.c, csize * g.m * g.n * batch));
+        CU(bench_fill_bf16(o.a, g.m * g.k * batch, 1, 0.05f, s));
+        CU(bench_fill_bf16(o.b, g.k * g.n * batch, 2, 0.05f, s));
+        CU(cudaMemsetAsync(o.c, 0, csize * g.m * g.n * batch, s));
         cublasLtMatmulDesc_t desc;
         BL(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         BL(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof g.ta));
@@ -127,6 +142,17 @@ int main(int argc, char **argv)
         BL(cublasLtMatrixLayoutCreate(&lb, BF, (uint64_t)(g.tb == N ? g.k : g.n),
                                       (uint64_t)(g.tb == N ? g.n : g.k), ldb_of(&g)));
         BL(cublasLtMatrixLayoutCreate(&lc, g.ctype, (uint64_t)g.m, (uint64_t)g.n, g.m));
+        if (batch > 1) {
+            int32_t count = g.batch;
+            int64_t strides[3] = {g.m * g.k, g.k * g.n, g.m * g.n};
+            cublasLtMatrixLayout_t ls[3] = {la, lb, lc};
+            for (int i = 0; i < 3; i++) {
+                BL(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                    &count, sizeof count));
+                BL(cublasLtMatrixLayoutSetAttribute(
+                    ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof strides[i]));
+            }
+        }
         cublasLtMatmulPreference_t pref;
         BL(cublasLtMatmulPreferenceCreate(&pref));
         uint64_t wsb = WS_BYTES;
@@ -135,8 +161,9 @@ int main(int argc, char **argv)
         cublasLtMatmulHeuristicResult_t res[32];
         int found = 0;
         BL(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 32, res, &found));
-        double flops = 2.0 * g.m * g.n * g.k;
-        double bytes = 2.0 * (g.m * g.k + g.k * g.n) + (double)csize * g.m * g.n * (g.beta != 0 ? 2 : 1);
+        double flops = 2.0 * g.m * g.n * g.k * batch;
+        double bytes = batch * (2.0 * (g.m * g.k + g.k * g.n) +
+                                (double)csize * g.m * g.n * (g.beta != 0 ? 2 : 1));
         char shape[128];
         snprintf(shape, sizeof shape, "%s m=%lld n=%lld k=%lld beta=%g", g.label, (long long)g.m,
                  (long long)g.n, (long long)g.k, g.beta);

@@ -1,17 +1,19 @@
 /*
  * A timeline of what a CUDA program ran, for the GPU machine, which has no Nsight Systems:
  * loaded into any program through the driver's injection hook, it records with CUPTI every
- * kernel, copy and memset (GPU start/end, stream) and every CUDA runtime call (host start/end)
- * and writes them as CSV when the program exits. bench/trace_summary.py reads the CSV.
+ * kernel, copy and memset (GPU start/end, stream) and every CUDA runtime and driver call (host
+ * start/end; libraries such as cuBLAS launch through the driver) and writes them as CSV when
+ * the program exits. bench/trace_summary.py reads the CSV.
  *
  *   CUDA_INJECTION64_PATH=build/bench/libmoe_trace.so MOE_TRACE_OUT=trace.csv \
  *       build/bench/bench_moe profile 0
  *
  * Unlike ncu, kernels run as they do in the program (concurrently, caches warm), so the CSV
  * shows the gaps between them and the host calls that caused them.
- * Columns: kind (kernel, memcpy, memset, api), name, start_ns, end_ns, stream (-1 for api),
- * correlation id (an api call and the work it launched share one).
+ * Columns: kind (kernel, memcpy, memset, api: runtime call, drv: driver call), name, start_ns,
+ * end_ns, stream (-1 for calls), correlation id (a call and the work it launched share one).
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -29,11 +31,10 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
     *max_records = 0;
 }
 
-static const char *api_name(uint32_t cbid)
+static const char *api_name(CUpti_CallbackDomain domain, uint32_t cbid)
 {
     const char *name = NULL;
-    if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name) != CUPTI_SUCCESS || !name)
-        return "unknown";
+    if (cuptiGetCallbackName(domain, cbid, &name) != CUPTI_SUCCESS || !name) return "unknown";
     return name;
 }
 
@@ -62,9 +63,12 @@ static void write_record(const CUpti_Activity *r)
                 m->correlationId);
         break;
     }
-    case CUPTI_ACTIVITY_KIND_RUNTIME: {
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER: {
         const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)r;
-        fprintf(trace_out, "api,%s,%llu,%llu,-1,%u\n", api_name(a->cbid),
+        bool runtime = r->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
+        fprintf(trace_out, "%s,%s,%llu,%llu,-1,%u\n", runtime ? "api" : "drv",
+                api_name(runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid),
                 (unsigned long long)a->start, (unsigned long long)a->end, a->correlationId);
         break;
     }
@@ -107,7 +111,7 @@ int InitializeInjection(void)
     fprintf(trace_out, "kind,name,start_ns,end_ns,stream,correlation\n");
     const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
                                         CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
-                                        CUPTI_ACTIVITY_KIND_RUNTIME};
+                                        CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER};
     if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS) {
         fprintf(stderr, "moe_trace: cuptiActivityRegisterCallbacks failed\n");
         return 0;

@@ -25,7 +25,7 @@ def main(path, min_gap_us=2.0):
     for r in rows:
         r["start"], r["end"] = int(r["start_ns"]), int(r["end_ns"])
         r["corr"] = int(r["correlation"])
-    api = sorted((r for r in rows if r["kind"] == "api"), key=lambda r: r["start"])
+    api = sorted((r for r in rows if r["kind"] in ("api", "drv")), key=lambda r: r["start"])
     starts = [r for r in api if r["name"].startswith("cudaProfilerStart")]
     stops = [r for r in api if r["name"].startswith("cudaProfilerStop")]
     if not starts or not stops:
@@ -33,8 +33,9 @@ def main(path, min_gap_us=2.0):
     t0, t1 = starts[-1]["end"], stops[-1]["start"]
     calls = [r for r in api if t0 <= r["start"] and r["end"] <= t1]
     launched = {r["corr"]: r for r in calls}
-    work = sorted((r for r in rows if r["kind"] != "api" and r["corr"] in launched),
-                  key=lambda r: r["start"])
+    # the step ends in a synchronisation, so its work runs inside the window
+    work = sorted((r for r in rows if r["kind"] not in ("api", "drv") and t0 <= r["start"]
+                   and r["end"] <= t1), key=lambda r: r["start"])
     if not work:
         sys.exit(f"{path}: no GPU work in the window")
     g0, g1 = work[0]["start"], max(r["end"] for r in work)
@@ -44,14 +45,15 @@ def main(path, min_gap_us=2.0):
         if r["start"] > reach:
             gap = (r["start"] - reach) / 1e3
             if gap >= min_gap_us:
-                host_late = launched[r["corr"]]["end"] > reach
+                call = launched.get(r["corr"])
+                host_late = call is not None and call["end"] > reach
                 gaps.append((reach - g0, gap, last, r, host_late))
         if r["end"] > reach:
             busy += r["end"] - max(r["start"], reach)
             reach, last = r["end"], r
 
     span = (g1 - g0) / 1e3
-    print(f"host: {(t1 - t0) / 1e3:.1f} us between start and stop, {len(calls)} runtime calls")
+    print(f"host: {(t1 - t0) / 1e3:.1f} us between start and stop, {len(calls)} runtime and driver calls")
     print(f"GPU: {span:.1f} us from the first to the last piece of work, busy {busy / 1e3:.1f} us "
           f"({100 * busy / 1e3 / span:.1f}%), idle {span - busy / 1e3:.1f} us")
     idle_host = sum(g[1] for g in gaps if g[4])
@@ -73,7 +75,7 @@ def main(path, min_gap_us=2.0):
 
     host = defaultdict(lambda: [0, 0.0])
     for r in calls:
-        h = host[re.sub(r"_v\d+$", "", r["name"])]
+        h = host[("drv " if r["kind"] == "drv" else "") + re.sub(r"_v\d+$", "", r["name"])]
         h[0] += 1
         h[1] += (r["end"] - r["start"]) / 1e3
     print("host calls (calls, total us):", ", ".join(
