@@ -11,7 +11,11 @@
  *               rows: strided batched, k = 584), with f32 output as the layer writes them and
  *               with bf16 output for comparison.
  * Method as bench_moe: CUDA events around each call, warm-up, median of 20, random data.
+ * Each algorithm's line also gives its configuration (cublasLtMatmulAlgoConfigAttributes_t:
+ * id, tile, stages, split-K, reduction scheme, swizzle, custom option, cluster shape) and
+ * whether its output equals the default's bit for bit ("same").
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +52,34 @@ typedef struct operands {
     void *a, *b, *c;
 } operands_t;
 
+/* the algorithm's configuration as a JSON fragment */
+static void describe_algo(const cublasLtMatmulAlgo_t *algo, char *out, size_t len)
+{
+    const cublasLtMatmulAlgoConfigAttributes_t attrs[] = {
+        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+        CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+        CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
+        CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+    const char *names[] = {"id", "tile", "stages", "splitk", "reduction", "swizzle", "custom",
+                           "cluster"};
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0] && used < len; i++) {
+        uint64_t v = 0; /* attributes are 2 to 4 bytes, little-endian */
+        size_t written = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute(algo, attrs[i], &v, sizeof v, &written) !=
+            CUBLAS_STATUS_SUCCESS) {
+            v = 0;
+            cublasLtMatmulAlgoConfigGetAttribute(algo, attrs[i], NULL, 0, &written);
+            if (written > sizeof v ||
+                cublasLtMatmulAlgoConfigGetAttribute(algo, attrs[i], &v, written, &written) !=
+                    CUBLAS_STATUS_SUCCESS)
+                continue;
+        }
+        used += (size_t)snprintf(out + used, len - used, ",\"%s\":%llu", names[i],
+                                 (unsigned long long)v);
+    }
+}
+
 static int64_t lda_of(const gemm_t *g) { return g->ta == CUBLAS_OP_N ? g->m : g->k; }
 static int64_t ldb_of(const gemm_t *g) { return g->tb == CUBLAS_OP_N ? g->k : g->n; }
 
@@ -64,8 +96,8 @@ static float time_gemm(cublasHandle_t h, cublasLtHandle_t lt, cublasLtMatmulDesc
     for (int i = -3; i < RUNS; i++) {
         if (i >= 0) CU(cudaEventRecord(ev[2 * i], s));
         if (algo)
-            BL(cublasLtMatmul(lt, desc, &one, o->a, la, o->b, lb, &g->beta, o->c, lc, o->c, lc, algo,
-                              ws, WS_BYTES, s));
+            BL(cublasLtMatmul(lt, desc, &one, o->a, la, o->b, lb, &g->beta, o->c, lc, o->c, lc,
+                              algo, ws, WS_BYTES, s));
         else if (g->batch > 1)
             BL(cublasGemmStridedBatchedEx(
                 h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &one, o->a, CUDA_R_16BF,
@@ -149,8 +181,9 @@ int main(int argc, char **argv)
             for (int i = 0; i < 3; i++) {
                 BL(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                                                     &count, sizeof count));
-                BL(cublasLtMatrixLayoutSetAttribute(
-                    ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof strides[i]));
+                BL(cublasLtMatrixLayoutSetAttribute(ls[i],
+                                                    CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                    &strides[i], sizeof strides[i]));
             }
         }
         cublasLtMatmulPreference_t pref;
@@ -167,15 +200,32 @@ int main(int argc, char **argv)
         char shape[128];
         snprintf(shape, sizeof shape, "%s m=%lld n=%lld k=%lld beta=%g", g.label, (long long)g.m,
                  (long long)g.n, (long long)g.k, g.beta);
+        size_t cbytes = csize * (size_t)(g.m * g.n * batch);
+        unsigned char *ref = malloc(cbytes), *out = malloc(cbytes);
+        if (!ref || !out) {
+            fprintf(stderr, "out of host memory\n");
+            return 1;
+        }
         for (int i = -1; i < found; i++) {
             if (i >= 0 && res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-            float ms = time_gemm(h, lt, desc, la, lb, lc, i < 0 ? NULL : &res[i].algo, ws, &g, &o, s);
-            char variant[16];
+            const cublasLtMatmulAlgo_t *algo = i < 0 ? NULL : &res[i].algo;
+            float ms = time_gemm(h, lt, desc, la, lb, lc, algo, ws, &g, &o, s);
+            /* beta 0 overwrites C, so the last call's output is the algorithm's */
+            bool same = true;
+            if (g.beta == 0) {
+                CU(cudaMemcpy(i < 0 ? ref : out, o.c, cbytes, cudaMemcpyDeviceToHost));
+                same = i < 0 || !memcmp(ref, out, cbytes);
+            }
+            char variant[16], config[256] = "";
             snprintf(variant, sizeof variant, i < 0 ? "gemmex" : "lt%d", i);
+            if (i >= 0) describe_algo(&res[i].algo, config, sizeof config);
             printf("{\"bench\":\"gemm_algo\",\"shape\":\"%s\",\"variant\":\"%s\",\"ms\":%.4f,"
-                   "\"tbps\":%.2f,\"tflops\":%.1f,\"waves\":%.2f}\n", shape, variant, ms,
-                   bytes / ms * 1e-9, flops / ms * 1e-9, i < 0 ? 0.0f : res[i].wavesCount);
+                   "\"tbps\":%.2f,\"tflops\":%.1f,\"waves\":%.2f,\"same\":%s%s}\n", shape, variant,
+                   ms, bytes / ms * 1e-9, flops / ms * 1e-9, i < 0 ? 0.0f : res[i].wavesCount,
+                   g.beta != 0 ? "null" : same ? "true" : "false", config);
         }
+        free(ref);
+        free(out);
         fflush(stdout);
         cublasLtMatmulPreferenceDestroy(pref);
         cublasLtMatrixLayoutDestroy(la);

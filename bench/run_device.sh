@@ -9,8 +9,8 @@
 #   summed by bench/kernel_times.py into $OUT/profile.txt; trace: the timeline of the same
 #   layer steps (bench/trace.c, CUPTI) in $OUT/trace.txt, also of $MOE_AB_TREE's bench_moe when
 #   set; algos: bench/gemm_algos.c ($MOE_ALGOS_GROUP: one group); ab: bench_moe of this tree
-#   and of $MOE_AB_TREE (another source tree carried with the call), taking turns, 3 rounds,
-#   parts $MOE_BENCH_PART (default router); ncu: one kernel's counters; kernels: every
+#   and of $MOE_AB_TREE (another source tree carried with the call) or this one under the
+#   environment $MOE_AB_ENV, taking turns, 3 rounds, parts $MOE_BENCH_PART (default router); ncu: one kernel's counters; kernels: every
 #   kernel's own time in the router bench of some shapes
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,11 +88,12 @@ if has algos; then
     "$B/bench/gemm_algos" ${MOE_ALGOS_GROUP:-} >"$OUT/gemm_algos.jsonl" || status=1
   python3 -c 'import json,sys
 for l in open(sys.argv[1]):
-    r = json.loads(l); print(r["shape"], r["variant"], r["ms"], r["tbps"], r["tflops"], r["waves"])' "$OUT/gemm_algos.jsonl"
+    r = json.loads(l); print(r["shape"], r["variant"], r["ms"], r["tflops"], r["waves"], r["same"],
+      *(f"{k}={r[k]}" for k in ("id", "tile", "stages", "splitk", "cluster", "swizzle", "custom") if k in r))' "$OUT/gemm_algos.jsonl"
 fi
 
 # ab: the drift between device calls (up to 9%) is larger than many a change, so a change is
-# measured against its base in the same call, the two binaries taking turns, $MOE_AB_ROUNDS
+# measured against its base in the same call, the two sides taking turns, $MOE_AB_ROUNDS
 # rounds (default 3) of bench_moe with each of the parts (default router), or with the
 # arguments $MOE_AB_ARGS instead (e.g. "layer 0": one layer shape)
 BO=/tmp/build-device-ab
@@ -102,14 +103,16 @@ build_other() {
     >>"$OUT/build.log" 2>&1 || { echo "AB BUILD FAILED ($other)"; tail -20 "$OUT/build.log"; exit 1; }
 }
 if has ab; then
-  build_other
+  # the other side: $MOE_AB_TREE's binary, or this one under the environment $MOE_AB_ENV
+  # (e.g. "MOE_CUDA_GEMM_TUNE=0")
+  if [ -n "${MOE_AB_TREE:-}" ]; then build_other; other_bin=$BO/bench/bench_moe; other_env=; else
+    other_bin=$B/bench/bench_moe; other_env=${MOE_AB_ENV:?ab needs MOE_AB_TREE or MOE_AB_ENV}; fi
   if [ -n "${MOE_AB_ARGS:-}" ]; then runs=("$MOE_AB_ARGS"); else runs=(${MOE_BENCH_PART:-router}); fi
   for round in $(seq "${MOE_AB_ROUNDS:-3}"); do
     for side in this other; do
-      bin=$B/bench/bench_moe
-      [ $side = other ] && bin=$BO/bench/bench_moe
       for args in "${runs[@]}"; do
-        "$bin" $args >/tmp/ab.jsonl || status=1
+        if [ $side = this ]; then "$B/bench/bench_moe" $args >/tmp/ab.jsonl || status=1
+        else env $other_env "$other_bin" $args >/tmp/ab.jsonl || status=1; fi
         cat /tmp/ab.jsonl >>"$OUT/ab_$side.jsonl"
         python3 bench/brief.py /tmp/ab.jsonl | sed "s/^/$side $round  /"
       done
