@@ -35,8 +35,9 @@ static void cuda_destroy(void *vctx)
         if (c->join[i]) cudaEventDestroy(c->join[i]);
     }
     if (c->fork) cudaEventDestroy(c->fork);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < MOE_CUDA_GEMM_CANDIDATES + 2; i++)
         if (c->tune_ev[i]) cudaEventDestroy(c->tune_ev[i]);
+    if (c->tune_sums) cudaFree(c->tune_sums);
     if (c->cublaslt) cublasLtDestroy(c->cublaslt);
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
@@ -273,7 +274,10 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
         MOE_TRY_GOTO(st, make_cublas(c->side[i], &c->side_cublas[i], &c->side_ws[i]));
     }
     MOE_CUBLAS_CHECK_GOTO(st, cublasLtCreate(&c->cublaslt));
-    for (int i = 0; i < 2; i++) MOE_CUDA_CHECK_GOTO(st, cudaEventCreate(&c->tune_ev[i]));
+    for (int i = 0; i < MOE_CUDA_GEMM_CANDIDATES + 2; i++)
+        MOE_CUDA_CHECK_GOTO(st, cudaEventCreate(&c->tune_ev[i]));
+    MOE_CUDA_CHECK_GOTO(st, cudaMalloc((void **)&c->tune_sums, sizeof(unsigned long long) *
+                                                                  (MOE_CUDA_GEMM_CANDIDATES + 1)));
     c->gemm_mode = gemm_mode_from_env(p->logger);
     c->router_mode = router_mode_from_env(p->logger);
     c->gemm_tune = gemm_tune_from_env(p->logger);

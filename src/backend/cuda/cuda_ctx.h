@@ -82,7 +82,8 @@ typedef struct cuda_ctx {
     /* tuned GEMMs (cuda_gemm.c): on unless MOE_CUDA_GEMM_TUNE=0 */
     cublasLtHandle_t cublaslt;
     bool gemm_tune;
-    cudaEvent_t tune_ev[2];
+    cudaEvent_t tune_ev[MOE_CUDA_GEMM_CANDIDATES + 2];
+    unsigned long long *tune_sums; /* device: the tuning entries' output checksums */
     int gemm_choices;
     cuda_gemm_choice_t gemm_choice[MOE_CUDA_GEMM_CLASSES];
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),

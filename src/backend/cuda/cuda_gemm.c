@@ -6,14 +6,16 @@
  * weight gradients (64 experts of 584 rows: k = 584, f32 output) cublasLt offers a 128x160
  * tile that runs 1.42 ms where the default takes 1.57 (dw1) and 0.72 vs 0.79-0.87 ms (dw2);
  * bench/gemm_algos.c, docs/cuda-backend.md. So a GEMM marked `tune` with beta = 0 is tuned
- * once per shape class:
- * every candidate of cublasLt's heuristic that computes each output in one pass (no split-K,
- * no reduction) is timed on the call's own operands (beta 0 overwrites C, so the trial runs
- * write nothing the real call does not write again) and the fastest is kept in the context's
- * cache. Those candidates all produce the same bits (measured on every shape gemm_algos
- * covers; tests/cuda/test_cuda_ops.c checks it on the GPU it runs on), so which one wins a
- * timing changes no result and the layer stays deterministic. GEMMs with beta != 0 (gradient
- * accumulation) and everything with MOE_CUDA_GEMM_TUNE=0 use cublasGemmEx's choice.
+ * once per shape class: the default call and every candidate of cublasLt's heuristic that
+ * computes each output in one pass (no split-K, no reduction) are timed on the call's own
+ * operands (beta 0 overwrites C, so trial runs write nothing the real call does not write
+ * again; median of 5 rounds), and the fastest is kept in the context's cache. Only those whose
+ * output has the same bits as the heuristic's first candidate compete (a checksum of C after
+ * each), so the pick, which timing decides, never changes a result: the layer stays
+ * deterministic. (On every shape gemm_algos covers all candidates and the default agreed bit
+ * for bit; tests/cuda/test_cuda_ops.c checks the candidates on the GPU it runs on.) GEMMs with
+ * beta != 0 (gradient accumulation) and everything with MOE_CUDA_GEMM_TUNE=0 use
+ * cublasGemmEx's choice.
  * A shape class: the transposes, output type, batched or not, leading dimensions, the
  * operands' alignment, and m, n, k each rounded up to a power of two (rows per expert change
  * every step). An algorithm the exact shape turns out not to support falls back to the
@@ -22,9 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../../kernels/kernels.h"
 #include "cuda_ctx.h"
 
-#define TUNE_RUNS 3
+#define TUNE_ROUNDS 5
 
 static cudaStream_t lane_stream(const cuda_ctx_t *c, int lane)
 {
@@ -178,24 +181,79 @@ static cuda_gemm_class_t class_of(const cuda_gemm_t *g)
     return k;
 }
 
-/* Mean ms of TUNE_RUNS calls of algo after one warm-up; < 0 when it does not run. */
-static float time_algo(cuda_ctx_t *c, int lane, const cuda_gemm_t *g,
-                       const cublasLtMatmulAlgo_t *algo)
+static int cmp_float(const void *x, const void *y)
 {
-    cudaStream_t s = lane_stream(c, lane);
-    float ms = -1.0f;
-    if (moe_cuda_gemm_run_algo(c, lane, g, algo) != MOE_STATUS_SUCCESS) return -1.0f;
-    if (cudaEventRecord(c->tune_ev[0], s) != cudaSuccess) return -1.0f;
-    for (int r = 0; r < TUNE_RUNS; r++)
-        if (moe_cuda_gemm_run_algo(c, lane, g, algo) != MOE_STATUS_SUCCESS) return -1.0f;
-    if (cudaEventRecord(c->tune_ev[1], s) != cudaSuccess ||
-        cudaEventSynchronize(c->tune_ev[1]) != cudaSuccess ||
-        cudaEventElapsedTime(&ms, c->tune_ev[0], c->tune_ev[1]) != cudaSuccess)
-        return -1.0f;
-    return ms / TUNE_RUNS;
+    float a = *(const float *)x, b = *(const float *)y;
+    return (a > b) - (a < b);
 }
 
-/* The cache entry for g's class, tuned now if new; NULL when the cache is full. */
+/* Entry i < n of a tuning is candidate i, entry n cuBLAS's default call. */
+static bool run_entry(cuda_ctx_t *c, int lane, const cuda_gemm_t *g,
+                      const cublasLtMatmulAlgo_t *cand, int n, int i)
+{
+    moe_status_t st =
+        i < n ? moe_cuda_gemm_run_algo(c, lane, g, &cand[i]) : run_default(c, lane, g);
+    return st == MOE_STATUS_SUCCESS;
+}
+
+/* Each entry's median ms over TUNE_ROUNDS rounds, the entries taking turns within a round (so
+ * that clock drift during tuning favours none), after one warm-up call each; < 0 for one that
+ * does not run. */
+static void time_entries(cuda_ctx_t *c, int lane, const cuda_gemm_t *g,
+                         const cublasLtMatmulAlgo_t *cand, int n, float *median)
+{
+    cudaStream_t s = lane_stream(c, lane);
+    float ms[MOE_CUDA_GEMM_CANDIDATES + 1][TUNE_ROUNDS];
+    bool ok[MOE_CUDA_GEMM_CANDIDATES + 1];
+    for (int i = 0; i <= n; i++) ok[i] = run_entry(c, lane, g, cand, n, i);
+    for (int r = 0; r < TUNE_ROUNDS; r++) {
+        if (cudaEventRecord(c->tune_ev[0], s) != cudaSuccess) goto fail;
+        for (int i = 0; i <= n; i++) {
+            if (ok[i]) ok[i] = run_entry(c, lane, g, cand, n, i);
+            if (cudaEventRecord(c->tune_ev[i + 1], s) != cudaSuccess) goto fail;
+        }
+        if (cudaEventSynchronize(c->tune_ev[n + 1]) != cudaSuccess) goto fail;
+        for (int i = 0; i <= n; i++)
+            if (cudaEventElapsedTime(&ms[i][r], c->tune_ev[i], c->tune_ev[i + 1]) != cudaSuccess)
+                goto fail;
+    }
+    for (int i = 0; i <= n; i++) {
+        qsort(ms[i], TUNE_ROUNDS, sizeof(float), cmp_float);
+        median[i] = ok[i] ? ms[i][TUNE_ROUNDS / 2] : -1.0f;
+    }
+    return;
+fail:
+    for (int i = 0; i <= n; i++) median[i] = -1.0f;
+}
+
+/* The bytes C spans (gaps between columns or batch entries included). */
+static size_t c_span(const cuda_gemm_t *g)
+{
+    size_t csize = g->ctype == CUDA_R_32F ? 4 : 2;
+    int64_t last = g->ldc * (g->n - 1) + g->m + (g->batch > 1 ? (g->batch - 1) * g->sc : 0);
+    return csize * (size_t)last;
+}
+
+/* Each entry's output checksum into sums[0..n]; false when one could not be taken. */
+static bool checksum_entries(cuda_ctx_t *c, int lane, const cuda_gemm_t *g,
+                             const cublasLtMatmulAlgo_t *cand, int n, const float *ms,
+                             unsigned long long *sums)
+{
+    cudaStream_t s = lane_stream(c, lane);
+    for (int i = 0; i <= n; i++) {
+        if (ms[i] < 0) continue;
+        if (!run_entry(c, lane, g, cand, n, i) ||
+            moe_cuda_checksum(g->c, c_span(g), &c->tune_sums[i], s) != cudaSuccess)
+            return false;
+    }
+    return cudaMemcpyAsync(sums, c->tune_sums, sizeof *sums * (size_t)(n + 1),
+                           cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+           cudaStreamSynchronize(s) == cudaSuccess;
+}
+
+/* The cache entry for g's class, tuned now if new; NULL when the cache is full. Only entries
+ * whose output has the bits of the heuristic's first candidate compete, so the pick, which
+ * timing decides, cannot change a result. */
 static const cuda_gemm_choice_t *choice_for(cuda_ctx_t *c, int lane, const cuda_gemm_t *g)
 {
     cuda_gemm_class_t k = class_of(g);
@@ -204,30 +262,40 @@ static const cuda_gemm_choice_t *choice_for(cuda_ctx_t *c, int lane, const cuda_
     if (c->gemm_choices == MOE_CUDA_GEMM_CLASSES) return NULL;
     cuda_gemm_choice_t *ch = &c->gemm_choice[c->gemm_choices++];
     ch->cls = k;
-    ch->tuned = false; /* cublasGemmEx's choice unless a candidate runs */
+    ch->tuned = false; /* cublasGemmEx's choice unless a candidate wins */
     cublasLtMatmulAlgo_t cand[MOE_CUDA_GEMM_CANDIDATES];
     int n = 0;
     if (moe_cuda_gemm_candidates(c, g, cand, MOE_CUDA_GEMM_CANDIDATES, &n) != MOE_STATUS_SUCCESS)
         n = 0;
-    float best = 0;
-    int pick = -1;
-    for (int i = 0; i < n; i++) {
-        float ms = time_algo(c, lane, g, &cand[i]);
-        if (ms > 0 && (pick < 0 || ms < best)) {
-            best = ms;
-            pick = i;
-        }
+    float ms[MOE_CUDA_GEMM_CANDIDATES + 1];
+    unsigned long long sums[MOE_CUDA_GEMM_CANDIDATES + 1];
+    int pick = -1, ref = -1, differ = 0; /* entry n: the default */
+    if (n > 0) {
+        time_entries(c, lane, g, cand, n, ms);
+        if (!checksum_entries(c, lane, g, cand, n, ms, sums)) n = 0;
     }
+    for (int i = 0; i < n && ref < 0; i++)
+        if (ms[i] >= 0) ref = i;
+    for (int i = 0; ref >= 0 && i <= n; i++) {
+        if (ms[i] < 0) continue;
+        if (sums[i] != sums[ref])
+            differ++;
+        else if (pick < 0 || ms[i] < ms[pick])
+            pick = i;
+    }
+    if (pick < 0) pick = n;
     cudaGetLastError(); /* a candidate that failed to launch leaves nothing behind */
-    if (pick >= 0) {
+    if (pick < n) {
         ch->algo = cand[pick];
         ch->tuned = true;
     }
     moe_log(c->logger, MOE_LOG_INFO,
-            "GEMM %c%c m=%lld n=%lld k=%lld batch=%d: %d candidates, picked %d (tile %d, %.3f ms)",
+            "GEMM %c%c m=%lld n=%lld k=%lld batch=%d: %d candidates (%d with other bits), "
+            "default %.3f ms, picked %s %.3f ms (tile %d)",
             g->ta == CUBLAS_OP_N ? 'N' : 'T', g->tb == CUBLAS_OP_N ? 'N' : 'T', (long long)g->m,
-            (long long)g->n, (long long)g->k, g->batch, n, pick,
-            pick >= 0 ? config(&cand[pick], CUBLASLT_ALGO_CONFIG_TILE_ID) : -1, (double)best);
+            (long long)g->n, (long long)g->k, g->batch, n, differ, ref >= 0 ? (double)ms[n] : 0.0,
+            pick < n ? "a candidate" : "the default", ref >= 0 ? (double)ms[pick] : 0.0,
+            pick < n ? config(&cand[pick], CUBLASLT_ALGO_CONFIG_TILE_ID) : -1);
     return ch;
 }
 
