@@ -26,8 +26,10 @@ typedef enum gemm_kind { FWD1, FWD2, BWD_DACT, BWD_DW2, BWD_DXP, BWD_DW1 } gemm_
 
 /* One GEMM kind for experts sharing `rows` (column-major view of the row-major arrays):
  * expert e's operands from row r0 on, with the strides between consecutive experts for the
- * batched call (expert 0 then). Tuned (cuda_gemm.c): beta 0 whenever the gradients are
- * written, not added. */
+ * batched call (expert 0 then). The weight gradients are tuned (cuda_gemm.c; they run with
+ * beta 0 when written, not added): with few rows per expert (short k, f32 output) cuBLAS's
+ * default leaves 10-20% behind. Tuned, the other kinds made the layer no faster (eighth
+ * session, docs/cuda-backend.md), so they keep the default. */
 static cuda_gemm_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e, int64_t r0,
                             int64_t rows)
 {
@@ -40,17 +42,17 @@ static cuda_gemm_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e,
     case FWD1: /* hpre^T [2F,n] = w1^T [2F,H] · xp^T [H,n] */
         g = (cuda_gemm_t){CUBLAS_OP_N, CUBLAS_OP_N, f2, rows, h, w1, (const uint16_t *)x->xp + r0 * h,
                           (uint16_t *)x->hpre + r0 * f2, f2, h, f2, h * f2, rows * h, rows * f2,
-                          CUDA_R_16BF, 0.0f, 1, true};
+                          CUDA_R_16BF, 0.0f, 1, false};
         break;
     case FWD2: /* out^T [H,n] = w2^T [H,F] · act^T [F,n] */
         g = (cuda_gemm_t){CUBLAS_OP_N, CUBLAS_OP_N, h, rows, f, w2, (const uint16_t *)x->act + r0 * f,
                           (uint16_t *)x->out + r0 * h, h, f, h, f * h, rows * f, rows * h,
-                          CUDA_R_16BF, 0.0f, 1, true};
+                          CUDA_R_16BF, 0.0f, 1, false};
         break;
     case BWD_DACT: /* d_act^T [F,n] = w2 [F,H] · d_out^T [H,n] */
         g = (cuda_gemm_t){CUBLAS_OP_T, CUBLAS_OP_N, f, rows, h, w2, (const uint16_t *)x->d_out + r0 * h,
                           d_act + r0 * f, h, h, f, f * h, rows * h, rows * f, CUDA_R_16BF, 0.0f, 1,
-                          true};
+                          false};
         break;
     case BWD_DW2: /* dw2^T [H,F] += d_out^T [H,n] · act [n,F] */
         g = (cuda_gemm_t){CUBLAS_OP_N, CUBLAS_OP_T, h, f, rows, (const uint16_t *)x->d_out + r0 * h,
@@ -60,7 +62,7 @@ static cuda_gemm_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e,
     case BWD_DXP: /* d_xp^T [H,n] = w1 [H,2F] · d_hpre^T [2F,n] */
         g = (cuda_gemm_t){CUBLAS_OP_T, CUBLAS_OP_N, h, rows, f2, w1, d_hpre + r0 * f2,
                           (uint16_t *)x->d_xp + r0 * h, f2, f2, h, h * f2, rows * f2, rows * h,
-                          CUDA_R_16BF, 0.0f, 1, true};
+                          CUDA_R_16BF, 0.0f, 1, false};
         break;
     case BWD_DW1: /* dw1^T [2F,H] += d_hpre^T [2F,n] · xp [n,H] */
         g = (cuda_gemm_t){CUBLAS_OP_N, CUBLAS_OP_T, f2, h, rows, d_hpre + r0 * f2,

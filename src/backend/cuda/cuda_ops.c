@@ -98,12 +98,10 @@ moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
     MOE_TRY(moe_cuda_gemm_run(c, 0, &dwg));
     /* dx [N,H] += dlogits [N,E] · wg^T  ==  dx^T += wg · dlogits^T. Written when it may be:
      * cuBLAS's beta = 1 epilogue costs more than the GEMM (bench/gemm_algos.c: 0.77 vs 0.42 ms
-     * at H=7168 N=65536 E=256, 0.42 vs 0.15 ms at H=4096 E=64). Tuned: at H=7168 another
-     * cublasLt algorithm writes dx in 0.381 ms against the default's 0.415. */
+     * at H=7168 N=65536 E=256, 0.42 vs 0.15 ms at H=4096 E=64). */
     cuda_gemm_t dx = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = a->h, .n = a->n, .k = a->e,
                       .a = a->wg, .lda = a->e, .b = dl16, .ldb = a->e, .c = a->dx, .ldc = a->h,
-                      .batch = 1, .ctype = CUDA_R_16BF, .beta = a->overwrite_dx ? 0.0f : 1.0f,
-                      .tune = true};
+                      .batch = 1, .ctype = CUDA_R_16BF, .beta = a->overwrite_dx ? 0.0f : 1.0f};
     MOE_TRY(moe_cuda_gemm_run(c, -1, &dx));
     MOE_TRY(moe_cuda_join(c, 1));
     return MOE_STATUS_SUCCESS;
