@@ -109,7 +109,11 @@ if has ab; then
     other_bin=$B/bench/bench_moe; other_env=${MOE_AB_ENV:?ab needs MOE_AB_TREE or MOE_AB_ENV}; fi
   if [ -n "${MOE_AB_ARGS:-}" ]; then runs=("$MOE_AB_ARGS"); else runs=(${MOE_BENCH_PART:-router}); fi
   for round in $(seq "${MOE_AB_ROUNDS:-3}"); do
-    for side in this other; do
+    # the sides swap places every round (this other, other this, ...): in every earlier A/B
+    # the side that ran first was the slower one
+    order="this other"
+    [ $((round % 2)) = 0 ] && order="other this"
+    for side in $order; do
       for args in "${runs[@]}"; do
         if [ $side = this ]; then "$B/bench/bench_moe" $args >/tmp/ab.jsonl || status=1
         else env $other_env "$other_bin" $args >/tmp/ab.jsonl || status=1; fi
