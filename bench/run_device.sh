@@ -104,13 +104,13 @@ build_other() {
 }
 if has ab; then
   # the other side: $MOE_AB_TREE's binary, or this one under the environment $MOE_AB_ENV
-  # (e.g. "MOE_CUDA_GEMM_TUNE=0")
+  # (e.g. "MOE_CUDA_ROUTER=gemm")
   if [ -n "${MOE_AB_TREE:-}" ]; then build_other; other_bin=$BO/bench/bench_moe; other_env=; else
     other_bin=$B/bench/bench_moe; other_env=${MOE_AB_ENV:?ab needs MOE_AB_TREE or MOE_AB_ENV}; fi
   if [ -n "${MOE_AB_ARGS:-}" ]; then runs=("$MOE_AB_ARGS"); else runs=(${MOE_BENCH_PART:-router}); fi
   for round in $(seq "${MOE_AB_ROUNDS:-3}"); do
-    # the sides swap places every round (this other, other this, ...): in every earlier A/B
-    # the side that ran first was the slower one
+    # the sides swap places every round (this other, other this, ...), so that drift within
+    # the call favours neither
     order="this other"
     [ $((round % 2)) = 0 ] && order="other this"
     for side in $order; do

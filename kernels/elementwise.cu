@@ -1,8 +1,7 @@
 /*
- * Element-wise kernels: bf16 <-> f32 conversion, the fused AdamW update (fp32 master and
- * moments, bf16 model copy written from the updated master) and a checksum of a buffer's bits.
- * n elements; grid-stride loops, memory-bound (AdamW moves 4+4+4+4 bytes in, 4+4+4+2 out per
- * element).
+ * Element-wise kernels: bf16 <-> f32 conversion and the fused AdamW update
+ * (fp32 master and moments, bf16 model copy written from the updated master). n elements;
+ * grid-stride loops, memory-bound (AdamW moves 4+4+4+4 bytes in, 4+4+4+2 out per element).
  */
 #include <cuda_bf16.h>
 
@@ -36,26 +35,6 @@ __global__ void adamw(float *__restrict__ master, float *__restrict__ m, float *
         master[i] = p;
         param[i] = __float2bfloat16_rn(p);
     }
-}
-
-/* sum over 16-bit words of word * (2 i + 1), mod 2^64: position-sensitive, and the sum's order
- * (the atomics') does not matter, so equal buffers always give equal sums */
-__global__ void checksum16(const uint16_t *p, int64_t n, unsigned long long *sum)
-{
-    unsigned long long acc = 0;
-    GRID_STRIDE(i, n) acc += (unsigned long long)p[i] * (unsigned long long)(2 * i + 1);
-    for (int o = 16; o > 0; o /= 2) acc += __shfl_down_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0) atomicAdd(sum, acc);
-}
-
-extern "C" cudaError_t moe_cuda_checksum(const void *p, size_t bytes, unsigned long long *sum,
-                                         cudaStream_t stream)
-{
-    cudaError_t e = cudaMemsetAsync(sum, 0, sizeof *sum, stream);
-    int64_t n = (int64_t)(bytes / 2);
-    if (e != cudaSuccess || n == 0) return e;
-    checksum16<<<grid_for(n), 256, 0, stream>>>((const uint16_t *)p, n, sum);
-    return cudaGetLastError();
 }
 
 extern "C" cudaError_t moe_cuda_bf16_to_f32(float *dst, const void *src, int64_t n, cudaStream_t stream)

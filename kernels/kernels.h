@@ -112,10 +112,6 @@ cudaError_t moe_cuda_adamw(float *master, float *m, float *v, void *param, const
                            int64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, float grad_scale, float inv_bc1,
                            float inv_sqrt_bc2, cudaStream_t stream);
-/* *sum = a checksum of the bytes' 16-bit words (bytes even): equal buffers give equal sums,
- * and buffers that differ in one word never do */
-cudaError_t moe_cuda_checksum(const void *p, size_t bytes, unsigned long long *sum,
-                              cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -35,10 +35,6 @@ static void cuda_destroy(void *vctx)
         if (c->join[i]) cudaEventDestroy(c->join[i]);
     }
     if (c->fork) cudaEventDestroy(c->fork);
-    for (int i = 0; i < MOE_CUDA_GEMM_CANDIDATES + 2; i++)
-        if (c->tune_ev[i]) cudaEventDestroy(c->tune_ev[i]);
-    if (c->tune_sums) cudaFree(c->tune_sums);
-    if (c->cublaslt) cublasLtDestroy(c->cublaslt);
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->own_stream) cudaStreamDestroy(c->own_stream);
@@ -237,15 +233,6 @@ static cuda_router_mode_t router_mode_from_env(const moe_logger_t *logger)
     return m;
 }
 
-/* MOE_CUDA_GEMM_TUNE=0 keeps cuBLAS's default algorithm for every GEMM (cuda_gemm.c) */
-static bool gemm_tune_from_env(const moe_logger_t *logger)
-{
-    const char *v = getenv("MOE_CUDA_GEMM_TUNE");
-    bool on = !v || strcmp(v, "0") != 0;
-    if (!on) moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_GEMM_TUNE=0: cuBLAS's default GEMM algorithms");
-    return on;
-}
-
 moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_t *out)
 {
     cuda_ctx_t *c = calloc(1, sizeof *c);
@@ -273,15 +260,8 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
         MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming));
         MOE_TRY_GOTO(st, make_cublas(c->side[i], &c->side_cublas[i], &c->side_ws[i]));
     }
-    MOE_CUBLAS_CHECK_GOTO(st, cublasLtCreate(&c->cublaslt));
-    for (int i = 0; i < MOE_CUDA_GEMM_CANDIDATES + 2; i++)
-        MOE_CUDA_CHECK_GOTO(st, cudaEventCreate(&c->tune_ev[i]));
-    MOE_CUDA_CHECK_GOTO(st, cudaMalloc((void **)&c->tune_sums, sizeof(unsigned long long) *
-                                                                  (MOE_CUDA_GEMM_CANDIDATES + 1)));
     c->gemm_mode = gemm_mode_from_env(p->logger);
     c->router_mode = router_mode_from_env(p->logger);
-    c->gemm_tune = gemm_tune_from_env(p->logger);
-    c->logger = p->logger;
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;

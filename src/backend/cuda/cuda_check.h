@@ -16,8 +16,5 @@
 #define MOE_CUBLAS_CHECK(call)                                                             \
     MOE_CHECK_GEN(cublasStatus_t, call, rc_ == CUBLAS_STATUS_SUCCESS,                      \
                   MOE_STATUS_BACKEND_ERROR, cublasGetStatusString)
-#define MOE_CUBLAS_CHECK_GOTO(st, call)                                                    \
-    MOE_CHECK_GEN_GOTO(st, cublasStatus_t, call, rc_ == CUBLAS_STATUS_SUCCESS,             \
-                       MOE_STATUS_BACKEND_ERROR, cublasGetStatusString)
 
 #endif /* MOE_CUDA_CHECK_H */

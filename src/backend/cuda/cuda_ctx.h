@@ -8,10 +8,7 @@
 
 #include <stdbool.h>
 
-#include <cublasLt.h>
-
 #include "../backend.h"
-#include "../../core/log.h"
 #include "cuda_check.h"
 
 /* Side streams for the expert GEMMs (each with its own cuBLAS handle and workspace, so that
@@ -34,38 +31,6 @@ typedef enum cuda_router_mode {
     CUDA_ROUTER_FUSED     /* the fused kernel wherever it applies (E <= 64, ...) */
 } cuda_router_mode_t;
 
-/* One GEMM (column-major, as cublasGemmEx): C[m,n] = op(A)[m,k] op(B)[k,n] (+ beta C), bf16
- * A and B, bf16 or f32 C (ctype), fp32 accumulation; batch > 1: strided batched with strides
- * sa, sb, sc between consecutive problems. tune: pick the algorithm by timing when beta is 0
- * (cuda_gemm.c), for the GEMMs where cuBLAS's default was measured to leave time behind. */
-typedef struct cuda_gemm {
-    cublasOperation_t ta, tb;
-    int64_t m, n, k;
-    const void *a, *b;
-    void *c;
-    int64_t lda, ldb, ldc;
-    long long sa, sb, sc;
-    cudaDataType_t ctype;
-    float beta;
-    int32_t batch;
-    bool tune;
-} cuda_gemm_t;
-
-/* The tuned GEMMs (cuda_gemm.c): a shape class and the algorithm chosen for it. */
-#define MOE_CUDA_GEMM_CLASSES 64
-#define MOE_CUDA_GEMM_CANDIDATES 8
-typedef struct cuda_gemm_class {
-    int64_t m, n, k, ld[3];
-    int32_t ta, tb, ctype, batched;
-    uint32_t align[3];
-} cuda_gemm_class_t;
-
-typedef struct cuda_gemm_choice {
-    cuda_gemm_class_t cls;
-    bool tuned; /* false: cublasGemmEx's own choice */
-    cublasLtMatmulAlgo_t algo;
-} cuda_gemm_choice_t;
-
 typedef struct cuda_ctx {
     int device;
     cudaStream_t own_stream;
@@ -78,14 +43,6 @@ typedef struct cuda_ctx {
     cudaEvent_t fork, join[MOE_CUDA_SIDE_STREAMS];
     cuda_gemm_mode_t gemm_mode;
     cuda_router_mode_t router_mode;
-    const moe_logger_t *logger; /* the runtime's (may be NULL) */
-    /* tuned GEMMs (cuda_gemm.c): on unless MOE_CUDA_GEMM_TUNE=0 */
-    cublasLtHandle_t cublaslt;
-    bool gemm_tune;
-    cudaEvent_t tune_ev[MOE_CUDA_GEMM_CANDIDATES + 2];
-    unsigned long long *tune_sums; /* device: the tuning entries' output checksums */
-    int gemm_choices;
-    cuda_gemm_choice_t gemm_choice[MOE_CUDA_GEMM_CLASSES];
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */
     cudaMemPool_t pool;
@@ -108,16 +65,12 @@ moe_status_t moe_cuda_join(cuda_ctx_t *c, int n);
  * call. */
 moe_status_t moe_cuda_workspace(cuda_ctx_t *c, size_t bytes, void **out);
 
-/* Every GEMM of the backend: g on the main stream (lane -1) or side stream `lane`, with the
- * algorithm tuned for its shape class when g->tune and beta is 0 (cuda_gemm.c), else
- * cuBLAS's default. */
-moe_status_t moe_cuda_gemm_run(cuda_ctx_t *c, int lane, const cuda_gemm_t *g);
-/* The tuning candidates for g (cublasLt heuristic, one pass per output: no split-K), and one
- * run of g with a given algorithm; tests check that every candidate writes the same bits. */
-moe_status_t moe_cuda_gemm_candidates(const cuda_ctx_t *c, const cuda_gemm_t *g,
-                                      cublasLtMatmulAlgo_t *out, int max, int *count);
-moe_status_t moe_cuda_gemm_run_algo(const cuda_ctx_t *c, int lane, const cuda_gemm_t *g,
-                                    const cublasLtMatmulAlgo_t *algo);
+/* bf16 x bf16 -> f32 or bf16 (ctype) with fp32 accumulation on the tensor cores, alpha = 1:
+ * the one cuBLAS GEMM call of the backend (column-major arguments as cublasGemmEx). */
+moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                           int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                           const void *b, int64_t ldb, float beta, void *c, cudaDataType_t ctype,
+                           int64_t ldc);
 
 /* Whether router_forward runs the fused kernel for these arguments (mode, shape, alignment). */
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a);

@@ -25,53 +25,75 @@
 typedef enum gemm_kind { FWD1, FWD2, BWD_DACT, BWD_DW2, BWD_DXP, BWD_DW1 } gemm_kind_t;
 
 /* One GEMM kind for experts sharing `rows` (column-major view of the row-major arrays):
- * expert e's operands from row r0 on, with the strides between consecutive experts for the
- * batched call (expert 0 then). The weight gradients are tuned (cuda_gemm.c; they run with
- * beta 0 when written, not added): with few rows per expert (short k, f32 output) cuBLAS's
- * default leaves 10-20% behind. Tuned, the other kinds made the layer no faster (eighth
- * session, docs/cuda-backend.md), so they keep the default. */
-static cuda_gemm_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e, int64_t r0,
+ * pointers of expert 0's operands (or of expert e's when called per expert) and the strides
+ * between consecutive experts for the batched call. */
+typedef struct gemm_desc {
+    cublasOperation_t ta, tb;
+    int64_t m, n, k;
+    const void *a, *b;
+    void *c;
+    int64_t lda, ldb, ldc;
+    long long sa, sb, sc;
+    cudaDataType_t ctype;
+    float beta;
+} gemm_desc_t;
+
+static gemm_desc_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e, int64_t r0,
                             int64_t rows)
 {
     int64_t h = x->h, f = x->f, f2 = 2 * x->f, total = x->host_offsets[x->el];
     const uint16_t *w1 = (const uint16_t *)x->w1 + e * h * f2;
     const uint16_t *w2 = (const uint16_t *)x->w2 + e * f * h;
     uint16_t *d_act = (uint16_t *)x->scratch, *d_hpre = d_act + total * f;
-    cuda_gemm_t g = {.batch = 1};
+    gemm_desc_t g = {.ctype = CUDA_R_16BF, .beta = 0.0f};
     switch (kind) {
     case FWD1: /* hpre^T [2F,n] = w1^T [2F,H] · xp^T [H,n] */
-        g = (cuda_gemm_t){CUBLAS_OP_N, CUBLAS_OP_N, f2, rows, h, w1, (const uint16_t *)x->xp + r0 * h,
+        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_N, f2, rows, h, w1, (const uint16_t *)x->xp + r0 * h,
                           (uint16_t *)x->hpre + r0 * f2, f2, h, f2, h * f2, rows * h, rows * f2,
-                          CUDA_R_16BF, 0.0f, 1, false};
+                          CUDA_R_16BF, 0.0f};
         break;
     case FWD2: /* out^T [H,n] = w2^T [H,F] · act^T [F,n] */
-        g = (cuda_gemm_t){CUBLAS_OP_N, CUBLAS_OP_N, h, rows, f, w2, (const uint16_t *)x->act + r0 * f,
+        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_N, h, rows, f, w2, (const uint16_t *)x->act + r0 * f,
                           (uint16_t *)x->out + r0 * h, h, f, h, f * h, rows * f, rows * h,
-                          CUDA_R_16BF, 0.0f, 1, false};
+                          CUDA_R_16BF, 0.0f};
         break;
     case BWD_DACT: /* d_act^T [F,n] = w2 [F,H] · d_out^T [H,n] */
-        g = (cuda_gemm_t){CUBLAS_OP_T, CUBLAS_OP_N, f, rows, h, w2, (const uint16_t *)x->d_out + r0 * h,
-                          d_act + r0 * f, h, h, f, f * h, rows * h, rows * f, CUDA_R_16BF, 0.0f, 1,
-                          false};
+        g = (gemm_desc_t){CUBLAS_OP_T, CUBLAS_OP_N, f, rows, h, w2, (const uint16_t *)x->d_out + r0 * h,
+                          d_act + r0 * f, h, h, f, f * h, rows * h, rows * f, CUDA_R_16BF, 0.0f};
         break;
     case BWD_DW2: /* dw2^T [H,F] += d_out^T [H,n] · act [n,F] */
-        g = (cuda_gemm_t){CUBLAS_OP_N, CUBLAS_OP_T, h, f, rows, (const uint16_t *)x->d_out + r0 * h,
+        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_T, h, f, rows, (const uint16_t *)x->d_out + r0 * h,
                           (const uint16_t *)x->act + r0 * f, x->dw2 + e * f * h, h, f, h, rows * h,
-                          rows * f, f * h, CUDA_R_32F, x->overwrite_grads ? 0.0f : 1.0f, 1, true};
+                          rows * f, f * h, CUDA_R_32F, x->overwrite_grads ? 0.0f : 1.0f};
         break;
     case BWD_DXP: /* d_xp^T [H,n] = w1 [H,2F] · d_hpre^T [2F,n] */
-        g = (cuda_gemm_t){CUBLAS_OP_T, CUBLAS_OP_N, h, rows, f2, w1, d_hpre + r0 * f2,
+        g = (gemm_desc_t){CUBLAS_OP_T, CUBLAS_OP_N, h, rows, f2, w1, d_hpre + r0 * f2,
                           (uint16_t *)x->d_xp + r0 * h, f2, f2, h, h * f2, rows * f2, rows * h,
-                          CUDA_R_16BF, 0.0f, 1, false};
+                          CUDA_R_16BF, 0.0f};
         break;
     case BWD_DW1: /* dw1^T [2F,H] += d_hpre^T [2F,n] · xp [n,H] */
-        g = (cuda_gemm_t){CUBLAS_OP_N, CUBLAS_OP_T, f2, h, rows, d_hpre + r0 * f2,
+        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_T, f2, h, rows, d_hpre + r0 * f2,
                           (const uint16_t *)x->xp + r0 * h, x->dw1 + e * h * f2, f2, h, f2,
-                          rows * f2, rows * h, h * f2, CUDA_R_32F,
-                          x->overwrite_grads ? 0.0f : 1.0f, 1, true};
+                          rows * f2, rows * h, h * f2, CUDA_R_32F, x->overwrite_grads ? 0.0f : 1.0f};
         break;
     }
     return g;
+}
+
+static moe_status_t run_one(cublasHandle_t h, const gemm_desc_t *g)
+{
+    return moe_cuda_gemm(h, g->ta, g->tb, g->m, g->n, g->k, g->a, g->lda, g->b, g->ldb, g->beta,
+                         g->c, g->ctype, g->ldc);
+}
+
+static moe_status_t run_batched(cublasHandle_t h, const gemm_desc_t *g, int32_t batch)
+{
+    const float alpha = 1.0f;
+    MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &alpha, g->a, CUDA_R_16BF, (int)g->lda,
+        g->sa, g->b, CUDA_R_16BF, (int)g->ldb, g->sb, &g->beta, g->c, g->ctype, (int)g->ldc, g->sc,
+        batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MOE_STATUS_SUCCESS;
 }
 
 /* The rows every expert has, or -1 when they differ (or some expert has none). */
@@ -124,9 +146,8 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
     if (mode == CUDA_GEMM_BATCHED) {
         int64_t rows = uniform_rows(x);
         for (int i = 0; i < nk; i++) {
-            cuda_gemm_t g = describe(kinds[i], x, 0, 0, rows);
-            g.batch = x->el;
-            MOE_TRY(moe_cuda_gemm_run(c, -1, &g));
+            gemm_desc_t g = describe(kinds[i], x, 0, 0, rows);
+            MOE_TRY(run_batched(c->cublas, &g, x->el));
         }
         return MOE_STATUS_SUCCESS;
     }
@@ -136,11 +157,11 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
     for (int32_t e = 0; e < x->el; e++) {
         int64_t r0 = x->host_offsets[e], rows = x->host_offsets[e + 1] - r0;
         if (rows == 0) continue;
-        int lane = fan ? next : -1;
+        cublasHandle_t h = fan ? c->side_cublas[next] : c->cublas;
         next = (next + 1) % MOE_CUDA_SIDE_STREAMS;
         for (int i = 0; i < nk; i++) {
-            cuda_gemm_t g = describe(kinds[i], x, e, r0, rows);
-            MOE_TRY(moe_cuda_gemm_run(c, lane, &g));
+            gemm_desc_t g = describe(kinds[i], x, e, r0, rows);
+            MOE_TRY(run_one(h, &g));
         }
     }
     if (fan) MOE_TRY(moe_cuda_join(c, MOE_CUDA_SIDE_STREAMS));

@@ -12,6 +12,18 @@
 #include "../../../kernels/kernels.h"
 #include "cuda_ctx.h"
 
+moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                           int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                           const void *b, int64_t ldb, float beta, void *c, cudaDataType_t ctype,
+                           int64_t ldc)
+{
+    const float alpha = 1.0f;
+    MOE_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, &alpha, a, CUDA_R_16BF,
+                                  (int)lda, b, CUDA_R_16BF, (int)ldb, &beta, c, ctype, (int)ldc,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MOE_STATUS_SUCCESS;
+}
+
 /* ---- router --------------------------------------------------------------------------------- */
 
 static moe_status_t check_router_shape(int32_t e, int32_t k)
@@ -64,12 +76,9 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
     /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T. Measured alternatives
      * (docs/cuda-backend.md): a copy of wg transposed to K-major was 1.2x-2.1x slower in
      * cuBLAS; logits computed inside the selection kernel (no GEMM launch) were 3.6x-21x
-     * slower even at N*H*E <= 2^27. cuBLAS's own choice is the fastest cublasLt offers at
-     * N=65536 H=7168 E=256 (bench/gemm_algos.c), so it is not tuned. */
-    cuda_gemm_t logits = {.ta = CUBLAS_OP_N, .tb = CUBLAS_OP_N, .m = a->e, .n = a->n, .k = a->h,
-                          .a = a->wg, .lda = a->e, .b = a->x, .ldb = a->h, .c = a->logits,
-                          .ldc = a->e, .batch = 1, .ctype = CUDA_R_32F, .beta = 0.0f};
-    MOE_TRY(moe_cuda_gemm_run(c, -1, &logits));
+     * slower even at N*H*E <= 2^27. */
+    MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x, a->h,
+                 0.0f, a->logits, CUDA_R_32F, a->e));
     MOE_CUDA_CHECK(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
                                       a->renormalize, a->topk_idx, a->topk_w, a->counts,
                                       a->score_mean, a->stats, scratch, c->router_tickets,
@@ -92,17 +101,13 @@ moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
      * dx runs here, so one's memory-bound phases overlap the other's math. */
     MOE_TRY(moe_cuda_fork(c, 1));
     /* dwg [H,E] += x^T · dlogits  ==  dwg^T += dlogits^T · x */
-    cuda_gemm_t dwg = {.ta = CUBLAS_OP_N, .tb = CUBLAS_OP_T, .m = a->e, .n = a->h, .k = a->n,
-                       .a = dl16, .lda = a->e, .b = a->x, .ldb = a->h, .c = a->dwg, .ldc = a->e,
-                       .batch = 1, .ctype = CUDA_R_32F, .beta = 1.0f};
-    MOE_TRY(moe_cuda_gemm_run(c, 0, &dwg));
+    MOE_TRY(moe_cuda_gemm(c->side_cublas[0], CUBLAS_OP_N, CUBLAS_OP_T, a->e, a->h, a->n, dl16, a->e, a->x,
+                 a->h, 1.0f, a->dwg, CUDA_R_32F, a->e));
     /* dx [N,H] += dlogits [N,E] · wg^T  ==  dx^T += wg · dlogits^T. Written when it may be:
      * cuBLAS's beta = 1 epilogue costs more than the GEMM (bench/gemm_algos.c: 0.77 vs 0.42 ms
      * at H=7168 N=65536 E=256, 0.42 vs 0.15 ms at H=4096 E=64). */
-    cuda_gemm_t dx = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = a->h, .n = a->n, .k = a->e,
-                      .a = a->wg, .lda = a->e, .b = dl16, .ldb = a->e, .c = a->dx, .ldc = a->h,
-                      .batch = 1, .ctype = CUDA_R_16BF, .beta = a->overwrite_dx ? 0.0f : 1.0f};
-    MOE_TRY(moe_cuda_gemm_run(c, -1, &dx));
+    MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, a->h, a->n, a->e, a->wg, a->e, dl16, a->e,
+                 a->overwrite_dx ? 0.0f : 1.0f, a->dx, CUDA_R_16BF, a->h));
     MOE_TRY(moe_cuda_join(c, 1));
     return MOE_STATUS_SUCCESS;
 }
