@@ -124,7 +124,7 @@ static void run_router_select(void *p, int i)
 {
     router_arg_t *a = p;
     const moe_router_fwd_t *f = &a->f[i % 3];
-    CU(moe_cuda_router_select(f->logits, 1, NULL, f->bias, f->n, f->e, f->k, (int)f->score_fn,
+    CU(moe_cuda_router_select(f->logits, f->bias, f->n, f->e, f->k, (int)f->score_fn,
                               f->renormalize, f->topk_idx, f->topk_w, f->counts, f->score_mean,
                               f->stats, a->scratch, a->tickets, a->stream));
 }

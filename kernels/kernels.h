@@ -34,12 +34,9 @@ int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e);
 
 /* From logits f32 [N,E]: scores, top-k on score + bias, weights, and the statistics, in one
  * kernel. counts/score_mean/stats are written (not accumulated); scratch as sized above;
- * tickets: MOE_ROUTER_TICKETS zeroed unsigned ints. parts > 1: `logits` holds that many
- * partial f32 [N,E] arrays one after the other (a split-K GEMM's), which the kernel adds in
- * order and writes to logits_sum; parts = 1: logits_sum is unused. */
-cudaError_t moe_cuda_router_select(const float *logits, int parts, float *logits_sum,
-                                   const float *bias, int64_t n, int32_t e, int32_t k,
-                                   int score_fn, bool renormalize, int32_t *topk_idx,
+ * tickets: MOE_ROUTER_TICKETS zeroed unsigned ints. */
+cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n, int32_t e,
+                                   int32_t k, int score_fn, bool renormalize, int32_t *topk_idx,
                                    float *topk_w, int32_t *counts, float *score_mean,
                                    float *stats, float *scratch, unsigned *tickets,
                                    cudaStream_t stream);

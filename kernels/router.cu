@@ -87,15 +87,7 @@ static __device__ __forceinline__ float sigmoidf_(float v)
 /* A token's row held by a group of LANES lanes: lane `sub` of the group holds experts
  * sub*EPL ... sub*EPL+EPL-1. Logits, log-sum-exp, scores s, normalised scores q.
  * A group past the last token (valid = false) computes on zeros and writes nothing.
- * vec: E % 4 == 0 and the logits 16-byte aligned, so a lane loads its experts as float4.
- * split: the logits are the sum of `split->parts` partial rows `split->stride` floats apart
- * (a split-K GEMM's), added in order and written to split->out. */
-struct logit_parts {
-    int parts;
-    int64_t stride;
-    float *out;
-};
-
+ * vec: E % 4 == 0 and the logits 16-byte aligned, so a lane loads its experts as float4. */
 template <int EPL, int LANES>
 struct token_row {
     float l[EPL], s[EPL], q[EPL];
@@ -103,9 +95,7 @@ struct token_row {
 
     static __device__ __forceinline__ int expert(int sub, int i) { return sub * EPL + i; }
 
-    template <bool SPLIT>
-    __device__ void load(const float *row, int e, int sub, int score_fn, bool valid, bool vec,
-                         logit_parts split)
+    __device__ void load(const float *row, int e, int sub, int score_fn, bool valid, bool vec)
     {
         if (vec) {
 #pragma unroll
@@ -113,13 +103,6 @@ struct token_row {
                 int j = expert(sub, i);
                 float4 v = valid && j < e ? *reinterpret_cast<const float4 *>(row + j)
                                           : make_float4(0, 0, 0, 0);
-                if (SPLIT && valid && j < e) {
-                    for (int p = 1; p < split.parts; p++) {
-                        float4 w = *reinterpret_cast<const float4 *>(row + p * split.stride + j);
-                        v = make_float4(v.x + w.x, v.y + w.y, v.z + w.z, v.w + w.w);
-                    }
-                    *reinterpret_cast<float4 *>(split.out + j) = v;
-                }
                 bool real = j < e; /* E % 4 == 0: all four or none */
                 l[i] = real ? v.x : -INFINITY;
                 l[i + 1] = real ? v.y : -INFINITY;
@@ -130,12 +113,7 @@ struct token_row {
 #pragma unroll
             for (int i = 0; i < EPL; i++) {
                 int j = expert(sub, i);
-                float v = valid && j < e ? row[j] : 0.0f;
-                if (SPLIT && valid && j < e) {
-                    for (int p = 1; p < split.parts; p++) v += row[p * split.stride + j];
-                    split.out[j] = v;
-                }
-                l[i] = j >= e ? -INFINITY : v;
+                l[i] = j >= e ? -INFINITY : valid ? row[j] : 0.0f;
             }
         }
         scores(e, sub, score_fn);
@@ -345,16 +323,14 @@ struct selector {
     /* Token t, its E logits at `row` (16-byte aligned when vec): scores, statistics, top-k
      * on score + bias, weights; counts go to the block's s_count. A group with valid = false
      * computes on row's values and writes nothing. Every lane of the warp must call. */
-    template <bool SPLIT = false>
     __device__ void token(const float *row, int64_t t, bool valid, int e, int k, int score_fn,
                           bool renorm, bool vec, int lane, int32_t *__restrict__ topk_idx,
-                          float *__restrict__ topk_w, int32_t *s_count,
-                          logit_parts split = {1, 0, nullptr})
+                          float *__restrict__ topk_w, int32_t *s_count)
     {
         int sub = lane % LANES, grp = lane / LANES;
         unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
         row_t r;
-        r.template load<SPLIT>(row, e, sub, score_fn, valid, vec, split);
+        r.load(row, e, sub, score_fn, valid, vec);
         /* entropy -sum q log q; softmax: log q = logit - lse exactly, no log needed */
         float ent = 0;
 #pragma unroll
@@ -491,12 +467,10 @@ static size_t select_smem(int warps, int32_t e)
     return sizeof(float) * ((size_t)warps * e + 2 * (size_t)warps) + sizeof(int32_t) * (size_t)e;
 }
 
-/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. SPLIT: `logits`
- * holds `parts` partial [N,E] arrays, summed into logits_sum. */
-template <int EPL, int LANES, bool SPLIT>
+/* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. */
+template <int EPL, int LANES>
 __global__ void __launch_bounds__(WARPS * 32, EPL == 8 ? SELECT_BLOCKS_PER_SM : 1)
-router_select(const float *__restrict__ logits, int parts, float *logits_sum,
-              const float *__restrict__ bias, int64_t n, int e,
+router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
               int k, int score_fn, bool renorm, bool vec, int32_t *__restrict__ topk_idx,
               float *__restrict__ topk_w, float *scratch, unsigned *tickets,
               int32_t *__restrict__ counts, float *__restrict__ score_mean,
@@ -520,10 +494,8 @@ router_select(const float *__restrict__ logits, int parts, float *logits_sum,
         int64_t t0 = first + (int64_t)it * GROUPS, t = t0 + grp;
         if (t0 >= n) break; /* warp-uniform */
         bool valid = t < n;
-        int64_t at = (valid ? t : 0) * e;
-        sel.template token<SPLIT>(logits + at, t, valid, e, k, score_fn, renorm, vec, lane,
-                                  topk_idx, topk_w, s_count,
-                                  {parts, n * e, SPLIT ? logits_sum + at : nullptr});
+        sel.token(logits + (valid ? t : 0) * e, t, valid, e, k, score_fn, renorm, vec, lane,
+                  topk_idx, topk_w, s_count);
     }
     sel.finish(s_mean, s_stats, s_count, e, scratch, gsz, tickets,
                {score_mean, stats, counts, e, 1.0 / (double)n});
@@ -584,15 +556,14 @@ static int64_t partial_floats(int64_t nb, int32_t e)
 }
 
 template <int EPL, int LANES>
-static cudaError_t launch_select(const float *logits, int parts, float *logits_sum,
-                                 const float *bias, int64_t n, int32_t e, int32_t k,
-                                 int score_fn, bool renorm, int32_t *topk_idx, float *topk_w,
-                                 float *scratch, unsigned *tickets, int32_t *counts,
-                                 float *score_mean, float *stats, cudaStream_t stream)
+static cudaError_t launch_select(const float *logits, const float *bias, int64_t n, int32_t e,
+                                 int32_t k, int score_fn, bool renorm, int32_t *topk_idx,
+                                 float *topk_w, float *scratch, unsigned *tickets,
+                                 int32_t *counts, float *score_mean, float *stats,
+                                 cudaStream_t stream)
 {
     size_t smem = select_smem(WARPS, e);
-    bool vec = e % 4 == 0 && (uintptr_t)logits % 16 == 0 &&
-               (parts == 1 || (uintptr_t)logits_sum % 16 == 0);
+    bool vec = e % 4 == 0 && (uintptr_t)logits % 16 == 0;
     /* programmatic dependent launch (see cudaGridDependencySynchronize in the kernel):
      * forward 0.1809 -> 0.1790 ms (E=64) and 0.4395 -> 0.4382 ms (E=256), N=65536 */
     cudaLaunchAttribute attr = {};
@@ -605,27 +576,26 @@ static cudaError_t launch_select(const float *logits, int parts, float *logits_s
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    auto kernel = parts > 1 ? router_select<EPL, LANES, true> : router_select<EPL, LANES, false>;
-    return cudaLaunchKernelEx(&cfg, kernel, logits, parts, logits_sum, bias, n, (int)e, (int)k,
+    return cudaLaunchKernelEx(&cfg, router_select<EPL, LANES>, logits, bias, n, (int)e, (int)k,
                               score_fn, renorm, vec, topk_idx, topk_w, scratch, tickets, counts,
                               score_mean, stats, select_iters(n, e),
                               select_group(select_blocks(n, e)));
 }
 
-extern "C" cudaError_t moe_cuda_router_select(const float *logits, int parts, float *logits_sum,
-                                              const float *bias, int64_t n, int32_t e, int32_t k,
-                                              int score_fn, bool renormalize, int32_t *topk_idx,
-                                              float *topk_w, int32_t *counts, float *score_mean,
-                                              float *stats, float *scratch, unsigned *tickets,
+extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n,
+                                              int32_t e, int32_t k, int score_fn,
+                                              bool renormalize, int32_t *topk_idx, float *topk_w,
+                                              int32_t *counts, float *score_mean, float *stats,
+                                              float *scratch, unsigned *tickets,
                                               cudaStream_t stream)
 {
-    if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K || k > e || n <= 0 || parts < 1 ||
-        (parts > 1 && !logits_sum) || select_blocks(n, e) > INT32_MAX)
+    if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K || k > e || n <= 0 ||
+        select_blocks(n, e) > INT32_MAX)
         return cudaErrorInvalidValue;
     cudaError_t rc = with_layout(e, [&](auto epl, auto lanes) {
         return launch_select<decltype(epl)::value, decltype(lanes)::value>(
-            logits, parts, logits_sum, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w,
-            scratch, tickets, counts, score_mean, stats, stream);
+            logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, scratch, tickets, counts,
+            score_mean, stats, stream);
     });
     return rc != cudaSuccess ? rc : cudaGetLastError();
 }
@@ -970,7 +940,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
         int64_t t = valid ? tw + grp : tw;
         const float *row = logits + t * e;
         row_t r;
-        r.template load<false>(row, e, sub, score_fn, true, vec, {1, 0, nullptr});
+        r.load(row, e, sub, score_fn, true, vec);
         float gs[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++) gs[i] = 0;

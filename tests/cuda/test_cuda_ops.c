@@ -218,13 +218,10 @@ static void test_router(void **state)
         {1500, 2056, 32, 4, MOE_SCORE_SIGMOID, true, false},
     };
     /* every case through both forward paths: the fused kernel wherever it applies, and the
-     * cuBLAS GEMM + selection kernel (auto picks one of the two by size); the GEMM path also
-     * split in 4 parts of H (the selection adds the partial logits) where 4 divides H into
-     * multiples of 8, else 2, else whole */
-    const char *modes[] = {"fused", "gemm", "gemm"};
-    for (int m = 0; m < 3; m++) {
+     * cuBLAS GEMM + selection kernel (auto picks one of the two by size) */
+    const char *modes[] = {"fused", "gemm"};
+    for (int m = 0; m < 2; m++) {
         setenv("MOE_CUDA_ROUTER", modes[m], 1);
-        if (m == 2) setenv("MOE_CUDA_ROUTER_SPLIT", "4", 1);
         gpu_pair_t G;
         gpu_pair_init(&G);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -232,7 +229,6 @@ static void test_router(void **state)
         gpu_pair_free(&G);
     }
     unsetenv("MOE_CUDA_ROUTER");
-    unsetenv("MOE_CUDA_ROUTER_SPLIT");
 }
 
 /* ---- plan ------------------------------------------------------------------------------ */

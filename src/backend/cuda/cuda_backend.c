@@ -262,8 +262,6 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     }
     c->gemm_mode = gemm_mode_from_env(p->logger);
     c->router_mode = router_mode_from_env(p->logger);
-    const char *split = getenv("MOE_CUDA_ROUTER_SPLIT");
-    c->router_split = split ? atoi(split) : 0;
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;

@@ -43,7 +43,6 @@ typedef struct cuda_ctx {
     cudaEvent_t fork, join[MOE_CUDA_SIDE_STREAMS];
     cuda_gemm_mode_t gemm_mode;
     cuda_router_mode_t router_mode;
-    int router_split; /* MOE_CUDA_ROUTER_SPLIT: parts of the logits GEMM; 0 = by shape */
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */
     cudaMemPool_t pool;

@@ -53,18 +53,6 @@ bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
            a->h <= FUSED_MAX_SHORT_H;
 }
 
-/* Parts of H the GEMM path splits the logits GEMM into (split-K: one strided-batched GEMM
- * writing partial logits that the selection adds up in order). With few tokens cuBLAS runs
- * the logits GEMM on few CTAs each walking all of H (N=4096 H=2048: 88 CTAs, 8.1 us); splits
- * give it more, shorter ones. MOE_CUDA_ROUTER_SPLIT=<parts> forces a count where it divides H
- * into multiples of 8. A function of the shape alone, so results do not depend on the device. */
-static int router_split(const cuda_ctx_t *c, const moe_router_fwd_t *a)
-{
-    int parts = c->router_split > 0 ? c->router_split : 1;
-    while (parts > 1 && (a->h % parts || (a->h / parts) % 8)) parts /= 2;
-    return parts;
-}
-
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
 {
     cuda_ctx_t *c = ctx;
@@ -75,14 +63,10 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
         MOE_CUDA_CHECK(cudaMemsetAsync(a->stats, 0, 2 * sizeof(float), c->stream));
         return MOE_STATUS_SUCCESS;
     }
-    bool fused = moe_cuda_router_uses_fused(c, a);
-    int parts = fused ? 1 : router_split(c, a);
-    /* the selection's per-block partials, then (split) the partial logits, 256-byte aligned */
-    size_t sel = ((size_t)moe_cuda_router_forward_scratch(a->n, a->e) + 63) / 64 * 64;
-    size_t part_floats = parts > 1 ? (size_t)parts * (size_t)a->n * (size_t)a->e : 0;
-    float *scratch;
-    MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (sel + part_floats), (void **)&scratch));
-    if (fused) {
+    void *scratch;
+    MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_forward_scratch(a->n, a->e),
+                               &scratch));
+    if (moe_cuda_router_uses_fused(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_router_fused(a->x, a->wg, a->bias, a->n, a->h, a->e, a->k,
                                              (int)a->score_fn, a->renormalize, a->logits,
                                              a->topk_idx, a->topk_w, a->counts, a->score_mean,
@@ -93,26 +77,12 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
      * (docs/cuda-backend.md): a copy of wg transposed to K-major was 1.2x-2.1x slower in
      * cuBLAS; logits computed inside the selection kernel (no GEMM launch) were 3.6x-21x
      * slower even at N*H*E <= 2^27. */
-    if (parts > 1) {
-        const float alpha = 1.0f, beta = 0.0f;
-        int64_t hp = a->h / parts;
-        float *partial = scratch + sel;
-        MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-            c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, (int)a->n, (int)hp, &alpha, a->wg,
-            CUDA_R_16BF, a->e, hp * a->e, a->x, CUDA_R_16BF, (int)a->h, hp, &beta, partial,
-            CUDA_R_32F, a->e, a->n * a->e, parts, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        MOE_CUDA_CHECK(moe_cuda_router_select(partial, parts, a->logits, a->bias, a->n, a->e,
-                                              a->k, (int)a->score_fn, a->renormalize,
-                                              a->topk_idx, a->topk_w, a->counts, a->score_mean,
-                                              a->stats, scratch, c->router_tickets, c->stream));
-        return MOE_STATUS_SUCCESS;
-    }
     MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x, a->h,
                  0.0f, a->logits, CUDA_R_32F, a->e));
-    MOE_CUDA_CHECK(moe_cuda_router_select(a->logits, 1, NULL, a->bias, a->n, a->e, a->k,
-                                          (int)a->score_fn, a->renormalize, a->topk_idx,
-                                          a->topk_w, a->counts, a->score_mean, a->stats, scratch,
-                                          c->router_tickets, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
+                                      a->renormalize, a->topk_idx, a->topk_w, a->counts,
+                                      a->score_mean, a->stats, scratch, c->router_tickets,
+                                      c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
