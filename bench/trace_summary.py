@@ -9,11 +9,27 @@ program (concurrent kernels overlap, so their sum can exceed the span).
 """
 import csv
 import re
+import shutil
+import subprocess
 import sys
 from collections import defaultdict
 
 
+def demangle(names):
+    """CUPTI gives mangled kernel names; c++filt (binutils) reads them back where present."""
+    if not shutil.which("c++filt") or not names:
+        return {n: n for n in names}
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    return dict(zip(names, lines)) if len(lines) == len(names) else {n: n for n in names}
+
+
+# CUpti_ActivityMemcpyKind, as bench/trace.c writes it ("kind<N>_<bytes>_bytes")
+COPY_KINDS = {"1": "HtoD", "2": "DtoH", "8": "DtoD", "10": "PtoP"}
+
+
 def short(name):
+    name = re.sub(r"^kind(\d+)_", lambda m: COPY_KINDS.get(m.group(1), m.group(0)) + " ", name)
     name = re.sub(r"\(.*", "", name)
     name = re.sub(r"<.*", "", name)
     return name.replace("void ", "")[:56]
@@ -22,9 +38,12 @@ def short(name):
 def main(path, min_gap_us=2.0):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
+    readable = demangle(sorted({r["name"] for r in rows if r["kind"] == "kernel"}))
     for r in rows:
         r["start"], r["end"] = int(r["start_ns"]), int(r["end_ns"])
         r["corr"] = int(r["correlation"])
+        if r["kind"] == "kernel":
+            r["name"] = readable[r["name"]]
     api = sorted((r for r in rows if r["kind"] in ("api", "drv")), key=lambda r: r["start"])
     starts = [r for r in api if r["name"].startswith("cudaProfilerStart")]
     stops = [r for r in api if r["name"].startswith("cudaProfilerStop")]
