@@ -64,17 +64,15 @@ static void describe_algo(const cublasLtMatmulAlgo_t *algo, char *out, size_t le
                            "cluster"};
     size_t used = 0;
     for (size_t i = 0; i < sizeof attrs / sizeof attrs[0] && used < len; i++) {
-        uint64_t v = 0; /* attributes are 2 to 4 bytes, little-endian */
-        size_t written = 0;
-        if (cublasLtMatmulAlgoConfigGetAttribute(algo, attrs[i], &v, sizeof v, &written) !=
-            CUBLAS_STATUS_SUCCESS) {
-            v = 0;
-            cublasLtMatmulAlgoConfigGetAttribute(algo, attrs[i], NULL, 0, &written);
-            if (written > sizeof v ||
-                cublasLtMatmulAlgoConfigGetAttribute(algo, attrs[i], &v, written, &written) !=
-                    CUBLAS_STATUS_SUCCESS)
-                continue;
-        }
+        /* the attributes are 2 or 4 bytes: ask the size, then read that many (little-endian) */
+        uint64_t v = 0;
+        size_t size = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute(algo, attrs[i], NULL, 0, &size) !=
+                CUBLAS_STATUS_SUCCESS ||
+            size > sizeof v ||
+            cublasLtMatmulAlgoConfigGetAttribute(algo, attrs[i], &v, size, &size) !=
+                CUBLAS_STATUS_SUCCESS)
+            continue;
         used += (size_t)snprintf(out + used, len - used, ",\"%s\":%llu", names[i],
                                  (unsigned long long)v);
     }

@@ -10,8 +10,9 @@
 #   layer steps (bench/trace.c, CUPTI) in $OUT/trace.txt, also of $MOE_AB_TREE's bench_moe when
 #   set; algos: bench/gemm_algos.c ($MOE_ALGOS_GROUP: one group); ab: bench_moe of this tree
 #   and of $MOE_AB_TREE (another source tree carried with the call) or this one under the
-#   environment $MOE_AB_ENV, taking turns, 3 rounds, parts $MOE_BENCH_PART (default router); ncu: one kernel's counters; kernels: every
-#   kernel's own time in the router bench of some shapes
+#   environment $MOE_AB_ENV, taking turns, 3 rounds, parts $MOE_BENCH_PART (default router);
+#   ncu: one kernel's counters; kernels: every kernel's own time in the router bench of some
+#   shapes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
