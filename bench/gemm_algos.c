@@ -45,7 +45,7 @@ typedef struct gemm {
     int64_t m, n, k;
     cudaDataType_t ctype;
     float beta;
-    int batch; /* > 1: strided batched, operands packed one after the other */
+    int batch; /* problems; > 1: strided batched, operands packed one after the other */
 } gemm_t;
 
 typedef struct operands {
@@ -153,7 +153,7 @@ int main(int argc, char **argv)
     for (size_t gi = 0; gi < sizeof gemms / sizeof gemms[0]; gi++) {
         gemm_t g = gemms[gi];
         operands_t o;
-        int64_t batch = g.batch > 1 ? g.batch : 1;
+        int64_t batch = g.batch;
         if (only && strcmp(only, g.group)) continue;
         size_t csize = g.ctype == F32 ? 4 : 2;
         CU(cudaMalloc(&o.a, 2 * g.m * g.k * batch));
