@@ -10,7 +10,7 @@
  * ceilings.
  *
  * Shape legend: N tokens, H hidden, E experts, K top-k, T tokens per expert, F expert width.
- * Usage: bench_moe [router|experts|layer|all] [shape index: router or layer shapes]
+ * Usage: bench_moe [router|experts|layer|all] [shape index within the part]
  *        bench_moe profile [layer shape index]
  * The experts and layer parts measure every expert GEMM mode (variant = mode) unless
  * MOE_CUDA_EXPERT_GEMM names one. `profile` runs two layer steps, then a third between
@@ -239,14 +239,15 @@ static void run_experts_bwd(void *p, int i)
     CK(a->be.ops->experts_backward(a->be.ctx, &a->x));
 }
 
-static void bench_experts(moe_backend_t be, cudaStream_t stream)
+static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
 {
-    /* the three, and the experts of the first layer shape (H=4096) */
+    /* the three, and the experts of the first two layer shapes */
     const int64_t shapes[][4] = {{8, 4096, 4096, 14336}, {16, 2048, 2048, 8192}, {64, 512, 2048, 1408},
-                                 {64, 512, 4096, 1408}};
+                                 {64, 512, 4096, 1408}, {8, 4096, 2048, 8192}};
     cuda_ctx_t *c = be.ctx;
     const char *forced = getenv("MOE_CUDA_EXPERT_GEMM");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        if (only >= 0 && (size_t)only != s) continue;
         int32_t el = (int32_t)shapes[s][0];
         int64_t t = shapes[s][1], h = shapes[s][2], f = shapes[s][3], r = el * t;
         int64_t *off = calloc((size_t)el + 1, sizeof(int64_t));
@@ -285,18 +286,24 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream)
             snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
                      (long long)h, (long long)f, dist_names[dist]);
             double flops = 6.0 * r * h * f;
-            for (int m = 0; m < 4; m++) {
-                if (dist > 0 && modes[m] == CUDA_GEMM_BATCHED) continue;
-                if (forced && *forced && strcmp(forced, names[m]) != 0) continue;
-                c->gemm_mode = modes[m];
+            /* the modes, then (where the SwiGLU GEMMs ran and no mode is forced) auto with
+             * SwiGLU's own kernels */
+            bool fused = c->swiglu_gemm;
+            for (int m = 0; m < 4 + (fused && !(forced && *forced)); m++) {
+                int mi = m % 4;
+                if (dist > 0 && modes[mi] == CUDA_GEMM_BATCHED) continue;
+                if (forced && *forced && strcmp(forced, names[mi]) != 0) continue;
+                c->gemm_mode = modes[mi];
+                c->swiglu_gemm = fused && m < 4;
+                const char *v = m < 4 ? names[mi] : "auto, SwiGLU kernels";
                 double ms = time_median(stream, run_experts_fwd, &a, 3, 20);
-                emit("experts_fwd", shape, names[m], ms, flops / TC_FLOPS * 1e3, "tc",
-                     flops / ms * 1e-9);
+                emit("experts_fwd", shape, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
                 ms = time_median(stream, run_experts_bwd, &a, 3, 10);
-                emit("experts_bwd", shape, names[m], ms, 2 * flops / TC_FLOPS * 1e3, "tc",
+                emit("experts_bwd", shape, v, ms, 2 * flops / TC_FLOPS * 1e3, "tc",
                      2 * flops / ms * 1e-9);
             }
             c->gemm_mode = CUDA_GEMM_AUTO;
+            c->swiglu_gemm = fused;
         }
         CU(cudaDeviceSynchronize());
         void *p[] = {(void *)a.x.w1, (void *)a.x.w2, (void *)a.x.xp, a.x.hpre, a.x.act, a.x.out,
@@ -374,15 +381,21 @@ static void bench_layer(cudaStream_t stream, int only, bool profile)
             CU(cudaStreamSynchronize(stream));
             CU(cudaProfilerStop());
         } else {
-            for (int m = 0; m < nmodes; m++) {
-                const char *v = forced && *forced ? forced : names[m];
-                if (nmodes > 1) c->gemm_mode = modes[m];
+            /* the modes, then (where the SwiGLU GEMMs ran and no mode is forced) auto with
+             * SwiGLU's own kernels */
+            bool fused = c->swiglu_gemm;
+            for (int m = 0; m < nmodes + (fused && nmodes > 1); m++) {
+                bool kernels = m == nmodes; /* the extra run */
+                const char *v = kernels ? "auto, SwiGLU kernels" : forced && *forced ? forced : names[m];
+                if (nmodes > 1 || kernels) c->gemm_mode = kernels ? CUDA_GEMM_AUTO : modes[m];
+                c->swiglu_gemm = fused && !kernels;
                 double ms = time_median(stream, run_layer, &a, 2, 10);
                 emit("layer_fwd_bwd", sh, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
                 ms = time_median(stream, run_layer_fwd, &a, 2, 10);
                 emit("layer_fwd", sh, v, ms, flops / 3 / TC_FLOPS * 1e3, "tc",
                      flops / 3 / ms * 1e-9);
             }
+            c->swiglu_gemm = fused;
         }
         for (int i = 0; i < 4; i++) CK(moe_tensor_free(rt, ts[i]));
         CK(moe_layer_destroy(a.layer));
@@ -411,7 +424,7 @@ int main(int argc, char **argv)
     CK(be.ops->set_stream(be.ctx, stream));
     int only = argc > 2 ? atoi(argv[2]) : -1;
     if (!strcmp(what, "router") || !strcmp(what, "all")) bench_router(be, stream, only);
-    if (!strcmp(what, "experts") || !strcmp(what, "all")) bench_experts(be, stream);
+    if (!strcmp(what, "experts") || !strcmp(what, "all")) bench_experts(be, stream, only);
     CK(be.ops->set_stream(be.ctx, NULL));
     be.ops->destroy(be.ctx);
     if (!strcmp(what, "layer") || !strcmp(what, "all")) bench_layer(stream, only, false);

@@ -103,6 +103,24 @@ cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, i
 cudaError_t moe_cuda_swiglu_backward(void *d_hpre, const void *d_act, const void *hpre,
                                      int64_t rows, int64_t f, cudaStream_t stream);
 
+/* ---- the expert GEMMs with SwiGLU in their epilogue, Hopper only (swiglu_gemm_sm90.cu) ---- */
+
+#define MOE_SWIGLU_GEMM_MAX_EXPERTS 256
+
+/* Whether `device` can run them (compute capability 9.0 and the sm_90a image present), and
+ * whether a shape fits them (El <= 256, H % 8 == 0, F % 128 == 0). */
+bool moe_cuda_swiglu_gemm_supported(int device);
+bool moe_cuda_swiglu_gemm_fits(int32_t el, int64_t h, int64_t f);
+/* Per local expert e, rows [offsets[e], offsets[e+1]) (host array, El + 1 entries):
+ * hpre = xp . w1[e] and act = silu(gate) * up, in one grouped launch. */
+cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const void *xp, const void *w1,
+                                         const int64_t *offsets, int32_t el, int64_t h,
+                                         int64_t f, cudaStream_t stream);
+/* d_hpre = swiglu'(hpre, d_out . w2[e]^T), the same rows. */
+cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d_out, const void *w2,
+                                          const void *hpre, const int64_t *offsets, int32_t el,
+                                          int64_t h, int64_t f, cudaStream_t stream);
+
 /* ---- element-wise (elementwise.cu) ---- */
 
 cudaError_t moe_cuda_bf16_to_f32(float *dst, const void *src, int64_t n, cudaStream_t stream);

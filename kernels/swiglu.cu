@@ -1,16 +1,16 @@
 /*
- * SwiGLU activation between the two expert GEMMs, forward and backward.
- * Shape legend: R rows, F expert FFN width; hpre [R,2,F] holds gate (index 0) and up (1).
- *   act = silu(g) * u,  silu(g) = g sigma(g)
- *   d_g = d_act * u * sigma(g) (1 + g (1 - sigma(g))),  d_u = d_act * silu(g)
- * bf16 in and out, fp32 math; 16-byte accesses when F % 8 == 0. Memory-bound: forward moves
- * 6 bytes per output element, backward 10.
+ * SwiGLU activation between the two expert GEMMs, forward and backward (the math is in
+ * swiglu.cuh). Shape legend: R rows, F expert FFN width; hpre [R,2,F] holds gate (index 0)
+ * and up (1). bf16 in and out, fp32 math; 16-byte accesses when F % 8 == 0. Memory-bound:
+ * forward moves 6 bytes per output element, backward 10. On Hopper the expert GEMMs carry
+ * this math in their epilogue instead (swiglu_gemm_sm90.cu).
  */
 #include <cuda_bf16.h>
 
 #include "bf16_vec.cuh"
 #include "grid.cuh"
 #include "kernels.h"
+#include "swiglu.cuh"
 
 template <int VEC>
 __global__ void swiglu_fwd(__nv_bfloat16 *__restrict__ act, const __nv_bfloat16 *__restrict__ hpre,
@@ -23,7 +23,7 @@ __global__ void swiglu_fwd(__nv_bfloat16 *__restrict__ act, const __nv_bfloat16 
         load_vec<VEC>(hpre + r * 2 * f + c, g);
         load_vec<VEC>(hpre + r * 2 * f + f + c, u);
 #pragma unroll
-        for (int i = 0; i < VEC; i++) a[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+        for (int i = 0; i < VEC; i++) a[i] = swiglu_value(g[i], u[i]);
         store_vec<VEC>(act + r * f + c, a);
     }
 }
@@ -40,11 +40,7 @@ __global__ void swiglu_bwd(__nv_bfloat16 *__restrict__ d_hpre, const __nv_bfloat
         load_vec<VEC>(hpre + r * 2 * f + f + c, u);
         load_vec<VEC>(d_act + r * f + c, da);
 #pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            float s = 1.0f / (1.0f + __expf(-g[i]));
-            dg[i] = da[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-            du[i] = da[i] * g[i] * s;
-        }
+        for (int i = 0; i < VEC; i++) swiglu_grad(g[i], u[i], da[i], &dg[i], &du[i]);
         store_vec<VEC>(d_hpre + r * 2 * f + c, dg);
         store_vec<VEC>(d_hpre + r * 2 * f + f + c, du);
     }

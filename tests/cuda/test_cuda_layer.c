@@ -255,6 +255,9 @@ static void test_layers(void **state)
         {"softmax E=64 K=8", 256, 64, 32, 64, 8, MOE_SCORE_SOFTMAX, 0, 0},
         /* capacity near the mean load: filler under a quarter, so the GPU pads */
         {"softmax E=32 capacity 1.1", 2048, 64, 32, 32, 2, MOE_SCORE_SOFTMAX, 1.1f, 0},
+        /* F % 128 == 0: on Hopper the SwiGLU GEMMs, padded (E=16) and compact (E=8) rows */
+        {"softmax E=16 F=128", 1024, 128, 128, 16, 2, MOE_SCORE_SOFTMAX, 0, 0},
+        {"sigmoid E=8 F=256 capacity 1.0 + bias", 1000, 192, 256, 8, 2, MOE_SCORE_SIGMOID, 1.0f, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }

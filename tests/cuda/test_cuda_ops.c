@@ -416,13 +416,22 @@ static void test_rows(void **state)
 
 /* ---- experts ---------------------------------------------------------------------------- */
 
+/* fused: "1" for SwiGLU in the GEMM epilogues where the device can (Hopper: then it must),
+ * "0" for the stand-alone kernels */
 static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *rows_per,
-                             const char *mode, test_rng_t *rng)
+                             const char *mode, const char *fused, test_rng_t *rng)
 {
-    fprintf(stderr, "experts El=%d H=%lld F=%lld mode=%s rows:", el, (long long)h, (long long)f, mode);
     setenv("MOE_CUDA_EXPERT_GEMM", mode, 1);
+    setenv("MOE_CUDA_SWIGLU_GEMM", fused, 1);
     gpu_pair_t Q;
     gpu_pair_init(&Q);
+    const cuda_ctx_t *cc = Q.cuda.ctx;
+    struct cudaDeviceProp prop;
+    assert_int_equal(cudaGetDeviceProperties(&prop, cc->device), cudaSuccess);
+    bool hopper = prop.major == 9 && prop.minor == 0;
+    assert_true(cc->swiglu_gemm == (hopper && strcmp(fused, "1") == 0));
+    fprintf(stderr, "experts El=%d H=%lld F=%lld mode=%s swiglu_gemm=%d rows:", el, (long long)h,
+            (long long)f, mode, cc->swiglu_gemm && moe_cuda_swiglu_gemm_fits(el, h, f));
     int64_t off[65] = {0};
     for (int32_t e = 0; e < el; e++) {
         off[e + 1] = off[e] + rows_per[e];
@@ -479,6 +488,7 @@ static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *ro
     for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
     gpu_pair_free(&Q);
     unsetenv("MOE_CUDA_EXPERT_GEMM");
+    unsetenv("MOE_CUDA_SWIGLU_GEMM");
 }
 
 static void test_experts(void **state)
@@ -488,9 +498,17 @@ static void test_experts(void **state)
     const int64_t uneven[] = {37, 0, 130, 5, 64, 1};
     const int64_t even[] = {48, 48, 48, 48};
     const char *modes[] = {"loop", "streams", "auto"};
-    for (int m = 0; m < 3; m++) run_experts_case(6, 64, 96, uneven, modes[m], &rng);
-    run_experts_case(4, 64, 96, even, "batched", &rng);
-    run_experts_case(4, 40, 45, even, "loop", &rng); /* F % 8 != 0: scalar SwiGLU */
+    for (int m = 0; m < 3; m++) run_experts_case(6, 64, 96, uneven, modes[m], "1", &rng);
+    run_experts_case(4, 64, 96, even, "batched", "1", &rng);
+    run_experts_case(4, 40, 45, even, "loop", "1", &rng); /* F % 8 != 0: scalar SwiGLU */
+    /* shapes the SwiGLU GEMMs take (F % 128 == 0): M tiles cut by expert ends and by R, an
+     * expert without rows, H not a multiple of the 64-wide K step, the backward's last
+     * 256-column tile half outside F; each also through the stand-alone kernels */
+    const int64_t ragged[] = {300, 0, 129, 1, 128}, three[] = {130, 70, 260};
+    for (int fused = 1; fused >= 0; fused--) {
+        run_experts_case(5, 200, 256, ragged, "auto", fused ? "1" : "0", &rng);
+        run_experts_case(3, 64, 384, three, "loop", fused ? "1" : "0", &rng);
+    }
 }
 
 /* ---- element-wise ------------------------------------------------------------------------ */

@@ -233,6 +233,14 @@ static cuda_router_mode_t router_mode_from_env(const moe_logger_t *logger)
     return m;
 }
 
+static bool swiglu_gemm_from_env(int device, const moe_logger_t *logger)
+{
+    const char *v = getenv("MOE_CUDA_SWIGLU_GEMM");
+    bool off = v && strcmp(v, "0") == 0;
+    if (off) moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_SWIGLU_GEMM=0: SwiGLU as its own kernels");
+    return !off && moe_cuda_swiglu_gemm_supported(device);
+}
+
 moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_t *out)
 {
     cuda_ctx_t *c = calloc(1, sizeof *c);
@@ -262,6 +270,7 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     }
     c->gemm_mode = gemm_mode_from_env(p->logger);
     c->router_mode = router_mode_from_env(p->logger);
+    c->swiglu_gemm = swiglu_gemm_from_env(c->device, p->logger);
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;

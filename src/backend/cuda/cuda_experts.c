@@ -18,6 +18,10 @@
  *            its own cuBLAS handle and workspace, joined back with events.
  *   LOOP     few large experts: one cublasGemmEx after the other on the current stream.
  * Every GEMM writes a disjoint output, so all three give bitwise-identical results.
+ *
+ * On Hopper, GEMM1 + SwiGLU forward and d_act + SwiGLU backward run instead as one grouped
+ * launch each with SwiGLU in the epilogue (kernels/swiglu_gemm_sm90.cu), whatever the mode;
+ * the other GEMMs are issued as above.
  */
 #include "cuda_ctx.h"
 #include "../../../kernels/kernels.h"
@@ -168,6 +172,11 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
     return MOE_STATUS_SUCCESS;
 }
 
+static bool fused_swiglu(const cuda_ctx_t *c, const moe_experts_t *x)
+{
+    return c->swiglu_gemm && moe_cuda_swiglu_gemm_fits(x->el, x->h, x->f);
+}
+
 moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a)
 {
     cuda_ctx_t *c = ctx;
@@ -175,8 +184,13 @@ moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a)
     if (total == 0) return MOE_STATUS_SUCCESS;
     cuda_gemm_mode_t mode = choose_mode(c, a);
     static const gemm_kind_t k1[] = {FWD1}, k2[] = {FWD2};
-    MOE_TRY(run_experts(c, a, mode, k1, 1));
-    MOE_CUDA_CHECK(moe_cuda_swiglu_forward(a->act, a->hpre, total, a->f, c->stream));
+    if (fused_swiglu(c, a)) {
+        MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_forward(a->hpre, a->act, a->xp, a->w1, a->host_offsets,
+                                                    a->el, a->h, a->f, c->stream));
+    } else {
+        MOE_TRY(run_experts(c, a, mode, k1, 1));
+        MOE_CUDA_CHECK(moe_cuda_swiglu_forward(a->act, a->hpre, total, a->f, c->stream));
+    }
     MOE_TRY(run_experts(c, a, mode, k2, 1));
     return MOE_STATUS_SUCCESS;
 }
@@ -194,10 +208,18 @@ moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a)
     int64_t total = a->host_offsets[a->el];
     if (total == 0) return MOE_STATUS_SUCCESS;
     cuda_gemm_mode_t mode = choose_mode(c, a);
-    static const gemm_kind_t k1[] = {BWD_DACT, BWD_DW2}, k2[] = {BWD_DXP, BWD_DW1};
+    static const gemm_kind_t k1[] = {BWD_DACT, BWD_DW2}, k2[] = {BWD_DXP, BWD_DW1},
+                             k_dw2[] = {BWD_DW2};
     uint16_t *d_act = a->scratch, *d_hpre = d_act + total * a->f;
-    MOE_TRY(run_experts(c, a, mode, k1, 2));
-    MOE_CUDA_CHECK(moe_cuda_swiglu_backward(d_hpre, d_act, a->hpre, total, a->f, c->stream));
+    if (fused_swiglu(c, a)) {
+        MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_backward(d_hpre, a->d_out, a->w2, a->hpre,
+                                                     a->host_offsets, a->el, a->h, a->f,
+                                                     c->stream));
+        MOE_TRY(run_experts(c, a, mode, k_dw2, 1));
+    } else {
+        MOE_TRY(run_experts(c, a, mode, k1, 2));
+        MOE_CUDA_CHECK(moe_cuda_swiglu_backward(d_hpre, d_act, a->hpre, total, a->f, c->stream));
+    }
     MOE_TRY(run_experts(c, a, mode, k2, 2));
     return MOE_STATUS_SUCCESS;
 }

@@ -1,0 +1,541 @@
+/*
+ * The two expert GEMMs that touch SwiGLU, with SwiGLU in their epilogue, for Hopper (sm_90a:
+ * TMA bulk tensor copies and wgmma). Per local expert e with rows [o_e, o_e + n_e):
+ *   forward   hpre = xp . w1[e]  and  act = silu(gate) * up       (one kernel)
+ *   backward  d_act = d_out . w2[e]^T,  d_hpre = swiglu'(hpre, d_act)   (d_act never stored)
+ * This saves the stand-alone SwiGLU kernels' passes over hpre (forward: read 2F, write F per
+ * row; backward: read 3F, write 2F), which at (16384, 2048, 8192, 8, 2) cost 1.05 ms a step at
+ * full memory bandwidth, while the GEMM itself stays math-bound (docs/cuda-backend.md).
+ *
+ * One grouped launch covers every expert: the tiles of all experts are numbered in one list
+ * (expert-major, then N tile, then M tile, so CTAs running together share B panels in L2) and a
+ * persistent grid of one CTA per SM walks it. A CTA is three warpgroups: one producer thread
+ * issuing TMA loads into a 4-stage ring of 128 x 64 A and 256 x 64 B tiles (128-byte
+ * swizzled), and two consumer warpgroups, each computing 64 rows x 256 columns with
+ * wgmma m64n256k16 (bf16 in, f32 accumulators in registers). The producer runs ahead into the
+ * next tile while the consumers finish the epilogue. The epilogue rounds the accumulators to
+ * bf16 first (the values written to hpre / the d_act the unfused path would store) and applies
+ * swiglu.cuh's math to those, then stages 64 x 128 bf16 through shared memory so every global
+ * access is a coalesced 16-byte vector; rows past the expert's end are never written (the tile
+ * may read into the next expert's rows, or past R, which TMA fills with zeros).
+ *
+ * Forward tiles hold 128 gate columns and the same 128 up columns (w1 is [H, 2F] row-major,
+ * so B is N-major: four 64 x 64 TMA boxes per stage, wgmma's transposed-B form). Backward tiles
+ * are 256 columns of d_act (w2 is [F, H] row-major: B is K-major, one 256 x 64 box per stage).
+ * Shape legend: R rows, H hidden (the K of both GEMMs), F expert width, El local experts.
+ */
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cudaTypedefs.h>
+
+#include "kernels.h"
+#include "swiglu.cuh"
+
+namespace {
+
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3;
+constexpr int A_TILE_BYTES = BM * BK * 2;                    /* 16 KiB */
+constexpr int B_TILE_BYTES = BN * BK * 2;                    /* 32 KiB */
+constexpr int STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES;
+constexpr int STAGING_BYTES = 64 * BN * 2;                   /* per consumer warpgroup */
+constexpr int SMEM_BYTES = 1024 /* alignment slack */ + STAGES * STAGE_BYTES +
+                           2 * STAGING_BYTES + 2 * STAGES * 8;
+constexpr int THREADS = 384;
+
+struct groups_t {
+    int32_t count;                              /* experts */
+    int32_t n_tiles;                            /* N tiles per expert */
+    int32_t tile_start[MOE_SWIGLU_GEMM_MAX_EXPERTS + 1];
+    int32_t row_start[MOE_SWIGLU_GEMM_MAX_EXPERTS + 1];
+};
+
+struct tile_t {
+    int32_t expert, row0, row_end, n_tile;
+};
+
+__device__ __forceinline__ tile_t decode(const groups_t &g, int32_t t)
+{
+    int lo = 0, hi = g.count - 1; /* the last expert whose first tile is <= t */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (g.tile_start[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    int32_t local = t - g.tile_start[lo];
+    int32_t m_tiles = (g.tile_start[lo + 1] - g.tile_start[lo]) / g.n_tiles;
+    return {lo, g.row_start[lo] + (local % m_tiles) * BM, g.row_start[lo + 1], local / m_tiles};
+}
+
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "wait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n"
+                 "}" ::"r"(smem_u32(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int32_t c0,
+                                            int32_t c1, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, int32_t c0,
+                                            int32_t c1, int32_t c2, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+/* wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "Matrix Descriptor"):
+ * start, leading- and stride-dimension byte offsets, each in 16-byte units. */
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+/* Keeps the compiler from moving accumulator accesses across the asynchronous wgmma. */
+__device__ __forceinline__ void fence_acc(float (&d)[128])
+{
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* d (+)= A . B for a 64 x 256 x 16 step; TRANS_B: B is N-major in shared memory. */
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                                 int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+
+__device__ __forceinline__ void warpgroup_bar(int id)
+{
+    asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
+}
+
+/* The two bf16 of a packed word, as floats (a bf16 is the top half of an f32). */
+__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
+
+/* act's word for one word (two columns) of hpre's gate and up. */
+__device__ __forceinline__ uint32_t swiglu_word(uint32_t g, uint32_t u)
+{
+    return pack_bf16(swiglu_value(bf16_lo(g), bf16_lo(u)), swiglu_value(bf16_hi(g), bf16_hi(u)));
+}
+
+/* d_hpre's gate and up words for one word (two columns) of hpre's gate, up and d_act. */
+__device__ __forceinline__ void swiglu_grad_word(uint32_t g, uint32_t u, uint32_t da, uint32_t *dg,
+                                                 uint32_t *du)
+{
+    float g0, g1, u0, u1;
+    swiglu_grad(bf16_lo(g), bf16_lo(u), bf16_lo(da), &g0, &u0);
+    swiglu_grad(bf16_hi(g), bf16_hi(u), bf16_hi(da), &g1, &u1);
+    *dg = pack_bf16(g0, g1);
+    *du = pack_bf16(u0, u1);
+}
+
+/* A consumer warpgroup's staging buffer: its 64 rows x 256 columns of the finished tile in bf16
+ * (512 bytes a row). The 16-byte chunk c of row r lives at chunk c ^ (r % 8), so the fragment
+ * writes (8 rows x 4 words a warp) and the chunk reads are free of bank conflicts. */
+__device__ __forceinline__ uint32_t staging_offset(int row, int chunk)
+{
+    return (uint32_t)(row * 512 + ((chunk ^ (row & 7)) << 4));
+}
+
+/* This thread's accumulators, rounded to bf16, into the staging buffer. Fragment of wgmma
+ * m64nN: register 4b + j holds row w*16 + lane/4 (+8 for j >= 2), column 8b + 2 (lane % 4) +
+ * (j & 1). */
+__device__ __forceinline__ void stage_tile(uint8_t *staging, const float (&acc)[128], int warp,
+                                           int lane)
+{
+    int r0 = warp * 16 + (lane >> 2), word = (lane & 3) * 4;
+#pragma unroll
+    for (int b = 0; b < 32; b++) {
+        *(uint32_t *)(staging + staging_offset(r0, b) + word) = pack_bf16(acc[4 * b], acc[4 * b + 1]);
+        *(uint32_t *)(staging + staging_offset(r0 + 8, b) + word) =
+            pack_bf16(acc[4 * b + 2], acc[4 * b + 3]);
+    }
+}
+
+/* The staged tile of one consumer warpgroup goes out one unit per thread at a time while the
+ * next tile's products run, so that the epilogue's memory traffic, which every CTA reaches at
+ * about the same moment, is spread over the main loop instead of stalling it (measured:
+ * docs/cuda-backend.md). Forward unit: 8 gate and the same 8 up columns of a row -> hpre, act;
+ * backward unit: 8 d_act columns of a row with hpre's gate and up there -> d_hpre. */
+template <bool FORWARD>
+struct drain_t {
+    static constexpr int UNITS = FORWARD ? 8 : 16; /* 64 rows x 16 or 32 chunks, / 128 threads */
+    const uint8_t *staging;
+    int64_t row_base, col0;
+    int32_t row_end;
+    int tid, next; /* next unit to write; UNITS: none pending */
+    uint4 g, u;    /* backward: hpre's gate and up of unit `next`, loaded one unit ahead */
+
+    __device__ __forceinline__ void locate(int i, int *row, int *chunk, int64_t *r, int64_t *c) const
+    {
+        int q = tid + 128 * i;
+        *row = FORWARD ? q >> 4 : q >> 5;
+        *chunk = FORWARD ? q & 15 : q & 31;
+        *r = row_base + *row;
+        *c = col0 + *chunk * 8;
+    }
+
+    __device__ __forceinline__ bool valid(int64_t r, int64_t c, int64_t f) const
+    {
+        return r < row_end && c < f;
+    }
+
+    __device__ __forceinline__ void load(const __nv_bfloat16 *hpre, int64_t f)
+    {
+        int row, chunk;
+        int64_t r, c;
+        locate(next, &row, &chunk, &r, &c);
+        if (valid(r, c, f)) {
+            g = *(const uint4 *)(hpre + r * 2 * f + c);
+            u = *(const uint4 *)(hpre + r * 2 * f + f + c);
+        }
+    }
+
+    /* A finished tile is staged: its units are next; backward has L2 fetch their hpre now. */
+    __device__ __forceinline__ void start(int64_t base, int32_t end, int64_t column0,
+                                          const __nv_bfloat16 *hpre, int64_t f)
+    {
+        row_base = base;
+        row_end = end;
+        col0 = column0;
+        next = 0;
+        if constexpr (!FORWARD) {
+            for (int i = 0; i < UNITS; i++) {
+                int row, chunk;
+                int64_t r, c;
+                locate(i, &row, &chunk, &r, &c);
+                if (valid(r, c, f)) {
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(hpre + r * 2 * f + c));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(hpre + r * 2 * f + f + c));
+                }
+            }
+            load(hpre, f);
+        }
+    }
+
+    __device__ __forceinline__ void step(__nv_bfloat16 *hpre, __nv_bfloat16 *out, int64_t f)
+    {
+        int row, chunk;
+        int64_t r, c;
+        locate(next, &row, &chunk, &r, &c);
+        if constexpr (FORWARD) {
+            if (valid(r, c, f)) {
+                uint4 gate = *(const uint4 *)(staging + staging_offset(row, chunk));
+                uint4 up = *(const uint4 *)(staging + staging_offset(row, 16 + chunk));
+                uint4 act;
+                act.x = swiglu_word(gate.x, up.x);
+                act.y = swiglu_word(gate.y, up.y);
+                act.z = swiglu_word(gate.z, up.z);
+                act.w = swiglu_word(gate.w, up.w);
+                *(uint4 *)(hpre + r * 2 * f + c) = gate;
+                *(uint4 *)(hpre + r * 2 * f + f + c) = up;
+                *(uint4 *)(out + r * f + c) = act;
+            }
+            next++;
+        } else {
+            uint4 gate = g, up = u, dg, du;
+            bool ok = valid(r, c, f);
+            if (++next < UNITS) load(hpre, f); /* in flight while this unit computes */
+            if (ok) {
+                uint4 da = *(const uint4 *)(staging + staging_offset(row, chunk));
+                swiglu_grad_word(gate.x, up.x, da.x, &dg.x, &du.x);
+                swiglu_grad_word(gate.y, up.y, da.y, &dg.y, &du.y);
+                swiglu_grad_word(gate.z, up.z, da.z, &dg.z, &du.z);
+                swiglu_grad_word(gate.w, up.w, da.w, &dg.w, &du.w);
+                *(uint4 *)(out + r * 2 * f + c) = dg;
+                *(uint4 *)(out + r * 2 * f + f + c) = du;
+            }
+        }
+    }
+
+    __device__ __forceinline__ void finish(__nv_bfloat16 *hpre, __nv_bfloat16 *out, int64_t f)
+    {
+        while (next < UNITS) step(hpre, out, f);
+    }
+};
+
+template <bool FORWARD>
+__global__ void __launch_bounds__(THREADS, 1)
+    swiglu_gemm(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                const __grid_constant__ groups_t groups, int32_t k_tiles, int64_t f,
+                __nv_bfloat16 *__restrict__ hpre, __nv_bfloat16 *__restrict__ act_or_dhpre)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) /* the only image built (CMakeLists.txt) */
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *ring = smem;
+    uint8_t *staging = smem + STAGES * STAGE_BYTES;
+    uint64_t *full = (uint64_t *)(staging + 2 * STAGING_BYTES), *empty = full + STAGES;
+    int warpgroup = threadIdx.x / 128;
+    int32_t total = groups.tile_start[groups.count];
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8); /* lane 0 of each consumer warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) { /* producer: one thread issues every TMA load */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        int s = 0;
+        uint32_t phase = 0;
+        for (int32_t t = blockIdx.x; t < total && threadIdx.x == 0; t += gridDim.x) {
+            tile_t tile = decode(groups, t);
+            for (int32_t kt = 0; kt < k_tiles; kt++) {
+                mbar_wait(&empty[s], phase ^ 1);
+                mbar_expect_tx(&full[s], STAGE_BYTES);
+                uint8_t *a = ring + s * STAGE_BYTES, *b = a + A_TILE_BYTES;
+                tma_load_2d(a, &map_a, kt * BK, tile.row0, &full[s]);
+                if (FORWARD) { /* gate columns 128n.., then the same up columns F + 128n.. */
+                    int32_t gate = tile.n_tile * 128;
+                    for (int q = 0; q < 4; q++)
+                        tma_load_3d(b + q * 8192, &map_b, (q < 2 ? gate : (int32_t)f + gate) + (q & 1) * 64,
+                                    kt * BK, tile.expert, &full[s]);
+                } else {
+                    tma_load_3d(b, &map_b, kt * BK, tile.n_tile * BN, tile.expert, &full[s]);
+                }
+                if (++s == STAGES) { s = 0; phase ^= 1; }
+            }
+        }
+    } else { /* consumers: 64 rows each */
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        int cw = warpgroup - 1, tid = threadIdx.x - 128 * warpgroup, bar = 1 + cw;
+        uint8_t *stage_buf = staging + cw * STAGING_BYTES;
+        drain_t<FORWARD> drain;
+        drain.staging = stage_buf;
+        drain.tid = tid;
+        drain.next = drain_t<FORWARD>::UNITS;
+        float acc[128];
+        int s = 0;
+        uint32_t phase = 0;
+        for (int32_t t = blockIdx.x; t < total; t += gridDim.x) {
+            tile_t tile = decode(groups, t);
+            int prev = 0;
+            for (int32_t kt = 0; kt < k_tiles; kt++) {
+                mbar_wait(&full[s], phase);
+                uint32_t a = smem_u32(ring + s * STAGE_BYTES) + cw * (64 * 128);
+                uint32_t b = smem_u32(ring + s * STAGE_BYTES + A_TILE_BYTES);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++) {
+                    uint64_t da = smem_desc(a + kk * 32, 16, 1024);
+                    uint64_t db = FORWARD ? smem_desc(b + kk * 2048, 8192, 1024)
+                                          : smem_desc(b + kk * 32, 16, 1024);
+                    wgmma_m64n256k16<FORWARD ? 1 : 0>(acc, da, db, kt > 0 || kk > 0);
+                }
+                wgmma_commit();
+                if (drain.next < drain_t<FORWARD>::UNITS) drain.step(hpre, act_or_dhpre, f);
+                if (kt > 0) { /* the previous stage's products are done: hand it back */
+                    wgmma_wait<1>();
+                    if (tid % 32 == 0) mbar_arrive(&empty[prev]);
+                }
+                prev = s;
+                if (++s == STAGES) { s = 0; phase ^= 1; }
+            }
+            wgmma_wait<0>();
+            fence_acc(acc);
+            if (tid % 32 == 0) mbar_arrive(&empty[prev]);
+            drain.finish(hpre, act_or_dhpre, f); /* main loops shorter than the drain */
+            warpgroup_bar(bar);                  /* the staging buffer is free */
+            stage_tile(stage_buf, acc, tid / 32, tid % 32);
+            warpgroup_bar(bar);                  /* and holds this tile */
+            drain.start((int64_t)tile.row0 + 64 * cw, tile.row_end,
+                        (int64_t)tile.n_tile * (FORWARD ? 128 : BN), hpre, f);
+        }
+        drain.finish(hpre, act_or_dhpre, f);
+    }
+#endif
+}
+
+/* cuTensorMapEncodeTiled through the runtime, so the library needs no link to libcuda. */
+    cudaError_t encode_map(CUtensorMap *map, const void *base, int rank, const cuuint64_t *dims,
+                           const cuuint64_t *strides, const cuuint32_t *box)
+    {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                           cudaEnableDefault, &q);
+        if (err != cudaSuccess) return err;
+        if (q != cudaDriverEntryPointSuccess || !fn) return cudaErrorNotSupported;
+        const cuuint32_t unit[3] = {1, 1, 1};
+        CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)fn)(
+            map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dims, strides, box,
+            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    }
+
+    /* The tile list: ceil(n_e / 128) M tiles of n_tiles each per expert. */
+    bool make_groups(groups_t *g, const int64_t *offsets, int32_t el, int32_t n_tiles)
+    {
+        g->count = el;
+        g->n_tiles = n_tiles;
+        g->tile_start[0] = 0;
+        for (int32_t e = 0; e < el; e++) {
+            int64_t rows = offsets[e + 1] - offsets[e];
+            int64_t next = g->tile_start[e] + (rows + BM - 1) / BM * n_tiles;
+            if (next > INT32_MAX || offsets[e + 1] > INT32_MAX) return false;
+            g->tile_start[e + 1] = (int32_t)next;
+            g->row_start[e] = (int32_t)offsets[e];
+    }
+    g->row_start[el] = (int32_t)offsets[el];
+    return true;
+}
+
+template <bool FORWARD>
+cudaError_t launch(const CUtensorMap &ma, const CUtensorMap &mb, const groups_t &g, int64_t h,
+                   int64_t f, void *hpre, void *out, cudaStream_t stream)
+{
+    int32_t total = g.tile_start[g.count];
+    if (total == 0) return cudaSuccess;
+    int device, sms;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(swiglu_gemm<FORWARD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   SMEM_BYTES);
+    if (err != cudaSuccess) return err;
+    swiglu_gemm<FORWARD><<<total < sms ? total : sms, THREADS, SMEM_BYTES, stream>>>(
+        ma, mb, g, (int32_t)((h + BK - 1) / BK), f, (__nv_bfloat16 *)hpre, (__nv_bfloat16 *)out);
+    return cudaGetLastError();
+}
+
+} /* namespace */
+
+extern "C" bool moe_cuda_swiglu_gemm_supported(int device)
+{
+    cudaDeviceProp prop;
+    cudaFuncAttributes attr;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return false;
+    if (prop.major != 9 || prop.minor != 0 || prop.sharedMemPerBlockOptin < (size_t)SMEM_BYTES)
+        return false;
+    bool ok = cudaFuncGetAttributes(&attr, swiglu_gemm<true>) == cudaSuccess && attr.binaryVersion == 90;
+    cudaGetLastError(); /* a missing image is an answer, not an error to keep */
+    return ok;
+}
+
+extern "C" bool moe_cuda_swiglu_gemm_fits(int32_t el, int64_t h, int64_t f)
+{
+    return el >= 1 && el <= MOE_SWIGLU_GEMM_MAX_EXPERTS && h % 8 == 0 && f % 128 == 0 && h > 0;
+}
+
+extern "C" cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const void *xp,
+                                                    const void *w1, const int64_t *offsets,
+                                                    int32_t el, int64_t h, int64_t f,
+                                                    cudaStream_t stream)
+{
+    groups_t g;
+    if (!make_groups(&g, offsets, el, (int32_t)(f / 128))) return cudaErrorInvalidValue;
+    CUtensorMap ma, mb;
+    const cuuint64_t da[2] = {(cuuint64_t)h, (cuuint64_t)(offsets[el] > 0 ? offsets[el] : 1)};
+    const cuuint64_t sa[1] = {(cuuint64_t)h * 2};
+    const cuuint32_t ba[2] = {BK, BM};
+    const cuuint64_t db[3] = {(cuuint64_t)(2 * f), (cuuint64_t)h, (cuuint64_t)el};
+    const cuuint64_t sb[2] = {(cuuint64_t)(2 * f) * 2, (cuuint64_t)(2 * f) * h * 2};
+    const cuuint32_t bb[3] = {64, BK, 1};
+    cudaError_t err = encode_map(&ma, xp, 2, da, sa, ba);
+    if (err == cudaSuccess) err = encode_map(&mb, w1, 3, db, sb, bb);
+    if (err != cudaSuccess) return err;
+    return launch<true>(ma, mb, g, h, f, hpre, act, stream);
+}
+
+extern "C" cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d_out,
+                                                     const void *w2, const void *hpre,
+                                                     const int64_t *offsets, int32_t el,
+                                                     int64_t h, int64_t f, cudaStream_t stream)
+{
+    groups_t g;
+    if (!make_groups(&g, offsets, el, (int32_t)((f + BN - 1) / BN))) return cudaErrorInvalidValue;
+    CUtensorMap ma, mb;
+    const cuuint64_t da[2] = {(cuuint64_t)h, (cuuint64_t)(offsets[el] > 0 ? offsets[el] : 1)};
+    const cuuint64_t sa[1] = {(cuuint64_t)h * 2};
+    const cuuint32_t ba[2] = {BK, BM};
+    const cuuint64_t db[3] = {(cuuint64_t)h, (cuuint64_t)f, (cuuint64_t)el};
+    const cuuint64_t sb[2] = {(cuuint64_t)h * 2, (cuuint64_t)f * h * 2};
+    const cuuint32_t bb[3] = {BK, BN, 1};
+    cudaError_t err = encode_map(&ma, d_out, 2, da, sa, ba);
+    if (err == cudaSuccess) err = encode_map(&mb, w2, 3, db, sb, bb);
+    if (err != cudaSuccess) return err;
+    return launch<false>(ma, mb, g, h, f, (void *)hpre, d_hpre, stream);
+}
