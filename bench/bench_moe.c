@@ -286,16 +286,16 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
             snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
                      (long long)h, (long long)f, dist_names[dist]);
             double flops = 6.0 * r * h * f;
-            /* the modes, then (where the SwiGLU GEMMs ran and no mode is forced) auto with
-             * SwiGLU's own kernels */
-            bool fused = c->swiglu_gemm;
-            for (int m = 0; m < 4 + (fused && !(forced && *forced)); m++) {
+            /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs */
+            bool as_set = c->swiglu_gemm;
+            bool extra = !as_set && !(forced && *forced) && moe_cuda_swiglu_gemm_supported(c->device);
+            for (int m = 0; m < 4 + extra; m++) {
                 int mi = m % 4;
                 if (dist > 0 && modes[mi] == CUDA_GEMM_BATCHED) continue;
                 if (forced && *forced && strcmp(forced, names[mi]) != 0) continue;
                 c->gemm_mode = modes[mi];
-                c->swiglu_gemm = fused && m < 4;
-                const char *v = m < 4 ? names[mi] : "auto, SwiGLU kernels";
+                c->swiglu_gemm = as_set || m == 4;
+                const char *v = m < 4 ? names[mi] : "auto, SwiGLU GEMMs";
                 double ms = time_median(stream, run_experts_fwd, &a, 3, 20);
                 emit("experts_fwd", shape, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
                 ms = time_median(stream, run_experts_bwd, &a, 3, 10);
@@ -303,7 +303,7 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
                      2 * flops / ms * 1e-9);
             }
             c->gemm_mode = CUDA_GEMM_AUTO;
-            c->swiglu_gemm = fused;
+            c->swiglu_gemm = as_set;
         }
         CU(cudaDeviceSynchronize());
         void *p[] = {(void *)a.x.w1, (void *)a.x.w2, (void *)a.x.xp, a.x.hpre, a.x.act, a.x.out,
@@ -381,21 +381,21 @@ static void bench_layer(cudaStream_t stream, int only, bool profile)
             CU(cudaStreamSynchronize(stream));
             CU(cudaProfilerStop());
         } else {
-            /* the modes, then (where the SwiGLU GEMMs ran and no mode is forced) auto with
-             * SwiGLU's own kernels */
-            bool fused = c->swiglu_gemm;
-            for (int m = 0; m < nmodes + (fused && nmodes > 1); m++) {
-                bool kernels = m == nmodes; /* the extra run */
-                const char *v = kernels ? "auto, SwiGLU kernels" : forced && *forced ? forced : names[m];
-                if (nmodes > 1 || kernels) c->gemm_mode = kernels ? CUDA_GEMM_AUTO : modes[m];
-                c->swiglu_gemm = fused && !kernels;
+            /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs */
+            bool as_set = c->swiglu_gemm;
+            bool extra = !as_set && nmodes > 1 && moe_cuda_swiglu_gemm_supported(c->device);
+            for (int m = 0; m < nmodes + extra; m++) {
+                bool fused = m == nmodes; /* the extra run */
+                const char *v = fused ? "auto, SwiGLU GEMMs" : forced && *forced ? forced : names[m];
+                if (nmodes > 1) c->gemm_mode = fused ? CUDA_GEMM_AUTO : modes[m];
+                c->swiglu_gemm = as_set || fused;
                 double ms = time_median(stream, run_layer, &a, 2, 10);
                 emit("layer_fwd_bwd", sh, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
                 ms = time_median(stream, run_layer_fwd, &a, 2, 10);
                 emit("layer_fwd", sh, v, ms, flops / 3 / TC_FLOPS * 1e3, "tc",
                      flops / 3 / ms * 1e-9);
             }
-            c->swiglu_gemm = fused;
+            c->swiglu_gemm = as_set;
         }
         for (int i = 0; i < 4; i++) CK(moe_tensor_free(rt, ts[i]));
         CK(moe_layer_destroy(a.layer));

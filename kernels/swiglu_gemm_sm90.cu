@@ -5,19 +5,22 @@
  *   backward  d_act = d_out . w2[e]^T,  d_hpre = swiglu'(hpre, d_act)   (d_act never stored)
  * This saves the stand-alone SwiGLU kernels' passes over hpre (forward: read 2F, write F per
  * row; backward: read 3F, write 2F), which at (16384, 2048, 8192, 8, 2) cost 1.05 ms a step at
- * full memory bandwidth, while the GEMM itself stays math-bound (docs/cuda-backend.md).
+ * full memory bandwidth. Opt-in (MOE_CUDA_SWIGLU_GEMM=1): its products run at ~700 TFLOP/s
+ * (forward) and ~560 (backward) where cuBLAS reaches ~770, which eats the saving, so a layer
+ * step is no faster yet (measurements and what was tried: docs/cuda-backend.md).
  *
  * One grouped launch covers every expert: the tiles of all experts are numbered in one list
  * (expert-major, then N tile, then M tile, so CTAs running together share B panels in L2) and a
  * persistent grid of one CTA per SM walks it. A CTA is three warpgroups: one producer thread
- * issuing TMA loads into a 4-stage ring of 128 x 64 A and 256 x 64 B tiles (128-byte
+ * issuing TMA loads into a 3-stage ring of 128 x 64 A and 256 x 64 B tiles (128-byte
  * swizzled), and two consumer warpgroups, each computing 64 rows x 256 columns with
- * wgmma m64n256k16 (bf16 in, f32 accumulators in registers). The producer runs ahead into the
- * next tile while the consumers finish the epilogue. The epilogue rounds the accumulators to
- * bf16 first (the values written to hpre / the d_act the unfused path would store) and applies
- * swiglu.cuh's math to those, then stages 64 x 128 bf16 through shared memory so every global
- * access is a coalesced 16-byte vector; rows past the expert's end are never written (the tile
- * may read into the next expert's rows, or past R, which TMA fills with zeros).
+ * wgmma m64n256k16 (bf16 in, f32 accumulators in registers). At the end of a tile each
+ * consumer rounds its accumulators to bf16 (the values written to hpre / the d_act the unfused
+ * path would store) into its staging buffer in shared memory and goes on to the next tile; the
+ * staged tile goes out one 16-byte unit per thread between the next tile's k steps, through
+ * swiglu.cuh's math. Rows past the expert's end are never written (a tile may read into the
+ * next expert's rows, or past R, which TMA fills with zeros). The staging buffers (64 KiB)
+ * leave room for three stages, not four.
  *
  * Forward tiles hold 128 gate columns and the same 128 up columns (w1 is [H, 2F] row-major,
  * so B is N-major: four 64 x 64 TMA boxes per stage, wgmma's transposed-B form). Backward tiles

@@ -27,6 +27,7 @@ typedef struct layer_case {
     moe_score_fn_t fn;
     float capacity_factor;
     int expert_bias;
+    int swiglu_gemm; /* MOE_CUDA_SWIGLU_GEMM=1 (on Hopper: SwiGLU in the expert GEMMs) */
 } layer_case_t;
 
 typedef struct side {
@@ -250,16 +251,21 @@ static void test_layers(void **state)
 {
     (void)state;
     const layer_case_t cases[] = {
-        {"softmax dropless", 512, 128, 96, 16, 2, MOE_SCORE_SOFTMAX, 0, 0},
-        {"sigmoid capacity 1.0 + bias", 600, 64, 40, 8, 3, MOE_SCORE_SIGMOID, 1.0f, 1},
-        {"softmax E=64 K=8", 256, 64, 32, 64, 8, MOE_SCORE_SOFTMAX, 0, 0},
+        {"softmax dropless", 512, 128, 96, 16, 2, MOE_SCORE_SOFTMAX, 0, 0, 0},
+        {"sigmoid capacity 1.0 + bias", 600, 64, 40, 8, 3, MOE_SCORE_SIGMOID, 1.0f, 1, 0},
+        {"softmax E=64 K=8", 256, 64, 32, 64, 8, MOE_SCORE_SOFTMAX, 0, 0, 0},
         /* capacity near the mean load: filler under a quarter, so the GPU pads */
-        {"softmax E=32 capacity 1.1", 2048, 64, 32, 32, 2, MOE_SCORE_SOFTMAX, 1.1f, 0},
-        /* F % 128 == 0: on Hopper the SwiGLU GEMMs, padded (E=16) and compact (E=8) rows */
-        {"softmax E=16 F=128", 1024, 128, 128, 16, 2, MOE_SCORE_SOFTMAX, 0, 0},
-        {"sigmoid E=8 F=256 capacity 1.0 + bias", 1000, 192, 256, 8, 2, MOE_SCORE_SIGMOID, 1.0f, 1},
+        {"softmax E=32 capacity 1.1", 2048, 64, 32, 32, 2, MOE_SCORE_SOFTMAX, 1.1f, 0, 0},
+        /* F % 128 == 0, with the SwiGLU GEMMs (on Hopper): padded (E=16) and compact (E=8) rows */
+        {"softmax E=16 F=128 SwiGLU GEMMs", 1024, 128, 128, 16, 2, MOE_SCORE_SOFTMAX, 0, 0, 1},
+        {"sigmoid E=8 F=256 capacity 1.0 + bias SwiGLU GEMMs", 1000, 192, 256, 8, 2,
+         MOE_SCORE_SIGMOID, 1.0f, 1, 1},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].swiglu_gemm) setenv("MOE_CUDA_SWIGLU_GEMM", "1", 1);
+        run_case(&cases[i]);
+        unsetenv("MOE_CUDA_SWIGLU_GEMM");
+    }
 }
 
 int main(void)

@@ -233,12 +233,16 @@ static cuda_router_mode_t router_mode_from_env(const moe_logger_t *logger)
     return m;
 }
 
+/* Opt-in: the SwiGLU GEMMs are correct but not yet faster than cuBLAS + the SwiGLU kernels in a
+ * layer step (docs/cuda-backend.md). */
 static bool swiglu_gemm_from_env(int device, const moe_logger_t *logger)
 {
     const char *v = getenv("MOE_CUDA_SWIGLU_GEMM");
-    bool off = v && strcmp(v, "0") == 0;
-    if (off) moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_SWIGLU_GEMM=0: SwiGLU as its own kernels");
-    return !off && moe_cuda_swiglu_gemm_supported(device);
+    if (!v || strcmp(v, "1") != 0) return false;
+    bool ok = moe_cuda_swiglu_gemm_supported(device);
+    moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_SWIGLU_GEMM=1: %s", ok ? "SwiGLU in the expert GEMMs"
+                                                               : "needs compute capability 9.0");
+    return ok;
 }
 
 moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_t *out)

@@ -19,9 +19,9 @@
  *   LOOP     few large experts: one cublasGemmEx after the other on the current stream.
  * Every GEMM writes a disjoint output, so all three give bitwise-identical results.
  *
- * On Hopper, GEMM1 + SwiGLU forward and d_act + SwiGLU backward run instead as one grouped
- * launch each with SwiGLU in the epilogue (kernels/swiglu_gemm_sm90.cu), whatever the mode;
- * the other GEMMs are issued as above.
+ * With MOE_CUDA_SWIGLU_GEMM=1 on Hopper, GEMM1 + SwiGLU forward and d_act + SwiGLU backward
+ * run instead as one grouped launch each with SwiGLU in the epilogue
+ * (kernels/swiglu_gemm_sm90.cu), whatever the mode; the other GEMMs are issued as above.
  */
 #include "cuda_ctx.h"
 #include "../../../kernels/kernels.h"
