@@ -30,8 +30,9 @@ COPY_KINDS = {"1": "HtoD", "2": "DtoH", "8": "DtoD", "10": "PtoP"}
 
 def short(name):
     name = re.sub(r"^kind(\d+)_", lambda m: COPY_KINDS.get(m.group(1), m.group(0)) + " ", name)
+    name = name.replace("(anonymous namespace)::", "")
     name = re.sub(r"\(.*", "", name)
-    name = re.sub(r"<.*", "", name)
+    name = re.sub(r"<(?![^<>]{0,12}>$).*", "", name)  # keep short template arguments (<true>)
     return name.replace("void ", "")[:56]
 
 
