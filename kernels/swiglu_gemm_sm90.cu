@@ -408,11 +408,13 @@ __global__ void __launch_bounds__(THREADS, 1)
                     wgmma_m64n256k16<FORWARD ? 1 : 0>(acc, da, db, kt > 0 || kk > 0);
                 }
                 wgmma_commit();
-                if (drain.next < drain_t<FORWARD>::UNITS) drain.step(hpre, act_or_dhpre, f);
                 if (kt > 0) { /* the previous stage's products are done: hand it back */
                     wgmma_wait<1>();
                     if (tid % 32 == 0) mbar_arrive(&empty[prev]);
                 }
+                /* then a unit of the staged tile, while this stage's products run (after the
+                 * hand-back, so a store or load that waits does not hold the producer back) */
+                if (drain.next < drain_t<FORWARD>::UNITS) drain.step(hpre, act_or_dhpre, f);
                 prev = s;
                 if (++s == STAGES) { s = 0; phase ^= 1; }
             }
