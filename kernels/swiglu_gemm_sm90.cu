@@ -130,8 +130,16 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
            (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence()
+{
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
 template <int N> __device__ __forceinline__ void wgmma_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
@@ -227,7 +235,8 @@ __device__ __forceinline__ void stage_tile(uint8_t *staging, const float (&acc)[
     int r0 = warp * 16 + (lane >> 2), word = (lane & 3) * 4;
 #pragma unroll
     for (int b = 0; b < 32; b++) {
-        *(uint32_t *)(staging + staging_offset(r0, b) + word) = pack_bf16(acc[4 * b], acc[4 * b + 1]);
+        *(uint32_t *)(staging + staging_offset(r0, b) + word) =
+            pack_bf16(acc[4 * b], acc[4 * b + 1]);
         *(uint32_t *)(staging + staging_offset(r0 + 8, b) + word) =
             pack_bf16(acc[4 * b + 2], acc[4 * b + 3]);
     }
@@ -247,7 +256,8 @@ struct drain_t {
     int tid, next; /* next unit to write; UNITS: none pending */
     uint4 g, u;    /* backward: hpre's gate and up of unit `next`, loaded one unit ahead */
 
-    __device__ __forceinline__ void locate(int i, int *row, int *chunk, int64_t *r, int64_t *c) const
+    __device__ __forceinline__ void locate(int i, int *row, int *chunk, int64_t *r,
+                                           int64_t *c) const
     {
         int q = tid + 128 * i;
         *row = FORWARD ? q >> 4 : q >> 5;
@@ -337,9 +347,10 @@ struct drain_t {
 
 template <bool FORWARD>
 __global__ void __launch_bounds__(THREADS, 1)
-    swiglu_gemm(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                const __grid_constant__ groups_t groups, int32_t k_tiles, int64_t f,
-                __nv_bfloat16 *__restrict__ hpre, __nv_bfloat16 *__restrict__ act_or_dhpre)
+    swiglu_gemm(const __grid_constant__ CUtensorMap map_a,
+                const __grid_constant__ CUtensorMap map_b, const __grid_constant__ groups_t groups,
+                int32_t k_tiles, int64_t f, __nv_bfloat16 *__restrict__ hpre,
+                __nv_bfloat16 *__restrict__ act_or_dhpre)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) /* the only image built (CMakeLists.txt) */
     extern __shared__ uint8_t smem_raw[];
@@ -373,8 +384,9 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (FORWARD) { /* gate columns 128n.., then the same up columns F + 128n.. */
                     int32_t gate = tile.n_tile * 128;
                     for (int q = 0; q < 4; q++)
-                        tma_load_3d(b + q * 8192, &map_b, (q < 2 ? gate : (int32_t)f + gate) + (q & 1) * 64,
-                                    kt * BK, tile.expert, &full[s]);
+                        tma_load_3d(b + q * 8192, &map_b,
+                                    (q < 2 ? gate : (int32_t)f + gate) + (q & 1) * 64, kt * BK,
+                                    tile.expert, &full[s]);
                 } else {
                     tma_load_3d(b, &map_b, kt * BK, tile.n_tile * BN, tile.expert, &full[s]);
                 }
@@ -434,56 +446,56 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 /* cuTensorMapEncodeTiled through the runtime, so the library needs no link to libcuda. */
-    cudaError_t encode_map(CUtensorMap *map, const void *base, int rank, const cuuint64_t *dims,
-                           const cuuint64_t *strides, const cuuint32_t *box)
-    {
-        void *fn = NULL;
-        cudaDriverEntryPointQueryResult q;
-        cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                           cudaEnableDefault, &q);
-        if (err != cudaSuccess) return err;
-        if (q != cudaDriverEntryPointSuccess || !fn) return cudaErrorNotSupported;
-        const cuuint32_t unit[3] = {1, 1, 1};
-        CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)fn)(
-            map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dims, strides, box,
-            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-    }
+cudaError_t encode_map(CUtensorMap *map, const void *base, int rank, const cuuint64_t *dims,
+                       const cuuint64_t *strides, const cuuint32_t *box)
+{
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                       cudaEnableDefault, &q);
+    if (err != cudaSuccess) return err;
+    if (q != cudaDriverEntryPointSuccess || !fn) return cudaErrorNotSupported;
+    const cuuint32_t unit[3] = {1, 1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)fn)(
+        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dims, strides, box,
+        unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
 
-    /* The tile list: ceil(n_e / 128) M tiles of n_tiles each per expert. */
-    bool make_groups(groups_t *g, const int64_t *offsets, int32_t el, int32_t n_tiles)
-    {
-        g->count = el;
-        g->n_tiles = n_tiles;
-        g->tile_start[0] = 0;
-        for (int32_t e = 0; e < el; e++) {
-            int64_t rows = offsets[e + 1] - offsets[e];
-            int64_t next = g->tile_start[e] + (rows + BM - 1) / BM * n_tiles;
-            if (next > INT32_MAX || offsets[e + 1] > INT32_MAX) return false;
-            g->tile_start[e + 1] = (int32_t)next;
-            g->row_start[e] = (int32_t)offsets[e];
-    }
-    g->row_start[el] = (int32_t)offsets[el];
-    return true;
+/* The tile list: ceil(n_e / 128) M tiles of n_tiles each per expert. */
+bool make_groups(groups_t *g, const int64_t *offsets, int32_t el, int32_t n_tiles)
+{
+    g->count = el;
+    g->n_tiles = n_tiles;
+    g->tile_start[0] = 0;
+    for (int32_t e = 0; e < el; e++) {
+        int64_t rows = offsets[e + 1] - offsets[e];
+        int64_t next = g->tile_start[e] + (rows + BM - 1) / BM * n_tiles;
+        if (next > INT32_MAX || offsets[e + 1] > INT32_MAX) return false;
+        g->tile_start[e + 1] = (int32_t)next;
+        g->row_start[e] = (int32_t)offsets[e];
+}
+g->row_start[el] = (int32_t)offsets[el];
+return true;
 }
 
 template <bool FORWARD>
 cudaError_t launch(const CUtensorMap &ma, const CUtensorMap &mb, const groups_t &g, int64_t h,
-                   int64_t f, void *hpre, void *out, cudaStream_t stream)
+               int64_t f, void *hpre, void *out, cudaStream_t stream)
 {
-    int32_t total = g.tile_start[g.count];
-    if (total == 0) return cudaSuccess;
-    int device, sms;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(swiglu_gemm<FORWARD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   SMEM_BYTES);
-    if (err != cudaSuccess) return err;
-    swiglu_gemm<FORWARD><<<total < sms ? total : sms, THREADS, SMEM_BYTES, stream>>>(
-        ma, mb, g, (int32_t)((h + BK - 1) / BK), f, (__nv_bfloat16 *)hpre, (__nv_bfloat16 *)out);
-    return cudaGetLastError();
+int32_t total = g.tile_start[g.count];
+if (total == 0) return cudaSuccess;
+int device, sms;
+cudaError_t err = cudaGetDevice(&device);
+if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(swiglu_gemm<FORWARD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               SMEM_BYTES);
+if (err != cudaSuccess) return err;
+swiglu_gemm<FORWARD><<<total < sms ? total : sms, THREADS, SMEM_BYTES, stream>>>(
+    ma, mb, g, (int32_t)((h + BK - 1) / BK), f, (__nv_bfloat16 *)hpre, (__nv_bfloat16 *)out);
+return cudaGetLastError();
 }
 
 } /* namespace */
@@ -495,7 +507,8 @@ extern "C" bool moe_cuda_swiglu_gemm_supported(int device)
     if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return false;
     if (prop.major != 9 || prop.minor != 0 || prop.sharedMemPerBlockOptin < (size_t)SMEM_BYTES)
         return false;
-    bool ok = cudaFuncGetAttributes(&attr, swiglu_gemm<true>) == cudaSuccess && attr.binaryVersion == 90;
+    bool ok = cudaFuncGetAttributes(&attr, swiglu_gemm<true>) == cudaSuccess &&
+              attr.binaryVersion == 90;
     cudaGetLastError(); /* a missing image is an answer, not an error to keep */
     return ok;
 }
