@@ -246,6 +246,9 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
                                  {64, 512, 4096, 1408}, {8, 4096, 2048, 8192}};
     cuda_ctx_t *c = be.ctx;
     const char *forced = getenv("MOE_CUDA_EXPERT_GEMM");
+    /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs */
+    bool as_set = c->swiglu_gemm;
+    bool extra = !as_set && !(forced && *forced) && moe_cuda_swiglu_gemm_supported(c->device);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         if (only >= 0 && (size_t)only != s) continue;
         int32_t el = (int32_t)shapes[s][0];
@@ -286,9 +289,6 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
             snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
                      (long long)h, (long long)f, dist_names[dist]);
             double flops = 6.0 * r * h * f;
-            /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs */
-            bool as_set = c->swiglu_gemm;
-            bool extra = !as_set && !(forced && *forced) && moe_cuda_swiglu_gemm_supported(c->device);
             for (int m = 0; m < 4 + extra; m++) {
                 int mi = m % 4;
                 if (dist > 0 && modes[mi] == CUDA_GEMM_BATCHED) continue;

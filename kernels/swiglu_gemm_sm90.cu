@@ -69,7 +69,6 @@ __device__ __forceinline__ tile_t decode(const groups_t &g, int32_t t)
     return {lo, g.row_start[lo] + (local % m_tiles) * BM, g.row_start[lo + 1], local / m_tiles};
 }
 
-
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
