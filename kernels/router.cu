@@ -484,7 +484,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
         int64_t t = valid ? tw + grp : tw;
         const float *row = logits + t * e;
         row_t r;
-        r.load(row, e, sub, score_fn, true, vec);
+        r.load(row, e, sub, score_fn, true, vec, false);
         float gs[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++) gs[i] = 0;

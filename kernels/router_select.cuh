@@ -85,10 +85,20 @@ template <int EPL, int LANES>
 struct token_row {
     float l[EPL], s[EPL], q[EPL];
     float lse, qnorm;
+    float ent; /* -sum q log q, where load was asked for it */
 
     static __device__ __forceinline__ int expert(int sub, int i) { return sub * EPL + i; }
 
-    __device__ void load(const float *row, int e, int sub, int score_fn, bool valid, bool vec)
+    __device__ void load(const float *row, int e, int sub, int score_fn, bool valid, bool vec,
+                         bool want_ent)
+    {
+        fetch(l, row, e, sub, valid, vec);
+        scores(e, sub, score_fn, want_ent);
+    }
+
+    /* This lane's experts of the token at `row`: -inf past E, zeros for a token past N. */
+    static __device__ void fetch(float (&l)[EPL], const float *row, int e, int sub, bool valid,
+                                 bool vec)
     {
         if (vec) {
 #pragma unroll
@@ -109,34 +119,52 @@ struct token_row {
                 l[i] = j >= e ? -INFINITY : valid ? row[j] : 0.0f;
             }
         }
-        scores(e, sub, score_fn);
     }
 
-    __device__ void scores(int e, int sub, int score_fn)
+    /* The group's sums (exp sum; sigmoid: score sum; the entropy's sum) share one butterfly,
+     * so a token waits for one chain of shuffles instead of three (the kernels that run few
+     * warps a scheduler are bound by that latency). Entropy from those sums:
+     *   softmax  -sum q log q = log(sum) - sum ex (l - mx) / sum    (ex = exp(l - mx))
+     *   sigmoid  -sum q log q = log(tot) - sum s log s / tot        (q = s / tot)
+     * each term a product of a probability and a log of moderate size, so nothing cancels
+     * badly. */
+    __device__ void scores(int e, int sub, int score_fn, bool want_ent)
     {
+        bool softmax = score_fn == 0, pair = !softmax || want_ent;
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < EPL; i++) mx = fmaxf(mx, l[i]);
         mx = group_max<LANES>(mx);
-        float ex[EPL], sum = 0;
-#pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            ex[i] = __expf(l[i] - mx); /* exp(-inf) = 0 for padding */
-            sum += ex[i];
-        }
-        sum = group_sum<LANES>(sum);
-        lse = mx + __logf(sum);
-        float inv_sum = __fdividef(1.0f, sum), tot = 0;
+        float ex[EPL], sum = 0, a = 0, b = 0; /* a: sum ex (l - mx) or tot; b: sum s log s */
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
             bool real = expert(sub, i) < e;
-            s[i] = !real ? 0.0f : score_fn == 0 ? ex[i] * inv_sum : sigmoidf_(l[i]);
-            tot += s[i];
+            ex[i] = __expf(l[i] - mx); /* exp(-inf) = 0 for padding */
+            sum += ex[i];
+            if (softmax) {
+                a += real && ex[i] > 0 ? ex[i] * (l[i] - mx) : 0.0f;
+            } else {
+                s[i] = real ? sigmoidf_(l[i]) : 0.0f;
+                a += s[i];
+                b += s[i] > 0 ? s[i] * __logf(s[i]) : 0.0f;
+            }
         }
-        qnorm = score_fn == 0 ? 1.0f : group_sum<LANES>(tot);
-        float inv = __fdividef(1.0f, qnorm);
 #pragma unroll
-        for (int i = 0; i < EPL; i++) q[i] = score_fn == 0 ? s[i] : s[i] * inv;
+        for (int o = LANES / 2; o > 0; o >>= 1) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (pair) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (!softmax && want_ent) b += __shfl_xor_sync(0xffffffffu, b, o);
+        }
+        float log_sum = __logf(sum), inv_sum = __fdividef(1.0f, sum);
+        lse = mx + log_sum;
+        qnorm = softmax ? 1.0f : a;
+        float inv = __fdividef(1.0f, qnorm);
+        ent = softmax ? log_sum - a * inv_sum : __logf(a) - b * inv;
+#pragma unroll
+        for (int i = 0; i < EPL; i++) {
+            if (softmax) s[i] = expert(sub, i) < e ? ex[i] * inv_sum : 0.0f;
+            q[i] = softmax ? s[i] : s[i] * inv;
+        }
     }
 };
 
@@ -359,24 +387,37 @@ struct selector {
                           bool renorm, bool vec, int lane, int32_t *__restrict__ topk_idx,
                           float *__restrict__ topk_w, int32_t *s_count)
     {
-        int sub = lane % LANES, grp = lane / LANES;
-        unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
+        float l[EPL];
+        row_t::fetch(l, row, e, lane % LANES, valid, vec);
+        token(l, t, valid, e, k, score_fn, renorm, lane, topk_idx, topk_w, s_count);
+    }
+
+    /* The same with this lane's logits already fetched (row_t::fetch). */
+    __device__ void token(const float (&l)[EPL], int64_t t, bool valid, int e, int k,
+                          int score_fn, bool renorm, int lane, int32_t *__restrict__ topk_idx,
+                          float *__restrict__ topk_w, int32_t *s_count)
+    {
         row_t r;
-        r.load(row, e, sub, score_fn, valid, vec);
-        /* entropy -sum q log q; softmax: log q = logit - lse exactly, no log needed */
-        float ent = 0;
 #pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            float lq = score_fn == 0 ? r.l[i] - r.lse : __logf(r.q[i]);
-            ent -= r.q[i] > 0 ? r.q[i] * lq : 0.0f;
-        }
-        ent = group_sum<LANES>(ent);
+        for (int i = 0; i < EPL; i++) r.l[i] = l[i];
+        r.scores(e, lane % LANES, score_fn, true);
         if (valid) {
             z_acc += r.lse * r.lse;
-            ent_acc += ent;
+            ent_acc += r.ent;
 #pragma unroll
             for (int i = 0; i < EPL; i++) pm[i] += r.q[i];
         }
+        pick(r, t, valid, e, k, renorm, lane, topk_idx, topk_w, s_count);
+    }
+
+    /* Token t's top-k on score + bias from its scores r.s, and its weights; counts go to the
+     * block's s_count. Every lane of the warp must call. */
+    __device__ void pick(const row_t &r, int64_t t, bool valid, int e, int k, bool renorm,
+                         int lane, int32_t *__restrict__ topk_idx, float *__restrict__ topk_w,
+                         int32_t *s_count)
+    {
+        int sub = lane % LANES, grp = lane / LANES;
+        unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
         /* top-k on 32-bit keys. Each lane finds its two largest keys in one pass (the lower
          * slot first on equal keys), with their scores. A round takes the group's largest
          * first key; among equal ones the lowest lane, which holds the lower expert index

@@ -152,6 +152,24 @@ inline cudaError_t encode_map(CUtensorMap *map, const void *base, int rank, cons
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+/* True where a kernel built for sm_90a alone can run on `device`: compute capability 9.0
+ * exactly, its image present and `smem` bytes of shared memory a block available. */
+inline bool image_runs(const void *kernel, int device, size_t smem)
+{
+    int major = 0, minor = 0, optin = 0;
+    cudaFuncAttributes attr;
+    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+                  cudaSuccess &&
+              cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) ==
+                  cudaSuccess &&
+              cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+                  cudaSuccess &&
+              major == 9 && minor == 0 && (size_t)optin >= smem &&
+              cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion == 90;
+    cudaGetLastError(); /* a missing image is an answer, not an error to keep */
+    return ok;
+}
+
 } /* namespace sm90 */
 
 #endif

@@ -362,15 +362,7 @@ cudaError_t launch(const CUtensorMap &ma, const CUtensorMap &mb, const groups_t 
 
 extern "C" bool moe_cuda_swiglu_gemm_supported(int device)
 {
-    cudaDeviceProp prop;
-    cudaFuncAttributes attr;
-    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return false;
-    if (prop.major != 9 || prop.minor != 0 || prop.sharedMemPerBlockOptin < (size_t)SMEM_BYTES)
-        return false;
-    bool ok = cudaFuncGetAttributes(&attr, swiglu_gemm<true>) == cudaSuccess &&
-              attr.binaryVersion == 90;
-    cudaGetLastError(); /* a missing image is an answer, not an error to keep */
-    return ok;
+    return image_runs((const void *)swiglu_gemm<true>, device, SMEM_BYTES);
 }
 
 extern "C" bool moe_cuda_swiglu_gemm_fits(int32_t el, int64_t h, int64_t f)
