@@ -53,20 +53,6 @@ cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bi
                                   int32_t *counts, float *score_mean, float *stats,
                                   float *scratch, unsigned *tickets, cudaStream_t stream);
 
-/* The same for Hopper at 64 < E <= 256 (router_sm90.cu): TMA + wgmma logits, the selection
- * overlapped with the next tile's products. _supported: compute capability 9.0 with the sm_90a
- * image; _fits: 64 < E <= 256, E % 8 == 0, H % 8 == 0, 16-byte aligned pointers. Scratch and
- * tickets as for moe_cuda_router_select (one partial row per 128 tokens). */
-bool moe_cuda_router_sm90_supported(int device);
-bool moe_cuda_router_sm90_fits(int64_t h, int32_t e, const void *x, const void *wg,
-                               const float *logits);
-cudaError_t moe_cuda_router_fused_sm90(const void *x, const void *wg, const float *bias,
-                                       int64_t n, int64_t h, int32_t e, int32_t k, int score_fn,
-                                       bool renormalize, float *logits, int32_t *topk_idx,
-                                       float *topk_w, int32_t *counts, float *score_mean,
-                                       float *stats, float *scratch, unsigned *tickets,
-                                       cudaStream_t stream);
-
 /* dlogits f32 [N,E] (and its bf16 copy for the tensor-core GEMMs) from d(topk_w) and the
  * aux/z coefficients; see host_router.c for the formulas. */
 cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_t *topk_idx,

@@ -1,7 +1,8 @@
 /*
- * Hopper (sm_90a) building blocks shared by the TMA + wgmma kernels (swiglu_gemm_sm90.cu,
- * router_sm90.cu): mbarriers, TMA tensor loads, wgmma descriptors and the m64n256k16 product,
- * and the host's tensor-map encoding. Device code here only compiles for sm_90a.
+ * Hopper (sm_90a) building blocks of the TMA + wgmma kernels (swiglu_gemm_sm90.cu; the
+ * tenth session's router kernel, commit bf6412e, used them too): mbarriers, TMA tensor loads,
+ * wgmma descriptors and the m64n256k16 product, the host's tensor-map encoding and the check
+ * that a device runs an sm_90a image. Device code here only compiles for sm_90a.
  */
 #ifndef MOE_SM90_CUH
 #define MOE_SM90_CUH

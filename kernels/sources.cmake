@@ -2,4 +2,4 @@
 list(APPEND MOE_CUDA_SOURCES kernels/router.cu kernels/dispatch.cu kernels/swiglu.cu
      kernels/elementwise.cu)
 # Hopper-only (sm_90a), built as their own object library (see CMakeLists.txt).
-list(APPEND MOE_CUDA_SM90A_SOURCES kernels/swiglu_gemm_sm90.cu kernels/router_sm90.cu)
+list(APPEND MOE_CUDA_SM90A_SOURCES kernels/swiglu_gemm_sm90.cu)

@@ -275,7 +275,6 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     c->gemm_mode = gemm_mode_from_env(p->logger);
     c->router_mode = router_mode_from_env(p->logger);
     c->swiglu_gemm = swiglu_gemm_from_env(c->device, p->logger);
-    c->sm90 = moe_cuda_router_sm90_supported(c->device);
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;

@@ -28,15 +28,8 @@ typedef enum cuda_gemm_mode {
 typedef enum cuda_router_mode {
     CUDA_ROUTER_AUTO = 0, /* the fused kernel where it applies and is faster, else GEMM */
     CUDA_ROUTER_GEMM,     /* the cuBLAS logits GEMM, then the selection kernel */
-    CUDA_ROUTER_FUSED     /* a fused kernel wherever one applies (E <= 64; Hopper E <= 256) */
+    CUDA_ROUTER_FUSED     /* the fused kernel wherever it applies (E <= 64, ...) */
 } cuda_router_mode_t;
-
-/* The kernels one router_forward call runs. */
-typedef enum cuda_router_path {
-    CUDA_ROUTER_PATH_GEMM = 0,  /* cuBLAS's logits GEMM, then router_select */
-    CUDA_ROUTER_PATH_FUSED,     /* router_fused (E <= 64) */
-    CUDA_ROUTER_PATH_FUSED_SM90 /* router_fused_sm90 (Hopper, 64 < E <= 256) */
-} cuda_router_path_t;
 
 typedef struct cuda_ctx {
     int device;
@@ -53,8 +46,6 @@ typedef struct cuda_ctx {
     /* the expert GEMMs next to SwiGLU carry it in their epilogue (Hopper, MOE_CUDA_SWIGLU_GEMM=1;
      * off by default: not yet faster, docs/cuda-backend.md) */
     bool swiglu_gemm;
-    /* the device runs the sm_90a kernels (router_fused_sm90) */
-    bool sm90;
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */
     cudaMemPool_t pool;
@@ -84,9 +75,8 @@ moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
                            const void *b, int64_t ldb, float beta, void *c, cudaDataType_t ctype,
                            int64_t ldc);
 
-/* The kernels router_forward runs for these arguments (mode, device, shape, alignment). */
-cuda_router_path_t moe_cuda_router_path(const cuda_ctx_t *c, const moe_router_fwd_t *a);
-const char *moe_cuda_router_path_name(cuda_router_path_t path);
+/* Whether router_forward runs the fused kernel for these arguments (mode, shape, alignment). */
+bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a);
 
 /* op implementations (cuda_ops.c, cuda_experts.c) */
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a);

@@ -43,29 +43,14 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
  * 50 vs 48; N=65536 H=4096 159 vs 176. (Run 13 had N=1024 the other way: 14.5 vs 16.4.) */
 #define FUSED_MIN_TOKENS (128 * 264)
 #define FUSED_MAX_SHORT_H 256
-/* Above E = 64 the logits GEMM is math-bound and cuBLAS's rate is what the Hopper kernel has
- * to match; it saves the selection's pass (measured: docs/cuda-backend.md). */
-#define SM90_MIN_TOKENS (128 * 132)
 
-cuda_router_path_t moe_cuda_router_path(const cuda_ctx_t *c, const moe_router_fwd_t *a)
+bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
 {
-    if (c->router_mode == CUDA_ROUTER_GEMM) return CUDA_ROUTER_PATH_GEMM;
-    bool forced = c->router_mode == CUDA_ROUTER_FUSED;
-    if (moe_cuda_router_fused_supported(a->h, a->e, a->x, a->wg, a->logits))
-        return forced || a->n >= FUSED_MIN_TOKENS || a->h <= FUSED_MAX_SHORT_H
-                   ? CUDA_ROUTER_PATH_FUSED
-                   : CUDA_ROUTER_PATH_GEMM;
-    if (c->sm90 && moe_cuda_router_sm90_fits(a->h, a->e, a->x, a->wg, a->logits))
-        return forced || a->n >= SM90_MIN_TOKENS ? CUDA_ROUTER_PATH_FUSED_SM90
-                                                  : CUDA_ROUTER_PATH_GEMM;
-    return CUDA_ROUTER_PATH_GEMM;
-}
-
-const char *moe_cuda_router_path_name(cuda_router_path_t path)
-{
-    return path == CUDA_ROUTER_PATH_FUSED        ? "fused kernel"
-           : path == CUDA_ROUTER_PATH_FUSED_SM90 ? "fused Hopper kernel"
-                                                 : "GEMM + selection";
+    if (c->router_mode == CUDA_ROUTER_GEMM ||
+        !moe_cuda_router_fused_supported(a->h, a->e, a->x, a->wg, a->logits))
+        return false;
+    return c->router_mode == CUDA_ROUTER_FUSED || a->n >= FUSED_MIN_TOKENS ||
+           a->h <= FUSED_MAX_SHORT_H;
 }
 
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
@@ -81,19 +66,11 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
     void *scratch;
     MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_forward_scratch(a->n, a->e),
                                &scratch));
-    cuda_router_path_t path = moe_cuda_router_path(c, a);
-    if (path == CUDA_ROUTER_PATH_FUSED) {
+    if (moe_cuda_router_uses_fused(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_router_fused(a->x, a->wg, a->bias, a->n, a->h, a->e, a->k,
                                              (int)a->score_fn, a->renormalize, a->logits,
                                              a->topk_idx, a->topk_w, a->counts, a->score_mean,
                                              a->stats, scratch, c->router_tickets, c->stream));
-        return MOE_STATUS_SUCCESS;
-    }
-    if (path == CUDA_ROUTER_PATH_FUSED_SM90) {
-        MOE_CUDA_CHECK(moe_cuda_router_fused_sm90(
-            a->x, a->wg, a->bias, a->n, a->h, a->e, a->k, (int)a->score_fn, a->renormalize,
-            a->logits, a->topk_idx, a->topk_w, a->counts, a->score_mean, a->stats, scratch,
-            c->router_tickets, c->stream));
         return MOE_STATUS_SUCCESS;
     }
     /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T. Measured alternatives
