@@ -1,8 +1,8 @@
 /*
- * Hopper (sm_90a) building blocks of the TMA + wgmma kernels (swiglu_gemm_sm90.cu; the
- * tenth session's router kernel, commit bf6412e, used them too): mbarriers, TMA tensor loads,
- * wgmma descriptors and the m64n256k16 product, the host's tensor-map encoding and the check
- * that a device runs an sm_90a image. Device code here only compiles for sm_90a.
+ * Hopper (sm_90a) building blocks of the TMA + wgmma kernels (swiglu_gemm_sm90.cu):
+ * mbarriers, TMA tensor loads, wgmma descriptors and the m64n256k16 product, the host's
+ * tensor-map encoding and the check that a device runs an sm_90a image. Device code here only
+ * compiles for sm_90a.
  */
 #ifndef MOE_SM90_CUH
 #define MOE_SM90_CUH
@@ -136,8 +136,9 @@ __device__ __forceinline__ void warpgroup_bar(int id)
 }
 
 /* cuTensorMapEncodeTiled through the runtime, so the library needs no link to libcuda. */
-inline cudaError_t encode_map(CUtensorMap *map, const void *base, int rank, const cuuint64_t *dims,
-                       const cuuint64_t *strides, const cuuint32_t *box)
+inline cudaError_t encode_map(CUtensorMap *map, const void *base, int rank,
+                              const cuuint64_t *dims, const cuuint64_t *strides,
+                              const cuuint32_t *box)
 {
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q;
