@@ -240,8 +240,9 @@ static bool swiglu_gemm_from_env(int device, const moe_logger_t *logger)
     const char *v = getenv("MOE_CUDA_SWIGLU_GEMM");
     if (!v || strcmp(v, "1") != 0) return false;
     bool ok = moe_cuda_swiglu_gemm_supported(device);
-    moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_SWIGLU_GEMM=1: %s", ok ? "SwiGLU in the expert GEMMs"
-                                                               : "needs compute capability 9.0");
+    moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_SWIGLU_GEMM=1: %s",
+            ok ? "SwiGLU in the expert GEMMs"
+               : "not on this device (needs compute capability 9.0 and the sm_90a image)");
     return ok;
 }
 
