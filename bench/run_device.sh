@@ -7,10 +7,11 @@
 #   layer test on the CUDA backend (2 and 4 ranks sharing the GPU through MPI); profile: ncu's
 #   time of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1),
 #   summed by bench/kernel_times.py into $OUT/profile.txt; trace: the timeline of the same
-#   layer steps (bench/trace.c, CUPTI) in $OUT/trace.txt, also of $MOE_AB_TREE's bench_moe when
-#   set; algos: bench/gemm_algos.c ($MOE_ALGOS_GROUP: one group); ab: bench_moe of this tree
-#   and of $MOE_AB_TREE (another source tree carried with the call) or this one under the
-#   environment $MOE_AB_ENV, taking turns, 3 rounds, parts $MOE_BENCH_PART (default router);
+#   layer steps (bench/trace.c, CUPTI) in $OUT/trace.txt, also of each $MOE_AB_TREE's bench_moe
+#   when set; algos: bench/gemm_algos.c ($MOE_ALGOS_GROUP: one group); ab: bench_moe of this
+#   tree and of each tree in $MOE_AB_TREE (source trees carried with the call) or this one
+#   under the environment $MOE_AB_ENV, taking turns, 3 rounds, parts $MOE_BENCH_PART (default
+#   router);
 #   ncu: one kernel's counters; kernels: every kernel's own time in the router bench of some
 #   shapes
 set -uo pipefail
@@ -94,30 +95,41 @@ for l in open(sys.argv[1]):
 fi
 
 # ab: the drift between device calls (up to 9%) is larger than many a change, so a change is
-# measured against its base in the same call, the two sides taking turns, $MOE_AB_ROUNDS
-# rounds (default 3) of bench_moe with each of the parts (default router), or with the
-# arguments $MOE_AB_ARGS instead (e.g. "layer 0": one layer shape)
-BO=/tmp/build-device-ab
+# measured against its base in the same call, the sides taking turns, $MOE_AB_ROUNDS rounds
+# (default 3) of bench_moe with each of the parts (default router), or with the arguments
+# $MOE_AB_ARGS instead (e.g. "layer 0": one layer shape)
+# build_other TREE: TREE's bench_moe (a source tree carried with the call), in its own build
+# directory, whose path it prints
 build_other() {
-  local other=${MOE_AB_TREE:?needs MOE_AB_TREE, the source tree to compare with}
-  (cd "$other" && B=$BO && device_configure && cmake --build "$BO" -j16 --target bench_moe) \
-    >>"$OUT/build.log" 2>&1 || { echo "AB BUILD FAILED ($other)"; tail -20 "$OUT/build.log"; exit 1; }
+  local bo=/tmp/build-device-ab-$(basename "$1")
+  (cd "$1" && B=$bo && device_configure && cmake --build "$bo" -j16 --target bench_moe) \
+    >>"$OUT/build.log" 2>&1 || { echo "AB BUILD FAILED ($1)" >&2; tail -20 "$OUT/build.log" >&2; return 1; }
+  echo "$bo/bench/bench_moe"
 }
 if has ab; then
-  # the other side: $MOE_AB_TREE's binary, or this one under the environment $MOE_AB_ENV
-  # (e.g. "MOE_CUDA_ROUTER=gemm")
-  if [ -n "${MOE_AB_TREE:-}" ]; then build_other; other_bin=$BO/bench/bench_moe; other_env=; else
-    other_bin=$B/bench/bench_moe; other_env=${MOE_AB_ENV:?ab needs MOE_AB_TREE or MOE_AB_ENV}; fi
+  # the other sides: each tree in $MOE_AB_TREE (space-separated; a side is named by the tree's
+  # folder), or this binary under the environment $MOE_AB_ENV (e.g. "MOE_CUDA_ROUTER=gemm")
+  sides=(this)
+  declare -A bin=([this]=$B/bench/bench_moe) envs=([this]=)
+  if [ -n "${MOE_AB_TREE:-}" ]; then
+    for tree in $MOE_AB_TREE; do
+      side=$(basename "$tree")
+      bin[$side]=$(build_other "$tree") || exit 1
+      envs[$side]=
+      sides+=("$side")
+    done
+  else
+    bin[other]=$B/bench/bench_moe envs[other]=${MOE_AB_ENV:?ab needs MOE_AB_TREE or MOE_AB_ENV}
+    sides+=(other)
+  fi
   if [ -n "${MOE_AB_ARGS:-}" ]; then runs=("$MOE_AB_ARGS"); else runs=(${MOE_BENCH_PART:-router}); fi
   for round in $(seq "${MOE_AB_ROUNDS:-3}"); do
-    # the sides swap places every round (this other, other this, ...), so that drift within
-    # the call favours neither
-    order="this other"
-    [ $((round % 2)) = 0 ] && order="other this"
-    for side in $order; do
+    # the order of the sides reverses every round, so that drift within the call favours none
+    order=("${sides[@]}")
+    [ $((round % 2)) = 0 ] && order=($(printf '%s\n' "${sides[@]}" | tac))
+    for side in "${order[@]}"; do
       for args in "${runs[@]}"; do
-        if [ $side = this ]; then "$B/bench/bench_moe" $args >/tmp/ab.jsonl || status=1
-        else env $other_env "$other_bin" $args >/tmp/ab.jsonl || status=1; fi
+        env ${envs[$side]} "${bin[$side]}" $args >/tmp/ab.jsonl || status=1
         cat /tmp/ab.jsonl >>"$OUT/ab_$side.jsonl"
         python3 bench/brief.py /tmp/ab.jsonl | sed "s/^/$side $round  /"
       done
@@ -167,17 +179,20 @@ if has profile; then
   done
 fi
 # trace: CUPTI's timeline of one layer step (bench_moe profile) per shape in $MOE_PROFILE_SHAPES,
-# summarised by bench/trace_summary.py; with $MOE_AB_TREE also that tree's binary, alternating
+# summarised by bench/trace_summary.py; with $MOE_AB_TREE also each tree's binary, alternating
 if has trace; then
   cmake --build "$B" -j16 --target moe_trace >>"$OUT/build.log" 2>&1 || { echo "no moe_trace"; exit 1; }
   sides=(this)
-  [ -n "${MOE_AB_TREE:-}" ] && { build_other; sides+=(other); }
+  declare -A bin=([this]=$B/bench/bench_moe)
+  for tree in ${MOE_AB_TREE:-}; do
+    side=$(basename "$tree")
+    bin[$side]=$(build_other "$tree") || exit 1
+    sides+=("$side")
+  done
   for i in ${MOE_PROFILE_SHAPES:-0 1}; do
     for side in "${sides[@]}"; do
-      bin=$B/bench/bench_moe
-      [ $side = other ] && bin=$BO/bench/bench_moe
       CUDA_INJECTION64_PATH=$B/bench/libmoe_trace.so MOE_TRACE_OUT=/tmp/trace.csv \
-        "$bin" profile "$i" || status=1
+        "${bin[$side]}" profile "$i" || status=1
       { echo "== layer shape $i, $side"; python3 bench/trace_summary.py /tmp/trace.csv; } |
         tee -a "$OUT/trace.txt"
       cp /tmp/trace.csv "$OUT/trace_${i}_$side.csv"

@@ -78,23 +78,55 @@ static __device__ __forceinline__ float group_max(float v)
 /* The router's transcendentals use the SFU's approximations (ex2, lg2, rcp): within 2e-7 of
  * the correctly rounded results for scores (probabilities, |x| small where they are large),
  * against a 1e-6 routing tie tolerance and 1e-5 bounds; the precise library calls were ~100
- * of the ~750 instructions a token cost at E = 256 (ncu, sixth session, call 4). */
-static __device__ __forceinline__ float sigmoidf_(float v)
+ * of the ~750 instructions a token cost at E = 256 (ncu, sixth session, call 4).
+ * exp_ftz flushes subnormal results to 0 (a score below 1.2e-38 is 0 to every use here),
+ * which spares the non-flushing form's range fix-up around each ex2 (__expf's 5 instructions
+ * become 2); log_ftz and rcp_ftz are for arguments that are never subnormal (sums >= 1). */
+static __device__ __forceinline__ float exp_ftz(float x)
 {
-    return __fdividef(1.0f, 1.0f + __expf(-v));
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950409f));
+    return y;
 }
 
+static __device__ __forceinline__ float log_ftz(float x)
+{
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y * 0.6931471806f;
+}
+
+static __device__ __forceinline__ float rcp_ftz(float x)
+{
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+static __device__ __forceinline__ float sigmoidf_(float v)
+{
+    return __fdividef(1.0f, 1.0f + exp_ftz(-v));
+}
+
+/* A padding slot's logit (experts E ... LANES*EPL-1 of the last lanes): finite, so that a
+ * padding slot's score is exactly 0 in both score functions (exp and sigmoid underflow) and
+ * its products with a zero score are 0, not NaN; then no step after the load needs to ask
+ * whether a slot is real. (Top-k keeps padding out by the keys: see selector::token.) */
+#define PAD_LOGIT (-1e30f)
+
 /* A token's row held by a group of LANES lanes: lane `sub` of the group holds experts
- * sub*EPL ... sub*EPL+EPL-1. Logits, log-sum-exp, scores s, normalised scores q.
+ * sub*EPL ... sub*EPL+EPL-1. Logits, log-sum-exp, scores s, normalised scores q, and with
+ * ENTROPY the entropy -sum q log q.
  * A group past the last token (valid = false) computes on zeros and writes nothing.
  * vec: E % 4 == 0 and the logits 16-byte aligned, so a lane loads its experts as float4. */
 template <int EPL, int LANES>
 struct token_row {
     float l[EPL], s[EPL], q[EPL];
-    float lse, qnorm;
+    float lse, qnorm, ent;
 
     static __device__ __forceinline__ int expert(int sub, int i) { return sub * EPL + i; }
 
+    template <bool ENTROPY = false>
     __device__ void load(const float *row, int e, int sub, int score_fn, bool valid, bool vec)
     {
         if (vec) {
@@ -104,46 +136,69 @@ struct token_row {
                 float4 v = valid && j < e ? *reinterpret_cast<const float4 *>(row + j)
                                           : make_float4(0, 0, 0, 0);
                 bool real = j < e; /* E % 4 == 0: all four or none */
-                l[i] = real ? v.x : -INFINITY;
-                l[i + 1] = real ? v.y : -INFINITY;
-                l[i + 2] = real ? v.z : -INFINITY;
-                l[i + 3] = real ? v.w : -INFINITY;
+                l[i] = real ? v.x : PAD_LOGIT;
+                l[i + 1] = real ? v.y : PAD_LOGIT;
+                l[i + 2] = real ? v.z : PAD_LOGIT;
+                l[i + 3] = real ? v.w : PAD_LOGIT;
             }
         } else {
 #pragma unroll
             for (int i = 0; i < EPL; i++) {
                 int j = expert(sub, i);
-                l[i] = j >= e ? -INFINITY : valid ? row[j] : 0.0f;
+                l[i] = j >= e ? PAD_LOGIT : valid ? row[j] : 0.0f;
             }
         }
-        scores(e, sub, score_fn);
+        scores<ENTROPY>(score_fn);
     }
 
-    __device__ void scores(int e, int sub, int score_fn)
+    /* Softmax entropy without a log per expert: with d = l - max and S = sum exp(d),
+     * -sum q log q = log S - sum exp(d) d / S; sum exp(d) d rides in the same butterfly as S. */
+    template <bool ENTROPY>
+    __device__ void scores(int score_fn)
     {
-        float mx = -INFINITY;
+        float mx = l[0];
 #pragma unroll
-        for (int i = 0; i < EPL; i++) mx = fmaxf(mx, l[i]);
+        for (int i = 1; i < EPL; i++) mx = fmaxf(mx, l[i]);
         mx = group_max<LANES>(mx);
-        float ex[EPL], sum = 0;
+        float ex[EPL], sum = 0, dot = 0;
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            ex[i] = __expf(l[i] - mx); /* exp(-inf) = 0 for padding */
+            float d = l[i] - mx;
+            ex[i] = exp_ftz(d); /* 0 for padding */
             sum += ex[i];
+            if (ENTROPY) dot = fmaf(ex[i], d, dot);
         }
-        sum = group_sum<LANES>(sum);
-        lse = mx + __logf(sum);
-        float inv_sum = __fdividef(1.0f, sum), tot = 0;
+        if (ENTROPY && score_fn == 0) {
+#pragma unroll
+            for (int o = LANES / 2; o > 0; o >>= 1) {
+                float a = __shfl_xor_sync(0xffffffffu, sum, o), b = __shfl_xor_sync(0xffffffffu, dot, o);
+                sum += a;
+                dot += b;
+            }
+        } else {
+            sum = group_sum<LANES>(sum);
+        }
+        float log_sum = log_ftz(sum); /* sum >= 1: the max's term is 1 */
+        lse = mx + log_sum;
+        float inv_sum = rcp_ftz(sum), tot = 0;
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            bool real = expert(sub, i) < e;
-            s[i] = !real ? 0.0f : score_fn == 0 ? ex[i] * inv_sum : sigmoidf_(l[i]);
+            s[i] = score_fn == 0 ? ex[i] * inv_sum : sigmoidf_(l[i]);
             tot += s[i];
         }
         qnorm = score_fn == 0 ? 1.0f : group_sum<LANES>(tot);
         float inv = __fdividef(1.0f, qnorm);
 #pragma unroll
         for (int i = 0; i < EPL; i++) q[i] = score_fn == 0 ? s[i] : s[i] * inv;
+        if (!ENTROPY) return;
+        if (score_fn == 0) {
+            ent = log_sum - dot * inv_sum;
+        } else {
+            float acc = 0;
+#pragma unroll
+            for (int i = 0; i < EPL; i++) acc -= q[i] > 0 ? q[i] * __logf(q[i]) : 0.0f;
+            ent = group_sum<LANES>(acc);
+        }
     }
 };
 
@@ -308,13 +363,15 @@ struct selector {
     using row_t = token_row<EPL, LANES>;
     float kb[EPL], pm[EPL];
     float z_acc, ent_acc;
+    bool biased;
 
-    __device__ selector(const float *bias, int e, int sub)
+    /* A padding slot's bias is -inf, so its key (selector::top_k) sits below every real one. */
+    __device__ selector(const float *bias, int e, int sub) : biased(bias != NULL)
     {
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
             int j = row_t::expert(sub, i);
-            kb[i] = bias && j < e ? bias[j] : 0.0f;
+            kb[i] = j >= e ? -INFINITY : bias ? bias[j] : 0.0f;
             pm[i] = 0.0f;
         }
         z_acc = ent_acc = 0;
@@ -327,38 +384,45 @@ struct selector {
                           bool renorm, bool vec, int lane, int32_t *__restrict__ topk_idx,
                           float *__restrict__ topk_w, int32_t *s_count)
     {
-        int sub = lane % LANES, grp = lane / LANES;
-        unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
         row_t r;
-        r.load(row, e, sub, score_fn, valid, vec);
-        /* entropy -sum q log q; softmax: log q = logit - lse exactly, no log needed */
-        float ent = 0;
-#pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            float lq = score_fn == 0 ? r.l[i] - r.lse : __logf(r.q[i]);
-            ent -= r.q[i] > 0 ? r.q[i] * lq : 0.0f;
-        }
-        ent = group_sum<LANES>(ent);
+        r.template load<true>(row, e, lane % LANES, score_fn, valid, vec);
         if (valid) {
             z_acc += r.lse * r.lse;
-            ent_acc += ent;
+            ent_acc += r.ent;
 #pragma unroll
             for (int i = 0; i < EPL; i++) pm[i] += r.q[i];
         }
-        /* top-k on 32-bit keys. Each lane finds its two largest keys in one pass (the lower
-         * slot first on equal keys), with their scores. A round takes the group's largest
-         * first key; among equal ones the lowest lane, which holds the lower expert index
-         * (experts are lane-contiguous). The winner moves its second key up; a lane winning
-         * again rescans its untaken slots (unless it was the last round). Every lane gets
-         * the winners by shuffle (for the weights' sum); lane j % LANES of the group keeps
-         * and writes choice j, so up to LANES choices go out in one coalesced store. */
+        if (biased)
+            top_k<true>(r, t, valid, k, renorm, lane, topk_idx, topk_w, s_count);
+        else
+            top_k<false>(r, t, valid, k, renorm, lane, topk_idx, topk_w, s_count);
+    }
+
+    /* Top-k on 32-bit keys. Each lane finds its two largest keys in one pass (the lower slot
+     * first on equal keys). A round takes the group's largest first key; among equal ones the
+     * lowest lane, which holds the lower expert index (experts are lane-contiguous). The
+     * winner moves its second key up; a lane winning again rescans its untaken slots (unless
+     * it was the last round). Every lane gets the winners by shuffle (for the weights' sum);
+     * lane j % LANES of the group keeps and writes choice j, so up to LANES choices go out in
+     * one coalesced store.
+     * BIASED: keys of score + bias, and the winner's score travels with its key. Otherwise
+     * the key is the score's own bits (scores are >= +0, so setting the sign bit orders them
+     * and a round's weight is the group maximum itself); a padding slot (score 0) then ties
+     * with real zeros and loses them by index, so it is never chosen while k <= E. */
+    template <bool BIASED>
+    __device__ __forceinline__ void top_k(const row_t &r, int64_t t, bool valid, int k,
+                                          bool renorm, int lane, int32_t *__restrict__ topk_idx,
+                                          float *__restrict__ topk_w, int32_t *s_count)
+    {
+        int sub = lane % LANES, grp = lane / LANES;
+        unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
         unsigned u[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++)
-            u[i] = row_t::expert(sub, i) < e ? key_bits(r.s[i] + kb[i]) : 0u;
+            u[i] = BIASED ? key_bits(r.s[i] + kb[i]) : __float_as_uint(r.s[i]) | 0x80000000u;
         unsigned taken = 0, h1, h2;
         int i1, i2;
-        float s1, s2;
+        float s1, s2; /* BIASED only */
         auto top_two = [&]() {
             h1 = h2 = 0u;
             i1 = i2 = 0;
@@ -369,10 +433,12 @@ struct selector {
                 bool gt1 = v > h1, gt2 = v > h2;
                 h2 = gt1 ? h1 : gt2 ? v : h2;
                 i2 = gt1 ? i1 : gt2 ? i : i2;
-                s2 = gt1 ? s1 : gt2 ? r.s[i] : s2;
                 h1 = gt1 ? v : h1;
                 i1 = gt1 ? i : i1;
-                s1 = gt1 ? r.s[i] : s1;
+                if (BIASED) {
+                    s2 = gt1 ? s1 : gt2 ? r.s[i] : s2;
+                    s1 = gt1 ? r.s[i] : s1;
+                }
             }
         };
         top_two();
@@ -385,7 +451,7 @@ struct selector {
             if (j >= k) break;
             unsigned best = group_max_u32<LANES>(h1);
             int win = __ffs(__ballot_sync(0xffffffffu, h1 == best) & gmask) - 1;
-            float w = __shfl_sync(0xffffffffu, s1, win);
+            float w = BIASED ? __shfl_sync(0xffffffffu, s1, win) : __uint_as_float(best & 0x7fffffffu);
             int chosen = __shfl_sync(0xffffffffu, row_t::expert(sub, i1), win);
             wsum += w;
             if (sub == j % LANES) {
@@ -948,7 +1014,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
         float wsum = 0, gw_dot_w = 0;
         for (int j = 0; j < k; j++) {
             float lj = row[topk_idx[t * k + j]];
-            wsum += score_fn == 0 ? __expf(lj - r.lse) : sigmoidf_(lj);
+            wsum += score_fn == 0 ? exp_ftz(lj - r.lse) : sigmoidf_(lj);
             gw_dot_w += d_topk_w[t * k + j] * topk_w[t * k + j];
         }
         for (int j = 0; j < k; j++) {
@@ -981,7 +1047,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
             g[i] = score_fn == 0 ? r.s[i] * (gs[i] - gs_dot_s) : gs[i] * r.s[i] * (1.0f - r.s[i]);
-            if (z_coef != 0) g[i] += zc * __expf(r.l[i] - r.lse);
+            if (z_coef != 0) g[i] += zc * exp_ftz(r.l[i] - r.lse);
         }
         /* a lane's experts are contiguous: vector stores where the row allows them */
 #pragma unroll
