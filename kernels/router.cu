@@ -115,14 +115,16 @@ static __device__ __forceinline__ float sigmoidf_(float v)
 #define PAD_LOGIT (-1e30f)
 
 /* A token's row held by a group of LANES lanes: lane `sub` of the group holds experts
- * sub*EPL ... sub*EPL+EPL-1. Logits, log-sum-exp, scores s, normalised scores q, and with
- * ENTROPY the entropy -sum q log q.
+ * sub*EPL ... sub*EPL+EPL-1. Logits, log-sum-exp, scores s, the normalised scores q = s / qnorm
+ * (q(i); softmax scores are their own, qnorm = 1), and with ENTROPY the entropy -sum q log q.
  * A group past the last token (valid = false) computes on zeros and writes nothing.
  * vec: E % 4 == 0 and the logits 16-byte aligned, so a lane loads its experts as float4. */
 template <int EPL, int LANES>
 struct token_row {
-    float l[EPL], s[EPL], q[EPL];
-    float lse, qnorm, ent;
+    float l[EPL], s[EPL];
+    float lse, qnorm, qinv, ent;
+
+    __device__ __forceinline__ float q(int i) const { return s[i] * qinv; }
 
     static __device__ __forceinline__ int expert(int sub, int i) { return sub * EPL + i; }
 
@@ -180,25 +182,27 @@ struct token_row {
         }
         float log_sum = log_ftz(sum); /* sum >= 1: the max's term is 1 */
         lse = mx + log_sum;
-        float inv_sum = rcp_ftz(sum), tot = 0;
+        float inv_sum = rcp_ftz(sum);
+        if (score_fn == 0) {
+#pragma unroll
+            for (int i = 0; i < EPL; i++) s[i] = ex[i] * inv_sum;
+            qnorm = qinv = 1.0f;
+            if (ENTROPY) ent = log_sum - dot * inv_sum;
+            return;
+        }
+        float tot = 0;
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            s[i] = score_fn == 0 ? ex[i] * inv_sum : sigmoidf_(l[i]);
+            s[i] = sigmoidf_(l[i]);
             tot += s[i];
         }
-        qnorm = score_fn == 0 ? 1.0f : group_sum<LANES>(tot);
-        float inv = __fdividef(1.0f, qnorm);
-#pragma unroll
-        for (int i = 0; i < EPL; i++) q[i] = score_fn == 0 ? s[i] : s[i] * inv;
+        qnorm = group_sum<LANES>(tot);
+        qinv = __fdividef(1.0f, qnorm);
         if (!ENTROPY) return;
-        if (score_fn == 0) {
-            ent = log_sum - dot * inv_sum;
-        } else {
-            float acc = 0;
+        float acc = 0;
 #pragma unroll
-            for (int i = 0; i < EPL; i++) acc -= q[i] > 0 ? q[i] * __logf(q[i]) : 0.0f;
-            ent = group_sum<LANES>(acc);
-        }
+        for (int i = 0; i < EPL; i++) acc -= q(i) > 0 ? q(i) * __logf(q(i)) : 0.0f;
+        ent = group_sum<LANES>(acc);
     }
 };
 
@@ -390,7 +394,7 @@ struct selector {
             z_acc += r.lse * r.lse;
             ent_acc += r.ent;
 #pragma unroll
-            for (int i = 0; i < EPL; i++) pm[i] += r.q[i];
+            for (int i = 0; i < EPL; i++) pm[i] = fmaf(r.s[i], r.qinv, pm[i]);
         }
         if (biased)
             top_k<true>(r, t, valid, k, renorm, lane, topk_idx, topk_w, s_count);
@@ -1028,7 +1032,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
             float gq_dot_q = 0;
             if (score_fn != 0) {
 #pragma unroll
-                for (int i = 0; i < EPL; i++) gq_dot_q += caux[i] * r.q[i];
+                for (int i = 0; i < EPL; i++) gq_dot_q += caux[i] * r.q(i);
                 gq_dot_q = group_sum<LANES>(gq_dot_q);
             }
 #pragma unroll
