@@ -3,8 +3,9 @@
  * keeps one token's E logits in registers (lane l of the group holds the EPL consecutive
  * experts l*EPL ... l*EPL+EPL-1), so the softmax/sigmoid, top-k and renormalisation never touch
  * memory again. The forward sizes the group to E (8 experts a lane: E=64 puts 4 tokens in a
- * warp), because the kernels are bound by instruction issue and the group-wide reductions
- * dominate them.
+ * warp), because the kernels are bound by instruction issue and latency and the group-wide
+ * reductions dominate them; router_select works on two passes' tokens at once, so that their
+ * chains of dependent reductions overlap.
  *
  * Shape legend: N tokens, E experts (E <= 32*EPL <= 512), K top-k (K <= 8).
  *
@@ -23,9 +24,11 @@
 #include "kernels.h"
 
 #define WARPS 8               /* warps per block in the per-token kernels */
-/* router_select's occupancy with 8 experts a lane: 80 registers, no spills (left alone ptxas
- * took 93, 2 blocks; 4 blocks = 64 registers spill 64-84 bytes) */
-#define SELECT_BLOCKS_PER_SM 3
+/* router_select's occupancy with 8 experts a lane, two tokens a warp pass (selector::tokens<2>):
+ * 115-128 registers, no spills. Three blocks (80 registers) spill 100-870 bytes and measured
+ * slower (E = 256: 0.069 vs 0.068 ms; E = 64: 0.0215 vs 0.0187 ms, eleventh session, call 6);
+ * with one token a pass, three blocks at 80 registers were best (0.071 ms at E = 256). */
+#define SELECT_BLOCKS_PER_SM 2
 
 /* Order-preserving float -> u32 (a larger float gives a larger integer). Every float, -inf
  * included, maps above 0, the value a taken or padding slot gets in the top-k. */
@@ -111,44 +114,52 @@ static __device__ __forceinline__ float sigmoidf_(float v)
 /* A padding slot's logit (experts E ... LANES*EPL-1 of the last lanes): finite, so that a
  * padding slot's score is exactly 0 in both score functions (exp and sigmoid underflow) and
  * its products with a zero score are 0, not NaN; then no step after the load needs to ask
- * whether a slot is real. (Top-k keeps padding out by the keys: see selector::token.) */
+ * whether a slot is real. (Top-k keeps padding out by the keys: see selector::top_k.) */
 #define PAD_LOGIT (-1e30f)
 
-/* A token's row held by a group of LANES lanes: lane `sub` of the group holds experts
- * sub*EPL ... sub*EPL+EPL-1. Logits, log-sum-exp, scores s, the normalised scores q = s / qnorm
- * (q(i); softmax scores are their own, qnorm = 1), and with ENTROPY the entropy -sum q log q.
+/* T tokens' rows held by a group of LANES lanes each (T = 2: two independent chains that the
+ * compiler interleaves, each step for both rows before the next step): lane `sub` of the group
+ * holds experts sub*EPL ... sub*EPL+EPL-1. Logits, log-sum-exp, scores s, the normalised scores
+ * q = s / qnorm (q(x, i); softmax scores are their own, qnorm = 1), and with ENTROPY the
+ * entropy -sum q log q.
  * A group past the last token (valid = false) computes on zeros and writes nothing.
  * vec: E % 4 == 0 and the logits 16-byte aligned, so a lane loads its experts as float4. */
-template <int EPL, int LANES>
-struct token_row {
-    float l[EPL], s[EPL];
-    float lse, qnorm, qinv, ent;
+template <int EPL, int LANES, int T = 1>
+struct token_rows {
+    float l[T][EPL], s[T][EPL];
+    float lse[T], qnorm[T], qinv[T], ent[T];
 
-    __device__ __forceinline__ float q(int i) const { return s[i] * qinv; }
+    __device__ __forceinline__ float q(int x, int i) const { return s[x][i] * qinv[x]; }
 
     static __device__ __forceinline__ int expert(int sub, int i) { return sub * EPL + i; }
 
+    /* rows[x]: token x's row */
     template <bool ENTROPY = false>
-    __device__ void load(const float *row, int e, int sub, int score_fn, bool valid, bool vec)
+    __device__ void load(const float *const (&rows)[T], int e, int sub, int score_fn,
+                         const bool (&valid)[T], bool vec)
     {
         if (vec) {
 #pragma unroll
-            for (int i = 0; i < EPL; i += 4) {
-                int j = expert(sub, i);
-                float4 v = valid && j < e ? *reinterpret_cast<const float4 *>(row + j)
-                                          : make_float4(0, 0, 0, 0);
-                bool real = j < e; /* E % 4 == 0: all four or none */
-                l[i] = real ? v.x : PAD_LOGIT;
-                l[i + 1] = real ? v.y : PAD_LOGIT;
-                l[i + 2] = real ? v.z : PAD_LOGIT;
-                l[i + 3] = real ? v.w : PAD_LOGIT;
-            }
+            for (int x = 0; x < T; x++)
+#pragma unroll
+                for (int i = 0; i < EPL; i += 4) {
+                    int j = expert(sub, i);
+                    float4 v = valid[x] && j < e ? *reinterpret_cast<const float4 *>(rows[x] + j)
+                                                 : make_float4(0, 0, 0, 0);
+                    bool real = j < e; /* E % 4 == 0: all four or none */
+                    l[x][i] = real ? v.x : PAD_LOGIT;
+                    l[x][i + 1] = real ? v.y : PAD_LOGIT;
+                    l[x][i + 2] = real ? v.z : PAD_LOGIT;
+                    l[x][i + 3] = real ? v.w : PAD_LOGIT;
+                }
         } else {
 #pragma unroll
-            for (int i = 0; i < EPL; i++) {
-                int j = expert(sub, i);
-                l[i] = j >= e ? PAD_LOGIT : valid ? row[j] : 0.0f;
-            }
+            for (int x = 0; x < T; x++)
+#pragma unroll
+                for (int i = 0; i < EPL; i++) {
+                    int j = expert(sub, i);
+                    l[x][i] = j >= e ? PAD_LOGIT : valid[x] ? rows[x][j] : 0.0f;
+                }
         }
         scores<ENTROPY>(score_fn);
     }
@@ -158,51 +169,73 @@ struct token_row {
     template <bool ENTROPY>
     __device__ void scores(int score_fn)
     {
-        float mx = l[0];
+        float mx[T], ex[T][EPL], sum[T], dot[T];
 #pragma unroll
-        for (int i = 1; i < EPL; i++) mx = fmaxf(mx, l[i]);
-        mx = group_max<LANES>(mx);
-        float ex[EPL], sum = 0, dot = 0;
+        for (int x = 0; x < T; x++) {
+            mx[x] = l[x][0];
 #pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            float d = l[i] - mx;
-            ex[i] = exp_ftz(d); /* 0 for padding */
-            sum += ex[i];
-            if (ENTROPY) dot = fmaf(ex[i], d, dot);
+            for (int i = 1; i < EPL; i++) mx[x] = fmaxf(mx[x], l[x][i]);
+        }
+#pragma unroll
+        for (int x = 0; x < T; x++) mx[x] = group_max<LANES>(mx[x]);
+#pragma unroll
+        for (int x = 0; x < T; x++) {
+            sum[x] = dot[x] = 0;
+#pragma unroll
+            for (int i = 0; i < EPL; i++) {
+                float d = l[x][i] - mx[x];
+                ex[x][i] = exp_ftz(d); /* 0 for padding */
+                sum[x] += ex[x][i];
+                if (ENTROPY) dot[x] = fmaf(ex[x][i], d, dot[x]);
+            }
         }
         if (ENTROPY && score_fn == 0) {
 #pragma unroll
-            for (int o = LANES / 2; o > 0; o >>= 1) {
-                float a = __shfl_xor_sync(0xffffffffu, sum, o), b = __shfl_xor_sync(0xffffffffu, dot, o);
-                sum += a;
-                dot += b;
-            }
+            for (int o = LANES / 2; o > 0; o >>= 1)
+#pragma unroll
+                for (int x = 0; x < T; x++) {
+                    float a = __shfl_xor_sync(0xffffffffu, sum[x], o);
+                    float b = __shfl_xor_sync(0xffffffffu, dot[x], o);
+                    sum[x] += a;
+                    dot[x] += b;
+                }
         } else {
-            sum = group_sum<LANES>(sum);
+#pragma unroll
+            for (int x = 0; x < T; x++) sum[x] = group_sum<LANES>(sum[x]);
         }
-        float log_sum = log_ftz(sum); /* sum >= 1: the max's term is 1 */
-        lse = mx + log_sum;
-        float inv_sum = rcp_ftz(sum);
+        float log_sum[T], inv_sum[T];
+#pragma unroll
+        for (int x = 0; x < T; x++) {
+            log_sum[x] = log_ftz(sum[x]); /* sum >= 1: the max's term is 1 */
+            lse[x] = mx[x] + log_sum[x];
+            inv_sum[x] = rcp_ftz(sum[x]);
+        }
         if (score_fn == 0) {
 #pragma unroll
-            for (int i = 0; i < EPL; i++) s[i] = ex[i] * inv_sum;
-            qnorm = qinv = 1.0f;
-            if (ENTROPY) ent = log_sum - dot * inv_sum;
+            for (int x = 0; x < T; x++) {
+#pragma unroll
+                for (int i = 0; i < EPL; i++) s[x][i] = ex[x][i] * inv_sum[x];
+                qnorm[x] = qinv[x] = 1.0f;
+                if (ENTROPY) ent[x] = log_sum[x] - dot[x] * inv_sum[x];
+            }
             return;
         }
-        float tot = 0;
 #pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            s[i] = sigmoidf_(l[i]);
-            tot += s[i];
+        for (int x = 0; x < T; x++) {
+            float tot = 0;
+#pragma unroll
+            for (int i = 0; i < EPL; i++) {
+                s[x][i] = sigmoidf_(l[x][i]);
+                tot += s[x][i];
+            }
+            qnorm[x] = group_sum<LANES>(tot);
+            qinv[x] = __fdividef(1.0f, qnorm[x]);
+            if (!ENTROPY) continue;
+            float acc = 0;
+#pragma unroll
+            for (int i = 0; i < EPL; i++) acc -= q(x, i) > 0 ? q(x, i) * __logf(q(x, i)) : 0.0f;
+            ent[x] = group_sum<LANES>(acc);
         }
-        qnorm = group_sum<LANES>(tot);
-        qinv = __fdividef(1.0f, qnorm);
-        if (!ENTROPY) return;
-        float acc = 0;
-#pragma unroll
-        for (int i = 0; i < EPL; i++) acc -= q(i) > 0 ? q(i) * __logf(q(i)) : 0.0f;
-        ent = group_sum<LANES>(acc);
     }
 };
 
@@ -364,7 +397,8 @@ static __device__ void select_reduce(const select_scratch &p, int gsz, unsigned 
  * (logits from global memory) and router_fused (logits from its shared-memory tile). */
 template <int EPL, int LANES>
 struct selector {
-    using row_t = token_row<EPL, LANES>;
+    template <int T>
+    using rows_t = token_rows<EPL, LANES, T>;
     float kb[EPL], pm[EPL];
     float z_acc, ent_acc;
     bool biased;
@@ -374,28 +408,33 @@ struct selector {
     {
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            int j = row_t::expert(sub, i);
+            int j = rows_t<1>::expert(sub, i);
             kb[i] = j >= e ? -INFINITY : bias ? bias[j] : 0.0f;
             pm[i] = 0.0f;
         }
         z_acc = ent_acc = 0;
     }
 
-    /* Token t, its E logits at `row` (16-byte aligned when vec): scores, statistics, top-k
-     * on score + bias, weights; counts go to the block's s_count. A group with valid = false
-     * computes on row's values and writes nothing. Every lane of the warp must call. */
-    __device__ void token(const float *row, int64_t t, bool valid, int e, int k, int score_fn,
-                          bool renorm, bool vec, int lane, int32_t *__restrict__ topk_idx,
-                          float *__restrict__ topk_w, int32_t *s_count)
+    /* T tokens t[x], their E logits at rows[x] (16-byte aligned when vec): scores,
+     * statistics (in token order), top-k on score + bias, weights; counts go to the block's
+     * s_count. A group with valid[x] = false computes on rows[x]'s values and writes nothing.
+     * Every lane of the warp must call. */
+    template <int T>
+    __device__ void tokens(const float *const (&rows)[T], const int64_t (&t)[T],
+                           const bool (&valid)[T], int e, int k, int score_fn, bool renorm,
+                           bool vec, int lane, int32_t *__restrict__ topk_idx,
+                           float *__restrict__ topk_w, int32_t *s_count)
     {
-        row_t r;
-        r.template load<true>(row, e, lane % LANES, score_fn, valid, vec);
-        if (valid) {
-            z_acc += r.lse * r.lse;
-            ent_acc += r.ent;
+        rows_t<T> r;
+        r.template load<true>(rows, e, lane % LANES, score_fn, valid, vec);
 #pragma unroll
-            for (int i = 0; i < EPL; i++) pm[i] = fmaf(r.s[i], r.qinv, pm[i]);
-        }
+        for (int x = 0; x < T; x++)
+            if (valid[x]) {
+                z_acc += r.lse[x] * r.lse[x];
+                ent_acc += r.ent[x];
+#pragma unroll
+                for (int i = 0; i < EPL; i++) pm[i] = fmaf(r.s[x][i], r.qinv[x], pm[i]);
+            }
         if (biased)
             top_k<true>(r, t, valid, k, renorm, lane, topk_idx, topk_w, s_count);
         else
@@ -408,82 +447,104 @@ struct selector {
      * winner moves its second key up; a lane winning again rescans its untaken slots (unless
      * it was the last round). Every lane gets the winners by shuffle (for the weights' sum);
      * lane j % LANES of the group keeps and writes choice j, so up to LANES choices go out in
-     * one coalesced store.
+     * one coalesced store. Each round's group reductions run for all T tokens before any
+     * winner moves on, so the tokens' chains overlap.
      * BIASED: keys of score + bias, and the winner's score travels with its key. Otherwise
      * the key is the score's own bits (scores are >= +0, so setting the sign bit orders them
      * and a round's weight is the group maximum itself); a padding slot (score 0) then ties
      * with real zeros and loses them by index, so it is never chosen while k <= E. */
-    template <bool BIASED>
-    __device__ __forceinline__ void top_k(const row_t &r, int64_t t, bool valid, int k,
-                                          bool renorm, int lane, int32_t *__restrict__ topk_idx,
+    template <bool BIASED, int T>
+    __device__ __forceinline__ void top_k(const rows_t<T> &r, const int64_t (&t)[T],
+                                          const bool (&valid)[T], int k, bool renorm, int lane,
+                                          int32_t *__restrict__ topk_idx,
                                           float *__restrict__ topk_w, int32_t *s_count)
     {
         int sub = lane % LANES, grp = lane / LANES;
         unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
-        unsigned u[EPL];
+        unsigned u[T][EPL], taken[T], h1[T], h2[T];
+        int i1[T], i2[T];
+        float s1[T], s2[T]; /* BIASED only */
+        bool second[T];     /* h2 is this lane's next key */
 #pragma unroll
-        for (int i = 0; i < EPL; i++)
-            u[i] = BIASED ? key_bits(r.s[i] + kb[i]) : __float_as_uint(r.s[i]) | 0x80000000u;
-        unsigned taken = 0, h1, h2;
-        int i1, i2;
-        float s1, s2; /* BIASED only */
-        auto top_two = [&]() {
-            h1 = h2 = 0u;
-            i1 = i2 = 0;
-            s1 = s2 = 0.0f;
+        for (int x = 0; x < T; x++)
+#pragma unroll
+            for (int i = 0; i < EPL; i++)
+                u[x][i] = BIASED ? key_bits(r.s[x][i] + kb[i]) : __float_as_uint(r.s[x][i]) | 0x80000000u;
+        auto top_two = [&](int x) {
+            h1[x] = h2[x] = 0u;
+            i1[x] = i2[x] = 0;
+            s1[x] = s2[x] = 0.0f;
 #pragma unroll
             for (int i = 0; i < EPL; i++) {
-                unsigned v = (taken >> i) & 1u ? 0u : u[i];
-                bool gt1 = v > h1, gt2 = v > h2;
-                h2 = gt1 ? h1 : gt2 ? v : h2;
-                i2 = gt1 ? i1 : gt2 ? i : i2;
-                h1 = gt1 ? v : h1;
-                i1 = gt1 ? i : i1;
+                unsigned v = (taken[x] >> i) & 1u ? 0u : u[x][i];
+                bool gt1 = v > h1[x], gt2 = v > h2[x];
+                h2[x] = gt1 ? h1[x] : gt2 ? v : h2[x];
+                i2[x] = gt1 ? i1[x] : gt2 ? i : i2[x];
+                h1[x] = gt1 ? v : h1[x];
+                i1[x] = gt1 ? i : i1[x];
                 if (BIASED) {
-                    s2 = gt1 ? s1 : gt2 ? r.s[i] : s2;
-                    s1 = gt1 ? r.s[i] : s1;
+                    s2[x] = gt1 ? s1[x] : gt2 ? r.s[x][i] : s2[x];
+                    s1[x] = gt1 ? r.s[x][i] : s1[x];
                 }
             }
         };
-        top_two();
-        bool second = true; /* h2 is this lane's next key */
+#pragma unroll
+        for (int x = 0; x < T; x++) {
+            taken[x] = 0;
+            top_two(x);
+            second[x] = true;
+        }
         constexpr int KEEP = (MOE_ROUTER_MAX_K + LANES - 1) / LANES;
-        float ws[KEEP], wsum = 0;
-        int wi[KEEP];
+        float ws[T][KEEP], wsum[T];
+        int wi[T][KEEP];
+#pragma unroll
+        for (int x = 0; x < T; x++) wsum[x] = 0;
 #pragma unroll
         for (int j = 0; j < MOE_ROUTER_MAX_K; j++) {
             if (j >= k) break;
-            unsigned best = group_max_u32<LANES>(h1);
-            int win = __ffs(__ballot_sync(0xffffffffu, h1 == best) & gmask) - 1;
-            float w = BIASED ? __shfl_sync(0xffffffffu, s1, win) : __uint_as_float(best & 0x7fffffffu);
-            int chosen = __shfl_sync(0xffffffffu, row_t::expert(sub, i1), win);
-            wsum += w;
-            if (sub == j % LANES) {
-                ws[j / LANES] = w;
-                wi[j / LANES] = chosen;
-            }
-            if (lane == win) {
-                taken |= 1u << i1;
-                if (second) {
-                    h1 = h2;
-                    i1 = i2;
-                    s1 = s2;
-                    second = false;
-                } else if (j + 1 < k) {
-                    top_two();
-                    second = true;
+            unsigned best[T];
+            int win[T];
+#pragma unroll
+            for (int x = 0; x < T; x++) best[x] = group_max_u32<LANES>(h1[x]);
+#pragma unroll
+            for (int x = 0; x < T; x++) win[x] = __ffs(__ballot_sync(0xffffffffu, h1[x] == best[x]) & gmask) - 1;
+#pragma unroll
+            for (int x = 0; x < T; x++) {
+                float w = BIASED ? __shfl_sync(0xffffffffu, s1[x], win[x])
+                                 : __uint_as_float(best[x] & 0x7fffffffu);
+                int chosen = __shfl_sync(0xffffffffu, rows_t<T>::expert(sub, i1[x]), win[x]);
+                wsum[x] += w;
+                if (sub == j % LANES) {
+                    ws[x][j / LANES] = w;
+                    wi[x][j / LANES] = chosen;
                 }
             }
+#pragma unroll
+            for (int x = 0; x < T; x++)
+                if (lane == win[x]) {
+                    taken[x] |= 1u << i1[x];
+                    if (second[x]) {
+                        h1[x] = h2[x];
+                        i1[x] = i2[x];
+                        s1[x] = s2[x];
+                        second[x] = false;
+                    } else if (j + 1 < k) {
+                        top_two(x);
+                        second[x] = true;
+                    }
+                }
         }
-        if (valid) {
-            float inv = renorm ? __fdividef(1.0f, wsum) : 1.0f;
+#pragma unroll
+        for (int x = 0; x < T; x++) {
+            if (!valid[x]) continue;
+            float inv = renorm ? __fdividef(1.0f, wsum[x]) : 1.0f;
 #pragma unroll
             for (int c = 0; c < KEEP; c++) {
                 int j = c * LANES + sub;
                 if (j >= k) break;
-                topk_idx[t * k + j] = wi[c];
-                topk_w[t * k + j] = ws[c] * inv;
-                atomicAdd(&s_count[wi[c]], 1);
+                topk_idx[t[x] * k + j] = wi[x][c];
+                topk_w[t[x] * k + j] = ws[x][c] * inv;
+                atomicAdd(&s_count[wi[x][c]], 1);
             }
         }
     }
@@ -506,7 +567,7 @@ struct selector {
         if (lane < LANES)
 #pragma unroll
             for (int i = 0; i < EPL; i++) {
-                int j = row_t::expert(sub, i);
+                int j = rows_t<1>::expert(sub, i);
                 if (j < e) s_mean[warp * e + j] = pm[i];
             }
         if (lane == 0) {
@@ -560,12 +621,18 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
 
     selector<EPL, LANES> sel(bias, e, lane % LANES);
     int64_t first = ((int64_t)blockIdx.x * WARPS + warp) * iters * GROUPS;
-    for (int it = 0; it < iters; it++) {
-        int64_t t0 = first + (int64_t)it * GROUPS, t = t0 + grp;
+    /* two passes at a time (their tokens' chains overlap), then the odd one */
+    for (int it = 0; it < iters; it += 2) {
+        int64_t t0 = first + (int64_t)it * GROUPS, t = t0 + grp, u = t + GROUPS;
         if (t0 >= n) break; /* warp-uniform */
-        bool valid = t < n;
-        sel.token(logits + (valid ? t : 0) * e, t, valid, e, k, score_fn, renorm, vec, lane,
-                  topk_idx, topk_w, s_count);
+        bool valid = t < n, valid_u = u < n;
+        const float *row = logits + (valid ? t : 0) * e, *row_u = logits + (valid_u ? u : 0) * e;
+        if (it + 1 < iters && t0 + GROUPS < n)
+            sel.template tokens<2>({row, row_u}, {t, u}, {valid, valid_u}, e, k, score_fn, renorm,
+                                   vec, lane, topk_idx, topk_w, s_count);
+        else
+            sel.template tokens<1>({row}, {t}, {valid}, e, k, score_fn, renorm, vec, lane,
+                                   topk_idx, topk_w, s_count);
     }
     sel.finish(s_mean, s_stats, s_count, e, scratch, gsz, tickets,
                {score_mean, stats, counts, e, 1.0 / (double)n});
@@ -903,8 +970,8 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     for (int p = warp * GROUPS; p < rows; p += NWARPS * GROUPS) { /* warp-uniform */
         int r = p + lane / LANES;
         bool valid = r < rows;
-        sel.token(tile + (valid ? r : 0) * LDS, m0 + r, valid, e, k, score_fn, renorm, true, lane,
-                  topk_idx, topk_w, s_count);
+        sel.template tokens<1>({tile + (valid ? r : 0) * LDS}, {m0 + r}, {valid}, e, k, score_fn,
+                               renorm, true, lane, topk_idx, topk_w, s_count);
     }
     sel.finish(s_mean, s_stats, s_count, e, scratch, gsz, tickets,
                {score_mean, stats, counts, e, 1.0 / (double)n});
@@ -992,7 +1059,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
     int lane = threadIdx.x % 32, sub = lane % LANES, grp = lane / LANES;
     float inv_n = 1.0f / (float)n;
     /* aux: d(aux_coef * aux)/d q[t,e] = aux_coef * E * f_e / N, the same for every token */
-    using row_t = token_row<EPL, LANES>;
+    using row_t = token_rows<EPL, LANES>;
     float caux[EPL];
 #pragma unroll
     for (int i = 0; i < EPL; i++) {
@@ -1010,7 +1077,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
         int64_t t = valid ? tw + grp : tw;
         const float *row = logits + t * e;
         row_t r;
-        r.load(row, e, sub, score_fn, true, vec);
+        r.load({row}, e, sub, score_fn, {true}, vec);
         float gs[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++) gs[i] = 0;
@@ -1018,7 +1085,7 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
         float wsum = 0, gw_dot_w = 0;
         for (int j = 0; j < k; j++) {
             float lj = row[topk_idx[t * k + j]];
-            wsum += score_fn == 0 ? exp_ftz(lj - r.lse) : sigmoidf_(lj);
+            wsum += score_fn == 0 ? exp_ftz(lj - r.lse[0]) : sigmoidf_(lj);
             gw_dot_w += d_topk_w[t * k + j] * topk_w[t * k + j];
         }
         for (int j = 0; j < k; j++) {
@@ -1032,26 +1099,26 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
             float gq_dot_q = 0;
             if (score_fn != 0) {
 #pragma unroll
-                for (int i = 0; i < EPL; i++) gq_dot_q += caux[i] * r.q(i);
+                for (int i = 0; i < EPL; i++) gq_dot_q += caux[i] * r.q(0, i);
                 gq_dot_q = group_sum<LANES>(gq_dot_q);
             }
 #pragma unroll
             for (int i = 0; i < EPL; i++)
-                gs[i] += score_fn == 0 ? caux[i] : (caux[i] - gq_dot_q) / r.qnorm;
+                gs[i] += score_fn == 0 ? caux[i] : (caux[i] - gq_dot_q) / r.qnorm[0];
         }
         float gs_dot_s = 0;
         if (score_fn == 0) {
 #pragma unroll
-            for (int i = 0; i < EPL; i++) gs_dot_s += gs[i] * r.s[i];
+            for (int i = 0; i < EPL; i++) gs_dot_s += gs[i] * r.s[0][i];
             gs_dot_s = group_sum<LANES>(gs_dot_s);
         }
         if (!valid) continue;
-        float zc = z_coef * 2.0f * r.lse * inv_n;
+        float zc = z_coef * 2.0f * r.lse[0] * inv_n;
         float g[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            g[i] = score_fn == 0 ? r.s[i] * (gs[i] - gs_dot_s) : gs[i] * r.s[i] * (1.0f - r.s[i]);
-            if (z_coef != 0) g[i] += zc * exp_ftz(r.l[i] - r.lse);
+            g[i] = score_fn == 0 ? r.s[0][i] * (gs[i] - gs_dot_s) : gs[i] * r.s[0][i] * (1.0f - r.s[0][i]);
+            if (z_coef != 0) g[i] += zc * exp_ftz(r.l[0][i] - r.lse[0]);
         }
         /* a lane's experts are contiguous: vector stores where the row allows them */
 #pragma unroll
