@@ -26,7 +26,7 @@
 #define WARPS 8               /* warps per block in the per-token kernels */
 /* router_select's occupancy with 8 experts a lane, two tokens a warp pass (selector::tokens<2>):
  * 115-128 registers, no spills. Three blocks (80 registers) spill 100-870 bytes and measured
- * slower (E = 256: 0.069 vs 0.068 ms; E = 64: 0.0215 vs 0.0187 ms, eleventh session, call 6);
+ * slower (E = 256: 0.0687 vs 0.0680 ms; E = 64: 0.0214 vs 0.0187 ms, eleventh session, call 7);
  * with one token a pass, three blocks at 80 registers were best (0.071 ms at E = 256). */
 #define SELECT_BLOCKS_PER_SM 2
 
