@@ -31,7 +31,7 @@
 #define SELECT_BLOCKS_PER_SM 2
 
 /* Order-preserving float -> u32 (a larger float gives a larger integer). Every float, -inf
- * included, maps above 0, the value a taken or padding slot gets in the top-k. */
+ * included, maps above 0, the value a taken slot gets in the top-k. */
 static __device__ __forceinline__ unsigned key_bits(float v)
 {
     unsigned b = __float_as_uint(v);
