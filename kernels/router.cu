@@ -469,7 +469,8 @@ struct selector {
         for (int x = 0; x < T; x++)
 #pragma unroll
             for (int i = 0; i < EPL; i++)
-                u[x][i] = BIASED ? key_bits(r.s[x][i] + kb[i]) : __float_as_uint(r.s[x][i]) | 0x80000000u;
+                u[x][i] = BIASED ? key_bits(r.s[x][i] + kb[i])
+                                 : __float_as_uint(r.s[x][i]) | 0x80000000u;
         auto top_two = [&](int x) {
             h1[x] = h2[x] = 0u;
             i1[x] = i2[x] = 0;
@@ -507,7 +508,8 @@ struct selector {
 #pragma unroll
             for (int x = 0; x < T; x++) best[x] = group_max_u32<LANES>(h1[x]);
 #pragma unroll
-            for (int x = 0; x < T; x++) win[x] = __ffs(__ballot_sync(0xffffffffu, h1[x] == best[x]) & gmask) - 1;
+            for (int x = 0; x < T; x++)
+                win[x] = __ffs(__ballot_sync(0xffffffffu, h1[x] == best[x]) & gmask) - 1;
 #pragma unroll
             for (int x = 0; x < T; x++) {
                 float w = BIASED ? __shfl_sync(0xffffffffu, s1[x], win[x])
@@ -1117,7 +1119,8 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
         float g[EPL];
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
-            g[i] = score_fn == 0 ? r.s[0][i] * (gs[i] - gs_dot_s) : gs[i] * r.s[0][i] * (1.0f - r.s[0][i]);
+            g[i] = score_fn == 0 ? r.s[0][i] * (gs[i] - gs_dot_s)
+                                 : gs[i] * r.s[0][i] * (1.0f - r.s[0][i]);
             if (z_coef != 0) g[i] += zc * exp_ftz(r.l[0][i] - r.lse[0]);
         }
         /* a lane's experts are contiguous: vector stores where the row allows them */
