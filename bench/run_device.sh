@@ -106,19 +106,23 @@ build_other() {
     >>"$OUT/build.log" 2>&1 || { echo "AB BUILD FAILED ($1)" >&2; tail -20 "$OUT/build.log" >&2; return 1; }
   echo "$bo/bench/bench_moe"
 }
-if has ab; then
-  # the other sides: each tree in $MOE_AB_TREE (space-separated; a side is named by the tree's
-  # folder), or this binary under the environment $MOE_AB_ENV (e.g. "MOE_CUDA_ROUTER=gemm")
+# tree_sides: sides = this and each tree in $MOE_AB_TREE (space-separated; a side is named by
+# the tree's folder), bin[side] its bench_moe (built), envs[side] empty
+tree_sides() {
   sides=(this)
-  declare -A bin=([this]=$B/bench/bench_moe) envs=([this]=)
-  if [ -n "${MOE_AB_TREE:-}" ]; then
-    for tree in $MOE_AB_TREE; do
-      side=$(basename "$tree")
-      bin[$side]=$(build_other "$tree") || exit 1
-      envs[$side]=
-      sides+=("$side")
-    done
-  else
+  declare -gA bin=([this]=$B/bench/bench_moe) envs=([this]=)
+  for tree in ${MOE_AB_TREE:-}; do
+    side=$(basename "$tree")
+    bin[$side]=$(build_other "$tree") || return 1
+    envs[$side]=
+    sides+=("$side")
+  done
+}
+if has ab; then
+  # the other sides: the trees of $MOE_AB_TREE, or this binary under the environment
+  # $MOE_AB_ENV (e.g. "MOE_CUDA_ROUTER=gemm")
+  tree_sides || exit 1
+  if [ -z "${MOE_AB_TREE:-}" ]; then
     bin[other]=$B/bench/bench_moe envs[other]=${MOE_AB_ENV:?ab needs MOE_AB_TREE or MOE_AB_ENV}
     sides+=(other)
   fi
@@ -182,13 +186,7 @@ fi
 # summarised by bench/trace_summary.py; with $MOE_AB_TREE also each tree's binary, alternating
 if has trace; then
   cmake --build "$B" -j16 --target moe_trace >>"$OUT/build.log" 2>&1 || { echo "no moe_trace"; exit 1; }
-  sides=(this)
-  declare -A bin=([this]=$B/bench/bench_moe)
-  for tree in ${MOE_AB_TREE:-}; do
-    side=$(basename "$tree")
-    bin[$side]=$(build_other "$tree") || exit 1
-    sides+=("$side")
-  done
+  tree_sides || exit 1
   for i in ${MOE_PROFILE_SHAPES:-0 1}; do
     for side in "${sides[@]}"; do
       CUDA_INJECTION64_PATH=$B/bench/libmoe_trace.so MOE_TRACE_OUT=/tmp/trace.csv \
