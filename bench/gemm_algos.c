@@ -6,9 +6,11 @@
  *               at the two large router bench shapes;
  *   logits      the router forward's logits GEMM at N=65536 H=7168 E=256 (f32 C);
  *   logits_small the same GEMM at the small router shapes and N=16384 H=4096 E=64, x rotated
- *               over 3 copies as bench_moe does (cold), and beside the heuristic's offers
- *               every configuration cublasLt accepts (each algorithm id x tile x split-K x
- *               reduction scheme); only the fastest 12 of those are printed;
+ *               over 3 copies as bench_moe does (cold);
+ *   logits_sweep the shape N=4096 H=2048 E=64 as in logits_small, and beside the heuristic's
+ *               offers every configuration cublasLt accepts (each algorithm id and each offer x
+ *               tile x cluster shape x custom option x split-K x reduction scheme); only the
+ *               fastest 12 of those are printed, re-timed;
  *   experts     the six expert GEMM kinds of layer shape 1 (H=2048 F=8192) for one expert
  *               of 4096 rows, as cuda_experts.c issues them (f32 weight gradients, beta 0);
  *   wgrad       layer shape 0's weight gradients (H=4096 F=1408, 64 experts padded to 584
@@ -156,54 +158,95 @@ static int cmp_timed(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Every configuration cublasLt accepts for this GEMM: each algorithm id, each of its tiles,
+/* the configuration's fields that sweep_configs varies */
+static void set_config(cublasLtMatmulAlgo_t *algo, uint32_t tile, uint16_t cluster, uint32_t custom,
+                       int32_t splitk, uint32_t scheme)
+{
+    cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile);
+    cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                         sizeof cluster);
+    cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom,
+                                         sizeof custom);
+    cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                         sizeof splitk);
+    cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                         sizeof scheme);
+}
+
+static int algo_id(const cublasLtMatmulAlgo_t *algo)
+{
+    int32_t id = -1;
+    size_t size = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &size);
+    return id;
+}
+
+/* the heuristic's offer i is the first with its algorithm id (the sweep varies the rest) */
+static bool first_of_its_id(const cublasLtMatmulHeuristicResult_t *offers, int i)
+{
+    for (int j = 0; j < i; j++)
+        if (algo_id(&offers[j].algo) == algo_id(&offers[i].algo)) return false;
+    return true;
+}
+
+/* Every configuration cublasLt accepts for this GEMM, starting from each algorithm id and from
+ * each of the heuristic's offers (whose ids GetIds may not list): each tile the algorithm
+ * lists (else its own), each cluster shape id up to 40 and custom option up to its maximum,
  * split-K 1 (no reduction) or 2/3/4/8 with each reduction scheme it supports. Returns how many
  * were timed (at most cap), in out. */
-static int sweep_configs(const lt_call_t *c, const gemm_t *g, const operands_t *o, timed_t *out,
+static int sweep_configs(const lt_call_t *c, const gemm_t *g, const operands_t *o,
+                         const cublasLtMatmulHeuristicResult_t *offers, int noffers, timed_t *out,
                          int cap)
 {
     int ids[256], nids = 0, n = 0;
     cudaDataType_t ct = g->ctype;
     BL(cublasLtMatmulAlgoGetIds(c->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF,
                                 ct, ct, 256, ids, &nids));
-    for (int a = 0; a < nids; a++) {
+    for (int a = 0; a < nids + noffers; a++) {
         cublasLtMatmulAlgo_t algo;
-        if (cublasLtMatmulAlgoInit(c->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF,
-                                   CUDA_R_16BF, ct, ct, ids[a], &algo) != CUBLAS_STATUS_SUCCESS)
+        if (a >= nids && !first_of_its_id(offers, a - nids))
             continue;
-        uint32_t tiles[128], nt = 0, splitk_ok = 0, schemes = 0;
+        if (a >= nids)
+            algo = offers[a - nids].algo;
+        else if (cublasLtMatmulAlgoInit(c->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF,
+                                        CUDA_R_16BF, ct, ct, ids[a], &algo) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        uint32_t tiles[256], nt = 0, splitk_ok = 0, schemes = 0, custom_max = 0;
         size_t size = 0;
         if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, tiles,
                                               sizeof tiles, &size) == CUBLAS_STATUS_SUCCESS)
             nt = (uint32_t)(size / sizeof tiles[0]);
-        if (nt == 0) tiles[nt++] = CUBLASLT_MATMUL_TILE_UNDEFINED;
+        if (nt == 0 && cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                                            &tiles[0], sizeof tiles[0], &size) ==
+                           CUBLAS_STATUS_SUCCESS)
+            nt = 1;
         cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_ok,
                                           sizeof splitk_ok, &size);
         cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
                                           sizeof schemes, &size);
+        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max,
+                                          sizeof custom_max, &size);
         const int32_t splits[] = {1, 2, 3, 4, 8};
         for (uint32_t t = 0; t < nt; t++)
-            for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++) {
-                if (splits[si] > 1 && !splitk_ok) break;
-                for (uint32_t scheme = 0; scheme <= CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-                     scheme = scheme ? scheme << 1 : 1) {
-                    if ((splits[si] == 1) != (scheme == 0)) continue;
-                    if (scheme && !(schemes & scheme)) continue;
-                    cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID,
-                                                         &tiles[t], sizeof tiles[t]);
-                    cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                         &splits[si], sizeof splits[si]);
-                    cublasLtMatmulAlgoConfigSetAttribute(
-                        &algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme);
-                    cublasLtMatmulHeuristicResult_t r;
-                    if (cublasLtMatmulAlgoCheck(c->lt, c->desc, c->la, c->lb, c->lc, c->lc, &algo,
-                                                &r) != CUBLAS_STATUS_SUCCESS ||
-                        r.workspaceSize > WS_BYTES || n == cap)
-                        continue;
-                    out[n] = (timed_t){algo, time_gemm(c, &algo, g, o), r.wavesCount};
-                    n++;
-                }
-            }
+            for (uint16_t cl = 0; cl <= 40; cl++)
+                for (uint32_t cu = 0; cu <= custom_max && cu < 16; cu++)
+                    for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++) {
+                        if (splits[si] > 1 && !splitk_ok) break;
+                        for (uint32_t scheme = 0; scheme <= CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+                             scheme = scheme ? scheme << 1 : 1) {
+                            if ((splits[si] == 1) != (scheme == 0)) continue;
+                            if (scheme && !(schemes & scheme)) continue;
+                            set_config(&algo, tiles[t], cl, cu, splits[si], scheme);
+                            cublasLtMatmulHeuristicResult_t r;
+                            if (n == cap ||
+                                cublasLtMatmulAlgoCheck(c->lt, c->desc, c->la, c->lb, c->lc, c->lc,
+                                                        &algo, &r) != CUBLAS_STATUS_SUCCESS ||
+                                r.workspaceSize > WS_BYTES)
+                                continue;
+                            out[n] = (timed_t){algo, time_gemm(c, &algo, g, o), r.wavesCount};
+                            n++;
+                        }
+                    }
     }
     return n;
 }
@@ -251,6 +294,7 @@ int main(int argc, char **argv)
         {"router_dx", "dx add", T, N, 4096, 65536, 64, BF, 1.0f, 1, 1},
         {"router_dx", "dx write", T, N, 4096, 65536, 64, BF, 0.0f, 1, 1},
         {"logits", "logits", N, N, 256, 65536, 7168, F32, 0.0f, 1, 1},
+        {"logits_sweep", "logits", N, N, 64, 4096, 2048, F32, 0.0f, 1, 3},
         {"logits_small", "logits", N, N, 64, 4096, 2048, F32, 0.0f, 1, 3},
         {"logits_small", "logits", N, N, 64, 2048, 1024, F32, 0.0f, 1, 3},
         {"logits_small", "logits", N, N, 32, 1024, 512, F32, 0.0f, 1, 3},
@@ -273,7 +317,7 @@ int main(int argc, char **argv)
     BL(cublasLtCreate(&c.lt));
     CU(cudaMalloc(&c.ws, WS_BYTES));
     BL(cublasSetWorkspace(c.h, c.ws, WS_BYTES));
-    enum { SWEEP_CAP = 4096, SWEEP_SHOWN = 12 };
+    enum { SWEEP_CAP = 20000, SWEEP_SHOWN = 12 };
     timed_t *swept = malloc(sizeof(timed_t) * SWEEP_CAP);
     if (!swept) return 1;
     for (size_t gi = 0; gi < sizeof gemms / sizeof gemms[0]; gi++) {
@@ -338,8 +382,8 @@ int main(int argc, char **argv)
             report(&c, &g, &o, shape, variant, &res[i].algo, time_gemm(&c, &res[i].algo, &g, &o),
                    res[i].wavesCount, ref, out, cbytes);
         }
-        if (!strcmp(g.group, "logits_small")) {
-            int n = sweep_configs(&c, &g, &o, swept, SWEEP_CAP);
+        if (!strcmp(g.group, "logits_sweep")) {
+            int n = sweep_configs(&c, &g, &o, res, found, swept, SWEEP_CAP);
             qsort(swept, (size_t)n, sizeof swept[0], cmp_timed);
             fprintf(stderr, "%s: %d configurations swept\n", shape, n);
             for (int i = 0; i < n && i < SWEEP_SHOWN; i++) {
