@@ -22,7 +22,6 @@
 #include <type_traits>
 
 #include "kernels.h"
-#include "sm90.cuh"
 
 #define WARPS 8               /* warps per block in the per-token kernels */
 /* router_select's occupancy with 8 experts a lane, two tokens a warp pass (selector::tokens<2>):
@@ -759,76 +758,20 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
  * loads. Conditions: E <= 64 and E % 8 == 0 (16-byte wg chunks), H % 8 == 0, x / wg / logits
  * 16-byte aligned (moe_cuda_router_fused_supported). */
 namespace fused {
-constexpr int EP = 64, BK = 64, THREADS = 256, NWARPS = THREADS / 32;
+constexpr int EP = 64, BK = 64, STAGES = 4, THREADS = 256, NWARPS = THREADS / 32;
 constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 bytes */
 constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
 
-/* BM tokens a block: WM warps along the tokens (MT m16 tiles each), WN along the experts (NT
- * n8 tiles each); STAGES ring stages. 128-token blocks (many tokens) run two a SM with 4
- * stages; 32-token blocks (few tokens: one selection pass a warp) run one a SM with 16 stages,
- * because with few blocks the walk over H is bound by the bytes each SM has in flight, and
- * in clusters of CL that share each wg tile (each block loads 1/CL of it and TMA multicasts
- * it to all), because wg, read whole by every block, is most of those bytes. */
 template <int BM>
 struct cfg {
-    static constexpr int CL = BM >= 128 ? 1 : 4;
-    static constexpr int WM = BM >= 128 ? 4 : 2, MT = BM / WM / 16, WN = NWARPS / WM;
-    static constexpr int NT = EP / 8 / WN;
+    static constexpr int WM = BM / 32, WN = NWARPS / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
     static constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = A_BYTES + BK * ROW_BYTES;
-    static constexpr int DEEP = (192 << 10) / STAGE_BYTES;
-    static constexpr int STAGES = BM >= 128 ? 4 : DEEP < 16 ? DEEP : 16;
     static constexpr int A_PASSES = BM / PASS_ROWS, B_PASSES = BK / PASS_ROWS;
     static constexpr int RING = STAGES * STAGE_BYTES, TILE = BM * LDS * 4;
     static constexpr int MAIN = RING > TILE ? RING : TILE;
-    static constexpr int BARS = CL > 1 ? 2 * STAGES : 0; /* full[STAGES], empty[STAGES] */
-    static_assert(BM % PASS_ROWS == 0 && NWARPS % WM == 0 && MT >= 1 && NT % 2 == 0 &&
-                      BK % CL == 0 && STAGES >= 3,
-                  "tile shape");
+    static_assert(BM % PASS_ROWS == 0 && NWARPS % WM == 0 && NT % 2 == 0, "tile shape");
 };
-
-/* Cluster pieces (sm_90): the wg tile's slice of this block, multicast to the blocks of the
- * cluster in `mask`, completing on the mbarrier at the same offset in each; an arrival on
- * the mbarrier at `bar`'s offset in block `cta` of the cluster. */
-static __device__ __forceinline__ void tma_multicast_2d(uint32_t dst, const CUtensorMap *map,
-                                                        int32_t c0, int32_t c1, uint32_t bar,
-                                                        uint16_t mask)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-                 : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void arrive_in_cta(uint64_t *bar, uint32_t cta)
-{
-#if __CUDA_ARCH__ >= 900
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(sm90::smem_u32(bar)), "r"(cta));
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-#endif
-}
-
-static __device__ __forceinline__ uint32_t cluster_rank()
-{
-    uint32_t r = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return r;
-}
-
-/* every block of the cluster has reached it, with its shared-memory writes (barrier inits) */
-static __device__ __forceinline__ void cluster_sync()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;\n"
-                 "barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
 
 static __device__ __forceinline__ int swz(int row, int chunk)
 {
@@ -899,7 +842,7 @@ struct copier {
         for (int j = 0; j < C::A_PASSES; j++) x_rows |= (m0 + lr + PASS_ROWS * j < n) << j;
         a_off = swz(lr, lc);
         b_off = C::A_BYTES + swz(lr, lc);
-        w_chunk = C::CL == 1 && lc < (e >> 3); /* in clusters the wg tiles come by TMA */
+        w_chunk = lc < (e >> 3);
     }
 
     /* copies the current hidden tile into the stage at `stage` and steps to the next */
@@ -932,71 +875,41 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
              bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
              float *__restrict__ topk_w, float *scratch, unsigned *tickets,
              int32_t *__restrict__ counts, float *__restrict__ score_mean,
-             float *__restrict__ stats, int gsz, const __grid_constant__ CUtensorMap wmap)
+             float *__restrict__ stats, int gsz)
 {
     using namespace fused;
     using C = cfg<BM>;
-    constexpr int GROUPS = 32 / LANES, S = C::STAGES;
+    constexpr int GROUPS = 32 / LANES;
     extern __shared__ __align__(128) unsigned char fsmem[];
-    /* TMA's 128-byte swizzle (the same XOR as swz) repeats every 1024 bytes from an aligned
-     * address: clusters start the ring there (the launch adds 1024 bytes) */
-    unsigned char *base = fsmem;
-    if constexpr (C::CL > 1) base += (1024 - (sm90::smem_u32(fsmem) & 1023)) & 1023;
-    uint64_t *full = (uint64_t *)(base + C::MAIN), *empty = full + S;
-    float *s_mean = (float *)(base + C::MAIN + 8 * C::BARS);
+    float *s_mean = (float *)(fsmem + C::MAIN);
     int32_t *s_count = (int32_t *)(s_mean + NWARPS * e);
     float *s_stats = (float *)(s_count + e);
-    uint32_t ring = sm90::smem_u32(base);
+    uint32_t ring = (uint32_t)__cvta_generic_to_shared(fsmem);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int wm = warp / C::WN, wn = warp % C::WN;
     int64_t m0 = (int64_t)blockIdx.x * BM;
     int ktiles = (int)((h + BK - 1) / BK);
 
-    for (int j = threadIdx.x; j < e; j += THREADS) s_count[j] = 0;
-    /* Clusters: the wg tile t lands in stage t % S of every block, a 1/CL slice from each,
-     * completing full[t % S]; a block reuses a stage for tile t + S once every block of the
-     * cluster has arrived on its empty[t % S] (done with tile t). wg tiles are loaded only
-     * WG_AHEAD tiles ahead (x's S - 1), so those arrivals have S - WG_AHEAD - 1 iterations to
-     * come before a producer waits for them. */
-    constexpr int WG_AHEAD = S / 2;
-    uint32_t rank = cluster_rank();
-    auto load_wg = [&](auto t) { /* thread 0; generic, so only clusters instantiate it */
-        if (t >= S) sm90::mbar_wait(&empty[t % S], (t / S - 1) & 1);
-        sm90::mbar_expect_tx(&full[t % S], BK * ROW_BYTES);
-        tma_multicast_2d(ring + (t % S) * C::STAGE_BYTES + C::A_BYTES + rank * (BK / C::CL) * ROW_BYTES,
-                         &wmap, 0, t * BK + (int)rank * (BK / C::CL), sm90::smem_u32(&full[t % S]),
-                         (uint16_t)((1u << C::CL) - 1));
-    };
-    if constexpr (C::CL > 1) {
-        if (threadIdx.x == 0)
-            for (int st = 0; st < S; st++) {
-                sm90::mbar_init(&full[st], 1);
-                sm90::mbar_init(&empty[st], C::CL);
-            }
-        cluster_sync(); /* no block's multicast may reach a barrier not yet initialised */
-        if (threadIdx.x == 0)
-            for (int t = 0; t < WG_AHEAD && t < ktiles; t++) load_wg(t);
-    } else {
-        /* wg chunks past E are never copied: zero them once in every stage */
-        for (int i = threadIdx.x; i < S * BK * 8; i += THREADS) {
-            int st = i / (BK * 8), r = (i / 8) % BK, c = i % 8;
-            if (c >= (e >> 3))
-                *(uint4 *)(base + st * C::STAGE_BYTES + C::A_BYTES + swz(r, c)) = make_uint4(0, 0, 0, 0);
-        }
+    /* wg chunks past E are never copied: zero them once in every stage */
+    for (int i = threadIdx.x; i < STAGES * BK * 8; i += THREADS) {
+        int st = i / (BK * 8), r = (i / 8) % BK, c = i % 8;
+        if (c >= (e >> 3))
+            *(uint4 *)(fsmem + st * C::STAGE_BYTES + C::A_BYTES + swz(r, c)) = make_uint4(0, 0, 0, 0);
     }
+    for (int j = threadIdx.x; j < e; j += THREADS) s_count[j] = 0;
 
     copier<BM> cp(x, wg, m0, n, h, e);
 #pragma unroll
-    for (int st = 0; st < S - 1; st++) {
+    for (int st = 0; st < STAGES - 1; st++) {
         if (st < ktiles) cp.issue(ring + st * C::STAGE_BYTES);
         cp_commit();
     }
 
-    /* this lane's ldmatrix offsets inside a stage: A rows wm*16MT + mt*16 + lane % 16, 16-byte
+    /* this lane's ldmatrix offsets inside a stage: A rows wm*32 + mt*16 + lane % 16, 16-byte
      * chunk 2 kk + lane / 16; B hidden rows kk*16 + lane % 8 (+8 for lanes 8-15, 24-31), expert
      * chunk wn*NT + 2 np + lane / 16 (the XOR swizzle only depends on row % 8 = lane % 8) */
     int lo = lane & 7, hi = lane >> 4;
-    uint32_t a_row = (wm * C::MT * 16 + (lane & 15)) * ROW_BYTES, a_x[BK / 16];
+    uint32_t a_row = (wm * 32 + (lane & 15)) * ROW_BYTES, a_x[BK / 16];
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) a_x[kk] = a_row + (((2 * kk + hi) ^ lo) << 4);
     uint32_t b_x[C::NT / 2]; /* one x4 ldmatrix per two n8 tiles */
@@ -1005,41 +918,32 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
         b_x[np] = C::A_BYTES + (lo + ((lane >> 3) & 1) * 8) * ROW_BYTES +
                   (((wn * C::NT + 2 * np + hi) ^ lo) << 4);
 
-    float acc[C::MT][C::NT][4];
+    float acc[2][C::NT][4];
 #pragma unroll
-    for (int mt = 0; mt < C::MT; mt++)
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int nt = 0; nt < C::NT; nt++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.0f;
 
-    uint32_t use = ring, load = ring + (S - 1) * C::STAGE_BYTES;
-    const uint32_t ring_end = ring + S * C::STAGE_BYTES;
+    uint32_t use = ring, load = ring + (STAGES - 1) * C::STAGE_BYTES;
+    const uint32_t ring_end = ring + STAGES * C::STAGE_BYTES;
     for (int kt = 0; kt < ktiles; kt++) {
-        cp_wait<S - 2>(); /* tile kt has landed (this thread's part) */
-        __syncthreads();  /* ... everyone's; and the stage read in step kt-1 is free */
-        if constexpr (C::CL > 1) {
-            if (threadIdx.x == 0) {
-                int u = kt - 1; /* every warp is done with tile u: tell the cluster */
-                if (u >= 0 && u + S < ktiles)
-                    for (int cta = 0; cta < C::CL; cta++) arrive_in_cta(&empty[u % S], (uint32_t)cta);
-                if (kt + WG_AHEAD < ktiles) load_wg(kt + WG_AHEAD);
-            }
-        }
-        if (kt + S - 1 < ktiles) cp.issue(load);
+        cp_wait<STAGES - 2>(); /* tile kt has landed (this thread's part) */
+        __syncthreads();       /* ... everyone's; and the stage read in step kt-1 is free */
+        if (kt + STAGES - 1 < ktiles) cp.issue(load);
         cp_commit();
         load = load + C::STAGE_BYTES == ring_end ? ring : load + C::STAGE_BYTES;
-        if constexpr (C::CL > 1) sm90::mbar_wait(&full[kt % S], (kt / S) & 1);
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
-            uint32_t af[C::MT][4], bf[C::NT][2];
+            uint32_t af[2][4], bf[C::NT][2];
 #pragma unroll
-            for (int mt = 0; mt < C::MT; mt++) ldsm<false>(af[mt], use + a_x[kk] + mt * 16 * ROW_BYTES);
+            for (int mt = 0; mt < 2; mt++) ldsm<false>(af[mt], use + a_x[kk] + mt * 16 * ROW_BYTES);
 #pragma unroll
             for (int np = 0; np < C::NT / 2; np++) /* bf[2np][0..1], bf[2np+1][0..1] */
                 ldsm<true>(&bf[2 * np][0], use + b_x[np] + kk * 16 * ROW_BYTES);
 #pragma unroll
-            for (int mt = 0; mt < C::MT; mt++)
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int nt = 0; nt < C::NT; nt++) mma_bf16(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
         }
@@ -1048,12 +952,12 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     cp_wait<0>();
     __syncthreads(); /* the ring is free: the logits tile takes its place */
 
-    float *tile = (float *)base;
+    float *tile = (float *)fsmem;
 #pragma unroll
-    for (int mt = 0; mt < C::MT; mt++)
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int nt = 0; nt < C::NT; nt++) {
-            int row = (wm * C::MT + mt) * 16 + (lane >> 2), col = (wn * C::NT + nt) * 8 + 2 * (lane & 3);
+            int row = wm * 32 + mt * 16 + (lane >> 2), col = (wn * C::NT + nt) * 8 + 2 * (lane & 3);
             *(float2 *)(tile + row * LDS + col) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
             *(float2 *)(tile + (row + 8) * LDS + col) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
         }
@@ -1075,43 +979,16 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
                {score_mean, stats, counts, e, 1.0 / (double)n});
 }
 
-/* Tokens per block: 128 once they fill every SM (256-token blocks of 16 warps, one per SM, so
- * no epilogue overlap but wg traffic halved, measured slower: 0.170 vs 0.165 ms at N=65536
- * H=4096 E=64); below, 32 in clusters of 4 (cfg) where the device runs them. */
-#define FUSED_SMALL_BM 32
-#define FUSED_SMALL_BELOW (128 * 132)
+/* Tokens per block. 256-token blocks of 16 warps (one per SM, so no epilogue overlap; wg
+ * traffic halved) measured slower: 0.170 vs 0.165 ms at N=65536 H=4096 E=64. */
+#define FUSED_BM 128
 
-template <int BM>
-static int64_t fused_blocks(int64_t n)
-{
-    constexpr int64_t CL = fused::cfg<BM>::CL;
-    return ((n + BM - 1) / BM + CL - 1) / CL * CL; /* whole clusters */
-}
-
-/* Whether device `dev` runs the cluster kernel: compute capability 9.0 or newer, and this
- * build holds its sm_90 code (its cluster and TMA instructions exist from sm_90 on). */
-static bool small_blocks_run(int dev)
-{
-    static signed char known[64]; /* 0 unknown, 1 yes, -1 no; racing writes agree */
-    if (dev >= 0 && dev < 64 && known[dev]) return known[dev] > 0;
-    int major = 0;
-    cudaFuncAttributes attr;
-    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                  cudaSuccess &&
-              major >= 9 &&
-              cudaFuncGetAttributes(&attr, router_fused<FUSED_SMALL_BM, 8>) == cudaSuccess &&
-              attr.ptxVersion >= 90;
-    cudaGetLastError(); /* a missing image is an answer, not an error to keep */
-    if (dev >= 0 && dev < 64) known[dev] = ok ? 1 : -1;
-    return ok;
-}
+static int64_t fused_blocks(int64_t n) { return (n + FUSED_BM - 1) / FUSED_BM; }
 
 extern "C" int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e)
 {
-    int64_t nb = fused_blocks<FUSED_SMALL_BM>(n), big = fused_blocks<128>(n);
-    nb = nb > big ? nb : big;
-    nb = nb > select_blocks(n, e) ? nb : select_blocks(n, e);
-    return partial_floats(nb, e);
+    int64_t a = partial_floats(select_blocks(n, e), e), b = partial_floats(fused_blocks(n), e);
+    return a > b ? a : b;
 }
 
 extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x,
@@ -1126,46 +1003,25 @@ static cudaError_t launch_fused(const void *x, const void *wg, const float *bias
                                 int64_t h, int32_t e, int32_t k, int score_fn, bool renorm,
                                 float *logits, int32_t *topk_idx, float *topk_w, float *scratch,
                                 unsigned *tickets, int32_t *counts, float *score_mean,
-                                float *stats, int dev, cudaStream_t stream)
+                                float *stats, cudaStream_t stream)
 {
-    using C = fused::cfg<BM>;
     auto kernel = router_fused<BM, LANES>;
-    auto smem = [](int32_t experts) {
-        return C::MAIN + 8 * C::BARS + select_smem(fused::NWARPS, experts) + (C::CL > 1 ? 1024 : 0);
-    };
     /* the attribute is per device: set it once on each (idempotent, so racing is harmless) */
     static bool sized[64];
-    cudaError_t rc;
+    int dev = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    if (rc != cudaSuccess) return rc;
     if (dev >= 64 || !sized[dev]) {
-        rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)smem(fused::EP));
+        int most = (int)(fused::cfg<BM>::MAIN + select_smem(fused::NWARPS, fused::EP));
+        rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
         if (rc != cudaSuccess) return rc;
         if (dev < 64) sized[dev] = true;
     }
-    CUtensorMap map = {};
-    if (C::CL > 1) { /* wg [H, E]: boxes of all (zero-padded) 64 experts x BK / CL hidden rows */
-        const cuuint64_t dims[2] = {(cuuint64_t)e, (cuuint64_t)h}, strides[1] = {2 * (cuuint64_t)e};
-        const cuuint32_t box[2] = {fused::EP, fused::BK / C::CL};
-        rc = sm90::encode_map(&map, wg, 2, dims, strides, box);
-        if (rc != cudaSuccess) return rc;
-    }
-    int64_t nb = fused_blocks<BM>(n);
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = C::CL;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)nb);
-    cfg.blockDim = dim3(fused::THREADS);
-    cfg.dynamicSmemBytes = smem(e);
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = C::CL > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg,
-                              bias, n, h, (int)e, (int)k, score_fn, renorm, logits, topk_idx,
-                              topk_w, scratch, tickets, counts, score_mean, stats,
-                              select_group(nb), map);
+    int64_t nb = fused_blocks(n);
+    kernel<<<(unsigned)nb, fused::THREADS, fused::cfg<BM>::MAIN + select_smem(fused::NWARPS, e), stream>>>(
+        (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg, bias, n, h, e, k, score_fn, renorm,
+        logits, topk_idx, topk_w, scratch, tickets, counts, score_mean, stats, select_group(nb));
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bias,
@@ -1176,21 +1032,12 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
                                              unsigned *tickets, cudaStream_t stream)
 {
     if (!moe_cuda_router_fused_supported(h, e, x, wg, logits) || k > MOE_ROUTER_MAX_K || k > e ||
-        n <= 0 || fused_blocks<FUSED_SMALL_BM>(n) > INT32_MAX)
+        n <= 0 || fused_blocks(n) > INT32_MAX)
         return cudaErrorInvalidValue;
-    int dev = 0;
-    cudaError_t rc = cudaGetDevice(&dev);
-    if (rc != cudaSuccess) return rc;
-    bool small = n < FUSED_SMALL_BELOW && small_blocks_run(dev);
     auto launch = [&](auto lanes) {
-        constexpr int L = decltype(lanes)::value;
-        return small ? launch_fused<FUSED_SMALL_BM, L>(x, wg, bias, n, h, e, k, score_fn,
-                                                       renormalize, logits, topk_idx, topk_w,
-                                                       scratch, tickets, counts, score_mean,
-                                                       stats, dev, stream)
-                     : launch_fused<128, L>(x, wg, bias, n, h, e, k, score_fn, renormalize,
-                                            logits, topk_idx, topk_w, scratch, tickets, counts,
-                                            score_mean, stats, dev, stream);
+        return launch_fused<FUSED_BM, decltype(lanes)::value>(
+            x, wg, bias, n, h, e, k, score_fn, renormalize, logits, topk_idx, topk_w, scratch,
+            tickets, counts, score_mean, stats, stream);
     };
     switch (select_lanes(e)) { /* the selection's lanes a token: 1 to 8 for E <= 64 */
     case 1: return launch(int_c<1>{});
