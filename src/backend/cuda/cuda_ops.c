@@ -40,9 +40,12 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
  * device calls (us, fused vs GEMM + selection): N=512 H=256 11.2-12.2 vs 10.4-18.7 (median
  * 11.6 vs 13.2); N=1024 H=512 13.6-15.2 vs 11.7-13.4 (11 of 13; 17.5 and 18.0 in one call's
  * first round); N=2048 H=1024 20-22 vs 13-18; N=4096 H=2048 30-32 vs 17-19; N=16384 H=4096
- * 50 vs 48; N=65536 H=4096 159 vs 176. (Run 13 had N=1024 the other way: 14.5 vs 16.4.) */
+ * 50 vs 48; N=65536 H=4096 159 vs 176. Twelfth session, calls 5-9: at N=1024 H=512 the fused
+ * kernel measured 13.3-13.9 (13 runs) and GEMM + selection 10.9-17.4, median 15.4 (30 runs;
+ * likely the host's pace of two launches, one of them cuBLAS's, rather than the GPU's: not
+ * measured), so H <= 512 now takes the kernel that never passed 14 us. */
 #define FUSED_MIN_TOKENS (128 * 264)
-#define FUSED_MAX_SHORT_H 256
+#define FUSED_MAX_SHORT_H 512
 
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
 {
