@@ -53,11 +53,13 @@ typedef struct gemm {
     cudaDataType_t ctype;
     float beta;
     int batch; /* problems; > 1: strided batched, operands packed one after the other */
-    int copies; /* B rotates over this many copies, call i using copy i % copies (cold B) */
+    int copies; /* B rotates over this many (<= MAX_COPIES), call i using copy i % copies */
 } gemm_t;
 
+#define MAX_COPIES 3 /* bench_moe's router inputs rotate over 3 buffers: cold x */
+
 typedef struct operands {
-    void *a, *b[3], *c;
+    void *a, *b[MAX_COPIES], *c;
 } operands_t;
 
 /* the algorithm's configuration as a JSON fragment */
@@ -209,7 +211,8 @@ static int sweep_configs(const lt_call_t *c, const gemm_t *g, const operands_t *
         if (a >= nids)
             algo = offers[a - nids].algo;
         else if (cublasLtMatmulAlgoInit(c->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF,
-                                        CUDA_R_16BF, ct, ct, ids[a], &algo) != CUBLAS_STATUS_SUCCESS)
+                                        CUDA_R_16BF, ct, ct, ids[a],
+                                        &algo) != CUBLAS_STATUS_SUCCESS)
             continue;
         uint32_t tiles[256], nt = 0, splitk_ok = 0, schemes = 0, custom_max = 0;
         size_t size = 0;
