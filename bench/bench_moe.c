@@ -108,7 +108,7 @@ typedef struct router_arg {
     moe_backend_t be;
     cudaStream_t stream;
     float *scratch;
-    unsigned *tickets;
+    void *state;
     moe_router_fwd_t f[3];
     moe_router_bwd_t b[3];
 } router_arg_t;
@@ -126,7 +126,7 @@ static void run_router_select(void *p, int i)
     const moe_router_fwd_t *f = &a->f[i % 3];
     CU(moe_cuda_router_select(f->logits, f->bias, f->n, f->e, f->k, (int)f->score_fn,
                               f->renormalize, f->topk_idx, f->topk_w, f->counts, f->score_mean,
-                              f->stats, a->scratch, a->tickets, a->stream));
+                              f->stats, a->scratch, a->state, a->stream));
 }
 
 static void run_router_bwd(void *p, int i)
@@ -146,8 +146,8 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
         int64_t n = shapes[s][0], h = shapes[s][1], e = shapes[s][2], k = shapes[s][3];
         router_arg_t a = {.be = be, .stream = stream};
         a.scratch = dalloc(4 * (size_t)moe_cuda_router_forward_scratch(n, (int32_t)e));
-        a.tickets = dalloc(sizeof(unsigned) * MOE_ROUTER_TICKETS);
-        CU(cudaMemsetAsync(a.tickets, 0, sizeof(unsigned) * MOE_ROUTER_TICKETS, stream));
+        a.state = dalloc(MOE_ROUTER_STATE_BYTES);
+        CU(cudaMemsetAsync(a.state, 0, MOE_ROUTER_STATE_BYTES, stream));
         void *wg = dalloc(2 * h * e);
         float *dwg = dalloc(4 * h * e);
         CU(bench_fill_bf16(wg, h * e, 7, 1.0f / sqrtf((float)h), stream));
@@ -214,7 +214,7 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
         cudaFree(wg);
         cudaFree(dwg);
         cudaFree(a.scratch);
-        cudaFree(a.tickets);
+        cudaFree(a.state);
     }
 }
 

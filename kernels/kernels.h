@@ -25,33 +25,37 @@ extern "C" {
 #define MOE_ROUTER_MAX_K 8
 
 /* Floats of scratch the forward kernels (router_select or router_fused) need for their
- * per-block partial sums. */
+ * per-block sums. */
 int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e);
 
-/* Completion tickets of router_select's in-kernel reduction: zeroed once by the owner; every
- * launch leaves them zero again. Launches sharing them must be stream-ordered. */
-#define MOE_ROUTER_TICKETS 65
+/* Bytes of the forward's accumulators that outlive a launch (the statistics' sums over blocks
+ * and a completion ticket): zeroed once by the owner; every launch leaves them zero again.
+ * Launches sharing them must be stream-ordered. */
+#define MOE_ROUTER_STATE_BYTES 6400
 
 /* From logits f32 [N,E]: scores, top-k on score + bias, weights, and the statistics, in one
  * kernel. counts/score_mean/stats are written (not accumulated); scratch as sized above;
- * tickets: MOE_ROUTER_TICKETS zeroed unsigned ints. */
+ * state: MOE_ROUTER_STATE_BYTES zeroed bytes. */
 cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n, int32_t e,
                                    int32_t k, int score_fn, bool renormalize, int32_t *topk_idx,
                                    float *topk_w, int32_t *counts, float *score_mean,
-                                   float *stats, float *scratch, unsigned *tickets,
+                                   float *stats, float *scratch, void *state,
                                    cudaStream_t stream);
 
 /* The whole forward in one kernel for E <= 64: logits f32 [N,E] = x bf16 [N,H] . wg bf16 [H,E]
  * on the tensor cores, then the selection as above, without a second pass over the logits.
  * Only where moe_cuda_router_fused_supported (E % 8 == 0, H % 8 == 0, 16-byte aligned
- * pointers); scratch and tickets as for moe_cuda_router_select. */
+ * pointers); scratch and state as for moe_cuda_router_select. */
 bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x, const void *wg,
                                      const float *logits);
+/* Whether moe_cuda_router_fused splits H over thread-block clusters for N tokens on the
+ * current device (few tokens, compute capability 9.0 and newer). */
+bool moe_cuda_router_fused_splits(int64_t n);
 cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bias, int64_t n,
                                   int64_t h, int32_t e, int32_t k, int score_fn, bool renormalize,
                                   float *logits, int32_t *topk_idx, float *topk_w,
                                   int32_t *counts, float *score_mean, float *stats,
-                                  float *scratch, unsigned *tickets, cudaStream_t stream);
+                                  float *scratch, void *state, cudaStream_t stream);
 
 /* dlogits f32 [N,E] (and its bf16 copy for the tensor-core GEMMs) from d(topk_w) and the
  * aux/z coefficients; see host_router.c for the formulas. */

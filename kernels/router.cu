@@ -10,10 +10,9 @@
  * Shape legend: N tokens, E experts (E <= 32*EPL <= 512), K top-k (K <= 8).
  *
  * Determinism: per-expert sums (P_e, counts) and the z/entropy sums are reduced in a fixed
- * order: registers per warp -> fixed warp order per block -> fixed block order (the blocks'
- * last-arriving ones reduce the partials, see select_reduce). No float atomics. Integer counts
- * use shared-memory atomics (exact). Top-k ties (equal keys) go to the lower expert index, as
- * on the host.
+ * order inside a block (registers per warp -> fixed warp order), and over blocks by exact
+ * integer atomics or a fixed tree in the last block to arrive (see select_reduce). No float
+ * atomics. Top-k ties (equal keys) go to the lower expert index, as on the host.
  */
 #include <cuda_bf16.h>
 #include <math.h>
@@ -241,122 +240,32 @@ struct token_rows {
 
 /* ---- forward: selection and statistics ------------------------------------------------------ */
 
-/* The per-block partials are reduced by the blocks themselves: blocks form groups of `gsz`
- * consecutive blocks; the last block of a group to finish sums the group's partials (block
- * order, fp64), and the last group to finish sums the groups' (group order). Which block
- * happens to be last changes nothing in the order, so the result is bitwise reproducible.
- * Tickets: [0] counts finished groups, [1 + g] finished blocks of group g; the last arrival
- * resets its ticket to 0 for the next launch. */
-#define MAX_GROUPS (MOE_ROUTER_TICKETS - 1)
-
-/* Blocks per group, a function of nb alone: one group up to 64 blocks; beyond, about sqrt(nb)
- * so both levels sum few rows, and never more than MAX_GROUPS groups. */
-static int select_group(int64_t nb)
-{
-    if (nb <= 64) return (int)nb;
-    int64_t g = (int64_t)ceil(sqrt((double)nb)), lo = (nb + MAX_GROUPS - 1) / MAX_GROUPS;
-    return (int)(g > lo ? g : lo);
-}
-
-/* Partials in the scratch: fp64 group sums first (alignment), then fp32 block sums, then the
- * integer counts. */
-struct select_scratch {
-    double *g_mean, *g_stats; /* [ng][E], [ng][2] */
-    float *b_mean, *b_stats;  /* [nb][E], [nb][2] */
-    int32_t *b_count, *g_count;
-    __device__ select_scratch(float *base, int nb, int ng, int e)
-    {
-        g_mean = (double *)base;
-        g_stats = g_mean + (size_t)ng * e;
-        b_mean = (float *)(g_stats + (size_t)ng * 2);
-        b_stats = b_mean + (size_t)nb * e;
-        b_count = (int32_t *)(b_stats + (size_t)nb * 2);
-        g_count = b_count + (size_t)nb * e;
-    }
-    static int64_t floats(int64_t nb, int64_t ng, int e)
-    {
-        return 2 * (ng * e + 2 * ng) + nb * (e + 2) + (nb + ng) * e;
-    }
+/* The statistics are summed over the blocks in a way that does not depend on which block
+ * finishes first, without float atomics:
+ *  - counts: integer atomics (exact);
+ *  - the P_e numerators: each block's fp32 sum (fixed order inside the block) in fixed point
+ *    (units of 2^-32, exact for every sum >= 2^-9) added with 64-bit integer atomics, which
+ *    are exact and so order-free;
+ *  - the z and entropy sums: each block writes its two fp32 sums to the scratch, and the block
+ *    that arrives last sums them in a fixed tree, in fp64.
+ * The accumulators outlive a launch (router_state, zeroed once by the owner); the last block
+ * takes them with atomicExch(.., 0), leaving them zero for the next launch, and resets the
+ * ticket. So the last block waits for one fence, one ticket and one round of loads. */
+struct router_state {
+    unsigned long long mean_fx[MOE_ROUTER_MAX_E];
+    int32_t count[MOE_ROUTER_MAX_E];
+    unsigned ticket;
 };
+static_assert(sizeof(router_state) <= MOE_ROUTER_STATE_BYTES, "MOE_ROUTER_STATE_BYTES");
 
-/* Where a reduction's column sums go: column c < E is expert c (mean and count), E and E+1
- * are the z and entropy sums. */
-struct group_sink { /* one group's row of fp64 partials */
-    double *mean, *stats;
-    int32_t *count;
-    int e;
-    __device__ void put(int c, double a, long long n) const
-    {
-        if (c < e) {
-            mean[c] = a;
-            count[c] = (int32_t)n;
-        } else {
-            stats[c - e] = a;
-        }
-    }
-};
-struct total_sink { /* the op's outputs */
+#define MEAN_FX 4294967296.0f /* fixed-point units a P_e numerator: 2^32 */
+
+struct select_outputs {
     float *mean, *stats;
     int32_t *count;
     int e;
     double inv_n;
-    __device__ void put(int c, double a, long long n) const
-    {
-        if (c < e) {
-            mean[c] = (float)(a * inv_n);
-            count[c] = (int32_t)n;
-        } else {
-            stats[c - e] = (float)(a * inv_n);
-        }
-    }
 };
-
-/* Sums rows [r0, r1) of the partials, column by column, with the whole block: each column's
- * rows are split into P contiguous runs (P threads), each run summed in row order with 8
- * loads in flight, then the runs in order. Fixed split, fixed order: deterministic. */
-template <typename T, typename Sink>
-static __device__ void sum_rows(const T *mean, const T *stats, const int32_t *count, int r0,
-                                int r1, int e, const Sink &out, double *s_a, long long *s_n)
-{
-    int cols = e + 2, P = max(1, (int)blockDim.x / cols), C = blockDim.x / P;
-    int len = (r1 - r0 + P - 1) / P, p = threadIdx.x / C;
-    for (int c0 = 0; c0 < cols; c0 += C) {
-        int c = c0 + threadIdx.x % C;
-        double a = 0;
-        long long n = 0;
-        if (p < P && c < cols) {
-            const T *src = c < e ? mean + c : stats + (c - e);
-            const int32_t *cnt = c < e ? count + c : NULL;
-            int stride = c < e ? e : 2, lo = r0 + p * len, hi = min(r1, lo + len);
-            for (int r = lo; r < hi; r += 8) {
-                T v[8];
-                int32_t w[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    bool in = r + u < hi;
-                    v[u] = in ? __ldcg(&src[(int64_t)(r + u) * stride]) : (T)0;
-                    w[u] = in && cnt ? __ldcg(&cnt[(int64_t)(r + u) * stride]) : 0;
-                }
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    a += (double)v[u];
-                    n += w[u];
-                }
-            }
-        }
-        s_a[threadIdx.x] = a;
-        s_n[threadIdx.x] = n;
-        __syncthreads();
-        if (threadIdx.x < C && c < cols) {
-            for (int q = 1; q < P; q++) {
-                a += s_a[q * C + threadIdx.x];
-                n += s_n[q * C + threadIdx.x];
-            }
-            out.put(c, a, n);
-        }
-        __syncthreads();
-    }
-}
 
 /* True in the block that arrives last at `ticket` out of `count`; it resets the ticket. */
 static __device__ bool last_to_arrive(unsigned *ticket, unsigned count)
@@ -369,27 +278,67 @@ static __device__ bool last_to_arrive(unsigned *ticket, unsigned count)
         if (s_last) *ticket = 0;
     }
     __syncthreads();
+    if (s_last) __threadfence(); /* ... and the others', before the reads that follow */
     return s_last;
 }
 
-/* Called by every block after it wrote its partials; returns at once in all but the last. */
-static __device__ void select_reduce(const select_scratch &p, int gsz, unsigned *tickets, int e,
-                                     const total_sink &total)
+/* The blocks' (z, entropy) sums, rows [0, nb) of b_stats, summed in fp64: each thread its
+ * rows in order, then a fixed butterfly in each warp and the warps in order. */
+static __device__ void sum_block_stats(const float2 *b_stats, int nb, double *out)
 {
-    int nb = gridDim.x, ng = (nb + gsz - 1) / gsz, g = blockIdx.x / gsz;
-    int r0 = g * gsz, r1 = min(nb, r0 + gsz);
-    /* one per thread (blockDim <= WARPS * 32), shared by the three sum_rows instances */
-    __shared__ double s_a[WARPS * 32];
-    __shared__ long long s_n[WARPS * 32];
-    if (!last_to_arrive(&tickets[1 + g], (unsigned)(r1 - r0))) return;
-    if (ng == 1) { /* the only group: its sums are the totals */
-        sum_rows(p.b_mean, p.b_stats, p.b_count, r0, r1, e, total, s_a, s_n);
-        return;
+    __shared__ double s_part[WARPS][2];
+    double a = 0, b = 0;
+#pragma unroll 4
+    for (int r = threadIdx.x; r < nb; r += blockDim.x) {
+        float2 v = __ldcg(&b_stats[r]);
+        a += v.x;
+        b += v.y;
     }
-    group_sink row = {p.g_mean + (int64_t)g * e, p.g_stats + 2 * g, p.g_count + (int64_t)g * e, e};
-    sum_rows(p.b_mean, p.b_stats, p.b_count, r0, r1, e, row, s_a, s_n);
-    if (!last_to_arrive(&tickets[0], (unsigned)ng)) return;
-    sum_rows(p.g_mean, p.g_stats, p.g_count, 0, ng, e, total, s_a, s_n);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    if (threadIdx.x % 32 == 0) {
+        s_part[threadIdx.x / 32][0] = a;
+        s_part[threadIdx.x / 32][1] = b;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        a = b = 0;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) {
+            a += s_part[w][0];
+            b += s_part[w][1];
+        }
+        out[0] = a;
+        out[1] = b;
+    }
+}
+
+/* Called by every block with its column sums (P_e numerators in s_mean_sum, counts in s_count,
+ * z and entropy in zs) once they are final; the last block writes the outputs. */
+static __device__ void select_reduce(const float *s_mean_sum, const int32_t *s_count,
+                                     const float (&zs)[2], int e, float *scratch,
+                                     router_state *st, const select_outputs &out)
+{
+    float2 *b_stats = (float2 *)scratch;
+    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+        atomicAdd(&st->mean_fx[j], (unsigned long long)__float2ull_rn(s_mean_sum[j] * MEAN_FX));
+        if (s_count[j]) atomicAdd(&st->count[j], s_count[j]);
+    }
+    if (threadIdx.x == 0) b_stats[blockIdx.x] = make_float2(zs[0], zs[1]);
+    if (!last_to_arrive(&st->ticket, gridDim.x)) return;
+    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+        unsigned long long fx = atomicExch(&st->mean_fx[j], 0ull);
+        out.count[j] = atomicExch(&st->count[j], 0);
+        out.mean[j] = (float)((double)fx / (double)MEAN_FX * out.inv_n);
+    }
+    __shared__ double s_tot[2];
+    sum_block_stats(b_stats, gridDim.x, s_tot);
+    if (threadIdx.x == 0) {
+        out.stats[0] = (float)(s_tot[0] * out.inv_n);
+        out.stats[1] = (float)(s_tot[1] * out.inv_n);
+    }
 }
 
 /* One lane's share of the selection: its experts' selection bias, and running sums over the
@@ -551,11 +500,11 @@ struct selector {
         }
     }
 
-    /* The block's partials: lane groups folded (fixed butterfly), then the warps (fixed
-     * order) into this block's row of the scratch, then select_reduce. s_mean [warps][E] and
-     * s_stats [warps][2] are the block's shared arrays, s_count its counts. */
+    /* The block's sums: lane groups folded (fixed butterfly), then the warps (fixed order),
+     * then select_reduce. s_mean [warps][E] and s_stats [warps][2] are the block's shared
+     * arrays, s_count its counts. */
     __device__ void finish(float *s_mean, float *s_stats, const int32_t *s_count, int e,
-                           float *scratch, int gsz, unsigned *tickets, const total_sink &total)
+                           float *scratch, router_state *st, const select_outputs &out)
     {
         int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LANES;
         int warps = blockDim.x / 32;
@@ -577,20 +526,20 @@ struct selector {
             s_stats[warp * 2 + 1] = ent_acc;
         }
         __syncthreads();
-        int nb = gridDim.x;
-        select_scratch p(scratch, nb, (nb + gsz - 1) / gsz, e);
+        /* the warps in order, into row 0 of s_mean (a column stays with its thread through
+         * select_reduce) */
         for (int j = threadIdx.x; j < e; j += blockDim.x) {
             float acc = 0;
             for (int w = 0; w < warps; w++) acc += s_mean[w * e + j];
-            p.b_mean[(int64_t)blockIdx.x * e + j] = acc;
-            p.b_count[(int64_t)blockIdx.x * e + j] = s_count[j];
+            s_mean[j] = acc;
         }
-        if (threadIdx.x < 2) {
-            float acc = 0;
-            for (int w = 0; w < warps; w++) acc += s_stats[w * 2 + threadIdx.x];
-            p.b_stats[blockIdx.x * 2 + threadIdx.x] = acc;
-        }
-        select_reduce(p, gsz, tickets, e, total);
+        float zs[2] = {0, 0};
+        if (threadIdx.x == 0)
+            for (int w = 0; w < warps; w++) {
+                zs[0] += s_stats[w * 2];
+                zs[1] += s_stats[w * 2 + 1];
+            }
+        select_reduce(s_mean, s_count, zs, e, scratch, st, out);
     }
 };
 
@@ -605,9 +554,9 @@ template <int EPL, int LANES>
 __global__ void __launch_bounds__(WARPS * 32, EPL == 8 ? SELECT_BLOCKS_PER_SM : 1)
 router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
               int k, int score_fn, bool renorm, bool vec, int32_t *__restrict__ topk_idx,
-              float *__restrict__ topk_w, float *scratch, unsigned *tickets,
+              float *__restrict__ topk_w, float *scratch, router_state *state,
               int32_t *__restrict__ counts, float *__restrict__ score_mean,
-              float *__restrict__ stats, int iters, int gsz)
+              float *__restrict__ stats, int iters)
 {
     constexpr int GROUPS = 32 / LANES;
     extern __shared__ float smem[];
@@ -636,7 +585,7 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
             sel.template tokens<1>({row}, {t}, {valid}, e, k, score_fn, renorm, vec, lane,
                                    topk_idx, topk_w, s_count);
     }
-    sel.finish(s_mean, s_stats, s_count, e, scratch, gsz, tickets,
+    sel.finish(s_mean, s_stats, s_count, e, scratch, state,
                {score_mean, stats, counts, e, 1.0 / (double)n});
 }
 
@@ -688,16 +637,10 @@ static int64_t select_blocks(int64_t n, int32_t e)
     return (n + per_block - 1) / per_block;
 }
 
-static int64_t partial_floats(int64_t nb, int32_t e)
-{
-    int64_t gsz = select_group(nb);
-    return select_scratch::floats(nb, (nb + gsz - 1) / gsz, e);
-}
-
 template <int EPL, int LANES>
 static cudaError_t launch_select(const float *logits, const float *bias, int64_t n, int32_t e,
                                  int32_t k, int score_fn, bool renorm, int32_t *topk_idx,
-                                 float *topk_w, float *scratch, unsigned *tickets,
+                                 float *topk_w, float *scratch, void *state,
                                  int32_t *counts, float *score_mean, float *stats,
                                  cudaStream_t stream)
 {
@@ -716,16 +659,16 @@ static cudaError_t launch_select(const float *logits, const float *bias, int64_t
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, router_select<EPL, LANES>, logits, bias, n, (int)e, (int)k,
-                              score_fn, renorm, vec, topk_idx, topk_w, scratch, tickets, counts,
-                              score_mean, stats, select_iters(n, e),
-                              select_group(select_blocks(n, e)));
+                              score_fn, renorm, vec, topk_idx, topk_w, scratch,
+                              (router_state *)state, counts, score_mean, stats,
+                              select_iters(n, e));
 }
 
 extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n,
                                               int32_t e, int32_t k, int score_fn,
                                               bool renormalize, int32_t *topk_idx, float *topk_w,
                                               int32_t *counts, float *score_mean, float *stats,
-                                              float *scratch, unsigned *tickets,
+                                              float *scratch, void *state,
                                               cudaStream_t stream)
 {
     if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K || k > e || n <= 0 ||
@@ -733,7 +676,7 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
         return cudaErrorInvalidValue;
     cudaError_t rc = with_layout(e, [&](auto epl, auto lanes) {
         return launch_select<decltype(epl)::value, decltype(lanes)::value>(
-            logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, scratch, tickets, counts,
+            logits, bias, n, e, k, score_fn, renormalize, topk_idx, topk_w, scratch, state, counts,
             score_mean, stats, stream);
     });
     return rc != cudaSuccess ? rc : cudaGetLastError();
@@ -763,13 +706,15 @@ constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 b
 constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
 
-template <int BM>
+template <int BM, int SPLIT = 1>
 struct cfg {
     static constexpr int WM = BM / 32, WN = NWARPS / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
     static constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = A_BYTES + BK * ROW_BYTES;
     static constexpr int A_PASSES = BM / PASS_ROWS, B_PASSES = BK / PASS_ROWS;
+    /* over the ring: the logits tile, then (split) the summed rows this block selects */
     static constexpr int RING = STAGES * STAGE_BYTES, TILE = BM * LDS * 4;
-    static constexpr int MAIN = RING > TILE ? RING : TILE;
+    static constexpr int OWN = SPLIT == 1 ? 0 : BM / SPLIT * LDS * 4;
+    static constexpr int MAIN = RING > TILE + OWN ? RING : TILE + OWN;
     static_assert(BM % PASS_ROWS == 0 && NWARPS % WM == 0 && NT % 2 == 0, "tile shape");
 };
 
@@ -823,17 +768,18 @@ struct copier {
     uint32_t a_off, b_off;
     bool w_chunk;                     /* lc < E / 8: this thread copies wg */
 
+    /* hidden [h0, h0 + hlen) of rows of length h_ */
     __device__ copier(const __nv_bfloat16 *x, const __nv_bfloat16 *wg, int64_t m0, int64_t n,
-                      int64_t h_, int e)
+                      int64_t h_, int64_t h0, int64_t hlen, int e)
     {
         int lr = threadIdx.x >> 3, lc = threadIdx.x & 7;
         h = h_;
         x0 = x;
         w0 = wg;
         kc = lc * 8;
-        k_left = h;
-        xs = x + (m0 + lr) * h + kc;
-        ws = wg + (int64_t)lr * e + kc;
+        k_left = hlen;
+        xs = x + (m0 + lr) * h + h0 + kc;
+        ws = wg + (h0 + lr) * e + kc;
         x_pass = PASS_ROWS * h;
         w_pass = (int64_t)PASS_ROWS * e;
         w_step = (int64_t)BK * e;
@@ -866,19 +812,56 @@ struct copier {
         k_left -= BK;
     }
 };
+
+/* Thread-block clusters (sm_90): this block's rank, a barrier of every thread of the cluster
+ * that orders shared-memory writes before it with reads after it, and a float4 of block
+ * `rank`'s shared memory at the offset of `local` in this one. The host launches clusters
+ * only where the device and the image have them (split_runs). */
+static __device__ __forceinline__ unsigned cluster_rank()
+{
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+
+static __device__ __forceinline__ void cluster_sync()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ float4 ld_cluster(const float *local, unsigned rank)
+{
+    float4 v = make_float4(0, 0, 0, 0);
+#if __CUDA_ARCH__ >= 900
+    uint32_t remote, a = (uint32_t)__cvta_generic_to_shared(local);
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+#endif
+    return v;
+}
 } /* namespace fused */
 
-template <int BM, int LANES>
+/* SPLIT > 1: a cluster of SPLIT blocks shares one BM-token tile, block r of it walking the
+ * r-th part of H; the partial tiles are summed through distributed shared memory in block
+ * order (so the logits do not depend on timing), block r summing and selecting rows
+ * [r BM / SPLIT, (r + 1) BM / SPLIT). */
+template <int BM, int LANES, int SPLIT>
 __global__ void __launch_bounds__(fused::THREADS, BM == 128 ? 2 : 1)
 router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
              const float *__restrict__ bias, int64_t n, int64_t h, int e, int k, int score_fn,
              bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
-             float *__restrict__ topk_w, float *scratch, unsigned *tickets,
+             float *__restrict__ topk_w, float *scratch, router_state *state,
              int32_t *__restrict__ counts, float *__restrict__ score_mean,
-             float *__restrict__ stats, int gsz)
+             float *__restrict__ stats)
 {
     using namespace fused;
-    using C = cfg<BM>;
+    using C = cfg<BM, SPLIT>;
     constexpr int GROUPS = 32 / LANES;
     extern __shared__ __align__(128) unsigned char fsmem[];
     float *s_mean = (float *)(fsmem + C::MAIN);
@@ -887,8 +870,13 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     uint32_t ring = (uint32_t)__cvta_generic_to_shared(fsmem);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int wm = warp / C::WN, wn = warp % C::WN;
-    int64_t m0 = (int64_t)blockIdx.x * BM;
-    int ktiles = (int)((h + BK - 1) / BK);
+    unsigned rank = SPLIT == 1 ? 0 : cluster_rank();
+    int64_t m0 = (int64_t)(blockIdx.x / SPLIT) * BM;
+    /* this block's hidden tiles [kt0, kt0 + ktiles) */
+    int kt_all = (int)((h + BK - 1) / BK), kt_part = (kt_all + SPLIT - 1) / SPLIT;
+    int kt0 = min(kt_all, (int)rank * kt_part), ktiles = min(kt_all, kt0 + kt_part) - kt0;
+    int64_t h0 = (int64_t)kt0 * BK;
+    int64_t hlen = max((int64_t)0, min(h, h0 + (int64_t)ktiles * BK) - h0);
 
     /* wg chunks past E are never copied: zero them once in every stage */
     for (int i = threadIdx.x; i < STAGES * BK * 8; i += THREADS) {
@@ -898,7 +886,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     }
     for (int j = threadIdx.x; j < e; j += THREADS) s_count[j] = 0;
 
-    copier<BM> cp(x, wg, m0, n, h, e);
+    copier<BM> cp(x, wg, m0, n, h, h0, hlen, e);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
         if (st < ktiles) cp.issue(ring + st * C::STAGE_BYTES);
@@ -963,6 +951,30 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
         }
     __syncthreads();
     int rows = (int)min((int64_t)BM, n - m0), q4 = e / 4;
+    if constexpr (SPLIT > 1) {
+        constexpr int OWN_ROWS = BM / SPLIT;
+        float *own = (float *)(fsmem + C::TILE);
+        cluster_sync(); /* every block's partial tile is written */
+        for (int i = threadIdx.x; i < OWN_ROWS * (EP / 4); i += THREADS) {
+            int r = i / (EP / 4), c = (i % (EP / 4)) * 4;
+            const float *src = tile + (rank * OWN_ROWS + r) * LDS + c;
+            float4 v[SPLIT]; /* all loads in flight, then the sum in block order */
+#pragma unroll
+            for (int b = 0; b < SPLIT; b++) v[b] = ld_cluster(src, b);
+#pragma unroll
+            for (int b = 1; b < SPLIT; b++) {
+                v[0].x += v[b].x;
+                v[0].y += v[b].y;
+                v[0].z += v[b].z;
+                v[0].w += v[b].w;
+            }
+            *(float4 *)(own + r * LDS + c) = v[0];
+        }
+        cluster_sync(); /* no block leaves while the others still read its tile */
+        m0 += rank * OWN_ROWS;
+        rows = (int)max((int64_t)0, min((int64_t)OWN_ROWS, n - m0));
+        tile = own;
+    }
     for (int i = threadIdx.x; i < rows * q4; i += THREADS) {
         int r = i / q4, c = (i - r * q4) * 4;
         *(float4 *)(logits + (m0 + r) * e + c) = *(const float4 *)(tile + r * LDS + c);
@@ -975,20 +987,24 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
         sel.template tokens<1>({tile + (valid ? r : 0) * LDS}, {m0 + r}, {valid}, e, k, score_fn,
                                renorm, true, lane, topk_idx, topk_w, s_count);
     }
-    sel.finish(s_mean, s_stats, s_count, e, scratch, gsz, tickets,
+    sel.finish(s_mean, s_stats, s_count, e, scratch, state,
                {score_mean, stats, counts, e, 1.0 / (double)n});
 }
 
 /* Tokens per block. 256-token blocks of 16 warps (one per SM, so no epilogue overlap; wg
  * traffic halved) measured slower: 0.170 vs 0.165 ms at N=65536 H=4096 E=64. */
 #define FUSED_BM 128
+/* Few tokens: clusters of FUSED_SPLIT blocks split H (router_fused), up to one block an SM of
+ * 132 (a rule of N alone, like select_iters, so the result does not depend on the device). */
+#define FUSED_SPLIT 4
+#define FUSED_SPLIT_MAX_TOKENS ((132 / FUSED_SPLIT) * FUSED_BM)
 
-static int64_t fused_blocks(int64_t n) { return (n + FUSED_BM - 1) / FUSED_BM; }
+static int64_t fused_tiles(int64_t n) { return (n + FUSED_BM - 1) / FUSED_BM; }
 
 extern "C" int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e)
 {
-    int64_t a = partial_floats(select_blocks(n, e), e), b = partial_floats(fused_blocks(n), e);
-    return a > b ? a : b;
+    int64_t a = select_blocks(n, e), b = fused_tiles(n) * FUSED_SPLIT; /* the most blocks */
+    return 2 * (a > b ? a : b);
 }
 
 extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x,
@@ -998,30 +1014,71 @@ extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void
            (uintptr_t)wg % 16 == 0 && (uintptr_t)logits % 16 == 0;
 }
 
-template <int BM, int LANES>
-static cudaError_t launch_fused(const void *x, const void *wg, const float *bias, int64_t n,
-                                int64_t h, int32_t e, int32_t k, int score_fn, bool renorm,
-                                float *logits, int32_t *topk_idx, float *topk_w, float *scratch,
-                                unsigned *tickets, int32_t *counts, float *score_mean,
+/* Whether the current device runs the split kernel: clusters need compute capability 9.0 or
+ * newer and an image built for it (one JIT-compiled from older PTX has no cluster
+ * instructions). Asked once per device (idempotent, so racing is harmless). */
+static bool split_runs(int dev)
+{
+    static signed char known[64]; /* 0 unknown, 1 runs, -1 does not */
+    if (dev >= 0 && dev < 64 && known[dev]) return known[dev] > 0;
+    int major = 0;
+    cudaFuncAttributes attr;
+    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                  cudaSuccess &&
+              major >= 9 &&
+              cudaFuncGetAttributes(&attr, router_fused<FUSED_BM, 8, FUSED_SPLIT>) ==
+                  cudaSuccess &&
+              attr.ptxVersion >= 90;
+    cudaGetLastError(); /* a missing image is an answer, not an error to keep */
+    if (dev >= 0 && dev < 64) known[dev] = ok ? 1 : -1;
+    return ok;
+}
+
+static bool fused_splits(int dev, int64_t n)
+{
+    return n <= FUSED_SPLIT_MAX_TOKENS && split_runs(dev);
+}
+
+extern "C" bool moe_cuda_router_fused_splits(int64_t n)
+{
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && fused_splits(dev, n);
+}
+
+template <int BM, int LANES, int SPLIT>
+static cudaError_t launch_fused(int dev, const void *x, const void *wg, const float *bias,
+                                int64_t n, int64_t h, int32_t e, int32_t k, int score_fn,
+                                bool renorm, float *logits, int32_t *topk_idx, float *topk_w,
+                                float *scratch, void *state, int32_t *counts, float *score_mean,
                                 float *stats, cudaStream_t stream)
 {
-    auto kernel = router_fused<BM, LANES>;
-    /* the attribute is per device: set it once on each (idempotent, so racing is harmless) */
+    auto kernel = router_fused<BM, LANES, SPLIT>;
+    using C = fused::cfg<BM, SPLIT>;
+    /* the shared-memory limit is per device: raise it once on each (idempotent) */
     static bool sized[64];
-    int dev = 0;
-    cudaError_t rc = cudaGetDevice(&dev);
-    if (rc != cudaSuccess) return rc;
     if (dev >= 64 || !sized[dev]) {
-        int most = (int)(fused::cfg<BM>::MAIN + select_smem(fused::NWARPS, fused::EP));
-        rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+        int most = (int)(C::MAIN + select_smem(fused::NWARPS, fused::EP));
+        cudaError_t rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              most);
         if (rc != cudaSuccess) return rc;
         if (dev < 64) sized[dev] = true;
     }
-    int64_t nb = fused_blocks(n);
-    kernel<<<(unsigned)nb, fused::THREADS, fused::cfg<BM>::MAIN + select_smem(fused::NWARPS, e), stream>>>(
-        (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg, bias, n, h, e, k, score_fn, renorm,
-        logits, topk_idx, topk_w, scratch, tickets, counts, score_mean, stats, select_group(nb));
-    return cudaGetLastError();
+    int64_t nb = fused_tiles(n) * SPLIT;
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = SPLIT;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)nb);
+    cfg.blockDim = dim3(fused::THREADS);
+    cfg.dynamicSmemBytes = C::MAIN + select_smem(fused::NWARPS, e);
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = SPLIT > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg,
+                              bias, n, h, (int)e, (int)k, score_fn, renorm, logits, topk_idx,
+                              topk_w, scratch, (router_state *)state, counts, score_mean, stats);
 }
 
 extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bias,
@@ -1029,15 +1086,26 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
                                              int score_fn, bool renormalize, float *logits,
                                              int32_t *topk_idx, float *topk_w, int32_t *counts,
                                              float *score_mean, float *stats, float *scratch,
-                                             unsigned *tickets, cudaStream_t stream)
+                                             void *state, cudaStream_t stream)
 {
     if (!moe_cuda_router_fused_supported(h, e, x, wg, logits) || k > MOE_ROUTER_MAX_K || k > e ||
-        n <= 0 || fused_blocks(n) > INT32_MAX)
+        n <= 0 || fused_tiles(n) * FUSED_SPLIT > INT32_MAX)
         return cudaErrorInvalidValue;
+    int dev = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    if (rc != cudaSuccess) return rc;
+    bool split = fused_splits(dev, n);
     auto launch = [&](auto lanes) {
-        return launch_fused<FUSED_BM, decltype(lanes)::value>(
-            x, wg, bias, n, h, e, k, score_fn, renormalize, logits, topk_idx, topk_w, scratch,
-            tickets, counts, score_mean, stats, stream);
+        constexpr int L = decltype(lanes)::value;
+        cudaError_t r =
+            split ? launch_fused<FUSED_BM, L, FUSED_SPLIT>(dev, x, wg, bias, n, h, e, k, score_fn,
+                                                           renormalize, logits, topk_idx, topk_w,
+                                                           scratch, state, counts, score_mean,
+                                                           stats, stream)
+                  : launch_fused<FUSED_BM, L, 1>(dev, x, wg, bias, n, h, e, k, score_fn,
+                                                 renormalize, logits, topk_idx, topk_w, scratch,
+                                                 state, counts, score_mean, stats, stream);
+        return r != cudaSuccess ? r : cudaGetLastError();
     };
     switch (select_lanes(e)) { /* the selection's lanes a token: 1 to 8 for E <= 64 */
     case 1: return launch(int_c<1>{});

@@ -27,7 +27,7 @@ static void cuda_destroy(void *vctx)
     if (c->ws) cudaFreeAsync(c->ws, c->stream);
     if (c->stream) cudaStreamSynchronize(c->stream);
     if (c->pinned_summary) cudaFreeHost(c->pinned_summary);
-    if (c->router_tickets) cudaFree(c->router_tickets);
+    if (c->router_state) cudaFree(c->router_state);
     for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
         if (c->side_cublas[i]) cublasDestroy(c->side_cublas[i]);
         if (c->side_ws[i]) cudaFree(c->side_ws[i]);
@@ -261,11 +261,9 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     uint64_t keep = UINT64_MAX;
     MOE_CUDA_CHECK_GOTO(st, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep));
     MOE_TRY_GOTO(st, make_cublas(c->stream, &c->cublas, &c->cublas_ws));
-    MOE_CUDA_CHECK_GOTO(st, cudaMalloc((void **)&c->router_tickets,
-                                       sizeof(unsigned) * MOE_ROUTER_TICKETS));
+    MOE_CUDA_CHECK_GOTO(st, cudaMalloc(&c->router_state, MOE_ROUTER_STATE_BYTES));
     /* zero before any stream (the caller's too) can use them */
-    MOE_CUDA_CHECK_GOTO(st, cudaMemsetAsync(c->router_tickets, 0,
-                                            sizeof(unsigned) * MOE_ROUTER_TICKETS, c->stream));
+    MOE_CUDA_CHECK_GOTO(st, cudaMemsetAsync(c->router_state, 0, MOE_ROUTER_STATE_BYTES, c->stream));
     MOE_CUDA_CHECK_GOTO(st, cudaStreamSynchronize(c->stream));
     MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
     for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {

@@ -52,8 +52,8 @@ typedef struct cuda_ctx {
     /* scratch shared by the ops; stream-ordered on `stream` (grown with cudaMallocAsync) */
     void *ws;
     size_t ws_bytes;
-    /* router_select's completion tickets (MOE_ROUTER_TICKETS, zero between launches) */
-    unsigned *router_tickets;
+    /* the router forward's accumulators (MOE_ROUTER_STATE_BYTES, zero between launches) */
+    void *router_state;
     /* pinned landing buffer of the plan's routing summary */
     void *pinned_summary;
     size_t pinned_summary_bytes;

@@ -38,14 +38,18 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
  * H: it wins with two waves of its 128-token blocks (132 SMs x 2), or when H is short enough
  * that a block's walk costs less than a launch. Sixth session, 13 same-call pairs in three
  * device calls (us, fused vs GEMM + selection): N=512 H=256 11.2-12.2 vs 10.4-18.7 (median
- * 11.6 vs 13.2); N=1024 H=512 13.6-15.2 vs 11.7-13.4 (11 of 13; 17.5 and 18.0 in one call's
- * first round); N=2048 H=1024 20-22 vs 13-18; N=4096 H=2048 30-32 vs 17-19; N=16384 H=4096
- * 50 vs 48; N=65536 H=4096 159 vs 176. Twelfth session, calls 5-9: at N=1024 H=512 the fused
- * kernel measured 13.3-13.9 (13 runs) and GEMM + selection 10.9-17.4, median 15.4 (30 runs;
- * likely the host's pace of two launches, one of them cuBLAS's, rather than the GPU's: not
- * measured), so H <= 512 now takes the kernel that never passed 14 us. */
+ * 11.6 vs 13.2); N=1024 H=512 13.6-15.2 vs 11.7-13.4; N=2048 H=1024 20-22 vs 13-18; N=4096
+ * H=2048 30-32 vs 17-19; N=16384 H=4096 50 vs 48; N=65536 H=4096 159 vs 176. Twelfth session,
+ * calls 5-9: at N=1024 H=512 the fused kernel 13.3-13.9 (13 runs), GEMM + selection
+ * 10.9-17.4, median 15.4 (30 runs; two launches, one of them cuBLAS's, at the host's pace).
+ * Since the thirteenth session few tokens split H over clusters (moe_cuda_router_fused_splits):
+ * N=1024 H=512 11.5-12.4 us, N=2048 H=1024 12.7-13.4 (11 runs), against GEMM + selection's
+ * 10.8-11.8 and 11.8-13.4 in the same calls; the one launch is kept up to H = 1024 for its
+ * steadiness (the GEMM path's 12.3-17.5 at N=2048 in the twelfth session's 30 runs), while at
+ * N=4096 H=2048 GEMM + selection stays ahead (16.5-17.1 vs 19.8-20.4). */
 #define FUSED_MIN_TOKENS (128 * 264)
 #define FUSED_MAX_SHORT_H 512
+#define FUSED_MAX_SPLIT_H 1024
 
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
 {
@@ -53,7 +57,8 @@ bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
         !moe_cuda_router_fused_supported(a->h, a->e, a->x, a->wg, a->logits))
         return false;
     return c->router_mode == CUDA_ROUTER_FUSED || a->n >= FUSED_MIN_TOKENS ||
-           a->h <= FUSED_MAX_SHORT_H;
+           a->h <= FUSED_MAX_SHORT_H ||
+           (a->h <= FUSED_MAX_SPLIT_H && moe_cuda_router_fused_splits(a->n));
 }
 
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
@@ -73,7 +78,7 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
         MOE_CUDA_CHECK(moe_cuda_router_fused(a->x, a->wg, a->bias, a->n, a->h, a->e, a->k,
                                              (int)a->score_fn, a->renormalize, a->logits,
                                              a->topk_idx, a->topk_w, a->counts, a->score_mean,
-                                             a->stats, scratch, c->router_tickets, c->stream));
+                                             a->stats, scratch, c->router_state, c->stream));
         return MOE_STATUS_SUCCESS;
     }
     /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T. Measured alternatives
@@ -84,7 +89,7 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
                  0.0f, a->logits, CUDA_R_32F, a->e));
     MOE_CUDA_CHECK(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
                                       a->renormalize, a->topk_idx, a->topk_w, a->counts,
-                                      a->score_mean, a->stats, scratch, c->router_tickets,
+                                      a->score_mean, a->stats, scratch, c->router_state,
                                       c->stream));
     return MOE_STATUS_SUCCESS;
 }
