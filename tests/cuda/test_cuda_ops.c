@@ -208,7 +208,10 @@ static void test_router(void **state)
         /* 7 passes per warp (the grid is sized to one wave), a partly filled last block */
         {20000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, true},
         /* for the fused kernel: partial last tiles, hidden sizes that end inside a 64-wide
-         * tile, E = 8 ... 64 (1 to 8 lanes a token) */
+         * tile, E = 8 ... 64 (1 to 8 lanes a token); it runs one block a tile above 4224
+         * tokens and splits H over clusters of 4 below (where the first case, N=300 H=72,
+         * leaves two blocks of each cluster without hidden tiles and its last tile's rows to
+         * two blocks) */
         {20000, 200, 48, 6, MOE_SCORE_SIGMOID, true, true},
         {40000, 136, 64, 2, MOE_SCORE_SOFTMAX, true, true},
         {777, 1032, 24, 3, MOE_SCORE_SOFTMAX, false, false},

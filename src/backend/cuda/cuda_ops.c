@@ -43,10 +43,10 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
  * calls 5-9: at N=1024 H=512 the fused kernel 13.3-13.9 (13 runs), GEMM + selection
  * 10.9-17.4, median 15.4 (30 runs; two launches, one of them cuBLAS's, at the host's pace).
  * Since the thirteenth session few tokens split H over clusters (moe_cuda_router_fused_splits):
- * N=1024 H=512 11.5-12.4 us, N=2048 H=1024 12.7-13.4 (11 runs), against GEMM + selection's
- * 10.8-11.8 and 11.8-13.4 in the same calls; the one launch is kept up to H = 1024 for its
- * steadiness (the GEMM path's 12.3-17.5 at N=2048 in the twelfth session's 30 runs), while at
- * N=4096 H=2048 GEMM + selection stays ahead (16.5-17.1 vs 19.8-20.4). */
+ * N=1024 H=512 11.5-12.2 us, N=2048 H=1024 12.7-13.4 (11 runs, calls 4-5), against GEMM +
+ * selection's 10.9-11.8 and 11.8-13.4 in the same calls; the one launch is taken up to
+ * H = 1024 for its steadiness (the GEMM path's 12.3-17.5 at N=2048 in the twelfth session's
+ * 30 runs), while at N=4096 H=2048 GEMM + selection stays ahead (16.8-17.3 vs 19.8-20.4). */
 #define FUSED_MIN_TOKENS (128 * 264)
 #define FUSED_MAX_SHORT_H 512
 #define FUSED_MAX_SPLIT_H 1024
