@@ -48,8 +48,8 @@ cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64
  * pointers); scratch and state as for moe_cuda_router_select. */
 bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x, const void *wg,
                                      const float *logits);
-/* Whether moe_cuda_router_fused splits H over thread-block clusters for N tokens on the
- * current device (few tokens, compute capability 9.0 and newer). */
+/* Whether moe_cuda_router_fused splits H over thread-block clusters for N tokens (few
+ * tokens). */
 bool moe_cuda_router_fused_splits(int64_t n);
 cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bias, int64_t n,
                                   int64_t h, int32_t e, int32_t k, int score_fn, bool renormalize,

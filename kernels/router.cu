@@ -813,36 +813,30 @@ struct copier {
     }
 };
 
-/* Thread-block clusters (sm_90): this block's rank, a barrier of every thread of the cluster
- * that orders shared-memory writes before it with reads after it, and a float4 of block
- * `rank`'s shared memory at the offset of `local` in this one. The host launches clusters
- * only where the device and the image have them (split_runs). */
+/* Thread-block clusters (sm_90, like the programmatic dependent launch router_select needs,
+ * so every image this file builds into has them): this block's rank, a barrier of every
+ * thread of the cluster that orders shared-memory writes before it with reads after it, and a
+ * float4 of block `rank`'s shared memory at the offset of `local` in this one. */
 static __device__ __forceinline__ unsigned cluster_rank()
 {
-    unsigned r = 0;
-#if __CUDA_ARCH__ >= 900
+    unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
     return r;
 }
 
 static __device__ __forceinline__ void cluster_sync()
 {
-#if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\n"
                  "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
 }
 
 static __device__ __forceinline__ float4 ld_cluster(const float *local, unsigned rank)
 {
-    float4 v = make_float4(0, 0, 0, 0);
-#if __CUDA_ARCH__ >= 900
+    float4 v;
     uint32_t remote, a = (uint32_t)__cvta_generic_to_shared(local);
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
-#endif
     return v;
 }
 } /* namespace fused */
@@ -1014,36 +1008,7 @@ extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void
            (uintptr_t)wg % 16 == 0 && (uintptr_t)logits % 16 == 0;
 }
 
-/* Whether the current device runs the split kernel: clusters need compute capability 9.0 or
- * newer and an image built for it (one JIT-compiled from older PTX has no cluster
- * instructions). Asked once per device (idempotent, so racing is harmless). */
-static bool split_runs(int dev)
-{
-    static signed char known[64]; /* 0 unknown, 1 runs, -1 does not */
-    if (dev >= 0 && dev < 64 && known[dev]) return known[dev] > 0;
-    int major = 0;
-    cudaFuncAttributes attr;
-    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                  cudaSuccess &&
-              major >= 9 &&
-              cudaFuncGetAttributes(&attr, router_fused<FUSED_BM, 8, FUSED_SPLIT>) ==
-                  cudaSuccess &&
-              attr.ptxVersion >= 90;
-    cudaGetLastError(); /* a missing image is an answer, not an error to keep */
-    if (dev >= 0 && dev < 64) known[dev] = ok ? 1 : -1;
-    return ok;
-}
-
-static bool fused_splits(int dev, int64_t n)
-{
-    return n <= FUSED_SPLIT_MAX_TOKENS && split_runs(dev);
-}
-
-extern "C" bool moe_cuda_router_fused_splits(int64_t n)
-{
-    int dev = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && fused_splits(dev, n);
-}
+extern "C" bool moe_cuda_router_fused_splits(int64_t n) { return n <= FUSED_SPLIT_MAX_TOKENS; }
 
 template <int BM, int LANES, int SPLIT>
 static cudaError_t launch_fused(int dev, const void *x, const void *wg, const float *bias,
@@ -1094,7 +1059,7 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
     int dev = 0;
     cudaError_t rc = cudaGetDevice(&dev);
     if (rc != cudaSuccess) return rc;
-    bool split = fused_splits(dev, n);
+    bool split = moe_cuda_router_fused_splits(n);
     auto launch = [&](auto lanes) {
         constexpr int L = decltype(lanes)::value;
         cudaError_t r =
