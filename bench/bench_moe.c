@@ -12,6 +12,7 @@
  * Shape legend: N tokens, H hidden, E experts, K top-k, T tokens per expert, F expert width.
  * Usage: bench_moe [router|experts|layer|all] [shape index within the part]
  *        bench_moe profile [layer shape index]
+ * The router forward is also measured as router_fwd_stream: the mean of back-to-back runs.
  * The experts and layer parts measure every expert GEMM mode (variant = mode) unless
  * MOE_CUDA_EXPERT_GEMM names one. `profile` runs two layer steps, then a third between
  * cudaProfilerStart/Stop, for `ncu --profile-from-start off` (bench/kernel_times.py sums it).
@@ -84,6 +85,28 @@ static double time_median(cudaStream_t stream, bench_fn fn, void *arg, int warm,
     free(ev);
     free(ms);
     return med;
+}
+
+/* Mean milliseconds of fn over iters runs issued back to back between one pair of events: no
+ * event between runs, so a kernel launched as a programmatic dependent may start before the
+ * previous run ends (the router forward's); against time_median, what the events and the
+ * launches cost each run. */
+static double time_stream(cudaStream_t stream, bench_fn fn, void *arg, int warm, int iters)
+{
+    for (int i = 0; i < warm; i++) fn(arg, i);
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    CU(cudaStreamSynchronize(stream));
+    CU(cudaEventRecord(e0, stream));
+    for (int i = 0; i < iters; i++) fn(arg, warm + i);
+    CU(cudaEventRecord(e1, stream));
+    CU(cudaStreamSynchronize(stream));
+    float ms;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return ms / iters;
 }
 
 static void *dalloc(size_t bytes)
@@ -188,6 +211,9 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
             ms = time_median(stream, run_router_fwd, &a, 5, iters);
             emit("router_fwd", shape, m == 0 ? "fused" : "gemm+select", ms, fmax(fl_hbm, fl_tc),
                  fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
+            ms = time_stream(stream, run_router_fwd, &a, 5, iters);
+            emit("router_fwd_stream", shape, m == 0 ? "fused" : "gemm+select", ms,
+                 fmax(fl_hbm, fl_tc), fl_hbm >= fl_tc ? "hbm" : "tc", flops_f / ms * 1e-9);
         }
         c->router_mode = CUDA_ROUTER_AUTO;
         ms = time_median(stream, run_router_select, &a, 5, iters);

@@ -267,13 +267,17 @@ struct select_outputs {
     double inv_n;
 };
 
-/* True in the block that arrives last at `ticket` out of `count`; it resets the ticket. */
+/* True in the block that arrives last at `ticket` out of `count`; it resets the ticket. One
+ * thread's fence after the barrier publishes the whole block's partials (the barrier orders
+ * the other threads' writes before it; the cooperative-groups grid barrier relies on the same),
+ * measured 0.1-0.2 us faster than a fence in every thread before it at N=4096 (fourteenth
+ * session, call 6). */
 static __device__ bool last_to_arrive(unsigned *ticket, unsigned count)
 {
     __shared__ bool s_last;
-    __threadfence(); /* this block's partials, before its ticket */
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence(); /* this block's partials, before its ticket */
         s_last = atomicAdd(ticket, 1u) == count - 1;
         if (s_last) *ticket = 0;
     }
@@ -283,13 +287,14 @@ static __device__ bool last_to_arrive(unsigned *ticket, unsigned count)
 }
 
 /* The blocks' (z, entropy) sums, rows [0, nb) of b_stats, summed in fp64: each thread its
- * rows in order, then a fixed butterfly in each warp and the warps in order. */
-static __device__ void sum_block_stats(const float2 *b_stats, int nb, double *out)
+ * rows in order (the first, row threadIdx.x, loaded by the caller: `first`), then a fixed
+ * butterfly in each warp and the warps in order. */
+static __device__ void sum_block_stats(const float2 *b_stats, int nb, float2 first, double *out)
 {
     __shared__ double s_part[WARPS][2];
-    double a = 0, b = 0;
+    double a = first.x, b = first.y;
 #pragma unroll 4
-    for (int r = threadIdx.x; r < nb; r += blockDim.x) {
+    for (int r = threadIdx.x + blockDim.x; r < nb; r += blockDim.x) {
         float2 v = __ldcg(&b_stats[r]);
         a += v.x;
         b += v.y;
@@ -328,13 +333,15 @@ static __device__ void select_reduce(const float *s_mean_sum, const int32_t *s_c
     }
     if (threadIdx.x == 0) b_stats[blockIdx.x] = make_float2(zs[0], zs[1]);
     if (!last_to_arrive(&st->ticket, gridDim.x)) return;
+    /* loaded before the exchanges, so that the two round trips overlap */
+    float2 first = threadIdx.x < gridDim.x ? __ldcg(&b_stats[threadIdx.x]) : make_float2(0, 0);
     for (int j = threadIdx.x; j < e; j += blockDim.x) {
         unsigned long long fx = atomicExch(&st->mean_fx[j], 0ull);
         out.count[j] = atomicExch(&st->count[j], 0);
         out.mean[j] = (float)((double)fx / (double)MEAN_FX * out.inv_n);
     }
     __shared__ double s_tot[2];
-    sum_block_stats(b_stats, gridDim.x, s_tot);
+    sum_block_stats(b_stats, gridDim.x, first, s_tot);
     if (threadIdx.x == 0) {
         out.stats[0] = (float)(s_tot[0] * out.inv_n);
         out.stats[1] = (float)(s_tot[1] * out.inv_n);
@@ -566,8 +573,10 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / LANES;
     for (int j = threadIdx.x; j < e; j += blockDim.x) s_count[j] = 0;
     /* launched as a programmatic dependent of the logits GEMM: wait for it (and its memory)
-     * only now, so this grid's launch overlaps the GEMM's end */
+     * only now, so this grid's launch overlaps the GEMM's end; and let the next kernel launch
+     * (it waits likewise for this grid to complete) */
     cudaGridDependencySynchronize();
+    cudaTriggerProgrammaticLaunchCompletion();
     __syncthreads();
 
     selector<EPL, LANES> sel(bias, e, lane % LANES);
@@ -698,24 +707,37 @@ extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *
  *    once (the interface saves logits), and the selector runs on it from there;
  *  - the block's partials end like router_select's (select_reduce, same determinism).
  * Two 128-token blocks per SM (96 KiB ring each), so one block's epilogue overlaps the other's
- * loads. Conditions: E <= 64 and E % 8 == 0 (16-byte wg chunks), H % 8 == 0, x / wg / logits
- * 16-byte aligned (moe_cuda_router_fused_supported). */
+ * loads; the split kernel for few tokens (below) runs one block an SM. Conditions: E <= 64
+ * and E % 8 == 0 (16-byte wg chunks), H % 8 == 0, x / wg / logits 16-byte aligned
+ * (moe_cuda_router_fused_supported). */
 namespace fused {
-constexpr int EP = 64, BK = 64, STAGES = 4, THREADS = 256, NWARPS = THREADS / 32;
+constexpr int EP = 64, BK = 64, THREADS = 256, NWARPS = THREADS / 32;
 constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 bytes */
 constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
 
 template <int BM, int SPLIT = 1>
 struct cfg {
-    static constexpr int WM = BM / 32, WN = NWARPS / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
+    /* 128-token tiles: 4 stages of 24 KiB; the warps split the tile's tokens and experts
+     * (4 x 2). 64-token tiles (the split kernel above 2048 tokens): 8 stages of 16 KiB, and
+     * the warps also split each hidden tile's four k16 steps in KG = 2 groups of 2 x 2 warps,
+     * each group with its own partial tile, so that each A fragment is read from shared
+     * memory twice instead of four times (fourteenth session, call 6: KG = 2 0.1-0.3 us ahead
+     * of KG = 4 at N=4096, 4 or 6 stages 0.1-0.5 us behind 8) */
+    static constexpr int STAGES = BM == 64 ? 8 : 4, KG = BM == 64 ? 2 : 1;
+    static constexpr int WM = BM / 32, WN = NWARPS / KG / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
+    static constexpr int KK = BK / 16 / KG; /* k16 steps a warp per hidden tile */
     static constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = A_BYTES + BK * ROW_BYTES;
     static constexpr int A_PASSES = BM / PASS_ROWS, B_PASSES = BK / PASS_ROWS;
-    /* over the ring: the logits tile, then (split) the summed rows this block selects */
+    /* over the ring: KG partial logits tiles; past the ring and them (split: the other
+     * blocks write it while this one may still be loading) the SPLIT blocks' sums of the rows
+     * this block selects */
     static constexpr int RING = STAGES * STAGE_BYTES, TILE = BM * LDS * 4;
-    static constexpr int OWN = SPLIT == 1 ? 0 : BM / SPLIT * LDS * 4;
-    static constexpr int MAIN = RING > TILE + OWN ? RING : TILE + OWN;
-    static_assert(BM % PASS_ROWS == 0 && NWARPS % WM == 0 && NT % 2 == 0, "tile shape");
+    static constexpr int RECV_AT = RING > KG * TILE ? RING : KG * TILE;
+    static constexpr int MAIN = RECV_AT + (SPLIT == 1 ? 0 : BM * LDS * 4);
+    static_assert(BM % PASS_ROWS == 0 && NWARPS % (KG * WM) == 0 && NT % 2 == 0 && KK >= 1,
+                  "tile shape");
+    static_assert(KG == 1 || SPLIT > 1, "partial tiles are summed by the split epilogue");
 };
 
 static __device__ __forceinline__ int swz(int row, int chunk)
@@ -757,9 +779,8 @@ static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&
 
 /* One thread's share of the tile copies: chunk `lc` of rows lr + PASS_ROWS * j, for x and wg.
  * Sources advance by one 64-wide hidden tile per step; smem offsets are fixed. */
-template <int BM>
+template <class C>
 struct copier {
-    using C = cfg<BM>;
     const __nv_bfloat16 *xs, *ws; /* this thread's first x and wg chunk of the current tile */
     const __nv_bfloat16 *x0, *w0; /* in-bounds addresses for the zero-filling copies */
     int64_t x_pass, w_pass, w_step;   /* elements: to the next pass's row; wg to the next tile */
@@ -814,9 +835,10 @@ struct copier {
 };
 
 /* Thread-block clusters (sm_90, like the programmatic dependent launch router_select needs,
- * so every image this file builds into has them): this block's rank, a barrier of every
- * thread of the cluster that orders shared-memory writes before it with reads after it, and a
- * float4 of block `rank`'s shared memory at the offset of `local` in this one. */
+ * so every image this file builds into has them): this block's rank, the two halves of a
+ * barrier of every thread of the cluster (shared-memory accesses before a releasing arrive
+ * are ordered with those after the wait), and a float4 store into block `rank`'s shared memory
+ * at the offset of `local` in this one. */
 static __device__ __forceinline__ unsigned cluster_rank()
 {
     unsigned r;
@@ -824,29 +846,39 @@ static __device__ __forceinline__ unsigned cluster_rank()
     return r;
 }
 
-static __device__ __forceinline__ void cluster_sync()
+static __device__ __forceinline__ void cluster_arrive()
 {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 
-static __device__ __forceinline__ float4 ld_cluster(const float *local, unsigned rank)
+static __device__ __forceinline__ void cluster_arrive_relaxed()
 {
-    float4 v;
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+static __device__ __forceinline__ void cluster_wait()
+{
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+static __device__ __forceinline__ void st_cluster(float *local, unsigned rank, float4 v)
+{
     uint32_t remote, a = (uint32_t)__cvta_generic_to_shared(local);
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
-    return v;
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x),
+                 "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
 }
 } /* namespace fused */
 
 /* SPLIT > 1: a cluster of SPLIT blocks shares one BM-token tile, block r of it walking the
- * r-th part of H; the partial tiles are summed through distributed shared memory in block
- * order (so the logits do not depend on timing), block r summing and selecting rows
- * [r BM / SPLIT, (r + 1) BM / SPLIT). */
+ * r-th part of H; each block sends its partial sums of rows [r BM / SPLIT, (r + 1) BM / SPLIT)
+ * into block r's shared memory, which sums them in block order (so the logits do not depend
+ * on timing) and selects those rows. Pushing the partials (fourteenth session) instead of
+ * each block pulling the others' tiles spares the second cluster barrier that kept a block
+ * from leaving while others still read its tile. */
 template <int BM, int LANES, int SPLIT>
-__global__ void __launch_bounds__(fused::THREADS, BM == 128 ? 2 : 1)
+__global__ void __launch_bounds__(fused::THREADS, SPLIT == 1 ? 2 : 1)
 router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
              const float *__restrict__ bias, int64_t n, int64_t h, int e, int k, int score_fn,
              bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
@@ -863,7 +895,8 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     float *s_stats = (float *)(s_count + e);
     uint32_t ring = (uint32_t)__cvta_generic_to_shared(fsmem);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int wm = warp / C::WN, wn = warp % C::WN;
+    int kg = warp / (C::WM * C::WN), wq = warp % (C::WM * C::WN);
+    int wm = wq / C::WN, wn = wq % C::WN;
     unsigned rank = SPLIT == 1 ? 0 : cluster_rank();
     int64_t m0 = (int64_t)(blockIdx.x / SPLIT) * BM;
     /* this block's hidden tiles [kt0, kt0 + ktiles) */
@@ -873,27 +906,41 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     int64_t hlen = max((int64_t)0, min(h, h0 + (int64_t)ktiles * BK) - h0);
 
     /* wg chunks past E are never copied: zero them once in every stage */
-    for (int i = threadIdx.x; i < STAGES * BK * 8; i += THREADS) {
+    for (int i = threadIdx.x; i < C::STAGES * BK * 8; i += THREADS) {
         int st = i / (BK * 8), r = (i / 8) % BK, c = i % 8;
         if (c >= (e >> 3))
             *(uint4 *)(fsmem + st * C::STAGE_BYTES + C::A_BYTES + swz(r, c)) = make_uint4(0, 0, 0, 0);
     }
     for (int j = threadIdx.x; j < e; j += THREADS) s_count[j] = 0;
 
-    copier<BM> cp(x, wg, m0, n, h, h0, hlen, e);
+    /* split: the others' shared memory may be written only once they run; this phase of the
+     * cluster barrier is waited for just before the first such write */
+    if constexpr (SPLIT > 1) cluster_arrive_relaxed();
+
+    copier<C> cp(x, wg, m0, n, h, h0, hlen, e);
+    /* launched as a programmatic dependent of the kernel before it: everything above overlaps
+     * that kernel's end, global memory is touched only from here; and the next kernel may
+     * launch (it waits likewise for this grid to complete) */
+    cudaGridDependencySynchronize();
+    cudaTriggerProgrammaticLaunchCompletion();
 #pragma unroll
-    for (int st = 0; st < STAGES - 1; st++) {
+    for (int st = 0; st < C::STAGES - 1; st++) {
         if (st < ktiles) cp.issue(ring + st * C::STAGE_BYTES);
         cp_commit();
     }
 
-    /* this lane's ldmatrix offsets inside a stage: A rows wm*32 + mt*16 + lane % 16, 16-byte
-     * chunk 2 kk + lane / 16; B hidden rows kk*16 + lane % 8 (+8 for lanes 8-15, 24-31), expert
-     * chunk wn*NT + 2 np + lane / 16 (the XOR swizzle only depends on row % 8 = lane % 8) */
+    /* this lane's ldmatrix offsets inside a stage, for its k16 steps kk = kg*KK + q: A rows
+     * wm*32 + mt*16 + lane % 16, 16-byte chunk 2 kk + lane / 16; B hidden rows kk*16 + lane % 8
+     * (+8 for lanes 8-15, 24-31), expert chunk wn*NT + 2 np + lane / 16 (the XOR swizzle only
+     * depends on row % 8 = lane % 8) */
     int lo = lane & 7, hi = lane >> 4;
-    uint32_t a_row = (wm * 32 + (lane & 15)) * ROW_BYTES, a_x[BK / 16];
+    uint32_t a_row = (wm * 32 + (lane & 15)) * ROW_BYTES, a_x[C::KK], b_k[C::KK];
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) a_x[kk] = a_row + (((2 * kk + hi) ^ lo) << 4);
+    for (int q = 0; q < C::KK; q++) {
+        int kk = kg * C::KK + q;
+        a_x[q] = a_row + (((2 * kk + hi) ^ lo) << 4);
+        b_k[q] = kk * 16 * ROW_BYTES;
+    }
     uint32_t b_x[C::NT / 2]; /* one x4 ldmatrix per two n8 tiles */
 #pragma unroll
     for (int np = 0; np < C::NT / 2; np++)
@@ -908,22 +955,22 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.0f;
 
-    uint32_t use = ring, load = ring + (STAGES - 1) * C::STAGE_BYTES;
-    const uint32_t ring_end = ring + STAGES * C::STAGE_BYTES;
+    uint32_t use = ring, load = ring + (C::STAGES - 1) * C::STAGE_BYTES;
+    const uint32_t ring_end = ring + C::STAGES * C::STAGE_BYTES;
     for (int kt = 0; kt < ktiles; kt++) {
-        cp_wait<STAGES - 2>(); /* tile kt has landed (this thread's part) */
+        cp_wait<C::STAGES - 2>(); /* tile kt has landed (this thread's part) */
         __syncthreads();       /* ... everyone's; and the stage read in step kt-1 is free */
-        if (kt + STAGES - 1 < ktiles) cp.issue(load);
+        if (kt + C::STAGES - 1 < ktiles) cp.issue(load);
         cp_commit();
         load = load + C::STAGE_BYTES == ring_end ? ring : load + C::STAGE_BYTES;
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
+        for (int q = 0; q < C::KK; q++) {
             uint32_t af[2][4], bf[C::NT][2];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) ldsm<false>(af[mt], use + a_x[kk] + mt * 16 * ROW_BYTES);
+            for (int mt = 0; mt < 2; mt++) ldsm<false>(af[mt], use + a_x[q] + mt * 16 * ROW_BYTES);
 #pragma unroll
             for (int np = 0; np < C::NT / 2; np++) /* bf[2np][0..1], bf[2np+1][0..1] */
-                ldsm<true>(&bf[2 * np][0], use + b_x[np] + kk * 16 * ROW_BYTES);
+                ldsm<true>(&bf[2 * np][0], use + b_x[np] + b_k[q]);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -934,7 +981,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     cp_wait<0>();
     __syncthreads(); /* the ring is free: the logits tile takes its place */
 
-    float *tile = (float *)fsmem;
+    float *tile = (float *)(fsmem + kg * C::TILE); /* this k-group's partial tile */
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -946,28 +993,46 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     __syncthreads();
     int rows = (int)min((int64_t)BM, n - m0), q4 = e / 4;
     if constexpr (SPLIT > 1) {
-        constexpr int OWN_ROWS = BM / SPLIT;
-        float *own = (float *)(fsmem + C::TILE);
-        cluster_sync(); /* every block's partial tile is written */
-        for (int i = threadIdx.x; i < OWN_ROWS * (EP / 4); i += THREADS) {
+        /* each block sends its partial (its k-groups summed in order) of every block's rows
+         * to that block's slot `rank`; after one cluster barrier each block sums its slots in
+         * block order, so no block reads another's memory and none waits for the others to
+         * finish reading its own */
+        constexpr int OWN_ROWS = BM / SPLIT, SLOT = OWN_ROWS * LDS;
+        float *recv = (float *)(fsmem + C::RECV_AT); /* [SPLIT][OWN_ROWS][LDS] */
+        cluster_wait(); /* every block of the cluster runs */
+        for (int i = threadIdx.x; i < BM * (EP / 4); i += THREADS) {
             int r = i / (EP / 4), c = (i % (EP / 4)) * 4;
-            const float *src = tile + (rank * OWN_ROWS + r) * LDS + c;
-            float4 v[SPLIT]; /* all loads in flight, then the sum in block order */
+            const float *src = (const float *)fsmem + r * LDS + c;
+            float4 v = *(const float4 *)src;
 #pragma unroll
-            for (int b = 0; b < SPLIT; b++) v[b] = ld_cluster(src, b);
+            for (int g = 1; g < C::KG; g++) {
+                float4 u = *(const float4 *)(src + g * (C::TILE / 4));
+                v.x += u.x;
+                v.y += u.y;
+                v.z += u.z;
+                v.w += u.w;
+            }
+            st_cluster(recv + rank * SLOT + (r % OWN_ROWS) * LDS + c, r / OWN_ROWS, v);
+        }
+        cluster_arrive(); /* every block's sums have landed */
+        cluster_wait();
+        for (int i = threadIdx.x; i < OWN_ROWS * (EP / 4); i += THREADS) {
+            int o = (i / (EP / 4)) * LDS + (i % (EP / 4)) * 4;
+            float4 v = *(const float4 *)(recv + o);
 #pragma unroll
             for (int b = 1; b < SPLIT; b++) {
-                v[0].x += v[b].x;
-                v[0].y += v[b].y;
-                v[0].z += v[b].z;
-                v[0].w += v[b].w;
+                float4 u = *(const float4 *)(recv + b * SLOT + o);
+                v.x += u.x;
+                v.y += u.y;
+                v.z += u.z;
+                v.w += u.w;
             }
-            *(float4 *)(own + r * LDS + c) = v[0];
+            *(float4 *)(recv + o) = v;
         }
-        cluster_sync(); /* no block leaves while the others still read its tile */
+        __syncthreads();
         m0 += rank * OWN_ROWS;
         rows = (int)max((int64_t)0, min((int64_t)OWN_ROWS, n - m0));
-        tile = own;
+        tile = recv;
     }
     for (int i = threadIdx.x; i < rows * q4; i += THREADS) {
         int r = i / q4, c = (i - r * q4) * 4;
@@ -988,17 +1053,37 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
 /* Tokens per block. 256-token blocks of 16 warps (one per SM, so no epilogue overlap; wg
  * traffic halved) measured slower: 0.170 vs 0.165 ms at N=65536 H=4096 E=64. */
 #define FUSED_BM 128
-/* Few tokens: clusters of FUSED_SPLIT blocks split H (router_fused), up to one block an SM of
- * 132 (a rule of N alone, like select_iters, so the result does not depend on the device). */
-#define FUSED_SPLIT 4
-#define FUSED_SPLIT_MAX_TOKENS ((132 / FUSED_SPLIT) * FUSED_BM)
+/* Few tokens: clusters split H (router_fused), by rules of N alone (like select_iters, so the
+ * result does not depend on the device), at one block an SM of 132 (the shared memory of
+ * both configurations allows no more):
+ *  - up to FUSED_SPLIT4_MAX_TOKENS, clusters of 4 blocks on 128-token tiles;
+ *  - up to FUSED_SPLIT_MAX_TOKENS, clusters of 2 blocks on 64-token tiles. Clusters of 4
+ *    there ran two blocks on some SMs (only 30 clusters of 4 fit at one block an SM), whose
+ *    walks ended ~3 us after the median's (thirteenth session's probes); clusters of 2 fit 66.
+ * Fourteenth session, calls 1-5: at N=4096 H=2048 the second 17.1-17.3 us against
+ * 19.7-20.1 for clusters of 4; at N <= 2048 clusters of 4 0.4-0.6 us ahead. */
+#define FUSED_SPLIT4_MAX_TOKENS 2048
+#define FUSED_SPLIT2_BM 64
+#define FUSED_SPLIT_MAX_TOKENS ((132 / 2) * FUSED_SPLIT2_BM)
 
-static int64_t fused_tiles(int64_t n) { return (n + FUSED_BM - 1) / FUSED_BM; }
+static int64_t fused_tiles(int64_t n, int bm) { return (n + bm - 1) / bm; }
+
+/* the split kernel's cluster size for N (1: one block a 128-token tile) */
+static int fused_split(int64_t n)
+{
+    return n <= FUSED_SPLIT4_MAX_TOKENS ? 4 : n <= FUSED_SPLIT_MAX_TOKENS ? 2 : 1;
+}
+
+static int64_t fused_blocks(int64_t n)
+{
+    int split = fused_split(n);
+    return split == 2 ? fused_tiles(n, FUSED_SPLIT2_BM) * 2 : fused_tiles(n, FUSED_BM) * split;
+}
 
 extern "C" int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e)
 {
-    int64_t a = select_blocks(n, e), b = fused_tiles(n) * FUSED_SPLIT; /* the most blocks */
-    return 2 * (a > b ? a : b);
+    int64_t a = select_blocks(n, e), b = fused_blocks(n);
+    return 2 * (a > b ? a : b); /* the most blocks */
 }
 
 extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x,
@@ -1008,7 +1093,7 @@ extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void
            (uintptr_t)wg % 16 == 0 && (uintptr_t)logits % 16 == 0;
 }
 
-extern "C" bool moe_cuda_router_fused_splits(int64_t n) { return n <= FUSED_SPLIT_MAX_TOKENS; }
+extern "C" bool moe_cuda_router_fused_splits(int64_t n) { return fused_split(n) > 1; }
 
 template <int BM, int LANES, int SPLIT>
 static cudaError_t launch_fused(int dev, const void *x, const void *wg, const float *bias,
@@ -1028,19 +1113,22 @@ static cudaError_t launch_fused(int dev, const void *x, const void *wg, const fl
         if (rc != cudaSuccess) return rc;
         if (dev < 64) sized[dev] = true;
     }
-    int64_t nb = fused_tiles(n) * SPLIT;
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = SPLIT;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
+    int64_t nb = fused_tiles(n, BM) * SPLIT;
+    /* programmatic dependent launch (see cudaGridDependencySynchronize in the kernel) */
+    cudaLaunchAttribute attr[2] = {};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = SPLIT;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)nb);
     cfg.blockDim = dim3(fused::THREADS);
     cfg.dynamicSmemBytes = C::MAIN + select_smem(fused::NWARPS, e);
     cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = SPLIT > 1 ? 1 : 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = SPLIT > 1 ? 2 : 1;
     return cudaLaunchKernelEx(&cfg, kernel, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)wg,
                               bias, n, h, (int)e, (int)k, score_fn, renorm, logits, topk_idx,
                               topk_w, scratch, (router_state *)state, counts, score_mean, stats);
@@ -1054,22 +1142,21 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
                                              void *state, cudaStream_t stream)
 {
     if (!moe_cuda_router_fused_supported(h, e, x, wg, logits) || k > MOE_ROUTER_MAX_K || k > e ||
-        n <= 0 || fused_tiles(n) * FUSED_SPLIT > INT32_MAX)
+        n <= 0 || fused_blocks(n) > INT32_MAX)
         return cudaErrorInvalidValue;
     int dev = 0;
     cudaError_t rc = cudaGetDevice(&dev);
     if (rc != cudaSuccess) return rc;
-    bool split = moe_cuda_router_fused_splits(n);
+    int split = fused_split(n);
     auto launch = [&](auto lanes) {
         constexpr int L = decltype(lanes)::value;
-        cudaError_t r =
-            split ? launch_fused<FUSED_BM, L, FUSED_SPLIT>(dev, x, wg, bias, n, h, e, k, score_fn,
-                                                           renormalize, logits, topk_idx, topk_w,
-                                                           scratch, state, counts, score_mean,
-                                                           stats, stream)
-                  : launch_fused<FUSED_BM, L, 1>(dev, x, wg, bias, n, h, e, k, score_fn,
-                                                 renormalize, logits, topk_idx, topk_w, scratch,
-                                                 state, counts, score_mean, stats, stream);
+        auto go = [&](auto kernel) {
+            return kernel(dev, x, wg, bias, n, h, e, k, score_fn, renormalize, logits, topk_idx,
+                          topk_w, scratch, state, counts, score_mean, stats, stream);
+        };
+        cudaError_t r = split == 4   ? go(launch_fused<FUSED_BM, L, 4>)
+                        : split == 2 ? go(launch_fused<FUSED_SPLIT2_BM, L, 2>)
+                                     : go(launch_fused<FUSED_BM, L, 1>);
         return r != cudaSuccess ? r : cudaGetLastError();
     };
     switch (select_lanes(e)) { /* the selection's lanes a token: 1 to 8 for E <= 64 */

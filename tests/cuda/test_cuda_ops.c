@@ -208,10 +208,16 @@ static void test_router(void **state)
         /* 7 passes per warp (the grid is sized to one wave), a partly filled last block */
         {20000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, true},
         /* for the fused kernel: partial last tiles, hidden sizes that end inside a 64-wide
-         * tile, E = 8 ... 64 (1 to 8 lanes a token); it runs one block a tile above 4224
-         * tokens and splits H over clusters of 4 below (where the first case, N=300 H=72,
-         * leaves two blocks of each cluster without hidden tiles and its last tile's rows to
-         * two blocks) */
+         * tile, E = 8 ... 64 (1 to 8 lanes a token); it runs one block a 128-token tile above
+         * 4224 tokens and splits H over clusters of 2 blocks on 64-token tiles above 2048,
+         * of 4 blocks on 128-token tiles below. The next case leaves blocks 1-3 of each
+         * cluster without hidden tiles and, in the last tile of 20 rows, without rows; the two
+         * after it split into 2: H=200 in 2 + 2 hidden tiles (the last one partial), a last
+         * tile of 56 rows (32 + 24); H=64, the second block without hidden tiles, a last tile
+         * of 4 rows */
+        {276, 56, 32, 2, MOE_SCORE_SOFTMAX, true, true},
+        {3000, 200, 64, 4, MOE_SCORE_SIGMOID, true, true},
+        {2500, 64, 48, 3, MOE_SCORE_SOFTMAX, true, false},
         {20000, 200, 48, 6, MOE_SCORE_SIGMOID, true, true},
         {40000, 136, 64, 2, MOE_SCORE_SOFTMAX, true, true},
         {777, 1032, 24, 3, MOE_SCORE_SOFTMAX, false, false},
