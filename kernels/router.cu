@@ -722,8 +722,8 @@ struct cfg {
      * (4 x 2). 64-token tiles (the split kernel above 2048 tokens): 8 stages of 16 KiB, and
      * the warps also split each hidden tile's four k16 steps in KG = 2 groups of 2 x 2 warps,
      * each group with its own partial tile, so that each A fragment is read from shared
-     * memory twice instead of four times (fourteenth session, call 6: KG = 2 0.1-0.3 us ahead
-     * of KG = 4 at N=4096, 4 or 6 stages 0.1-0.5 us behind 8) */
+     * memory twice instead of four times (fourteenth session, call 6, N=4096: KG = 2 0.1-0.4
+     * us ahead of KG = 4; 4 stages 0.3-0.5 us and 6 up to 0.3 behind 8) */
     static constexpr int STAGES = BM == 64 ? 8 : 4, KG = BM == 64 ? 2 : 1;
     static constexpr int WM = BM / 32, WN = NWARPS / KG / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
     static constexpr int KK = BK / 16 / KG; /* k16 steps a warp per hidden tile */
@@ -739,6 +739,14 @@ struct cfg {
                   "tile shape");
     static_assert(KG == 1 || SPLIT > 1, "partial tiles are summed by the split epilogue");
 };
+
+static __device__ __forceinline__ void add4(float4 &a, float4 b)
+{
+    a.x += b.x;
+    a.y += b.y;
+    a.z += b.z;
+    a.w += b.w;
+}
 
 static __device__ __forceinline__ int swz(int row, int chunk)
 {
@@ -1005,13 +1013,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
             const float *src = (const float *)fsmem + r * LDS + c;
             float4 v = *(const float4 *)src;
 #pragma unroll
-            for (int g = 1; g < C::KG; g++) {
-                float4 u = *(const float4 *)(src + g * (C::TILE / 4));
-                v.x += u.x;
-                v.y += u.y;
-                v.z += u.z;
-                v.w += u.w;
-            }
+            for (int g = 1; g < C::KG; g++) add4(v, *(const float4 *)(src + g * (C::TILE / 4)));
             st_cluster(recv + rank * SLOT + (r % OWN_ROWS) * LDS + c, r / OWN_ROWS, v);
         }
         cluster_arrive(); /* every block's sums have landed */
@@ -1020,13 +1022,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
             int o = (i / (EP / 4)) * LDS + (i % (EP / 4)) * 4;
             float4 v = *(const float4 *)(recv + o);
 #pragma unroll
-            for (int b = 1; b < SPLIT; b++) {
-                float4 u = *(const float4 *)(recv + b * SLOT + o);
-                v.x += u.x;
-                v.y += u.y;
-                v.z += u.z;
-                v.w += u.w;
-            }
+            for (int b = 1; b < SPLIT; b++) add4(v, *(const float4 *)(recv + b * SLOT + o));
             *(float4 *)(recv + o) = v;
         }
         __syncthreads();
