@@ -232,7 +232,7 @@ struct token_rows {
             if (!ENTROPY) continue;
             float acc = 0;
 #pragma unroll
-            for (int i = 0; i < EPL; i++) acc -= q(x, i) > 0 ? q(x, i) * __logf(q(x, i)) : 0.0f;
+            for (int i = 0; i < EPL; i++) acc -= q(x, i) != 0 ? q(x, i) * __logf(q(x, i)) : 0.0f;
             ent[x] = group_sum<LANES>(acc);
         }
     }
@@ -245,15 +245,18 @@ struct token_rows {
  *  - counts: integer atomics (exact);
  *  - the P_e numerators: each block's fp32 sum (fixed order inside the block) in fixed point
  *    (units of 2^-32, exact for every sum >= 2^-9) added with 64-bit integer atomics, which
- *    are exact and so order-free;
+ *    are exact and so order-free; a NaN sum, which fixed point cannot carry, sets a bit;
  *  - the z and entropy sums: each block writes its two fp32 sums to the scratch, and the block
  *    that arrives last sums them in a fixed tree, in fp64.
  * The accumulators outlive a launch (router_state, zeroed once by the owner); the last block
- * takes them with atomicExch(.., 0), leaving them zero for the next launch, and resets the
- * ticket. So the last block waits for one fence, one ticket and one round of loads. */
+ * takes them with atomicExch(.., 0) (the NaN bits with atomicAnd), leaving them zero for the
+ * next launch, and resets the ticket. So the last block waits for one fence, one ticket and one round of loads. */
 struct router_state {
     unsigned long long mean_fx[MOE_ROUTER_MAX_E];
     int32_t count[MOE_ROUTER_MAX_E];
+    /* bit j: some block's P_e numerator of expert j was NaN, which fixed point cannot carry
+     * (a NaN logit makes its token's scores NaN); the last block writes NaN for it */
+    unsigned nan_bits[MOE_ROUTER_MAX_E / 32];
     unsigned ticket;
 };
 static_assert(sizeof(router_state) <= MOE_ROUTER_STATE_BYTES, "MOE_ROUTER_STATE_BYTES");
@@ -330,6 +333,7 @@ static __device__ void select_reduce(const float *s_mean_sum, const int32_t *s_c
     for (int j = threadIdx.x; j < e; j += blockDim.x) {
         atomicAdd(&st->mean_fx[j], (unsigned long long)__float2ull_rn(s_mean_sum[j] * MEAN_FX));
         if (s_count[j]) atomicAdd(&st->count[j], s_count[j]);
+        if (isnan(s_mean_sum[j])) atomicOr(&st->nan_bits[j / 32], 1u << (j % 32));
     }
     if (threadIdx.x == 0) b_stats[blockIdx.x] = make_float2(zs[0], zs[1]);
     if (!last_to_arrive(&st->ticket, gridDim.x)) return;
@@ -337,8 +341,9 @@ static __device__ void select_reduce(const float *s_mean_sum, const int32_t *s_c
     float2 first = threadIdx.x < gridDim.x ? __ldcg(&b_stats[threadIdx.x]) : make_float2(0, 0);
     for (int j = threadIdx.x; j < e; j += blockDim.x) {
         unsigned long long fx = atomicExch(&st->mean_fx[j], 0ull);
+        unsigned bit = 1u << (j % 32), nan = atomicAnd(&st->nan_bits[j / 32], ~bit) & bit;
         out.count[j] = atomicExch(&st->count[j], 0);
-        out.mean[j] = (float)((double)fx / (double)MEAN_FX * out.inv_n);
+        out.mean[j] = nan ? NAN : (float)((double)fx / (double)MEAN_FX * out.inv_n);
     }
     __shared__ double s_tot[2];
     sum_block_stats(b_stats, gridDim.x, first, s_tot);

@@ -240,6 +240,90 @@ static void test_router(void **state)
     unsetenv("MOE_CUDA_ROUTER");
 }
 
+/* A NaN logit makes its token's scores NaN, so P_e of every expert and both statistics must
+ * come out NaN on both backends (the GPU's fixed-point P_e sums flag it), and the next forward,
+ * on finite data, must not inherit it from the accumulators the launches share. */
+static void run_router_nan_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t *G)
+{
+    int64_t n = rc->n, h = rc->h, e = rc->e, k = rc->k;
+    fprintf(stderr, "router with a NaN, N=%lld H=%lld E=%d K=%d %s\n", (long long)n, (long long)h,
+            rc->e, rc->k, rc->fn == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid");
+    float *wg = rand_f32(rng, h * e, 1.0 / sqrt((double)h));
+    void *dwg = gpu_up_bf16(G, wg, h * e);
+    float *logits = malloc(4 * n * e), *tw = malloc(4 * n * k), pm[512], st[2], g_pm[512], g_st[2];
+    int32_t *idx = malloc(4 * n * k), *counts = malloc(4 * e);
+    moe_router_fwd_t hf = {.n = n, .h = h, .e = rc->e, .k = rc->k, .score_fn = rc->fn,
+                           .renormalize = rc->renorm, .wg = wg, .logits = logits,
+                           .topk_idx = idx, .topk_w = tw, .counts = counts, .score_mean = pm,
+                           .stats = st};
+    moe_router_fwd_t gf = hf;
+    gf.wg = dwg;
+    gf.logits = gpu_poison(G, 4 * n * e, false);
+    gf.topk_idx = gpu_poison(G, 4 * n * k, true);
+    gf.topk_w = gpu_poison(G, 4 * n * k, false);
+    gf.counts = gpu_poison(G, 4 * e, true);
+    for (int pass = 0; pass < 2; pass++) { /* with a NaN, then finite */
+        float *x = rand_f32(rng, n * h, 1.0);
+        if (pass == 0) x[(n / 3) * h + h / 2] = NAN;
+        void *dx = gpu_up_bf16(G, x, n * h);
+        hf.x = x;
+        TEST_OK(G->host.ops->router_forward(G->host.ctx, &hf));
+        gf.x = dx;
+        gf.score_mean = gpu_poison(G, 4 * e, false);
+        gf.stats = gpu_poison(G, 8, false);
+        TEST_OK(G->cuda.ops->router_forward(G->cuda.ctx, &gf));
+        gpu_down_f32(G, g_pm, gf.score_mean, e);
+        gpu_down_f32(G, g_st, gf.stats, 2);
+        if (pass == 0) {
+            for (int32_t j = 0; j < e; j++) {
+                assert_true(isnan(pm[j]));
+                assert_true(isnan(g_pm[j]));
+            }
+            for (int i = 0; i < 2; i++) {
+                assert_true(isnan(st[i]));
+                assert_true(isnan(g_st[i]));
+            }
+        } else {
+            check_close("score_mean after the NaN", g_pm, pm, e, 1e-5);
+            check_close("stats after the NaN", g_st, st, 2, 1e-5);
+        }
+        gpu_free(G, dx);
+        gpu_free(G, gf.score_mean);
+        gpu_free(G, gf.stats);
+        free(x);
+    }
+    void *dev[] = {dwg, gf.logits, gf.topk_idx, gf.topk_w, gf.counts};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(G, dev[i]);
+    free(wg);
+    free(logits);
+    free(tw);
+    free(idx);
+    free(counts);
+}
+
+static void test_router_nan(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed + 1};
+    /* the fused kernel split over clusters of 4 and of 2 (E <= 64), and E = 256 (GEMM +
+     * selection only) */
+    const router_case_t cases[] = {
+        {300, 64, 32, 2, MOE_SCORE_SOFTMAX, true, false},
+        {2500, 64, 48, 3, MOE_SCORE_SIGMOID, true, false},
+        {1000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, false},
+    };
+    const char *modes[] = {"fused", "gemm"};
+    for (int m = 0; m < 2; m++) {
+        setenv("MOE_CUDA_ROUTER", modes[m], 1);
+        gpu_pair_t G;
+        gpu_pair_init(&G);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            run_router_nan_case(&cases[i], &rng, &G);
+        gpu_pair_free(&G);
+    }
+    unsetenv("MOE_CUDA_ROUTER");
+}
+
 /* ---- plan ------------------------------------------------------------------------------ */
 
 /* global: the distributed layer's plan, with other ranks' selections ahead (first, random in
@@ -576,6 +660,7 @@ int main(void)
     seed = test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_router),
+        cmocka_unit_test(test_router_nan),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_experts),

@@ -35,7 +35,7 @@ void ref_forward(const ref_cfg_t *c, const double *x, const double *wg, const do
         for (int32_t j = 0; j < e; j++) {
             double q = s[j] / total;
             pmean[j] += q / (double)n;
-            if (q > 0) entropy -= q * log(q) / (double)n;
+            if (q != 0) entropy -= q * log(q) / (double)n;
         }
         /* selection: repeatedly take the largest key, lower index on ties */
         char *taken = calloc((size_t)e, 1);

@@ -87,7 +87,7 @@ moe_status_t moe_host_router_forward(void *ctx, const moe_router_fwd_t *a)
         z_sum += lse * lse;
         for (int32_t j = 0; j < e; j++) {
             pmean[j] += q[j];
-            if (q[j] > 0) entropy_sum -= q[j] * log(q[j]);
+            if (q[j] != 0) entropy_sum -= q[j] * log(q[j]); /* 0 log 0 = 0; NaN stays NaN */
             key[j] = s[j] + (a->bias ? a->bias[j] : 0.0);
         }
         int32_t *idx = a->topk_idx + t * k;
