@@ -189,6 +189,24 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t
     for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
 }
 
+typedef void (*router_run_t)(const router_case_t *rc, test_rng_t *rng, gpu_pair_t *G);
+
+/* Every case through both forward paths: the fused kernel wherever it applies, and the cuBLAS
+ * GEMM + selection kernel (auto picks one of the two by size). */
+static void each_router_path(const router_case_t *cases, size_t count, test_rng_t *rng,
+                             router_run_t run)
+{
+    const char *modes[] = {"fused", "gemm"};
+    for (int m = 0; m < 2; m++) {
+        setenv("MOE_CUDA_ROUTER", modes[m], 1);
+        gpu_pair_t G;
+        gpu_pair_init(&G);
+        for (size_t i = 0; i < count; i++) run(&cases[i], rng, &G);
+        gpu_pair_free(&G);
+    }
+    unsetenv("MOE_CUDA_ROUTER");
+}
+
 static void test_router(void **state)
 {
     (void)state;
@@ -226,18 +244,7 @@ static void test_router(void **state)
         {1000, 1024, 64, 4, MOE_SCORE_SOFTMAX, true, true},
         {1500, 2056, 32, 4, MOE_SCORE_SIGMOID, true, false},
     };
-    /* every case through both forward paths: the fused kernel wherever it applies, and the
-     * cuBLAS GEMM + selection kernel (auto picks one of the two by size) */
-    const char *modes[] = {"fused", "gemm"};
-    for (int m = 0; m < 2; m++) {
-        setenv("MOE_CUDA_ROUTER", modes[m], 1);
-        gpu_pair_t G;
-        gpu_pair_init(&G);
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-            run_router_case(&cases[i], &rng, &G);
-        gpu_pair_free(&G);
-    }
-    unsetenv("MOE_CUDA_ROUTER");
+    each_router_path(cases, sizeof cases / sizeof cases[0], &rng, run_router_case);
 }
 
 /* A NaN logit makes its token's scores NaN, so P_e of every expert and both statistics must
@@ -312,16 +319,7 @@ static void test_router_nan(void **state)
         {2500, 64, 48, 3, MOE_SCORE_SIGMOID, true, false},
         {1000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, false},
     };
-    const char *modes[] = {"fused", "gemm"};
-    for (int m = 0; m < 2; m++) {
-        setenv("MOE_CUDA_ROUTER", modes[m], 1);
-        gpu_pair_t G;
-        gpu_pair_init(&G);
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-            run_router_nan_case(&cases[i], &rng, &G);
-        gpu_pair_free(&G);
-    }
-    unsetenv("MOE_CUDA_ROUTER");
+    each_router_path(cases, sizeof cases / sizeof cases[0], &rng, run_router_nan_case);
 }
 
 /* ---- plan ------------------------------------------------------------------------------ */
