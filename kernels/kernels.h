@@ -28,8 +28,9 @@ extern "C" {
  * per-block sums. */
 int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e);
 
-/* Bytes of the forward's accumulators that outlive a launch (the statistics' sums over blocks
- * and a completion ticket): zeroed once by the owner; every launch leaves them zero again.
+/* Bytes of the forward's accumulators that outlive a launch (the statistics' sums over blocks,
+ * their NaN flags and a completion ticket): zeroed once by the owner; every launch leaves them
+ * zero again.
  * Launches sharing them must be stream-ordered. */
 #define MOE_ROUTER_STATE_BYTES 6400
 
