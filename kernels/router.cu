@@ -250,7 +250,8 @@ struct token_rows {
  *    that arrives last sums them in a fixed tree, in fp64.
  * The accumulators outlive a launch (router_state, zeroed once by the owner); the last block
  * takes them with atomicExch(.., 0) (the NaN bits with atomicAnd), leaving them zero for the
- * next launch, and resets the ticket. So the last block waits for one fence, one ticket and one round of loads. */
+ * next launch, and resets the ticket. So the last block waits for one fence, one ticket and
+ * one round of loads. */
 struct router_state {
     unsigned long long mean_fx[MOE_ROUTER_MAX_E];
     int32_t count[MOE_ROUTER_MAX_E];

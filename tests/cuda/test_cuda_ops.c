@@ -257,7 +257,8 @@ static void run_router_nan_case(const router_case_t *rc, test_rng_t *rng, gpu_pa
             rc->e, rc->k, rc->fn == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid");
     float *wg = rand_f32(rng, h * e, 1.0 / sqrt((double)h));
     void *dwg = gpu_up_bf16(G, wg, h * e);
-    float *logits = malloc(4 * n * e), *tw = malloc(4 * n * k), pm[512], st[2], g_pm[512], g_st[2];
+    float *logits = malloc(4 * n * e), *tw = malloc(4 * n * k), st[2], g_st[2];
+    float pm[MOE_ROUTER_MAX_E], g_pm[MOE_ROUTER_MAX_E];
     int32_t *idx = malloc(4 * n * k), *counts = malloc(4 * e);
     moe_router_fwd_t hf = {.n = n, .h = h, .e = rc->e, .k = rc->k, .score_fn = rc->fn,
                            .renormalize = rc->renorm, .wg = wg, .logits = logits,
