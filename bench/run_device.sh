@@ -9,9 +9,9 @@
 #   summed by bench/kernel_times.py into $OUT/profile.txt; trace: the timeline of the same
 #   layer steps (bench/trace.c, CUPTI) in $OUT/trace.txt, also of each $MOE_AB_TREE's bench_moe
 #   when set; algos: bench/gemm_algos.c ($MOE_ALGOS_GROUP: one group); ab: bench_moe of this
-#   tree and of each tree in $MOE_AB_TREE (source trees carried with the call) or this one
-#   under the environment $MOE_AB_ENV, taking turns, 3 rounds, parts $MOE_BENCH_PART (default
-#   router);
+#   tree, of each tree in $MOE_AB_TREE (source trees carried with the call) and of this one
+#   under each environment of $MOE_AB_ENV (';'-separated), taking turns, 3 rounds, parts
+#   $MOE_BENCH_PART (default router);
 #   ncu: one kernel's counters; kernels: every kernel's own time in the router bench of some
 #   shapes
 set -uo pipefail
@@ -119,13 +119,18 @@ tree_sides() {
   done
 }
 if has ab; then
-  # the other sides: the trees of $MOE_AB_TREE, or this binary under the environment
+  # the other sides: the trees of $MOE_AB_TREE, and this binary under each environment of
   # $MOE_AB_ENV (e.g. "MOE_CUDA_ROUTER=gemm")
   tree_sides || exit 1
-  if [ -z "${MOE_AB_TREE:-}" ]; then
-    bin[other]=$B/bench/bench_moe envs[other]=${MOE_AB_ENV:?ab needs MOE_AB_TREE or MOE_AB_ENV}
-    sides+=(other)
-  fi
+  [ -n "${MOE_AB_TREE:-}${MOE_AB_ENV:-}" ] || { echo "ab needs MOE_AB_TREE or MOE_AB_ENV"; exit 1; }
+  # each ';'-separated environment of $MOE_AB_ENV is one more side, env1, env2, ...
+  IFS=';' read -r -a ab_envs <<<"${MOE_AB_ENV:-}"
+  for i in "${!ab_envs[@]}"; do
+    side=env$((i + 1))
+    bin[$side]=$B/bench/bench_moe envs[$side]=${ab_envs[$i]}
+    sides+=("$side")
+    echo "$side: ${ab_envs[$i]}"
+  done
   if [ -n "${MOE_AB_ARGS:-}" ]; then runs=("$MOE_AB_ARGS"); else runs=(${MOE_BENCH_PART:-router}); fi
   for round in $(seq "${MOE_AB_ROUNDS:-3}"); do
     # the order of the sides reverses every round, so that drift within the call favours none
