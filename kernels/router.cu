@@ -1074,7 +1074,8 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
 
 static int64_t fused_tiles(int64_t n, int bm) { return (n + bm - 1) / bm; }
 
-/* tokens a tile, by cluster size: the one rule the grid and the kernel's template share */
+/* tokens a tile, by cluster size: the one rule the grid (fused_blocks) and the kernel's
+ * template (launch_fused) share */
 static constexpr int fused_tile_tokens(int split)
 {
     return split == 2 ? FUSED_SPLIT2_BM : FUSED_BM;
@@ -1107,13 +1108,14 @@ extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void
 
 extern "C" bool moe_cuda_router_fused_splits(int64_t n) { return fused_split(n) > 1; }
 
-template <int BM, int LANES, int SPLIT>
+template <int LANES, int SPLIT>
 static cudaError_t launch_fused(int dev, const void *x, const void *wg, const float *bias,
                                 int64_t n, int64_t h, int32_t e, int32_t k, int score_fn,
                                 bool renorm, float *logits, int32_t *topk_idx, float *topk_w,
                                 float *scratch, void *state, int32_t *counts, float *score_mean,
                                 float *stats, cudaStream_t stream)
 {
+    constexpr int BM = fused_tile_tokens(SPLIT);
     auto kernel = router_fused<BM, LANES, SPLIT>;
     using C = fused::cfg<BM, SPLIT>;
     /* the shared-memory limit is per device: raise it once on each (idempotent) */
@@ -1166,9 +1168,9 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
             return kernel(dev, x, wg, bias, n, h, e, k, score_fn, renormalize, logits, topk_idx,
                           topk_w, scratch, state, counts, score_mean, stats, stream);
         };
-        cudaError_t r = split == 4   ? go(launch_fused<fused_tile_tokens(4), L, 4>)
-                        : split == 2 ? go(launch_fused<fused_tile_tokens(2), L, 2>)
-                                     : go(launch_fused<fused_tile_tokens(1), L, 1>);
+        cudaError_t r = split == 4   ? go(launch_fused<L, 4>)
+                        : split == 2 ? go(launch_fused<L, 2>)
+                                     : go(launch_fused<L, 1>);
         return r != cudaSuccess ? r : cudaGetLastError();
     };
     switch (select_lanes(e)) { /* the selection's lanes a token: 1 to 8 for E <= 64 */
