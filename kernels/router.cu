@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "sm90.cuh"
 
 #define WARPS 8               /* warps per block in the per-token kernels */
 /* router_select's occupancy with 8 experts a lane, two tokens a warp pass (selector::tokens<2>):
@@ -725,6 +726,7 @@ constexpr int EP = 64, BK = 64, THREADS = 256, NWARPS = THREADS / 32;
 constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 bytes */
 constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
+constexpr int SMEM_ALIGN = 1024; /* slack to align the dynamic shared memory (router_fused) */
 
 template <int BM, int SPLIT = 1>
 struct cfg {
@@ -734,7 +736,7 @@ struct cfg {
      * each group with its own partial tile, so that each A fragment is read from shared
      * memory twice instead of four times (fourteenth session, call 6, N=4096: KG = 2 0.1-0.4
      * us ahead of KG = 4; 4 stages 0.3-0.5 us and 6 up to 0.3 behind 8) */
-    static constexpr int STAGES = BM == 64 ? 8 : 4, KG = BM == 64 ? 2 : 1;
+    static constexpr int ROWS = BM, STAGES = BM == 64 ? 8 : 4, KG = BM == 64 ? 2 : 1;
     static constexpr int WM = BM / 32, WN = NWARPS / KG / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
     static constexpr int KK = BK / 16 / KG; /* k16 steps a warp per hidden tile */
     static constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = A_BYTES + BK * ROW_BYTES;
@@ -773,27 +775,6 @@ static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src,
 static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N>
 static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-/* four 8x8 b16 matrices; .trans delivers them column-wise (the mma's B operand) */
-template <bool TRANS>
-static __device__ __forceinline__ void ldsm(uint32_t *r, uint32_t addr)
-{
-    if constexpr (!TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* One thread's share of the tile copies: chunk `lc` of rows lr + PASS_ROWS * j, for x and wg.
  * Sources advance by one 64-wide hidden tile per step; smem offsets are fixed. */
@@ -887,60 +868,104 @@ static __device__ __forceinline__ void st_cluster(float *local, unsigned rank, f
                  "f"(v.y), "f"(v.z), "f"(v.w)
                  : "memory");
 }
-} /* namespace fused */
 
-/* SPLIT > 1: a cluster of SPLIT blocks shares one BM-token tile, block r of it walking the
- * r-th part of H; each block sends its partial sums of rows [r BM / SPLIT, (r + 1) BM / SPLIT)
- * into block r's shared memory, which sums them in block order (so the logits do not depend
- * on timing) and selects those rows. Pushing the partials (fourteenth session) instead of
- * each block pulling the others' tiles spares the second cluster barrier that kept a block
- * from leaving while others still read its tile. */
-template <int BM, int LANES, int SPLIT>
-__global__ void __launch_bounds__(fused::THREADS, SPLIT == 1 ? 2 : 1)
-router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
-             const float *__restrict__ bias, int64_t n, int64_t h, int e, int k, int score_fn,
-             bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
-             float *__restrict__ topk_w, float *scratch, router_state *state,
-             int32_t *__restrict__ counts, float *__restrict__ score_mean,
-             float *__restrict__ stats)
+/* The walk over this block's hidden tiles [kt0, kt0 + ktiles) (copier `cp`): x and wg tiles
+ * stream through the cp.async ring and their products accumulate on the tensor cores; it ends
+ * with the block's partial logits tile in shared memory (KG of them, one a k-group, over the
+ * ring, which is free by then), visible to all threads, and returns the first. `smem` is the
+ * block's 1024-byte aligned dynamic shared memory, `ring` its shared address. Two forms, by
+ * the image being compiled: */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* sm_90a: wgmma m64n64k16. Warpgroup g takes rows 64 g of every k16 step (128-token tiles)
+ * or all 64 rows of the k16 steps of k-group g (64-token tiles), straight from the stages: the
+ * copies' XOR swizzle by row is wgmma's 128-byte swizzle (x K-major, wg N-major), and the
+ * stages are 1024-byte aligned. A stage's products run asynchronously, one group of them stays
+ * in flight (wait_group 1), so a stage is refilled two steps after it was read: one stage less
+ * ahead than the mma.sync form. Against that form in one binary (sixteenth session, call 4):
+ * N=4096 H=2048 15.6-15.7 vs 16.9-17.1 us, N=2048 11.7-12.0 vs 12.8-12.9, N=65536 H=4096
+ * 0.1504-0.1507 vs 0.1546-0.1549 ms; the mma.sync walk's products had cost ~2.8 us of the
+ * 17.2 at N=4096 (call 3: 14.4 us with them skipped). */
+template <class C>
+static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem, int ktiles)
 {
-    using namespace fused;
-    using C = cfg<BM, SPLIT>;
-    constexpr int GROUPS = 32 / LANES;
-    extern __shared__ __align__(128) unsigned char fsmem[];
-    float *s_mean = (float *)(fsmem + C::MAIN);
-    int32_t *s_count = (int32_t *)(s_mean + NWARPS * e);
-    float *s_stats = (float *)(s_count + e);
-    uint32_t ring = (uint32_t)__cvta_generic_to_shared(fsmem);
+    static_assert(C::ROWS * C::KG == 2 * 64 && THREADS == 2 * 128 && C::STAGES >= 3,
+                  "two warpgroups of 64 rows or of half the k16 steps");
+    int g = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+    int kg = C::KG == 1 ? 0 : g, row0 = C::KG == 1 ? 64 * g : 0;
+#pragma unroll
+    for (int st = 0; st < C::STAGES - 2; st++) {
+        if (st < ktiles) cp.issue(ring + st * C::STAGE_BYTES);
+        cp_commit();
+    }
+    float d[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) d[i] = 0.0f;
+    sm90::fence_acc(d);
+    uint32_t use = ring, load = ring + (C::STAGES - 2) * C::STAGE_BYTES;
+    const uint32_t ring_end = ring + C::STAGES * C::STAGE_BYTES;
+    for (int kt = 0; kt < ktiles; kt++) {
+        cp_wait<C::STAGES - 3>(); /* tile kt has landed (this thread's part) */
+        sm90::fence_proxy_async_smem();
+        __syncthreads(); /* ... everyone's; and the products of step kt-2 have read their stage */
+        if (kt + C::STAGES - 2 < ktiles) cp.issue(load);
+        cp_commit();
+        load = load + C::STAGE_BYTES == ring_end ? ring : load + C::STAGE_BYTES;
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int q = 0; q < C::KK; q++) {
+            int kk = kg * C::KK + q;
+            uint64_t da = sm90::smem_desc(use + row0 * ROW_BYTES + kk * 32, 16, 1024);
+            uint64_t db = sm90::smem_desc(use + C::A_BYTES + kk * 16 * ROW_BYTES, 8192, 1024);
+            sm90::wgmma_m64n64k16<1>(d, da, db);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<1>();
+        use = use + C::STAGE_BYTES == ring_end ? ring : use + C::STAGE_BYTES;
+    }
+    sm90::wgmma_wait<0>();
+    sm90::fence_acc(d);
+    cp_wait<0>();
+    __syncthreads(); /* the ring is free: the logits tiles take its place */
+    float *tile = (float *)(smem + kg * C::TILE);
+#pragma unroll
+    for (int i = 0; i < 8; i++) { /* wgmma's accumulator layout: n8 block i of 16 rows a warp */
+        int row = row0 + 16 * warp + (lane >> 2), col = 8 * i + 2 * (lane & 3);
+        *(float2 *)(tile + row * LDS + col) = make_float2(d[4 * i], d[4 * i + 1]);
+        *(float2 *)(tile + (row + 8) * LDS + col) = make_float2(d[4 * i + 2], d[4 * i + 3]);
+    }
+    __syncthreads();
+    return (float *)smem;
+}
+#else
+/* four 8x8 b16 matrices; .trans delivers them column-wise (the mma's B operand) */
+template <bool TRANS>
+static __device__ __forceinline__ void ldsm(uint32_t *r, uint32_t addr)
+{
+    if constexpr (!TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* other images: mma.sync m16n8k16 from ldmatrix fragments; warp (wm, wn) of k-group kg holds
+ * 32 tokens x NT n8 tiles of experts */
+template <class C>
+static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem, int ktiles)
+{
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int kg = warp / (C::WM * C::WN), wq = warp % (C::WM * C::WN);
     int wm = wq / C::WN, wn = wq % C::WN;
-    unsigned rank = SPLIT == 1 ? 0 : cluster_rank();
-    int64_t m0 = (int64_t)(blockIdx.x / SPLIT) * BM;
-    /* this block's hidden tiles [kt0, kt0 + ktiles) */
-    int kt_all = (int)((h + BK - 1) / BK), kt_part = (kt_all + SPLIT - 1) / SPLIT;
-    int kt0 = min(kt_all, (int)rank * kt_part), ktiles = min(kt_all, kt0 + kt_part) - kt0;
-    int64_t h0 = (int64_t)kt0 * BK;
-    int64_t hlen = max((int64_t)0, min(h, h0 + (int64_t)ktiles * BK) - h0);
-
-    /* wg chunks past E are never copied: zero them once in every stage */
-    for (int i = threadIdx.x; i < C::STAGES * BK * 8; i += THREADS) {
-        int st = i / (BK * 8), r = (i / 8) % BK, c = i % 8;
-        if (c >= (e >> 3))
-            *(uint4 *)(fsmem + st * C::STAGE_BYTES + C::A_BYTES + swz(r, c)) = make_uint4(0, 0, 0, 0);
-    }
-    for (int j = threadIdx.x; j < e; j += THREADS) s_count[j] = 0;
-
-    /* split: the others' shared memory may be written only once they run; this phase of the
-     * cluster barrier is waited for just before the first such write */
-    if constexpr (SPLIT > 1) cluster_arrive_relaxed();
-
-    copier<C> cp(x, wg, m0, n, h, h0, hlen, e);
-    /* launched as a programmatic dependent of the kernel before it: everything above overlaps
-     * that kernel's end, global memory is touched only from here; and the next kernel may
-     * launch (it waits likewise for this grid to complete) */
-    cudaGridDependencySynchronize();
-    cudaTriggerProgrammaticLaunchCompletion();
 #pragma unroll
     for (int st = 0; st < C::STAGES - 1; st++) {
         if (st < ktiles) cp.issue(ring + st * C::STAGE_BYTES);
@@ -999,7 +1024,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     cp_wait<0>();
     __syncthreads(); /* the ring is free: the logits tile takes its place */
 
-    float *tile = (float *)(fsmem + kg * C::TILE); /* this k-group's partial tile */
+    float *tile = (float *)(smem + kg * C::TILE); /* this k-group's partial tile */
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -1009,6 +1034,66 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
             *(float2 *)(tile + (row + 8) * LDS + col) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
         }
     __syncthreads();
+    return (float *)smem;
+}
+#endif
+} /* namespace fused */
+
+/* SPLIT > 1: a cluster of SPLIT blocks shares one BM-token tile, block r of it walking the
+ * r-th part of H; each block sends its partial sums of rows [r BM / SPLIT, (r + 1) BM / SPLIT)
+ * into block r's shared memory, which sums them in block order (so the logits do not depend
+ * on timing) and selects those rows. Pushing the partials (fourteenth session) instead of
+ * each block pulling the others' tiles spares the second cluster barrier that kept a block
+ * from leaving while others still read its tile. */
+template <int BM, int LANES, int SPLIT>
+__global__ void __launch_bounds__(fused::THREADS, SPLIT == 1 ? 2 : 1)
+router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
+             const float *__restrict__ bias, int64_t n, int64_t h, int e, int k, int score_fn,
+             bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
+             float *__restrict__ topk_w, float *scratch, router_state *state,
+             int32_t *__restrict__ counts, float *__restrict__ score_mean,
+             float *__restrict__ stats)
+{
+    using namespace fused;
+    using C = cfg<BM, SPLIT>;
+    constexpr int GROUPS = 32 / LANES;
+    extern __shared__ __align__(128) unsigned char fsmem_raw[];
+    /* 1024-byte aligned (the launch adds the slack): wgmma's 128-byte swizzle repeats every
+     * 1024 bytes from an aligned address, and the copies' swizzle counts rows from the stage */
+    uint32_t ring = (uint32_t)__cvta_generic_to_shared(fsmem_raw);
+    unsigned char *fsmem = fsmem_raw + ((1024 - (ring & 1023)) & 1023);
+    ring = (uint32_t)__cvta_generic_to_shared(fsmem);
+    float *s_mean = (float *)(fsmem + C::MAIN);
+    int32_t *s_count = (int32_t *)(s_mean + NWARPS * e);
+    float *s_stats = (float *)(s_count + e);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned rank = SPLIT == 1 ? 0 : cluster_rank();
+    int64_t m0 = (int64_t)(blockIdx.x / SPLIT) * BM;
+    /* this block's hidden tiles [kt0, kt0 + ktiles) */
+    int kt_all = (int)((h + BK - 1) / BK), kt_part = (kt_all + SPLIT - 1) / SPLIT;
+    int kt0 = min(kt_all, (int)rank * kt_part), ktiles = min(kt_all, kt0 + kt_part) - kt0;
+    int64_t h0 = (int64_t)kt0 * BK;
+    int64_t hlen = max((int64_t)0, min(h, h0 + (int64_t)ktiles * BK) - h0);
+
+    /* wg chunks past E are never copied: zero them once in every stage */
+    for (int i = threadIdx.x; i < C::STAGES * BK * 8; i += THREADS) {
+        int st = i / (BK * 8), r = (i / 8) % BK, c = i % 8;
+        if (c >= (e >> 3))
+            *(uint4 *)(fsmem + st * C::STAGE_BYTES + C::A_BYTES + swz(r, c)) = make_uint4(0, 0, 0, 0);
+    }
+    for (int j = threadIdx.x; j < e; j += THREADS) s_count[j] = 0;
+
+    /* split: the others' shared memory may be written only once they run; this phase of the
+     * cluster barrier is waited for just before the first such write */
+    if constexpr (SPLIT > 1) cluster_arrive_relaxed();
+
+    copier<C> cp(x, wg, m0, n, h, h0, hlen, e);
+    /* launched as a programmatic dependent of the kernel before it: everything above overlaps
+     * that kernel's end, global memory is touched only from here; and the next kernel may
+     * launch (it waits likewise for this grid to complete) */
+    cudaGridDependencySynchronize();
+    cudaTriggerProgrammaticLaunchCompletion();
+    float *tile = walk<C>(cp, ring, fsmem, ktiles);
     int rows = (int)min((int64_t)BM, n - m0), q4 = e / 4;
     if constexpr (SPLIT > 1) {
         /* each block sends its partial (its k-groups summed in order) of every block's rows
@@ -1121,7 +1206,7 @@ static cudaError_t launch_fused(int dev, const void *x, const void *wg, const fl
     /* the shared-memory limit is per device: raise it once on each (idempotent) */
     static bool sized[64];
     if (dev >= 64 || !sized[dev]) {
-        int most = (int)(C::MAIN + select_smem(fused::NWARPS, fused::EP));
+        int most = (int)(fused::SMEM_ALIGN + C::MAIN + select_smem(fused::NWARPS, fused::EP));
         cudaError_t rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               most);
         if (rc != cudaSuccess) return rc;
@@ -1139,7 +1224,7 @@ static cudaError_t launch_fused(int dev, const void *x, const void *wg, const fl
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)nb);
     cfg.blockDim = dim3(fused::THREADS);
-    cfg.dynamicSmemBytes = C::MAIN + select_smem(fused::NWARPS, e);
+    cfg.dynamicSmemBytes = fused::SMEM_ALIGN + C::MAIN + select_smem(fused::NWARPS, e);
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = SPLIT > 1 ? 2 : 1;

@@ -1,8 +1,8 @@
 /*
- * Hopper (sm_90a) building blocks of the TMA + wgmma kernels (swiglu_gemm_sm90.cu):
- * mbarriers, TMA tensor loads, wgmma descriptors and the m64n256k16 product, the host's
- * tensor-map encoding and the check that a device runs an sm_90a image. Device code here only
- * compiles for sm_90a.
+ * Hopper (sm_90a) building blocks of the TMA + wgmma kernels (swiglu_gemm_sm90.cu, and the
+ * fused router's walk in router.cu's sm_90a image): mbarriers, TMA tensor loads, wgmma
+ * descriptors and the m64n256k16 and m64n64k16 products, the host's tensor-map encoding and
+ * the check that a device runs an sm_90a image. Device code here only compiles for sm_90a.
  */
 #ifndef MOE_SM90_CUH
 #define MOE_SM90_CUH
@@ -89,11 +89,36 @@ template <int N> __device__ __forceinline__ void wgmma_wait()
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+/* Orders this thread's generic-proxy writes to shared memory (st.shared, cp.async) before
+ * wgmma's reads of it, which go through the async proxy. */
+__device__ __forceinline__ void fence_proxy_async_smem()
+{
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 /* Keeps the compiler from moving accumulator accesses across the asynchronous wgmma. */
-__device__ __forceinline__ void fence_acc(float (&d)[128])
+template <int N> __device__ __forceinline__ void fence_acc(float (&d)[N])
 {
 #pragma unroll
-    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* d += A . B for a 64 x 64 x 16 step; TRANS_B: B is N-major in shared memory. */
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" /* scale-d: accumulate */
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, %34;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "l"(desc_a), "l"(desc_b), "n"(TRANS_B));
 }
 
 /* d (+)= A . B for a 64 x 256 x 16 step; TRANS_B: B is N-major in shared memory. */

@@ -16,7 +16,10 @@ if [ -d "$_deps/include" ]; then
 fi
 OUT=${OUT:-/tmp/moe-out}
 mkdir -p "$OUT"
-# device_configure [cmake -D options...]: the Release sm_90 CUDA build every device script uses
+# device_configure [cmake -D options...]: the Release CUDA build every device script uses, for
+# the project's default architectures unless $MOE_CUDA_ARCH names others (90: the sm_90 image
+# alone, e.g. to test the kernels' non-sm_90a forms on the H200)
 device_configure() {
-  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMOE_CUDA=ON "$@"
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON \
+    ${MOE_CUDA_ARCH:+-DCMAKE_CUDA_ARCHITECTURES=$MOE_CUDA_ARCH} "$@"
 }

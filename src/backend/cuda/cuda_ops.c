@@ -46,11 +46,13 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
  * N=1024 H=512 11.5-12.2 us, N=2048 H=1024 12.7-13.4 (11 runs, calls 4-5), against GEMM +
  * selection's 10.9-11.8 and 11.8-13.4 in the same calls; the one launch is taken up to
  * H = 1024 for its steadiness (the GEMM path's 12.3-17.5 at N=2048 in the twelfth session's
- * 30 runs), while at N=4096 H=2048 GEMM + selection stays ahead (16.8-17.3 vs 19.8-20.4;
- * fourteenth session, with clusters of 2 there: 15.7-17.7, one call 16.0-21.6, vs 16.6-17.3). */
+ * 30 runs); at N=4096 H=2048 GEMM + selection stayed ahead of the mma.sync walk (16.8-17.3
+ * vs 19.8-20.4; fourteenth session, with clusters of 2 there: 15.7-17.7, one call 16.0-21.6,
+ * vs 16.6-17.3; fifteenth: 16.1-16.6 vs 16.4-16.7), but not of the sm_90a image's wgmma walk
+ * (sixteenth session, call 5: 15.5 vs 16.9), so the split kernel is taken up to H = 2048. */
 #define FUSED_MIN_TOKENS (128 * 264)
 #define FUSED_MAX_SHORT_H 512
-#define FUSED_MAX_SPLIT_H 1024
+#define FUSED_MAX_SPLIT_H 2048
 
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
 {
