@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 7 on one machine with 2+ GPUs, one MPI rank per GPU (NCCL), in one call:
 #   info   GPUs (nvidia-smi -L, topology), driver, MPI, NCCL header version
-#   build  Release, sm_90, MOE_CUDA=ON, examples off: test_dist_layer_np2, test_comm_device,
+#   build  Release, default architectures, MOE_CUDA=ON, examples off: test_dist_layer_np2, test_comm_device,
 #          bench_dist_layer (each target on its own)
 #   layer  the distributed layer against one rank on the concatenated batch, every mesh of
 #          NGPU ranks, CUDA backend, NCCL communicators (bf16 bounds)
