@@ -726,7 +726,7 @@ constexpr int EP = 64, BK = 64, THREADS = 256, NWARPS = THREADS / 32;
 constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 bytes */
 constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
-constexpr int SMEM_ALIGN = 1024; /* slack to align the dynamic shared memory (router_fused) */
+constexpr uint32_t SMEM_ALIGN = 1024; /* router_fused's dynamic shared memory: alignment, slack */
 
 template <int BM, int SPLIT = 1>
 struct cfg {
@@ -1058,10 +1058,11 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     using C = cfg<BM, SPLIT>;
     constexpr int GROUPS = 32 / LANES;
     extern __shared__ __align__(128) unsigned char fsmem_raw[];
-    /* 1024-byte aligned (the launch adds the slack): wgmma's 128-byte swizzle repeats every
-     * 1024 bytes from an aligned address, and the copies' swizzle counts rows from the stage */
+    /* SMEM_ALIGN-byte aligned (the launch adds the slack): wgmma's 128-byte swizzle repeats
+     * every 1024 bytes from an aligned address, and the copies' swizzle counts rows from the
+     * stage */
     uint32_t ring = (uint32_t)__cvta_generic_to_shared(fsmem_raw);
-    unsigned char *fsmem = fsmem_raw + ((1024 - (ring & 1023)) & 1023);
+    unsigned char *fsmem = fsmem_raw + ((SMEM_ALIGN - (ring % SMEM_ALIGN)) % SMEM_ALIGN);
     ring = (uint32_t)__cvta_generic_to_shared(fsmem);
     float *s_mean = (float *)(fsmem + C::MAIN);
     int32_t *s_count = (int32_t *)(s_mean + NWARPS * e);
