@@ -1062,8 +1062,9 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
      * every 1024 bytes from an aligned address, and the copies' swizzle counts rows from the
      * stage */
     uint32_t ring = (uint32_t)__cvta_generic_to_shared(fsmem_raw);
-    unsigned char *fsmem = fsmem_raw + ((SMEM_ALIGN - (ring % SMEM_ALIGN)) % SMEM_ALIGN);
-    ring = (uint32_t)__cvta_generic_to_shared(fsmem);
+    uint32_t pad = (SMEM_ALIGN - ring % SMEM_ALIGN) % SMEM_ALIGN;
+    unsigned char *fsmem = fsmem_raw + pad;
+    ring += pad;
     float *s_mean = (float *)(fsmem + C::MAIN);
     int32_t *s_count = (int32_t *)(s_mean + NWARPS * e);
     float *s_stats = (float *)(s_count + e);
