@@ -760,6 +760,13 @@ static __device__ __forceinline__ void add4(float4 &a, float4 b)
     a.w += b.w;
 }
 
+/* the stage after `st` in the ring of C::STAGES stages from `ring` */
+template <class C>
+static __device__ __forceinline__ uint32_t next_stage(uint32_t st, uint32_t ring)
+{
+    return st + C::STAGE_BYTES == ring + C::RING ? ring : st + C::STAGE_BYTES;
+}
+
 static __device__ __forceinline__ int swz(int row, int chunk)
 {
     return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
@@ -902,14 +909,13 @@ static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem,
     for (int i = 0; i < 32; i++) d[i] = 0.0f;
     sm90::fence_acc(d);
     uint32_t use = ring, load = ring + (C::STAGES - 2) * C::STAGE_BYTES;
-    const uint32_t ring_end = ring + C::STAGES * C::STAGE_BYTES;
     for (int kt = 0; kt < ktiles; kt++) {
         cp_wait<C::STAGES - 3>(); /* tile kt has landed (this thread's part) */
         sm90::fence_proxy_async_smem();
         __syncthreads(); /* ... everyone's; and the products of step kt-2 have read their stage */
         if (kt + C::STAGES - 2 < ktiles) cp.issue(load);
         cp_commit();
-        load = load + C::STAGE_BYTES == ring_end ? ring : load + C::STAGE_BYTES;
+        load = next_stage<C>(load, ring);
         sm90::wgmma_fence();
 #pragma unroll
         for (int q = 0; q < C::KK; q++) {
@@ -920,7 +926,7 @@ static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem,
         }
         sm90::wgmma_commit();
         sm90::wgmma_wait<1>();
-        use = use + C::STAGE_BYTES == ring_end ? ring : use + C::STAGE_BYTES;
+        use = next_stage<C>(use, ring);
     }
     sm90::wgmma_wait<0>();
     sm90::fence_acc(d);
@@ -999,13 +1005,12 @@ static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem,
             for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.0f;
 
     uint32_t use = ring, load = ring + (C::STAGES - 1) * C::STAGE_BYTES;
-    const uint32_t ring_end = ring + C::STAGES * C::STAGE_BYTES;
     for (int kt = 0; kt < ktiles; kt++) {
         cp_wait<C::STAGES - 2>(); /* tile kt has landed (this thread's part) */
         __syncthreads();       /* ... everyone's; and the stage read in step kt-1 is free */
         if (kt + C::STAGES - 1 < ktiles) cp.issue(load);
         cp_commit();
-        load = load + C::STAGE_BYTES == ring_end ? ring : load + C::STAGE_BYTES;
+        load = next_stage<C>(load, ring);
 #pragma unroll
         for (int q = 0; q < C::KK; q++) {
             uint32_t af[2][4], bf[C::NT][2];
@@ -1019,7 +1024,7 @@ static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem,
 #pragma unroll
                 for (int nt = 0; nt < C::NT; nt++) mma_bf16(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
         }
-        use = use + C::STAGE_BYTES == ring_end ? ring : use + C::STAGE_BYTES;
+        use = next_stage<C>(use, ring);
     }
     cp_wait<0>();
     __syncthreads(); /* the ring is free: the logits tile takes its place */
