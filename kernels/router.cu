@@ -242,24 +242,45 @@ struct token_rows {
 /* ---- forward: selection and statistics ------------------------------------------------------ */
 
 /* The statistics are summed over the blocks in a way that does not depend on which block
- * finishes first, without float atomics:
- *  - counts: integer atomics (exact);
- *  - the P_e numerators: each block's fp32 sum (fixed order inside the block) in fixed point
- *    (units of 2^-32, exact for every sum >= 2^-9) added with 64-bit integer atomics, which
- *    are exact and so order-free; a NaN sum, which fixed point cannot carry, sets a bit;
+ * finishes first, without float atomics. Each block's sums (fixed order inside the block) reach
+ * the outputs in one of two ways.
+ *
+ * Few tokens and blocks (fits_words: N < 2^13, at most 255 blocks), where the tail after the
+ * selection is most of the time: every block adds its share of an expert, or of a statistic,
+ * to one 64-bit word together with its arrival, in one integer atomic (exact, so
+ * order-free). The block whose addition completes a word (it saw every other block's
+ * arrival) writes that output from the word and zeroes it. No ticket, no fence, no last block.
+ *  - expert words (mean_fx[j]): bits 0-34 the P_e numerator in units of 2^-22 (N < 2^13
+ *    scores <= 1 stay below 2^35), 35-47 the count, 48-55 arrivals, 56-63 blocks whose
+ *    numerator was NaN (the output is NaN then);
+ *  - statistic words (z, entropy): bits 0-47 the sum in fixed point, 48-55 arrivals, 56-63
+ *    blocks whose sum was outside [0, 2^40 units) or NaN. Those blocks (z past 2^16: a
+ *    32-token block's |lse| near 45 on average) put their fp32 sum in `spill` before a fenced
+ *    addition instead; the block that completes the word adds them in block order, in fp64.
+ *
+ * Otherwise, through a ticket:
+ *  - counts: integer atomics;
+ *  - the P_e numerators: in fixed point (units of 2^-32, exact for every sum >= 2^-9) added
+ *    with 64-bit integer atomics; a NaN sum, which fixed point cannot carry, sets a bit;
  *  - the z and entropy sums: each block writes its two fp32 sums to the scratch, and the block
  *    that arrives last sums them in a fixed tree, in fp64.
- * The accumulators outlive a launch (router_state, zeroed once by the owner); the last block
- * takes them with atomicExch(.., 0) (the NaN bits with atomicAnd), leaving them zero for the
- * next launch, and resets the ticket. So the last block waits for one ticket (an
- * acquire-release atomic) and one round of loads. */
+ *   The last block takes the accumulators with atomicExch(.., 0) (the NaN bits with
+ *   atomicAnd) and resets the ticket. So it waits for one ticket (an acquire-release atomic)
+ *   and one round of loads.
+ *
+ * The accumulators outlive a launch (router_state, zeroed once by the owner); both ways leave
+ * them zero for the next launch. */
+#define WORDS_MAX_TOKENS 8191
+#define WORDS_MAX_BLOCKS 255
 struct router_state {
-    unsigned long long mean_fx[MOE_ROUTER_MAX_E];
+    unsigned long long mean_fx[MOE_ROUTER_MAX_E]; /* the P_e numerators, or the expert words */
     int32_t count[MOE_ROUTER_MAX_E];
     /* bit j: some block's P_e numerator of expert j was NaN, which fixed point cannot carry
      * (a NaN logit makes its token's scores NaN); the last block writes NaN for it */
     unsigned nan_bits[MOE_ROUTER_MAX_E / 32];
     unsigned ticket;
+    unsigned long long stat_words[2];
+    float spill[WORDS_MAX_BLOCKS][2];
 };
 static_assert(sizeof(router_state) <= MOE_ROUTER_STATE_BYTES, "MOE_ROUTER_STATE_BYTES");
 
@@ -269,6 +290,7 @@ struct select_outputs {
     float *mean, *stats;
     int32_t *count;
     int e;
+    int64_t n;
     double inv_n;
 };
 
@@ -329,11 +351,94 @@ static __device__ void sum_block_stats(const float2 *b_stats, int nb, float2 fir
     }
 }
 
-/* Called by every block with its column sums (P_e numerators in s_mean_sum, counts in s_count,
- * z and entropy in zs) once they are final; the last block writes the outputs. */
-static __device__ void select_reduce(const float *s_mean_sum, const int32_t *s_count,
-                                     const float (&zs)[2], int e, float *scratch,
-                                     router_state *st, const select_outputs &out)
+static __device__ bool fits_words(int64_t n)
+{
+    return n <= WORDS_MAX_TOKENS && gridDim.x <= WORDS_MAX_BLOCKS;
+}
+
+namespace words {
+constexpr int COUNT_AT = 35, ARRIVAL_AT = 48, FLAG_AT = 56;
+constexpr unsigned long long ARRIVAL = 1ull << ARRIVAL_AT, FLAG = 1ull << FLAG_AT;
+constexpr float MEAN_UNITS = 4194304.0f;           /* 2^22 */
+constexpr float STAT_SHARE_MAX = 1099511627776.0f; /* 2^40 units a block */
+static_assert(WORDS_MAX_TOKENS < 1 << (ARRIVAL_AT - COUNT_AT), "counts fit their field");
+static_assert((WORDS_MAX_TOKENS + 1) * (double)MEAN_UNITS <= (double)(1ull << COUNT_AT),
+              "P_e numerators fit their field");
+static_assert(WORDS_MAX_BLOCKS < 1 << (FLAG_AT - ARRIVAL_AT), "arrivals and flags fit");
+static_assert(WORDS_MAX_BLOCKS * (double)STAT_SHARE_MAX <= (double)(1ull << ARRIVAL_AT),
+              "statistic sums fit their field");
+
+/* fixed-point units of z (per token lse^2) and of entropy (per token <= ln 512) */
+static __device__ __forceinline__ float stat_units(int i)
+{
+    return i == 0 ? 16777216.0f : 4294967296.0f; /* 2^24, 2^32 */
+}
+static __device__ __forceinline__ unsigned long long field(unsigned long long w, int at, int bits)
+{
+    return (w >> at) & ((1ull << bits) - 1);
+}
+static __device__ __forceinline__ bool completes(unsigned long long before)
+{
+    return field(before, ARRIVAL_AT, FLAG_AT - ARRIVAL_AT) == gridDim.x - 1;
+}
+} /* namespace words */
+
+static __device__ void reduce_by_words(const float *s_mean_sum, const int32_t *s_count,
+                                       const float (&zs)[2], int e, router_state *st,
+                                       const select_outputs &out)
+{
+    using namespace words;
+    /* thread 0's statistic words are added first and read last, so that their round trip
+     * overlaps its expert word's */
+    unsigned long long stat_share[2], stat_before[2];
+    if (threadIdx.x == 0) {
+        bool spilled = false;
+        for (int i = 0; i < 2; i++) {
+            float u = zs[i] * stat_units(i);
+            bool fits = u >= 0 && u < STAT_SHARE_MAX; /* false for NaN */
+            stat_share[i] = ARRIVAL | (fits ? __float2ull_rn(u) : FLAG);
+            if (!fits) {
+                st->spill[blockIdx.x][i] = zs[i];
+                spilled = true;
+            }
+        }
+        if (spilled) __threadfence(); /* the spill before the arrival that announces it */
+        for (int i = 0; i < 2; i++) stat_before[i] = atomicAdd(&st->stat_words[i], stat_share[i]);
+    }
+    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+        float s = s_mean_sum[j];
+        unsigned long long share = ARRIVAL | (unsigned long long)s_count[j] << COUNT_AT |
+                                   (isnan(s) ? FLAG : __float2ull_rn(s * MEAN_UNITS));
+        unsigned long long before = atomicAdd(&st->mean_fx[j], share);
+        if (!completes(before)) continue;
+        unsigned long long w = before + share;
+        st->mean_fx[j] = 0;
+        out.count[j] = (int32_t)field(w, COUNT_AT, ARRIVAL_AT - COUNT_AT);
+        double mean = (double)field(w, 0, COUNT_AT) / MEAN_UNITS * out.inv_n;
+        out.mean[j] = w >> FLAG_AT ? NAN : (float)mean;
+    }
+    if (threadIdx.x != 0) return;
+    for (int i = 0; i < 2; i++) {
+        if (!completes(stat_before[i])) continue;
+        unsigned long long w = stat_before[i] + stat_share[i];
+        st->stat_words[i] = 0;
+        double sum = (double)field(w, 0, ARRIVAL_AT) / stat_units(i);
+        if (w >> FLAG_AT) {
+            __threadfence(); /* after the arrivals, so that the spills they announce are seen */
+            for (unsigned b = 0; b < gridDim.x; b++) {
+                float v = __ldcg(&st->spill[b][i]);
+                if (__float_as_uint(v) == 0) continue; /* a block whose share fit */
+                sum += v;
+                st->spill[b][i] = 0;
+            }
+        }
+        out.stats[i] = (float)(sum * out.inv_n);
+    }
+}
+
+static __device__ void reduce_by_ticket(const float *s_mean_sum, const int32_t *s_count,
+                                        const float (&zs)[2], int e, float *scratch,
+                                        router_state *st, const select_outputs &out)
 {
     float2 *b_stats = (float2 *)scratch;
     for (int j = threadIdx.x; j < e; j += blockDim.x) {
@@ -357,6 +462,18 @@ static __device__ void select_reduce(const float *s_mean_sum, const int32_t *s_c
         out.stats[0] = (float)(s_tot[0] * out.inv_n);
         out.stats[1] = (float)(s_tot[1] * out.inv_n);
     }
+}
+
+/* Called by every block with its column sums (P_e numerators in s_mean_sum, counts in s_count,
+ * z and entropy in zs, thread 0's) once they are final. */
+static __device__ void select_reduce(const float *s_mean_sum, const int32_t *s_count,
+                                     const float (&zs)[2], int e, float *scratch,
+                                     router_state *st, const select_outputs &out)
+{
+    if (fits_words(out.n))
+        reduce_by_words(s_mean_sum, s_count, zs, e, st, out);
+    else
+        reduce_by_ticket(s_mean_sum, s_count, zs, e, scratch, st, out);
 }
 
 /* One lane's share of the selection: its experts' selection bias, and running sums over the
@@ -606,7 +723,7 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
                                    topk_idx, topk_w, s_count);
     }
     sel.finish(s_mean, s_stats, s_count, e, scratch, state,
-               {score_mean, stats, counts, e, 1.0 / (double)n});
+               {score_mean, stats, counts, e, n, 1.0 / (double)n});
 }
 
 /* Lanes per token (forward and backward): enough that each lane holds at most 8 experts (16
@@ -1145,7 +1262,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
                                renorm, true, lane, topk_idx, topk_w, s_count);
     }
     sel.finish(s_mean, s_stats, s_count, e, scratch, state,
-               {score_mean, stats, counts, e, 1.0 / (double)n});
+               {score_mean, stats, counts, e, n, 1.0 / (double)n});
 }
 
 /* Tokens per block. 256-token blocks of 16 warps (one per SM, so no epilogue overlap; wg

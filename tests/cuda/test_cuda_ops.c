@@ -52,19 +52,24 @@ static double host_key(const router_case_t *rc, const float *logits, const float
     return s + (bias ? bias[j] : 0.0);
 }
 
-static void run_router_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t *G)
+/* big: x of every third run of 37 tokens is scaled by it (a power of 2, so bf16 stays exact;
+ * 1: none) */
+static void check_router(const router_case_t *rc, float big, test_rng_t *rng, gpu_pair_t *G)
 {
     int64_t n = rc->n, h = rc->h, e = rc->e, k = rc->k;
     float *x = rand_f32(rng, n * h, 1.0), *wg = rand_f32(rng, h * e, 1.0 / sqrt((double)h));
+    for (int64_t t = 0; big != 1 && t < n; t += 3 * 37)
+        for (int64_t i = t * h; i < (t + 37 < n ? t + 37 : n) * h; i++) x[i] *= big;
     float *bias = rc->bias ? rand_f32(rng, e, 0.05) : NULL;
     void *dx_ = gpu_up_bf16(G, x, n * h), *dwg_ = gpu_up_bf16(G, wg, h * e);
     float *dbias = bias ? gpu_up_f32(G, bias, e) : NULL;
     moe_router_fwd_t probe = {.n = n, .h = h, .e = rc->e, .x = dx_, .wg = dwg_,
                               .logits = gpu_poison(G, 4 * n * e, false)};
     bool fused = moe_cuda_router_uses_fused(G->cuda.ctx, &probe);
-    fprintf(stderr, "router N=%lld H=%lld E=%d K=%d %s renorm=%d bias=%d: %s\n", (long long)n,
-            (long long)h, rc->e, rc->k, rc->fn == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid",
-            rc->renorm, rc->bias, fused ? "fused kernel" : "GEMM + selection");
+    fprintf(stderr, "router N=%lld H=%lld E=%d K=%d %s renorm=%d bias=%d big=%g: %s\n",
+            (long long)n, (long long)h, rc->e, rc->k,
+            rc->fn == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid", rc->renorm, rc->bias, big,
+            fused ? "fused kernel" : "GEMM + selection");
 
     /* host forward */
     float *logits = malloc(4 * n * e), *tw = malloc(4 * n * k), *pm = malloc(4 * e), st[2];
@@ -137,6 +142,7 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t
     if (ties == 0)
         for (int32_t j = 0; j < e; j++) assert_int_equal(g_counts[j], counts[j]);
     check_close("score_mean", g_pm, pm, e, 1e-5);
+    fprintf(stderr, "  host z %.6g, entropy %.6g\n", st[0], st[1]);
     check_close("stats (z, entropy)", g_st, st, 2, 1e-5);
 
     /* backward, both from the host's forward results so they see identical inputs */
@@ -187,6 +193,18 @@ static void run_router_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t
     void *hostp[] = {x, wg, bias, logits, tw, pm, idx, counts, g_logits, g_tw, g_pm, g_idx,
                      g_counts, d_tw, dx_h, dwg_h, dl_h, g_dl, g_dx, g_dwg};
     for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
+}
+
+static void run_router_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t *G)
+{
+    check_router(rc, 1, rng, G);
+}
+
+/* logits in the hundreds: z sums past the fixed-point range of the GPU's per-expert words,
+ * which take the spill */
+static void run_router_big_case(const router_case_t *rc, test_rng_t *rng, gpu_pair_t *G)
+{
+    check_router(rc, 64, rng, G);
 }
 
 typedef void (*router_run_t)(const router_case_t *rc, test_rng_t *rng, gpu_pair_t *G);
@@ -314,13 +332,28 @@ static void test_router_nan(void **state)
     (void)state;
     test_rng_t rng = {seed + 1};
     /* the fused kernel split over clusters of 4 and of 2 (E <= 64), and E = 256 (GEMM +
-     * selection only) */
+     * selection only), all with the per-expert words; the ticket's NaN bits (many tokens) */
     const router_case_t cases[] = {
         {300, 64, 32, 2, MOE_SCORE_SOFTMAX, true, false},
         {2500, 64, 48, 3, MOE_SCORE_SIGMOID, true, false},
         {1000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, false},
+        {9000, 64, 32, 2, MOE_SCORE_SOFTMAX, true, false},
     };
     each_router_path(cases, sizeof cases / sizeof cases[0], &rng, run_router_nan_case);
+}
+
+static void test_router_large_logits(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed + 2};
+    /* the statistics through the per-expert words (split into clusters of 2, and E = 256), and
+     * through the ticket (many tokens) */
+    const router_case_t cases[] = {
+        {3000, 200, 64, 4, MOE_SCORE_SOFTMAX, true, true},
+        {1000, 64, 256, 8, MOE_SCORE_SOFTMAX, true, false},
+        {20000, 64, 48, 3, MOE_SCORE_SOFTMAX, true, false},
+    };
+    each_router_path(cases, sizeof cases / sizeof cases[0], &rng, run_router_big_case);
 }
 
 /* ---- plan ------------------------------------------------------------------------------ */
@@ -660,6 +693,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_router),
         cmocka_unit_test(test_router_nan),
+        cmocka_unit_test(test_router_large_logits),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_experts),
