@@ -383,28 +383,15 @@ static __device__ __forceinline__ bool completes(unsigned long long before)
 }
 } /* namespace words */
 
+/* The thread that holds the block's z and entropy sums: the last, which has no expert's word
+ * to add below E = 256 blocks' threads, so its round trip runs beside theirs */
+static __device__ __forceinline__ bool stats_thread() { return threadIdx.x == blockDim.x - 1; }
+
 static __device__ void reduce_by_words(const float *s_mean_sum, const int32_t *s_count,
                                        const float (&zs)[2], int e, router_state *st,
                                        const select_outputs &out)
 {
     using namespace words;
-    /* thread 0's statistic words are added first and read last, so that their round trip
-     * overlaps its expert word's */
-    unsigned long long stat_share[2], stat_before[2];
-    if (threadIdx.x == 0) {
-        bool spilled = false;
-        for (int i = 0; i < 2; i++) {
-            float u = zs[i] * stat_units(i);
-            bool fits = u >= 0 && u < STAT_SHARE_MAX; /* false for NaN */
-            stat_share[i] = ARRIVAL | (fits ? __float2ull_rn(u) : FLAG);
-            if (!fits) {
-                st->spill[blockIdx.x][i] = zs[i];
-                spilled = true;
-            }
-        }
-        if (spilled) __threadfence(); /* the spill before the arrival that announces it */
-        for (int i = 0; i < 2; i++) stat_before[i] = atomicAdd(&st->stat_words[i], stat_share[i]);
-    }
     for (int j = threadIdx.x; j < e; j += blockDim.x) {
         float s = s_mean_sum[j];
         unsigned long long share = ARRIVAL | (unsigned long long)s_count[j] << COUNT_AT |
@@ -417,10 +404,23 @@ static __device__ void reduce_by_words(const float *s_mean_sum, const int32_t *s
         double mean = (double)field(w, 0, COUNT_AT) / MEAN_UNITS * out.inv_n;
         out.mean[j] = w >> FLAG_AT ? NAN : (float)mean;
     }
-    if (threadIdx.x != 0) return;
+    if (!stats_thread()) return;
+    unsigned long long share[2], before[2];
+    bool spilled = false;
     for (int i = 0; i < 2; i++) {
-        if (!completes(stat_before[i])) continue;
-        unsigned long long w = stat_before[i] + stat_share[i];
+        float u = zs[i] * stat_units(i);
+        bool fits = u >= 0 && u < STAT_SHARE_MAX; /* false for NaN */
+        share[i] = ARRIVAL | (fits ? __float2ull_rn(u) : FLAG);
+        if (!fits) {
+            st->spill[blockIdx.x][i] = zs[i];
+            spilled = true;
+        }
+    }
+    if (spilled) __threadfence(); /* the spill before the arrival that announces it */
+    for (int i = 0; i < 2; i++) before[i] = atomicAdd(&st->stat_words[i], share[i]);
+    for (int i = 0; i < 2; i++) {
+        if (!completes(before[i])) continue;
+        unsigned long long w = before[i] + share[i];
         st->stat_words[i] = 0;
         double sum = (double)field(w, 0, ARRIVAL_AT) / stat_units(i);
         if (w >> FLAG_AT) {
@@ -446,7 +446,7 @@ static __device__ void reduce_by_ticket(const float *s_mean_sum, const int32_t *
         if (s_count[j]) atomicAdd(&st->count[j], s_count[j]);
         if (isnan(s_mean_sum[j])) atomicOr(&st->nan_bits[j / 32], 1u << (j % 32));
     }
-    if (threadIdx.x == 0) b_stats[blockIdx.x] = make_float2(zs[0], zs[1]);
+    if (stats_thread()) b_stats[blockIdx.x] = make_float2(zs[0], zs[1]);
     if (!last_to_arrive(&st->ticket, gridDim.x)) return;
     /* loaded before the exchanges, so that the two round trips overlap */
     float2 first = threadIdx.x < gridDim.x ? __ldcg(&b_stats[threadIdx.x]) : make_float2(0, 0);
@@ -465,7 +465,7 @@ static __device__ void reduce_by_ticket(const float *s_mean_sum, const int32_t *
 }
 
 /* Called by every block with its column sums (P_e numerators in s_mean_sum, counts in s_count,
- * z and entropy in zs, thread 0's) once they are final. */
+ * z and entropy in zs, the stats thread's) once they are final. */
 static __device__ void select_reduce(const float *s_mean_sum, const int32_t *s_count,
                                      const float (&zs)[2], int e, float *scratch,
                                      router_state *st, const select_outputs &out)
@@ -669,7 +669,7 @@ struct selector {
             s_mean[j] = acc;
         }
         float zs[2] = {0, 0};
-        if (threadIdx.x == 0)
+        if (stats_thread())
             for (int w = 0; w < warps; w++) {
                 zs[0] += s_stats[w * 2];
                 zs[1] += s_stats[w * 2 + 1];
