@@ -29,8 +29,9 @@ extern "C" {
 int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e);
 
 /* Bytes of the forward's accumulators that outlive a launch (the statistics' sums over blocks,
- * their NaN flags and a completion ticket): zeroed once by the owner; every launch leaves them
- * zero again. Launches sharing them must be stream-ordered. */
+ * their NaN flags, a completion ticket and the slots of sums too large for fixed point): zeroed
+ * once by the owner; every launch leaves them zero again. Launches sharing them must be
+ * stream-ordered. */
 #define MOE_ROUTER_STATE_BYTES 8448
 
 /* From logits f32 [N,E]: scores, top-k on score + bias, weights, and the statistics, in one
