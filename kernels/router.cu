@@ -383,8 +383,8 @@ static __device__ __forceinline__ bool completes(unsigned long long before)
 }
 } /* namespace words */
 
-/* The thread that holds the block's z and entropy sums: the last, which has no expert's word
- * to add below E = 256 blocks' threads, so its round trip runs beside theirs */
+/* The thread that holds the block's z and entropy sums: the last, which adds no expert's word
+ * while E is below the block's 256 threads, so its round trip runs beside theirs */
 static __device__ __forceinline__ bool stats_thread() { return threadIdx.x == blockDim.x - 1; }
 
 static __device__ void reduce_by_words(const float *s_mean_sum, const int32_t *s_count,
