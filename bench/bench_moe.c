@@ -14,8 +14,10 @@
  *        bench_moe profile [layer shape index]
  * The router forward is also measured as router_fwd_stream: the mean of back-to-back runs.
  * The experts and layer parts measure every expert GEMM mode (variant = mode) unless
- * MOE_CUDA_EXPERT_GEMM names one. `profile` runs two layer steps, then a third between
- * cudaProfilerStart/Stop, for `ncu --profile-from-start off` (bench/kernel_times.py sums it).
+ * MOE_CUDA_EXPERT_GEMM names one. `profile` runs MOE_PROFILE_WARMUP layer steps (default 2),
+ * then one more between cudaProfilerStart/Stop, for `ncu --profile-from-start off`
+ * (bench/kernel_times.py sums it) or bench/trace.c; many warm-up steps (a few seconds of them)
+ * profile a step at the clock the GPU settles at under sustained load.
  */
 #include <math.h>
 #include <stdio.h>
@@ -400,10 +402,12 @@ static void bench_layer(cudaStream_t stream, int only, bool profile)
         double flops = 3 * (2.0 * n * h * e) + 3 * (6.0 * r * h * f);
         cuda_ctx_t *c = MOE_CTX(rt);
         if (profile) {
-            for (int i = 0; i < 2; i++) run_layer(&a, i);
+            const char *warm = getenv("MOE_PROFILE_WARMUP");
+            int steps = warm && *warm ? atoi(warm) : 2;
+            for (int i = 0; i < steps; i++) run_layer(&a, i);
             CU(cudaStreamSynchronize(stream));
             CU(cudaProfilerStart());
-            run_layer(&a, 2);
+            run_layer(&a, steps);
             CU(cudaStreamSynchronize(stream));
             CU(cudaProfilerStop());
         } else {

@@ -291,7 +291,9 @@ struct select_outputs {
     int32_t *count;
     int e;
     int64_t n;
-    double inv_n;
+
+    /* a sum over the tokens as their mean, rounded as the host twin does (times 1/n) */
+    __device__ double per_token(double sum) const { return sum * (1.0 / (double)n); }
 };
 
 /* True in the block that arrives last at `ticket` out of `count`; it resets the ticket. The
@@ -401,7 +403,7 @@ static __device__ void reduce_by_words(const float *s_mean_sum, const int32_t *s
         unsigned long long w = before + share;
         st->mean_fx[j] = 0;
         out.count[j] = (int32_t)field(w, COUNT_AT, ARRIVAL_AT - COUNT_AT);
-        double mean = (double)field(w, 0, COUNT_AT) / MEAN_UNITS * out.inv_n;
+        double mean = out.per_token((double)field(w, 0, COUNT_AT) / MEAN_UNITS);
         out.mean[j] = w >> FLAG_AT ? NAN : (float)mean;
     }
     if (!stats_thread()) return;
@@ -432,7 +434,7 @@ static __device__ void reduce_by_words(const float *s_mean_sum, const int32_t *s
                 st->spill[b][i] = 0;
             }
         }
-        out.stats[i] = (float)(sum * out.inv_n);
+        out.stats[i] = (float)out.per_token(sum);
     }
 }
 
@@ -454,13 +456,13 @@ static __device__ void reduce_by_ticket(const float *s_mean_sum, const int32_t *
         unsigned long long fx = atomicExch(&st->mean_fx[j], 0ull);
         unsigned bit = 1u << (j % 32), nan = atomicAnd(&st->nan_bits[j / 32], ~bit) & bit;
         out.count[j] = atomicExch(&st->count[j], 0);
-        out.mean[j] = nan ? NAN : (float)((double)fx / (double)MEAN_FX * out.inv_n);
+        out.mean[j] = nan ? NAN : (float)out.per_token((double)fx / (double)MEAN_FX);
     }
     __shared__ double s_tot[2];
     sum_block_stats(b_stats, gridDim.x, first, s_tot);
     if (threadIdx.x == 0) {
-        out.stats[0] = (float)(s_tot[0] * out.inv_n);
-        out.stats[1] = (float)(s_tot[1] * out.inv_n);
+        out.stats[0] = (float)out.per_token(s_tot[0]);
+        out.stats[1] = (float)out.per_token(s_tot[1]);
     }
 }
 
@@ -723,7 +725,7 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
                                    topk_idx, topk_w, s_count);
     }
     sel.finish(s_mean, s_stats, s_count, e, scratch, state,
-               {score_mean, stats, counts, e, n, 1.0 / (double)n});
+               {score_mean, stats, counts, e, n});
 }
 
 /* Lanes per token (forward and backward): enough that each lane holds at most 8 experts (16
@@ -1262,7 +1264,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
                                renorm, true, lane, topk_idx, topk_w, s_count);
     }
     sel.finish(s_mean, s_stats, s_count, e, scratch, state,
-               {score_mean, stats, counts, e, n, 1.0 / (double)n});
+               {score_mean, stats, counts, e, n});
 }
 
 /* Tokens per block. 256-token blocks of 16 warps (one per SM, so no epilogue overlap; wg
