@@ -9,9 +9,10 @@
 #   summed by bench/kernel_times.py into $OUT/profile.txt; trace: the timeline of the same
 #   layer steps (bench/trace.c, CUPTI) in $OUT/trace.txt, also of each $MOE_AB_TREE's bench_moe
 #   when set (both after $MOE_PROFILE_WARMUP steps, default 2: bench_moe profile); algos:
-#   bench/gemm_algos.c ($MOE_ALGOS_GROUP: one group); ab: bench_moe of this tree, of each tree in $MOE_AB_TREE (source trees carried with the call) and of this one
-#   under each environment of $MOE_AB_ENV (';'-separated), taking turns, 3 rounds, parts
-#   $MOE_BENCH_PART (default router);
+#   bench/gemm_algos.c ($MOE_ALGOS_GROUP: one group); ab: bench_moe of this tree, of each
+#   tree in $MOE_AB_TREE (source trees carried with the call) and of this one under each
+#   environment of $MOE_AB_ENV (';'-separated), taking turns, 3 rounds, parts $MOE_BENCH_PART
+#   (default router);
 #   ncu: one kernel's counters; kernels: every kernel's own time in the router bench of some
 #   shapes
 set -uo pipefail
