@@ -23,3 +23,18 @@ device_configure() {
   cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON \
     ${MOE_CUDA_ARCH:+-DCMAKE_CUDA_ARCHITECTURES=$MOE_CUDA_ARCH} "$@"
 }
+# power_sampling_start <label> ... power_sampling_stop: the SM clock, power, temperature and
+# throttle reasons every 25 ms into $OUT/power.csv under "== <label>" (bench/power_summary.py
+# summarises it)
+POWER_FIELDS=timestamp,clocks.sm,power.draw.instant,power.draw.average,temperature.gpu,clocks_event_reasons.active
+power_sampling_start() {
+  echo "== $1" >>"$OUT/power.csv"
+  nvidia-smi --query-gpu=$POWER_FIELDS --format=csv,noheader -lms 25 >>"$OUT/power.csv" &
+  POWER_SAMPLER=$!
+  sleep 0.3
+}
+power_sampling_stop() {
+  sleep 0.3
+  kill "$POWER_SAMPLER"
+  wait "$POWER_SAMPLER" 2>/dev/null
+}
