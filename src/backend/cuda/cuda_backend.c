@@ -58,13 +58,16 @@ moe_status_t moe_cuda_fork(cuda_ctx_t *c, int n)
     return MOE_STATUS_SUCCESS;
 }
 
-moe_status_t moe_cuda_join(cuda_ctx_t *c, int n)
+moe_status_t moe_cuda_join(cuda_ctx_t *c, int n, moe_status_t st)
 {
     for (int s = 0; s < n; s++) {
-        MOE_CUDA_CHECK(cudaEventRecord(c->join[s], c->side[s]));
-        MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[s], 0));
+        cudaError_t rc = cudaEventRecord(c->join[s], c->side[s]);
+        if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->stream, c->join[s], 0);
+        if (rc != cudaSuccess && st == MOE_STATUS_SUCCESS)
+            st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "CUDA join of side stream %d: %s", s,
+                          cudaGetErrorString(rc));
     }
-    return MOE_STATUS_SUCCESS;
+    return st;
 }
 
 moe_status_t moe_cuda_workspace(cuda_ctx_t *c, size_t bytes, void **out)

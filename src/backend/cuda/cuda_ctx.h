@@ -60,9 +60,11 @@ typedef struct cuda_ctx {
 } cuda_ctx_t;
 
 /* Side streams 0..n-1 wait for the work enqueued so far on c->stream (fork), and c->stream
- * waits for everything enqueued on them (join). */
+ * waits for everything enqueued on them (join). The join takes the status of the work between
+ * the two and joins whatever it is, so that nothing a failed op gave the side streams outlives
+ * it; it returns that status, or the join's own failure after a success. */
 moe_status_t moe_cuda_fork(cuda_ctx_t *c, int n);
-moe_status_t moe_cuda_join(cuda_ctx_t *c, int n);
+moe_status_t moe_cuda_join(cuda_ctx_t *c, int n, moe_status_t st);
 
 /* A scratch pointer of at least `bytes`, valid for work enqueued on c->stream until the next
  * call. */

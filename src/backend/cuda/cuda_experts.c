@@ -157,19 +157,19 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
     }
     bool fan = mode == CUDA_GEMM_STREAMS;
     if (fan) MOE_TRY(moe_cuda_fork(c, MOE_CUDA_SIDE_STREAMS));
+    moe_status_t st = MOE_STATUS_SUCCESS;
     int next = 0;
-    for (int32_t e = 0; e < x->el; e++) {
+    for (int32_t e = 0; e < x->el && st == MOE_STATUS_SUCCESS; e++) {
         int64_t r0 = x->host_offsets[e], rows = x->host_offsets[e + 1] - r0;
         if (rows == 0) continue;
         cublasHandle_t h = fan ? c->side_cublas[next] : c->cublas;
         next = (next + 1) % MOE_CUDA_SIDE_STREAMS;
-        for (int i = 0; i < nk; i++) {
+        for (int i = 0; i < nk && st == MOE_STATUS_SUCCESS; i++) {
             gemm_desc_t g = describe(kinds[i], x, e, r0, rows);
-            MOE_TRY(run_one(h, &g));
+            st = run_one(h, &g);
         }
     }
-    if (fan) MOE_TRY(moe_cuda_join(c, MOE_CUDA_SIDE_STREAMS));
-    return MOE_STATUS_SUCCESS;
+    return fan ? moe_cuda_join(c, MOE_CUDA_SIDE_STREAMS, st) : st;
 }
 
 static bool fused_swiglu(const cuda_ctx_t *c, const moe_experts_t *x)
