@@ -630,6 +630,52 @@ fail:
     return st;
 }
 
+/* The communicator a caller names (NULL: MPI_COMM_WORLD); MPI_COMM_NULL, what a rank left out
+ * of a split holds, is refused before MPI's fatal error handler sees it. */
+static moe_status_t parent_of(const void *mpi_comm, MPI_Comm *out)
+{
+    *out = mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD;
+    if (*out == MPI_COMM_NULL)
+        return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
+                        "mpi_comm is MPI_COMM_NULL: this rank is not in the communicator");
+    return MOE_STATUS_SUCCESS;
+}
+
+/* MPI_Comm_dup under the deadline, so that a rank that never comes (it failed before creating
+ * its mesh) makes the others time out instead of hanging. After a timeout MPI may still write
+ * the new handle: its slot is leaked. */
+static moe_status_t dup_within(MPI_Comm parent, int timeout_ms, MPI_Comm *out)
+{
+    MPI_Comm *slot = malloc(sizeof *slot);
+    if (!slot) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "communicator handle");
+    MPI_Request req;
+    int rc = MPI_Comm_idup(parent, slot, &req);
+    if (rc != MPI_SUCCESS) {
+        free(slot);
+        return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_idup: %s", mpi_describe(rc));
+    }
+    double deadline = moe_now_ms() + timeout_ms;
+    for (unsigned spin = 0;; spin++) {
+        int done = 0;
+        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_idup: %s", mpi_describe(rc));
+        if (done) break;
+        if (moe_now_ms() > deadline) {
+            int size = 0;
+            MPI_Comm_size(parent, &size);
+            return MOE_FAIL(MOE_STATUS_TIMEOUT,
+                            "duplicating the parent communicator (%d ranks) did not complete "
+                            "within %d ms: a rank is dead, stalled or never created its mesh",
+                            size, timeout_ms);
+        }
+        moe_comm_backoff(spin);
+    }
+    *out = *slot;
+    free(slot);
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_comm_mpi_create(const void *mpi_comm, const char *name, int timeout_ms,
                                  const moe_backend_t *backend, const moe_logger_t *logger,
                                  moe_comm_t **out)
@@ -643,9 +689,9 @@ moe_status_t moe_comm_mpi_create(const void *mpi_comm, const char *name, int tim
     if (!inited || finalized)
         return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "MPI is %s",
                         finalized ? "already finalised" : "not initialised");
-    MPI_Comm parent = mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD;
-    MPI_Comm comm;
-    MOE_MPI_CHECK(MPI_Comm_dup(parent, &comm));
+    MPI_Comm parent, comm;
+    MOE_TRY(parent_of(mpi_comm, &parent));
+    MOE_TRY(dup_within(parent, timeout_ms, &comm));
     int size = 0;
     MPI_Comm_size(comm, &size);
     int *ranks = malloc((size_t)size * sizeof *ranks);
@@ -667,15 +713,18 @@ static moe_status_t mpi_split(moe_comm_t *c, int color, int key, const char *nam
     MOE_TRY(moe_comm_check_live(c, "split"));
     MOE_CHECK_ARG(color >= 0, "split color %d must be >= 0", color);
     mpi_impl_t *m = c->impl;
-    int mine[2] = {color, key};
-    int *all = malloc((size_t)c->size * 2 * sizeof *all);
+    /* this rank's (color, key), then everyone's: on the heap, because after a timeout MPI may
+     * still read the one and write the other (both are leaked then) */
+    int *mine = malloc(((size_t)c->size + 1) * 2 * sizeof *mine), *all = mine ? mine + 2 : NULL;
     int *ranks = malloc((size_t)c->size * sizeof *ranks);
     moe_comm_req_t *r = NULL;
     moe_status_t st = MOE_STATUS_SUCCESS;
-    if (!all || !ranks) {
+    if (!mine || !ranks) {
         st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "split tables");
         goto fail;
     }
+    mine[0] = color;
+    mine[1] = key;
     MOE_TRY_GOTO(st, req_new(c, "split", 1, false, &r));
     {
         int rc = MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, m->comm, &r->reqs[0]);
@@ -687,7 +736,11 @@ static moe_status_t mpi_split(moe_comm_t *c, int color, int key, const char *nam
         }
     }
     inflight_add(c, r);
-    MOE_TRY_GOTO(st, mpi_wait(c, r));
+    st = mpi_wait(c, r);
+    if (st != MOE_STATUS_SUCCESS) {
+        mine = NULL; /* still MPI's: leaked */
+        goto fail;
+    }
     /* members in MPI_Comm_split's order: by key, then by rank in the parent */
     int n = 0;
     for (int i = 0; i < c->size; i++) {
@@ -712,7 +765,7 @@ static moe_status_t mpi_split(moe_comm_t *c, int color, int key, const char *nam
     st = wrap(nc, ranks, name, c->timeout_ms, c->backend, c->device_buffers, c->logger, out);
     ranks = NULL; /* owned by the new communicator (or freed by wrap) */
 fail:
-    free(all);
+    free(mine);
     free(ranks);
     return st;
 }
@@ -768,7 +821,8 @@ bool moe_comm_mpi_threads_ok(void)
 
 moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size)
 {
-    MPI_Comm c = mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD;
+    MPI_Comm c;
+    MOE_TRY(parent_of(mpi_comm, &c));
     MOE_MPI_CHECK(MPI_Comm_rank(c, rank));
     MOE_MPI_CHECK(MPI_Comm_size(c, size));
     return MOE_STATUS_SUCCESS;

@@ -32,6 +32,9 @@
 #define MOE_NCCL_CHECK(call)                                                               \
     MOE_CHECK_GEN(ncclResult_t, call, rc_ == ncclSuccess || rc_ == ncclInProgress,         \
                   MOE_STATUS_COMM_ERROR, ncclGetErrorString)
+#define MOE_NCCL_CHECK_GOTO(st, call)                                                      \
+    MOE_CHECK_GEN_GOTO(st, ncclResult_t, call, rc_ == ncclSuccess || rc_ == ncclInProgress, \
+                       MOE_STATUS_COMM_ERROR, ncclGetErrorString)
 
 typedef struct nccl_impl {
     ncclComm_t comm;
@@ -248,16 +251,30 @@ static moe_status_t nccl_alltoallv(moe_comm_t *c, const void *send, const size_t
     nccl_impl_t *m = c->impl;
     size_t es = moe_comm_dtype_size(dt);
     ncclDataType_t t = nccl_type(dt);
+    moe_status_t st = MOE_STATUS_SUCCESS;
     MOE_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < c->size; p++) {
         if (send_counts[p])
-            MOE_NCCL_CHECK(ncclSend((const char *)send + send_displs[p] * es, send_counts[p], t,
-                                    p, m->comm, m->stream));
+            MOE_NCCL_CHECK_GOTO(st, ncclSend((const char *)send + send_displs[p] * es,
+                                             send_counts[p], t, p, m->comm, m->stream));
         if (recv_counts[p])
-            MOE_NCCL_CHECK(ncclRecv((char *)recv + recv_displs[p] * es, recv_counts[p], t, p,
-                                    m->comm, m->stream));
+            MOE_NCCL_CHECK_GOTO(st, ncclRecv((char *)recv + recv_displs[p] * es,
+                                             recv_counts[p], t, p, m->comm, m->stream));
     }
-    MOE_NCCL_CHECK(ncclGroupEnd());
+fail:
+    /* The group is ended whatever happened: left open, it would take in every later NCCL
+     * call of this thread. After a failed enqueue the peers' halves of the exchange are
+     * unmatched, so the communicator is dead. */
+    {
+        ncclResult_t rc = ncclGroupEnd();
+        if (st == MOE_STATUS_SUCCESS && rc != ncclSuccess && rc != ncclInProgress)
+            st = MOE_FAIL(MOE_STATUS_COMM_ERROR, "ncclGroupEnd of alltoallv: %s",
+                          ncclGetErrorString(rc));
+    }
+    if (st != MOE_STATUS_SUCCESS) {
+        moe_comm_mark_dead(c, "a failed alltoallv");
+        return st;
+    }
     return finish_start(c, "alltoallv", out);
 }
 

@@ -185,8 +185,8 @@ static moe_status_t resolve_backend(moe_mesh_t *m, const moe_mesh_config_t *cfg,
                 break;
             }
     int dev = dup_a >= 0 ? (int)tab[2 * dup_a + 1] : -1;
+    if (st != MOE_STATUS_SUCCESS) return st; /* tab is leaked: MPI may still write it */
     free(tab);
-    MOE_TRY(st);
     if (dup_a >= 0) {
         if (cfg->comm == MOE_COMM_NCCL)
             return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
@@ -211,9 +211,13 @@ static moe_status_t validate(const moe_mesh_config_t *cfg, int32_t order[4])
     MOE_CHECK_ARG(cfg->tp >= 1 && cfg->ep >= 1 && cfg->dp >= 1 && cfg->pp >= 1,
                   "mesh sizes must be >= 1 (tp=%d ep=%d dp=%d pp=%d)", cfg->tp, cfg->ep, cfg->dp,
                   cfg->pp);
-    MOE_CHECK_ARG((int64_t)cfg->tp * cfg->ep * cfg->dp * cfg->pp <= (1 << 24),
-                  "mesh tp=%d x ep=%d x dp=%d x pp=%d is too large", cfg->tp, cfg->ep, cfg->dp,
-                  cfg->pp);
+    /* multiplied one axis at a time so that the bound is checked before the product could
+     * overflow */
+    const int32_t sizes[4] = {cfg->tp, cfg->ep, cfg->dp, cfg->pp};
+    int64_t product = 1;
+    for (int a = 0; a < 4 && product <= (1 << 24); a++) product *= sizes[a];
+    MOE_CHECK_ARG(product <= (1 << 24), "mesh tp=%d x ep=%d x dp=%d x pp=%d is too large",
+                  cfg->tp, cfg->ep, cfg->dp, cfg->pp);
     MOE_CHECK_ARG(cfg->comm >= MOE_COMM_AUTO && cfg->comm <= MOE_COMM_NCCL,
                   "unknown comm backend %d (0 auto, 1 mpi, 2 nccl)", (int)cfg->comm);
     MOE_CHECK_ARG(cfg->timeout_ms > 0, "mesh timeout_ms is %d; it must be > 0 (milliseconds)",

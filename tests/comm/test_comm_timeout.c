@@ -4,8 +4,9 @@
  * the communicator refuses further work (ABORTED). Never a hang.
  *
  * 3 ranks; rank 2 is the victim. Usage: test_comm_timeout stall|kill
- *   stall  the victim sleeps through three operations (allreduce, alltoallv, barrier on
- *          their own communicators, 1000 ms timeout each), then leaves without joining
+ *   stall  the victim sleeps through four operations (allreduce, alltoallv, barrier and
+ *          split on their own communicators, 1000 ms timeout each) and a layer forward, then
+ *          leaves without joining
  *   kill   the victim SIGKILLs itself; the survivors' allreduce and send/recv time out
  *          (CTest runs this under mpirun --enable-recovery so the launcher lets them finish,
  *          and matches the verdict rank 0 prints, since that launcher's exit code is 0)
@@ -102,6 +103,16 @@ static void survivor_barrier(moe_comm_t *c)
     expect_timeout(moe_comm_barrier(c), t0, "barrier", c->name, NULL);
 }
 
+/* split's exchange of (color, key) times out; its tables stay MPI's (leaked), so the victim's
+ * late contribution could not land in freed memory */
+static void survivor_split(moe_comm_t *c)
+{
+    moe_comm_t *part = NULL;
+    double t0 = now_s();
+    expect_timeout(moe_comm_split(c, 0, R, "part", &part), t0, "split", c->name, NULL);
+    CHECK(part == NULL, "a timed-out split returned a communicator");
+}
+
 static void survivor_recv(moe_comm_t *c)
 {
     float x = 0;
@@ -140,7 +151,7 @@ int main(int argc, char **argv)
 
     if (R == VICTIM) {
         if (strcmp(mode, "kill") == 0) raise(SIGKILL);
-        sleep(5); /* stall through the survivors' four operations */
+        sleep(6); /* stall through the survivors' five operations */
     } else if (strcmp(mode, "kill") == 0) {
         usleep(200000); /* let the victim die first: the collective starts on a dead peer */
         survivor_allreduce(c[0]);
@@ -151,6 +162,7 @@ int main(int argc, char **argv)
         survivor_allreduce(c[0]);
         survivor_alltoallv(c[1]);
         survivor_barrier(c[2]);
+        survivor_split(c[3]);
         /* the layer: its first collective (the routing table over the dense group) times out
          * and the forward returns TIMEOUT instead of hanging */
         moe_layer_config_t lc = moe_layer_config_default();

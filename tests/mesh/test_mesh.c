@@ -178,6 +178,9 @@ static void t_invalid(void **state)
     expect_invalid(1, W, 2, 1, NULL, 1000, MOE_STATUS_INVALID_ARGUMENT, msg);
     expect_invalid(0, W, 1, 1, NULL, 1000, MOE_STATUS_INVALID_ARGUMENT, "tp=0");
     expect_invalid(1, W, -2, 1, NULL, 1000, MOE_STATUS_INVALID_ARGUMENT, "dp=-2");
+    /* a product that would overflow 64 bits (65536^4 = 2^64) is too large, not a world of 0 */
+    expect_invalid(65536, 65536, 65536, 65536, NULL, 1000, MOE_STATUS_INVALID_ARGUMENT,
+                   "is too large");
     const char *bad[] = {"tp-ep-ep-pp", "tp-ep-dp", "tp-ep-dp-pp-", "xx-ep-dp-pp", "tp-ep-dp-pp-tp",
                          "", "tpep-dp-pp"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -208,11 +211,27 @@ static void t_invalid(void **state)
     OK(moe_runtime_destroy(rt));
 }
 
-/* A caller-supplied MPI communicator as the world: the mesh lives on half of the ranks. */
+/* A caller-supplied MPI communicator as the world: the mesh lives on half of the ranks. A
+ * rank left out of a split holds MPI_COMM_NULL, which is refused, not fatal to the job. */
 static void t_sub_world(void **state)
 {
     (void)state;
     if (W < 4) skip();
+    MPI_Comm outside;
+    MPI_Comm_split(MPI_COMM_WORLD, R == 0 ? 0 : MPI_UNDEFINED, R, &outside);
+    if (R != 0) {
+        moe_mesh_config_t mc = moe_mesh_config_default();
+        mc.mpi_comm = &outside;
+        moe_runtime_config_t rc = moe_runtime_config_default();
+        rc.backend = MOE_BACKEND_HOST;
+        rc.mesh = &mc;
+        moe_runtime_t *rt = (moe_runtime_t *)0x1;
+        assert_int_equal(moe_runtime_create(&rc, &rt), MOE_STATUS_INVALID_ARGUMENT);
+        assert_non_null(strstr(moe_last_error(), "MPI_COMM_NULL"));
+        assert_null(rt);
+    } else {
+        MPI_Comm_free(&outside);
+    }
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, R % 2, R, &half);
     moe_mesh_config_t mc = moe_mesh_config_default();
