@@ -446,10 +446,19 @@ moe_status_t moe_comm_nccl_create(moe_comm_t *bootstrap, const char *name, moe_c
     *out = NULL;
     MOE_CHECK_ARG(strcmp(bootstrap->ops->name, "mpi") == 0 && !bootstrap->device_buffers,
                   "the NCCL bootstrap must be an MPI communicator on host buffers");
-    ncclUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (bootstrap->rank == 0) MOE_NCCL_CHECK(ncclGetUniqueId(&id));
-    MOE_TRY(moe_comm_broadcast(bootstrap, &id, sizeof id, MOE_COMM_U8, 0));
+    /* on the heap: after a timed-out broadcast MPI may still write it (it is leaked then) */
+    ncclUniqueId *shared = calloc(1, sizeof *shared);
+    if (!shared) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "NCCL unique id");
+    if (bootstrap->rank == 0) {
+        ncclResult_t got = ncclGetUniqueId(shared);
+        if (got != ncclSuccess) {
+            free(shared);
+            return MOE_FAIL(MOE_STATUS_COMM_ERROR, "ncclGetUniqueId: %s", ncclGetErrorString(got));
+        }
+    }
+    MOE_TRY(moe_comm_broadcast(bootstrap, shared, sizeof *shared, MOE_COMM_U8, 0));
+    ncclUniqueId id = *shared;
+    free(shared);
     int world_rank = bootstrap->rank;
     ncclConfig_t cfg = nonblocking_config();
     ncclComm_t comm = NULL;
