@@ -60,7 +60,9 @@ struct moe_pipeline {
     moe_comm_dtype_t comm_dtype;
     size_t act_bytes, act_numel;
 
-    pipe_buf_t *bufs;
+    /* each buffer allocated on its own: stages are handed &bufs[i]->t and may keep it until
+     * the unit's backward, while the table grows */
+    pipe_buf_t **bufs;
     int32_t nbufs, cap_bufs;
 
     /* per unit u = chunk * m + mb: buffer index of its stage input (x), output (y), output
@@ -105,31 +107,36 @@ static int32_t tag_of(const moe_pipeline_t *pp, const moe_pipeline_action_t *a)
 static moe_status_t buf_acquire(moe_pipeline_t *pp, int32_t *out)
 {
     for (int32_t i = 0; i < pp->nbufs; i++) {
-        if (!pp->bufs[i].busy) {
-            pp->bufs[i].busy = true;
+        if (!pp->bufs[i]->busy) {
+            pp->bufs[i]->busy = true;
             *out = i;
             return MOE_STATUS_SUCCESS;
         }
     }
     if (pp->nbufs == pp->cap_bufs) {
         int32_t cap = pp->cap_bufs ? 2 * pp->cap_bufs : 8;
-        pipe_buf_t *nb = realloc(pp->bufs, sizeof *nb * (size_t)cap);
+        pipe_buf_t **nb = realloc(pp->bufs, sizeof *nb * (size_t)cap);
         if (!nb) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "pipeline buffer table of %d", cap);
         pp->bufs = nb;
         pp->cap_bufs = cap;
     }
-    pipe_buf_t *b = &pp->bufs[pp->nbufs];
-    memset(b, 0, sizeof *b);
-    MOE_TRY(moe_tensor_alloc(pp->rt, pp->cfg.act_dtype, pp->rt->backend.ops->device,
-                             pp->cfg.act_ndim, pp->cfg.act_shape, &b->t));
+    pipe_buf_t *b = calloc(1, sizeof *b);
+    if (!b) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "pipeline buffer");
+    moe_status_t st = moe_tensor_alloc(pp->rt, pp->cfg.act_dtype, pp->rt->backend.ops->device,
+                                       pp->cfg.act_ndim, pp->cfg.act_shape, &b->t);
+    if (st != MOE_STATUS_SUCCESS) {
+        free(b);
+        return st;
+    }
     b->busy = true;
+    pp->bufs[pp->nbufs] = b;
     *out = pp->nbufs++;
     return MOE_STATUS_SUCCESS;
 }
 
 static void buf_release(moe_pipeline_t *pp, int32_t *idx)
 {
-    if (*idx >= 0) pp->bufs[*idx].busy = false;
+    if (*idx >= 0) pp->bufs[*idx]->busy = false;
     *idx = -1;
 }
 
@@ -188,7 +195,10 @@ moe_pipeline_config_t moe_pipeline_config_default(void)
 static void pipeline_free(moe_pipeline_t *pp)
 {
     if (!pp) return;
-    for (int32_t i = 0; i < pp->nbufs; i++) moe_tensor_free(pp->rt, &pp->bufs[i].t);
+    for (int32_t i = 0; i < pp->nbufs; i++) {
+        moe_tensor_free(pp->rt, &pp->bufs[i]->t);
+        free(pp->bufs[i]);
+    }
     if (pp->ctrl) MOE_OPS(pp->rt)->free(MOE_CTX(pp->rt), pp->ctrl);
     free(pp->bufs);
     free(pp->x_buf);
@@ -380,7 +390,7 @@ static moe_status_t post_receive(moe_pipeline_t *pp, step_state_t *ss, int32_t i
 {
     const moe_pipeline_action_t *a = &pp->sched->actions[i];
     MOE_TRY(buf_acquire(pp, &pp->recv_buf[i]));
-    moe_status_t st = pp->pp->ops->recv(pp->pp, pp->bufs[pp->recv_buf[i]].t.data, pp->act_numel,
+    moe_status_t st = pp->pp->ops->recv(pp->pp, pp->bufs[pp->recv_buf[i]]->t.data, pp->act_numel,
                                         pp->comm_dtype, a->peer, tag_of(pp, a),
                                         &pp->recv_req[i]);
     if (st != MOE_STATUS_SUCCESS)
@@ -413,13 +423,13 @@ static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *
     /* draining: the buffer holds whatever the pool had (never-written memory may hold NaN
      * patterns); send zeros, a safe input for the peer's layers until the batch ends */
     if (draining)
-        MOE_TRY(MOE_OPS(pp->rt)->memset_zero(MOE_CTX(pp->rt), pp->bufs[*buf].t.data,
+        MOE_TRY(MOE_OPS(pp->rt)->memset_zero(MOE_CTX(pp->rt), pp->bufs[*buf]->t.data,
                                              pp->act_bytes));
     /* GPU buffers: the callback's kernels that fill the buffer are on the runtime's stream.
      * The MPI communicator stages through a copy on that stream (ordered, blocking); any other
      * communicator (NCCL) gets a finished buffer. */
     if (pp->sync_before_send) MOE_TRY(MOE_OPS(pp->rt)->synchronize(MOE_CTX(pp->rt)));
-    moe_status_t st = pp->pp->ops->send(pp->pp, pp->bufs[*buf].t.data, pp->act_numel,
+    moe_status_t st = pp->pp->ops->send(pp->pp, pp->bufs[*buf]->t.data, pp->act_numel,
                                         pp->comm_dtype, a->peer, tag_of(pp, a), &sd->req);
     if (st != MOE_STATUS_SUCCESS)
         return moe_error_wrap(st, "pipeline stage %d/%d: starting %s of microbatch %d",
@@ -531,14 +541,14 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
             MOE_TRY(buf_acquire(pp, &pp->y_buf[u]));
             if (last) MOE_TRY(buf_acquire(pp, &pp->dy_buf[u]));
             /* pointers into the pool only after the last acquire (it may grow the table) */
-            moe_tensor_t *x = pp->x_buf[u] >= 0 ? &pp->bufs[pp->x_buf[u]].t : NULL;
-            moe_tensor_t *y = &pp->bufs[pp->y_buf[u]].t;
+            moe_tensor_t *x = pp->x_buf[u] >= 0 ? &pp->bufs[pp->x_buf[u]]->t : NULL;
+            moe_tensor_t *y = &pp->bufs[pp->y_buf[u]]->t;
             if (ss->failed == MOE_STATUS_SUCCESS) pp->progress[u] = 1;
             RUN_CALLBACK(pp, ss, "forward", mb, c, pp->cb.forward(pp->cb.user, c, mb, x, y));
             if (last) {
                 double l = 0.0;
                 RUN_CALLBACK(pp, ss, "loss", mb, c,
-                             pp->cb.loss(pp->cb.user, mb, y, &pp->bufs[pp->dy_buf[u]].t, &l));
+                             pp->cb.loss(pp->cb.user, mb, y, &pp->bufs[pp->dy_buf[u]]->t, &l));
                 ss->loss_sum += l;
                 buf_release(pp, &pp->y_buf[u]);
             }
@@ -546,8 +556,8 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
         }
         case MOE_PIPE_BACKWARD: {
             if (!first) MOE_TRY(buf_acquire(pp, &pp->dx_buf[u]));
-            moe_tensor_t *dy = &pp->bufs[pp->dy_buf[u]].t;
-            moe_tensor_t *dx = pp->dx_buf[u] >= 0 ? &pp->bufs[pp->dx_buf[u]].t : NULL;
+            moe_tensor_t *dy = &pp->bufs[pp->dy_buf[u]]->t;
+            moe_tensor_t *dx = pp->dx_buf[u] >= 0 ? &pp->bufs[pp->dx_buf[u]]->t : NULL;
             RUN_CALLBACK(pp, ss, "backward", mb, c, pp->cb.backward(pp->cb.user, c, mb, dy, dx));
             if (ss->failed == MOE_STATUS_SUCCESS) pp->progress[u] = 2;
             buf_release(pp, &pp->dy_buf[u]);
@@ -643,7 +653,7 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
         pp->recv_buf[i] = -1;
         pp->ready[i] = 0;
     }
-    for (int32_t i = 0; i < pp->nbufs; i++) pp->bufs[i].busy = false;
+    for (int32_t i = 0; i < pp->nbufs; i++) pp->bufs[i]->busy = false;
     pp->nsends = 0;
     pp->stats.compute_seconds = pp->stats.wait_seconds = 0.0;
 

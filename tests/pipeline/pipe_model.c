@@ -88,6 +88,7 @@ moe_status_t pm_model_create(moe_runtime_t *rt, const pm_shape_t *sh, int first,
         }
     }
     pm->act = calloc((size_t)sh->m, sizeof *pm->act);
+    pm->kept_x = calloc((size_t)sh->m, sizeof *pm->kept_x);
     for (int mb = 0; mb < sh->m; mb++) {
         pm->act[mb] = calloc((size_t)nl + 1, sizeof **pm->act);
         for (int i = 0; i <= nl; i++) pm->act[mb][i] = calloc(nh(pm), sizeof(float));
@@ -113,6 +114,7 @@ void pm_model_destroy(pm_model_t *pm)
         free(pm->act[mb]);
     }
     free(pm->act);
+    free(pm->kept_x);
     free(pm->w);
     free(pm->gw);
     free(pm->moe);
@@ -146,6 +148,7 @@ static moe_status_t cb_forward(void *user, int32_t chunk, int32_t mb, const moe_
     if (x && all_zero(x, nh(pm))) pm->zero_inputs++;
     if (x) memcpy(pm->act[mb][0], x->data, nh(pm) * sizeof(float));
     else data_of(pm, mb, pm->act[mb][0], NULL);
+    pm->kept_x[mb] = x;
     for (int i = 0; i < nl; i++) {
         const float *in = pm->act[mb][i];
         float *out = pm->act[mb][i + 1];
@@ -203,7 +206,8 @@ static moe_status_t cb_backward(void *user, int32_t chunk, int32_t mb, const moe
     float *g = pm->g0, *gn = pm->g1;
     memcpy(g, dy->data, nh(pm) * sizeof(float));
     for (int i = nl - 1; i >= 0; i--) {
-        const float *in = pm->act[mb][i], *out = pm->act[mb][i + 1];
+        const float *in = i == 0 && pm->kept_x[mb] ? pm->kept_x[mb]->data : pm->act[mb][i];
+        const float *out = pm->act[mb][i + 1];
         if (pm->moe[i]) {
             moe_tensor_t tdy, tdx;
             view(g, pm, &tdy);

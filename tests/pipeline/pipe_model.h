@@ -33,6 +33,9 @@ typedef struct pm_model {
     float **w, **gw;           /* per local layer (NULL for MoE layers) */
     moe_layer_t **moe;         /* per local layer (NULL for dense layers) */
     float ***act;              /* act[mb][i]: input of local layer i; act[mb][nl]: output */
+    /* the stage input forward was handed, kept for backward as moe_pipeline_callbacks_t
+     * allows (backward reads the first layer's input from it) */
+    const moe_tensor_t **kept_x;
     float *g0, *g1;            /* backward scratch [N*H] */
     moe_adamw_t *opt;
     int steps, forwards, backwards, abandoned;
