@@ -1,6 +1,8 @@
 /* Tensor descriptors: construction, element counts and validation. */
 #include "tensor.h"
 
+#include <stdint.h>
+
 #include "error.h"
 
 size_t moe_dtype_size(moe_dtype_t dtype)
@@ -20,6 +22,9 @@ const char *moe_dtype_name(moe_dtype_t dtype)
     }
     return "unknown";
 }
+
+/* The most elements a tensor may have: its bytes (at most 8 an element) fit an int64_t. */
+#define MAX_ELEMENTS (INT64_MAX / 8)
 
 static const char *device_name(moe_device_kind_t d)
 {
@@ -42,6 +47,8 @@ moe_status_t moe_tensor_view(void *data, moe_dtype_t dtype, moe_device_kind_t de
         MOE_CHECK_ARG(shape[i] >= 0, "shape[%d] is %lld; must be >= 0", i, (long long)shape[i]);
         t.shape[i] = shape[i];
     }
+    MOE_CHECK_ARG(moe_tensor_numel(&t) >= 0, "shape has more than %lld elements",
+                  (long long)MAX_ELEMENTS);
     *out = t;
     return MOE_STATUS_SUCCESS;
 }
@@ -52,6 +59,7 @@ int64_t moe_tensor_numel(const moe_tensor_t *t)
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) {
         if (t->shape[i] < 0) return -1;
+        if (t->shape[i] > 0 && n > MAX_ELEMENTS / t->shape[i]) return -1; /* too many */
         n *= t->shape[i];
     }
     return n;
@@ -72,6 +80,8 @@ moe_status_t moe_tensor_check(const moe_tensor_t *t, const char *what, moe_dtype
                   moe_dtype_name(t->dtype), moe_dtype_name(dtype));
     MOE_CHECK_ARG(t->device == device, "%s is on %s memory; expected %s", what,
                   device_name(t->device), device_name(device));
+    MOE_CHECK_ARG(t->ndim >= 1 && t->ndim <= MOE_MAX_DIMS, "%s has %d dimensions; expected 1..%d",
+                  what, t->ndim, MOE_MAX_DIMS);
     MOE_CHECK_ARG(t->ndim == ndim, "%s has %d dimensions; expected %d", what, t->ndim, ndim);
     for (int i = 0; i < ndim; i++) {
         MOE_CHECK_ARG(t->shape[i] >= 0, "%s shape[%d] is %lld", what, i, (long long)t->shape[i]);
@@ -79,6 +89,8 @@ moe_status_t moe_tensor_check(const moe_tensor_t *t, const char *what, moe_dtype
                       "%s shape[%d] is %lld; expected %lld", what, i, (long long)t->shape[i],
                       (long long)shape[i]);
     }
+    MOE_CHECK_ARG(moe_tensor_numel(t) >= 0, "%s has more than %lld elements", what,
+                  (long long)MAX_ELEMENTS);
     MOE_CHECK_ARG(t->data != NULL || moe_tensor_numel(t) == 0, "%s data is NULL", what);
     return MOE_STATUS_SUCCESS;
 }

@@ -54,6 +54,11 @@ static moe_status_t validate_config(const moe_layer_config_t *c, int32_t ep, int
                       isfinite(c->init_std) && c->init_std >= 0,
                   "capacity_factor, loss coefficients, expert_bias_rate and init_std must be "
                   "finite (init_std >= 0)");
+    int64_t w1 = 0; /* num_experts x hidden x 2 ffn_hidden: the largest parameter */
+    MOE_CHECK_ARG(!__builtin_mul_overflow((int64_t)c->num_experts * 2, c->hidden, &w1) &&
+                      !__builtin_mul_overflow(w1, c->ffn_hidden, &w1) && w1 <= INT64_MAX / 8,
+                  "num_experts (%d) x hidden (%lld) x 2 ffn_hidden (%lld) is too many parameters",
+                  c->num_experts, (long long)c->hidden, (long long)c->ffn_hidden);
     MOE_CHECK_ARG(c->num_experts % ep == 0, "num_experts (%d) is not divisible by ep (%d)",
                   c->num_experts, ep);
     MOE_CHECK_ARG(c->ffn_hidden % tp == 0, "ffn_hidden (%lld) is not divisible by tp (%d)",
@@ -511,7 +516,9 @@ static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t 
 int64_t moe_layer_capacity(const moe_layer_t *l, int64_t n)
 {
     if (l->cfg.capacity_factor <= 0) return -1;
-    return (int64_t)ceil((double)l->cfg.capacity_factor * (double)n * l->k / (double)l->e);
+    double c = ceil((double)l->cfg.capacity_factor * (double)n * l->k / (double)l->e);
+    /* no expert can take more than every slot: a larger factor is dropless */
+    return c >= (double)n * l->k ? n * l->k : (int64_t)c;
 }
 
 /* Re-lay the slot's plan with `stride` rows per expert, the layout the backend's expert
@@ -686,7 +693,14 @@ moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tens
     moe_slot_t *s = &layer->slots[slot];
     MOE_CHECK_ARG(s->in_use, "slot %d holds no forward to differentiate", slot);
     MOE_TRY(check_activation(layer, dy, "dy", s->n));
-    if (dx) MOE_TRY(check_activation(layer, dx, "dx", s->n));
+    if (dx) {
+        MOE_TRY(check_activation(layer, dx, "dx", s->n));
+        /* the router's part of dx is written before the experts' rows are gathered from dy */
+        uintptr_t a = (uintptr_t)dx->data, b = (uintptr_t)dy->data;
+        size_t bytes = moe_tensor_bytes(dy);
+        MOE_CHECK_ARG(bytes == 0 || (a >= b ? a - b : b - a) >= bytes,
+                      "dx overlaps dy; backward needs dy intact while it writes dx");
+    }
 
     moe_runtime_t *rt = layer->rt;
     void *dx_data = dx ? dx->data : NULL, *dx_scratch = NULL;

@@ -679,7 +679,10 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
     int32_t bad_rank = -1, bad_stage = -1;
     moe_status_t bad_status = MOE_STATUS_SUCCESS;
     st = exchange_status(pp, ss.failed, &bad_rank, &bad_status, &bad_stage);
-    if (st != MOE_STATUS_SUCCESS) return st;
+    if (st != MOE_STATUS_SUCCESS) {
+        abandon_microbatches(pp); /* no verdict: give the unfinished units up, as on a failure */
+        return st;
+    }
     if (bad_rank >= 0) abandon_microbatches(pp);
     if (ss.failed != MOE_STATUS_SUCCESS) return MOE_FAIL(ss.failed, "%s", ss.message);
     if (bad_rank >= 0)

@@ -120,6 +120,12 @@ static void test_tensor_bad_input(void **state)
     moe_runtime_t *rt = host_runtime();
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "not available",
                 moe_tensor_alloc(rt, MOE_DTYPE_F32, MOE_DEVICE_CUDA, 2, shape, &t));
+    /* 2^32 x 2^32 elements: the count would not fit, so the shape is refused, not wrapped */
+    int64_t huge[2] = {(int64_t)1 << 32, (int64_t)1 << 32};
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "more than",
+                moe_tensor_view(&t, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, huge, &t));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "more than",
+                moe_tensor_alloc(rt, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, huge, &t));
     moe_tensor_t a, b;
     TEST_OK(moe_tensor_alloc(rt, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shape, &a));
     int64_t other[1] = {7};
@@ -175,6 +181,9 @@ static void test_layer_config_bad_input(void **state)
     c = small_layer();
     c.max_microbatches = 0;
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "max_microbatches is 0", moe_layer_create(rt, &c, &l));
+    c = small_layer();
+    c.ffn_hidden = (int64_t)1 << 62; /* its weights' element count overflows */
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "too many parameters", moe_layer_create(rt, &c, &l));
     c = small_layer();
     c.struct_size = 8;
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "struct_size is 8", moe_layer_create(rt, &c, &l));
@@ -235,6 +244,7 @@ static void test_layer_call_bad_input(void **state)
                 moe_layer_backward(l, 0, &yw, &x));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "dx shape[1] is 5; expected 4",
                 moe_layer_backward(l, 0, &y, &xw));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "dx overlaps dy", moe_layer_backward(l, 0, &y, &y));
     TEST_OK(moe_layer_backward(l, 0, &y, NULL)); /* dx is optional */
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "slot -1", moe_layer_release_slot(l, -1));
     EXPECT_FAIL(MOE_STATUS_INVALID_HANDLE, "layer is NULL", moe_layer_zero_grad(NULL));
@@ -253,6 +263,31 @@ static void test_layer_call_bad_input(void **state)
                 moe_layer_expert_id(l, 4, &ge));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "global_expert is NULL", moe_layer_expert_id(l, 0, NULL));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "stats is NULL", moe_layer_stats(l, NULL, NULL));
+    TEST_OK(moe_layer_destroy(l));
+    TEST_OK(moe_runtime_destroy(rt));
+}
+
+/* A capacity factor too large for an int64 capacity is dropless: every slot is kept and the
+ * reported capacity is all of them, N * K. */
+static void test_layer_huge_capacity_factor(void **state)
+{
+    (void)state;
+    moe_runtime_t *rt = host_runtime();
+    moe_layer_config_t c = small_layer();
+    c.capacity_factor = 1e30f;
+    moe_layer_t *l = NULL;
+    TEST_OK(moe_layer_create(rt, &c, &l));
+    float xb[3 * 4] = {1, -2, 3, 0.5f, 2, 1, -1, 0, 0.25f, 4, -3, 2}, yb[3 * 4];
+    int64_t s34[2] = {3, 4};
+    moe_tensor_t x, y;
+    TEST_OK(moe_tensor_view(xb, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, s34, &x));
+    TEST_OK(moe_tensor_view(yb, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, s34, &y));
+    TEST_OK(moe_layer_forward(l, 0, &x, &y));
+    moe_layer_stats_t st = {.struct_size = sizeof st};
+    TEST_OK(moe_layer_stats(l, &st, NULL));
+    assert_int_equal(st.capacity, 3 * 2);
+    assert_int_equal(st.dropped_slots, 0);
+    TEST_OK(moe_layer_release_slot(l, 0));
     TEST_OK(moe_layer_destroy(l));
     TEST_OK(moe_runtime_destroy(rt));
 }
@@ -286,6 +321,10 @@ static void test_adamw_bad_input(void **state)
                 moe_adamw_add_param(opt, "w", MOE_PARAM_DENSE, &vt, &g16));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "not a trainable kind",
                 moe_adamw_add_param(opt, "w", MOE_PARAM_BUFFER, &vt, &gt));
+    moe_tensor_t v7 = vt; /* more dimensions than a descriptor holds */
+    v7.ndim = 7;
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "value has 7 dimensions; expected 1..4",
+                moe_adamw_add_param(opt, "w", MOE_PARAM_DENSE, &v7, &gt));
     TEST_OK(moe_adamw_add_param(opt, "w", MOE_PARAM_DENSE, &vt, &gt));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "already registered",
                 moe_adamw_add_param(opt, "w", MOE_PARAM_DENSE, &vt, &gt));
@@ -322,6 +361,7 @@ int main(void)
         cmocka_unit_test(test_tensor_bad_input),
         cmocka_unit_test(test_layer_config_bad_input),
         cmocka_unit_test(test_layer_call_bad_input),
+        cmocka_unit_test(test_layer_huge_capacity_factor),
         cmocka_unit_test(test_adamw_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

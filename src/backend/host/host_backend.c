@@ -1,4 +1,5 @@
 /* The host backend: ordinary aligned memory, no streams, and the reference MoE ops. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,8 @@ static moe_status_t host_alloc(void *ctx, size_t bytes, void **out)
     *out = NULL;
     if (bytes == 0) return MOE_STATUS_SUCCESS;
     size_t align = alignment_for(bytes);
+    if (bytes > SIZE_MAX - align) /* its rounding would wrap to a small size */
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "host allocation of %zu bytes", bytes);
     size_t rounded = (bytes + align - 1) / align * align;
     *out = aligned_alloc(align, rounded);
     if (!*out) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "host allocation of %zu bytes", bytes);
