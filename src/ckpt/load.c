@@ -141,58 +141,100 @@ static void mark(uint8_t *bits, const box_t *b, int nd, const int64_t *lo, const
     }
 }
 
+/* The part [lo, hi) of the requested box that one piece holds. */
+typedef struct span {
+    int64_t lo[MOE_MAX_DIMS], hi[MOE_MAX_DIMS];
+} span_t;
+
+static bool spans_overlap(const span_t *a, const span_t *b, int nd)
+{
+    for (int d = 0; d < nd; d++)
+        if (a->hi[d] <= b->lo[d] || b->hi[d] <= a->lo[d]) return false;
+    return true;
+}
+
+/* Whether the spans (volumes adding up to `covered`) cover the whole box of `vol` cells:
+ * disjoint spans do when their volumes add up to it; overlapping ones (replicas) are marked in
+ * a bitmap. */
+static moe_status_t spans_cover(const box_t *b, int nd, const span_t *sp, int32_t n, int64_t vol,
+                                int64_t covered, bool *full)
+{
+    *full = false;
+    if (covered < vol) return MOE_STATUS_SUCCESS;
+    bool overlap = false;
+    for (int32_t i = 0; i < n && !overlap; i++)
+        for (int32_t j = i + 1; j < n && !overlap; j++) overlap = spans_overlap(&sp[i], &sp[j], nd);
+    if (!overlap) {
+        *full = covered == vol;
+        return MOE_STATUS_SUCCESS;
+    }
+    uint8_t *bits = calloc((size_t)(vol + 7) / 8, 1);
+    if (!bits) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "coverage bitmap");
+    for (int32_t i = 0; i < n; i++) mark(bits, b, nd, sp[i].lo, sp[i].hi);
+    int64_t set = 0;
+    for (int64_t i = 0; i < vol; i++) set += (bits[i >> 3] >> (i & 7)) & 1;
+    free(bits);
+    *full = set == vol;
+    return MOE_STATUS_SUCCESS;
+}
+
+/* Every piece of `name` that intersects the box is read into dst; the pieces must agree with
+ * the request's dimensions and global shape gshape (a manifest where they do not is corrupt). */
 static moe_status_t load_box(const ck_manifest_t *m, const int *fds, const char *stepdir,
-                             const char *name, const box_t *b, int nd, uint8_t *dst,
-                             moe_dtype_t ddt, const int64_t *lshape, int64_t step)
+                             const char *name, const box_t *b, int nd, const int64_t *gshape,
+                             uint8_t *dst, moe_dtype_t ddt, const int64_t *lshape, int64_t step)
 {
     int64_t vol = 1;
     for (int d = 0; d < nd; d++) vol *= b->ext[d];
     if (vol == 0) return MOE_STATUS_SUCCESS;
+    span_t *sp = malloc(sizeof *sp * (size_t)(m->npieces > 0 ? m->npieces : 1));
+    if (!sp) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "piece spans");
+    int32_t n = 0;
     int64_t covered = 0;
-    uint8_t *bits = NULL;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int32_t i = 0; i < m->npieces; i++) {
-            const ck_piece_t *p = &m->pieces[i];
-            if (strcmp(p->name, name) != 0) continue;
-            int64_t lo[MOE_MAX_DIMS], hi[MOE_MAX_DIMS], v = 1;
-            for (int d = 0; d < nd; d++) {
-                lo[d] = b->gstart[d] > p->start[d] ? b->gstart[d] : p->start[d];
-                int64_t e1 = b->gstart[d] + b->ext[d], e2 = p->start[d] + p->extent[d];
-                hi[d] = e1 < e2 ? e1 : e2;
-                v *= hi[d] > lo[d] ? hi[d] - lo[d] : 0;
-            }
-            if (v == 0) continue;
-            if (pass == 0) {
-                char fname[PATH_MAX];
-                snprintf(fname, sizeof fname, "%s/%s", stepdir, m->files[p->file].path);
-                MOE_TRY(read_intersection(fds[p->file], fname, m->chunk_bytes, p, lo, hi, b, dst,
-                                          ddt, lshape));
-                covered += v;
-            } else {
-                mark(bits, b, nd, lo, hi);
-            }
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    for (int32_t i = 0; i < m->npieces; i++) {
+        const ck_piece_t *p = &m->pieces[i];
+        if (strcmp(p->name, name) != 0) continue;
+        bool agrees = p->ndim == nd;
+        for (int d = 0; d < nd && agrees; d++) agrees = p->global_shape[d] == gshape[d];
+        if (!agrees) {
+            st = MOE_FAIL(MOE_STATUS_CORRUPT,
+                          "checkpoint step %" PRId64 ": the pieces of tensor %s disagree on its "
+                          "global shape", step, name);
+            goto done;
         }
-        if (pass == 0 && covered == vol) return MOE_STATUS_SUCCESS;
-        if (pass == 0 && covered < vol) break;
-        if (pass == 0) {
-            bits = calloc((size_t)(vol + 7) / 8, 1);
-            if (!bits) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "coverage bitmap");
+        span_t s_;
+        int64_t v = 1;
+        for (int d = 0; d < nd; d++) {
+            s_.lo[d] = b->gstart[d] > p->start[d] ? b->gstart[d] : p->start[d];
+            int64_t e1 = b->gstart[d] + b->ext[d], e2 = p->start[d] + p->extent[d];
+            s_.hi[d] = e1 < e2 ? e1 : e2;
+            v *= s_.hi[d] > s_.lo[d] ? s_.hi[d] - s_.lo[d] : 0;
         }
+        if (v == 0) continue;
+        char fname[PATH_MAX];
+        snprintf(fname, sizeof fname, "%s/%s", stepdir, m->files[p->file].path);
+        st = read_intersection(fds[p->file], fname, m->chunk_bytes, p, s_.lo, s_.hi, b, dst, ddt,
+                               lshape);
+        if (st != MOE_STATUS_SUCCESS) goto done;
+        sp[n++] = s_;
+        covered += v;
     }
-    if (bits) {
-        int64_t set = 0;
-        for (int64_t i = 0; i < vol; i++) set += (bits[i >> 3] >> (i & 7)) & 1;
-        free(bits);
-        if (set == vol) return MOE_STATUS_SUCCESS;
+    bool full;
+    st = spans_cover(b, nd, sp, n, vol, covered, &full);
+    if (st == MOE_STATUS_SUCCESS && !full) {
+        char desc[256];
+        int len = 0;
+        for (int d = 0; d < nd; d++)
+            len += snprintf(desc + len, sizeof desc - (size_t)len, "%s%" PRId64 ":%" PRId64,
+                            d ? "," : "", b->gstart[d], b->gstart[d] + b->ext[d]);
+        st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
+                      "checkpoint step %" PRId64 " does not hold all of tensor %s[%s]", step,
+                      name, desc);
     }
-    char desc[256];
-    int n = 0;
-    for (int d = 0; d < nd; d++)
-        n += snprintf(desc + n, sizeof desc - (size_t)n, "%s%" PRId64 ":%" PRId64, d ? "," : "",
-                      b->gstart[d], b->gstart[d] + b->ext[d]);
-    return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
-                    "checkpoint step %" PRId64 " does not hold all of tensor %s[%s]", step, name,
-                    desc);
+done:
+    free(sp);
+    return st;
 }
 
 static moe_status_t load_tensor(moe_runtime_t *rt, const ck_manifest_t *m, const int *fds,
@@ -246,10 +288,10 @@ static moe_status_t load_tensor(moe_runtime_t *rt, const ck_manifest_t *m, const
             bk.gstart[ed] = e->expert_ids[k];
             bk.ext[ed] = 1;
             bk.lstart[ed] = k;
-            st = load_box(m, fds, stepdir, e->name, &bk, nd, dst, x->dtype, x->shape, step);
+            st = load_box(m, fds, stepdir, e->name, &bk, nd, gs, dst, x->dtype, x->shape, step);
         }
     } else {
-        st = load_box(m, fds, stepdir, e->name, &b, nd, dst, x->dtype, x->shape, step);
+        st = load_box(m, fds, stepdir, e->name, &b, nd, gs, dst, x->dtype, x->shape, step);
     }
     if (staged) {
         if (st == MOE_STATUS_SUCCESS) {

@@ -380,12 +380,16 @@ char *ck_manifest_build(int64_t step, uint64_t chunk_bytes, int32_t world, const
 
 #define BAD(...) MOE_FAIL(MOE_STATUS_CORRUPT, "manifest: " __VA_ARGS__)
 
+/* JSON numbers are doubles: integers up to 2^53 are exact. Sizes, offsets, shape entries and
+ * a tensor's element count stay within it. */
+#define MAX_EXACT 9007199254740992.0
+
 static bool get_u64(const cJSON *o, const char *key, uint64_t *v)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!cJSON_IsNumber(x)) return false;
     double d = x->valuedouble;
-    if (!(d >= 0 && d <= 9007199254740992.0) || floor(d) != d) return false;
+    if (!(d >= 0 && d <= MAX_EXACT) || floor(d) != d) return false;
     *v = (uint64_t)d;
     return true;
 }
@@ -401,7 +405,7 @@ static int get_shape(const cJSON *o, const char *key, int64_t *v)
     cJSON_ArrayForEach(x, a)
     {
         double d = cJSON_IsNumber(x) ? x->valuedouble : -1;
-        if (!(d >= 0 && d <= 9007199254740992.0) || floor(d) != d) return -1;
+        if (!(d >= 0 && d <= MAX_EXACT) || floor(d) != d) return -1;
         v[i++] = (int64_t)d;
     }
     return n;
@@ -537,13 +541,18 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
             goto fail;
         }
         q->ndim = n1;
-        uint64_t numel = 1;
+        uint64_t numel = 1, gnumel = 1;
         for (int d = 0; d < q->ndim; d++) {
             if (q->start[d] + q->extent[d] > q->global_shape[d]) {
                 st = BAD("tensor %s: slice exceeds the global shape in dimension %d", q->name, d);
                 goto fail;
             }
-            numel *= (uint64_t)q->extent[d];
+            if (__builtin_mul_overflow(numel, (uint64_t)q->extent[d], &numel) ||
+                __builtin_mul_overflow(gnumel, (uint64_t)q->global_shape[d], &gnumel) ||
+                (double)gnumel > MAX_EXACT) {
+                st = BAD("tensor %s: global shape has more than 2^53 elements", q->name);
+                goto fail;
+            }
         }
         if (!cJSON_IsString(fl)) {
             st = BAD("tensor %s: file missing", q->name);

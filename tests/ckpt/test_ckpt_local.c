@@ -288,6 +288,28 @@ static void test_path_escape_rejected(void **st)
     ct_free(&s);
 }
 
+/* A global shape whose element count is past 2^53 (each entry within it): the manifest is
+ * corrupt, so the loader falls back to the older step rather than trusting its sizes. */
+static void test_oversized_shape_rejected(void **st)
+{
+    (void)st;
+    moe_ckpt_t *ck = open_ck(0);
+    ct_state_t s;
+    ct_init(&s);
+    save_steps(ck, &s, 1, 2);
+    char path[512];
+    step_file(2, "manifest.json", path, sizeof path);
+    replace_in_file(path, "\"global_shape\":\t[37, 129]",
+                    "\"global_shape\":\t[37, 1125899906842624]");
+    int64_t step = -1;
+    TEST_OK(moe_ckpt_load_latest(ck, s.t, 3, &step));
+    assert_int_equal(step, 1);
+    assert_true(ct_log_has("more than 2^53 elements"));
+    assert_int_equal(moe_ckpt_load_step(ck, 2, s.t, 3), MOE_STATUS_CORRUPT);
+    TEST_OK(moe_ckpt_destroy(ck));
+    ct_free(&s);
+}
+
 static void test_retention(void **st)
 {
     (void)st;
@@ -457,6 +479,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flipped_byte_falls_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncated_file_falls_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_path_escape_rejected, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_oversized_shape_rejected, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retention, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_full, setup, teardown),

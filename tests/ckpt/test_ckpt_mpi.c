@@ -18,6 +18,10 @@
  *   phase E  at (1,2,2,1) rank 2 calls save_async(6) with a duplicate tensor name: it gets
  *            INVALID_ARGUMENT at once, the other ranks get ABORTED from wait (the agreement
  *            failed), step 6 never becomes a checkpoint and nobody hangs.
+ *   phase F  ranks 0 and 1 save the same half [0, 4) of a global [8] tensor (replicas whose
+ *            pieces overlap and leave [4, 8) out; the other ranks save another tensor):
+ *            loading [0, 4) gives the values, loading all of [8] is refused (the pieces'
+ *            sizes add up to 8, their union does not).
  *   phase D  (when rank 0 can start s3rver) phase A also mirrored to S3 (each rank uploads
  *            its shard, the ranks agree, rank 0 puts the manifest); mesh (1,2,2,1) with an
  *            empty local directory restores step 5 from S3 and computes the same outputs.
@@ -205,6 +209,46 @@ static void refused_save(const char *dir)
     if (R == 0) printf("phase E (one rank refuses a save) done\n");
 }
 
+static void overlapping_replicas(void)
+{
+    char dir[256] = "/tmp/moe-ckpt-mpi-half-XXXXXX";
+    if (R == 0 && !mkdtemp(dir)) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    moe_runtime_t *rt = make_runtime(1, W);
+    moe_ckpt_config_t c = moe_ckpt_config_default();
+    c.dir = dir;
+    moe_ckpt_t *ck = NULL;
+    TEST_OK(moe_ckpt_create(rt, &c, &ck));
+    float half[4] = {1, 2, 3, 4}, got[8];
+    int64_t s4[1] = {4}, s8[1] = {8};
+    moe_tensor_t th, tg4, tg8;
+    TEST_OK(moe_tensor_view(half, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, s4, &th));
+    TEST_OK(moe_tensor_view(got, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, s4, &tg4));
+    TEST_OK(moe_tensor_view(got, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, s8, &tg8));
+    moe_ckpt_tensor_t e = moe_ckpt_tensor_whole(R < 2 ? "half" : "other", &th);
+    if (R < 2) e.global_shape[0] = 8;
+    TEST_OK(moe_ckpt_save_async(ck, 7, &e, 1));
+    TEST_OK(moe_ckpt_wait(ck, 0, 60000));
+    for (int i = 0; i < 8; i++) got[i] = -7;
+    moe_ckpt_tensor_t l4 = moe_ckpt_tensor_whole("half", &tg4);
+    l4.global_shape[0] = 8;
+    TEST_OK(moe_ckpt_load_step(ck, 7, &l4, 1));
+    RANK_CHECK(got[0] == 1 && got[3] == 4, "the saved half reads back as %g..%g", got[0], got[3]);
+    moe_ckpt_tensor_t l8 = moe_ckpt_tensor_whole("half", &tg8);
+    moe_status_t st = moe_ckpt_load_step(ck, 7, &l8, 1);
+    RANK_CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), "does not hold all"),
+               "loading all of [8] from overlapping halves: %s (%s)", moe_status_string(st),
+               moe_last_error());
+    TEST_OK(moe_ckpt_destroy(ck));
+    TEST_OK(moe_runtime_destroy(rt));
+    if (R == 0) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+        printf("phase F (overlapping replicas with a hole) done\n");
+    }
+}
+
 int main(int argc, char **argv)
 {
     int provided;
@@ -274,6 +318,7 @@ int main(int argc, char **argv)
     if (W == 8) load_and_compare(dir, 8, 1, MOE_PLACEMENT_ROUND_ROBIN, x, yref);
     refused_save(dir);
     load_and_compare(dir, 2, W / 2, MOE_PLACEMENT_CONTIGUOUS, x, yref); /* still step 5 */
+    overlapping_replicas();
     if (g_have_s3) { /* phase D: nothing local, everything from S3 */
         char empty[256] = "/tmp/moe-ckpt-mpi-s3-XXXXXX";
         if (R == 0 && !mkdtemp(empty)) MPI_Abort(MPI_COMM_WORLD, 1);
