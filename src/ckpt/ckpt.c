@@ -771,24 +771,25 @@ static moe_status_t progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t t
             free_job(j);
         }
         for (int32_t i = 0; i < mins[1]; i++) {
+            /* The upload stays at the head of updone through the agreement: retention, which
+             * the writer thread may run meanwhile, spares the steps of the uploads it finds
+             * queued, and this step's manifest is not uploaded yet. */
             pthread_mutex_lock(&ck->mu);
             upload_t *u = ck->updone;
-            ck->updone = u->next;
-            if (!ck->updone) ck->updone_tail = NULL;
-            u->next = NULL;
+            int32_t ok = u->ok;
             pthread_mutex_unlock(&ck->mu);
             int32_t all_ok = 0;
-            moe_status_t st = agree(ck->comm_w, u->ok, MOE_REDUCE_MIN, &all_ok);
-            if (st != MOE_STATUS_SUCCESS) {
-                free(u);
-                return st;
-            }
-            if (!all_ok && u->ok) {
+            moe_status_t st = agree(ck->comm_w, ok, MOE_REDUCE_MIN, &all_ok);
+            if (st != MOE_STATUS_SUCCESS) return st; /* still queued, freed by destroy */
+            if (!all_ok && ok) {
                 MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "another rank failed to upload its shard of "
                          "step %" PRId64, u->step);
                 set_async_error(ck, MOE_STATUS_REMOTE_ERROR, "mirroring the checkpoint to S3");
             }
             pthread_mutex_lock(&ck->mu);
+            ck->updone = u->next;
+            if (!ck->updone) ck->updone_tail = NULL;
+            u->next = NULL;
             if (all_ok && ck->rank == 0) { /* the remote commit */
                 u->manifest_only = true;
                 if (ck->ups_tail) ck->ups_tail->next = u;

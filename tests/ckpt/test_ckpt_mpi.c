@@ -22,6 +22,10 @@
  *            pieces overlap and leave [4, 8) out; the other ranks save another tensor):
  *            loading [0, 4) gives the values, loading all of [8] is refused (the pieces'
  *            sizes add up to 8, their union does not).
+ *   phase G  (with s3rver) keep_last = 1 and the S3 mirror, 80 saves each followed by a
+ *            wait for the local commit only: retention on rank 0 runs while the ranks agree
+ *            on the previous step's upload, and must not remove that step before rank 0 has
+ *            put its manifest (it did: "manifest.json ... No such file or directory").
  *   phase D  (when rank 0 can start s3rver) phase A also mirrored to S3 (each rank uploads
  *            its shard, the ranks agree, rank 0 puts the manifest); mesh (1,2,2,1) with an
  *            empty local directory restores step 5 from S3 and computes the same outputs.
@@ -249,6 +253,57 @@ static void overlapping_replicas(void)
     }
 }
 
+static void retention_beside_uploads(void)
+{
+    char dir[256] = "/tmp/moe-ckpt-mpi-keep1-XXXXXX";
+    if (R == 0 && !mkdtemp(dir)) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    moe_runtime_t *rt = make_runtime(1, W);
+    moe_ckpt_config_t c = moe_ckpt_config_default();
+    c.dir = dir;
+    c.keep_last = 1;
+    add_s3(&c);
+    c.s3_prefix = "keep1";
+    moe_ckpt_t *ck = NULL;
+    TEST_OK(moe_ckpt_create(rt, &c, &ck));
+    float v[256] = {0};
+    int64_t sh[1] = {256};
+    moe_tensor_t tv;
+    TEST_OK(moe_tensor_view(v, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, sh, &tv));
+    char name[16];
+    snprintf(name, sizeof name, "r%d", R);
+    moe_ckpt_tensor_t e = moe_ckpt_tensor_whole(name, &tv);
+    int bad = 0;
+    for (int64_t step = 1; step <= 80 && !bad; step++) {
+        v[0] = (float)step;
+        moe_status_t st = moe_ckpt_save_async(ck, step, &e, 1);
+        if (st == MOE_STATUS_SUCCESS) st = moe_ckpt_wait(ck, 0, 60000);
+        if (st != MOE_STATUS_SUCCESS) {
+            RANK_CHECK(0, "step %lld: %s (%s)", (long long)step, moe_status_string(st),
+                       moe_last_error());
+            bad = 1;
+        }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!bad) {
+        TEST_OK(moe_ckpt_wait(ck, 1, 60000));
+        moe_ckpt_status_t st = {.struct_size = sizeof st};
+        TEST_OK(moe_ckpt_status(ck, &st));
+        RANK_CHECK(st.last_uploaded_step == 80, "last uploaded %lld", (long long)st.last_uploaded_step);
+        TEST_OK(moe_ckpt_destroy(ck));
+    } else {
+        moe_ckpt_abort(ck);
+        moe_ckpt_destroy(ck);
+    }
+    TEST_OK(moe_runtime_destroy(rt));
+    if (R == 0) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+        printf("phase G (keep_last 1 beside the S3 mirror, 80 steps) done\n");
+    }
+}
+
 int main(int argc, char **argv)
 {
     int provided;
@@ -319,6 +374,7 @@ int main(int argc, char **argv)
     refused_save(dir);
     load_and_compare(dir, 2, W / 2, MOE_PLACEMENT_CONTIGUOUS, x, yref); /* still step 5 */
     overlapping_replicas();
+    if (g_have_s3) retention_beside_uploads();
     if (g_have_s3) { /* phase D: nothing local, everything from S3 */
         char empty[256] = "/tmp/moe-ckpt-mpi-s3-XXXXXX";
         if (R == 0 && !mkdtemp(empty)) MPI_Abort(MPI_COMM_WORLD, 1);
