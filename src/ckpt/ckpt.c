@@ -549,6 +549,9 @@ static void commit_job(moe_ckpt_t *ck, job_t *j)
             if (bst != MOE_STATUS_SUCCESS) {
                 set_async_error(ck, bst, "checkpoint commit broadcast");
                 committed = 0;
+            } else if (!committed && ck->rank != 0) { /* rank 0 has the cause */
+                MOE_FAIL(MOE_STATUS_ABORTED, "rank 0 could not commit step %" PRId64, j->step);
+                set_async_error(ck, MOE_STATUS_ABORTED, "committing the checkpoint");
             }
         }
     } else if (j->local_ok) {
@@ -1052,7 +1055,9 @@ moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck)
         moe_status_t s = wait_idle(ck, true, -1);
         if (s == MOE_STATUS_SUCCESS) break;
         if (st == MOE_STATUS_SUCCESS) st = s;
-        if (s == MOE_STATUS_COMM_ERROR || s == MOE_STATUS_TIMEOUT) break; /* peers gone */
+        /* peers gone; or several ranks, whose collective drain has drained everything (another
+         * would wait for ranks that had nothing to report and have left) */
+        if (s == MOE_STATUS_COMM_ERROR || s == MOE_STATUS_TIMEOUT || ck->world > 1) break;
     }
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", moe_last_error());

@@ -22,6 +22,9 @@
  *            pieces overlap and leave [4, 8) out; the other ranks save another tensor):
  *            loading [0, 4) gives the values, loading all of [8] is refused (the pieces'
  *            sizes add up to 8, their union does not).
+ *   phase H  rank 0 cannot write step 9's manifest (a directory is in the way of its temporary
+ *            file): wait gives rank 0 the I/O error and every other rank ABORTED naming rank
+ *            0 (before, they reported success), and destroy returns at once on every rank.
  *   phase G  (with s3rver) keep_last = 1 and the S3 mirror, 80 saves each followed by a
  *            wait for the local commit only: retention on rank 0 runs while the ranks agree
  *            on the previous step's upload, and must not remove that step before rank 0 has
@@ -35,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <mpi.h>
 
@@ -253,6 +257,51 @@ static void overlapping_replicas(void)
     }
 }
 
+static void failed_commit(void)
+{
+    char dir[256] = "/tmp/moe-ckpt-mpi-commit-XXXXXX";
+    if (R == 0 && !mkdtemp(dir)) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (R == 0) {
+        char p[320];
+        snprintf(p, sizeof p, "%s/step-000000000009", dir);
+        RANK_CHECK(mkdir(p, 0755) == 0, "mkdir %s", p);
+        snprintf(p, sizeof p, "%s/step-000000000009/manifest.json.tmp", dir);
+        RANK_CHECK(mkdir(p, 0755) == 0, "mkdir %s", p);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    moe_runtime_t *rt = make_runtime(1, W);
+    moe_ckpt_config_t c = moe_ckpt_config_default();
+    c.dir = dir;
+    moe_ckpt_t *ck = NULL;
+    TEST_OK(moe_ckpt_create(rt, &c, &ck));
+    float v[64] = {0};
+    int64_t sh[1] = {64};
+    moe_tensor_t tv;
+    TEST_OK(moe_tensor_view(v, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, sh, &tv));
+    char name[16];
+    snprintf(name, sizeof name, "r%d", R);
+    moe_ckpt_tensor_t e = moe_ckpt_tensor_whole(name, &tv);
+    TEST_OK(moe_ckpt_save_async(ck, 9, &e, 1));
+    moe_status_t st = moe_ckpt_wait(ck, 1, 60000);
+    if (R == 0)
+        RANK_CHECK(st == MOE_STATUS_IO_ERROR, "wait on rank 0: %s (%s)", moe_status_string(st),
+                   moe_last_error());
+    else
+        RANK_CHECK(st == MOE_STATUS_ABORTED && strstr(moe_last_error(), "rank 0 could not commit"),
+                   "wait: %s (%s)", moe_status_string(st), moe_last_error());
+    double t0 = MPI_Wtime();
+    TEST_OK(moe_ckpt_destroy(ck));
+    RANK_CHECK(MPI_Wtime() - t0 < 10, "destroy took %.1f s", MPI_Wtime() - t0);
+    TEST_OK(moe_runtime_destroy(rt));
+    if (R == 0) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+        printf("phase H (rank 0 cannot commit) done\n");
+    }
+}
+
 static void retention_beside_uploads(void)
 {
     char dir[256] = "/tmp/moe-ckpt-mpi-keep1-XXXXXX";
@@ -374,6 +423,7 @@ int main(int argc, char **argv)
     refused_save(dir);
     load_and_compare(dir, 2, W / 2, MOE_PLACEMENT_CONTIGUOUS, x, yref); /* still step 5 */
     overlapping_replicas();
+    failed_commit();
     if (g_have_s3) retention_beside_uploads();
     if (g_have_s3) { /* phase D: nothing local, everything from S3 */
         char empty[256] = "/tmp/moe-ckpt-mpi-s3-XXXXXX";
