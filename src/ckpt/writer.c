@@ -42,6 +42,7 @@ typedef struct wreq {
     size_t len;
     uint64_t off;
     int slot;
+    bool in_flight, direct; /* submitted and not reaped; submitted while O_DIRECT was on */
     track_t *tr;
     struct wreq *next_free;
 } wreq_t;
@@ -164,6 +165,8 @@ static void submit_req(ck_writer_t *w, wreq_t *r)
     else
         io_uring_prep_write(sqe, w->fd, r->buf, (unsigned)r->len, r->off);
     io_uring_sqe_set_data(sqe, r);
+    r->in_flight = true;
+    r->direct = w->direct;
     w->inflight++;
 }
 
@@ -196,16 +199,24 @@ static void reap(ck_writer_t *w, int min)
             if (got >= min) return; /* -EAGAIN: nothing ready */
             fail_once(w, MOE_FAIL(MOE_STATUS_IO_ERROR, "io_uring_wait_cqe failed: %s",
                                   strerror(-rc)));
-            w->inflight = 0; /* the ring is unusable: abandon what is in flight */
+            /* the ring is unusable: what is in flight ends as failed, so that its segments
+             * are released and no one waits for a free request that never comes */
+            for (int i = 0; i < w->qd; i++)
+                if (w->reqs[i].in_flight) {
+                    w->reqs[i].in_flight = false;
+                    complete_part(w, &w->reqs[i]);
+                }
+            w->inflight = 0;
             return;
         }
         wreq_t *r = io_uring_cqe_get_data(cqe);
         int res = cqe->res;
         io_uring_cqe_seen(&w->ring, cqe);
+        r->in_flight = false;
         w->inflight--;
         got++;
-        if (res == -EINVAL && w->direct) {
-            drop_direct(w);
+        if (res == -EINVAL && r->direct) { /* every write sent under O_DIRECT, not the first */
+            if (w->direct) drop_direct(w);
             submit_req(w, r);
             continue;
         }
