@@ -217,11 +217,28 @@ static void refused_save(const char *dir)
     if (R == 0) printf("phase E (one rank refuses a save) done\n");
 }
 
+/* A fresh directory under /tmp made by rank 0 and named to every rank (shared storage). */
+static void shared_tempdir(char *dir, size_t n, const char *tag)
+{
+    snprintf(dir, n, "/tmp/moe-ckpt-mpi-%s-XXXXXX", tag);
+    if (R == 0 && !mkdtemp(dir)) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Bcast(dir, (int)n, MPI_CHAR, 0, MPI_COMM_WORLD);
+}
+
+/* Rank 0 removes dir and says that `phase` is done. */
+static void remove_dir(const char *dir, const char *phase)
+{
+    if (R != 0) return;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    printf("%s done\n", phase);
+}
+
 static void overlapping_replicas(void)
 {
-    char dir[256] = "/tmp/moe-ckpt-mpi-half-XXXXXX";
-    if (R == 0 && !mkdtemp(dir)) MPI_Abort(MPI_COMM_WORLD, 1);
-    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    char dir[256];
+    shared_tempdir(dir, sizeof dir, "half");
     moe_runtime_t *rt = make_runtime(1, W);
     moe_ckpt_config_t c = moe_ckpt_config_default();
     c.dir = dir;
@@ -249,19 +266,13 @@ static void overlapping_replicas(void)
                moe_last_error());
     TEST_OK(moe_ckpt_destroy(ck));
     TEST_OK(moe_runtime_destroy(rt));
-    if (R == 0) {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-        printf("phase F (overlapping replicas with a hole) done\n");
-    }
+    remove_dir(dir, "phase F (overlapping replicas with a hole)");
 }
 
 static void failed_commit(void)
 {
-    char dir[256] = "/tmp/moe-ckpt-mpi-commit-XXXXXX";
-    if (R == 0 && !mkdtemp(dir)) MPI_Abort(MPI_COMM_WORLD, 1);
-    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    char dir[256];
+    shared_tempdir(dir, sizeof dir, "commit");
     if (R == 0) {
         char p[320];
         snprintf(p, sizeof p, "%s/step-000000000009", dir);
@@ -294,19 +305,13 @@ static void failed_commit(void)
     TEST_OK(moe_ckpt_destroy(ck));
     RANK_CHECK(MPI_Wtime() - t0 < 10, "destroy took %.1f s", MPI_Wtime() - t0);
     TEST_OK(moe_runtime_destroy(rt));
-    if (R == 0) {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-        printf("phase H (rank 0 cannot commit) done\n");
-    }
+    remove_dir(dir, "phase H (rank 0 cannot commit)");
 }
 
 static void retention_beside_uploads(void)
 {
-    char dir[256] = "/tmp/moe-ckpt-mpi-keep1-XXXXXX";
-    if (R == 0 && !mkdtemp(dir)) MPI_Abort(MPI_COMM_WORLD, 1);
-    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    char dir[256];
+    shared_tempdir(dir, sizeof dir, "keep1");
     moe_runtime_t *rt = make_runtime(1, W);
     moe_ckpt_config_t c = moe_ckpt_config_default();
     c.dir = dir;
@@ -345,12 +350,7 @@ static void retention_beside_uploads(void)
         moe_ckpt_destroy(ck);
     }
     TEST_OK(moe_runtime_destroy(rt));
-    if (R == 0) {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-        printf("phase G (keep_last 1 beside the S3 mirror, 80 steps) done\n");
-    }
+    remove_dir(dir, "phase G (keep_last 1 beside the S3 mirror, 80 steps)");
 }
 
 int main(int argc, char **argv)
@@ -364,9 +364,8 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 77;
     }
-    char dir[256] = "/tmp/moe-ckpt-mpi-XXXXXX";
-    if (R == 0 && !mkdtemp(dir)) MPI_Abort(MPI_COMM_WORLD, 1);
-    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    char dir[256];
+    shared_tempdir(dir, sizeof dir, "reshard");
 
     if (R == 0) {
         g_have_s3 = s3_fixture_start(&g_s3, "mpi-bucket");
@@ -426,16 +425,10 @@ int main(int argc, char **argv)
     failed_commit();
     if (g_have_s3) retention_beside_uploads();
     if (g_have_s3) { /* phase D: nothing local, everything from S3 */
-        char empty[256] = "/tmp/moe-ckpt-mpi-s3-XXXXXX";
-        if (R == 0 && !mkdtemp(empty)) MPI_Abort(MPI_COMM_WORLD, 1);
-        MPI_Bcast(empty, sizeof empty, MPI_CHAR, 0, MPI_COMM_WORLD);
+        char empty[256];
+        shared_tempdir(empty, sizeof empty, "s3");
         load_and_compare(empty, 2, W / 2, MOE_PLACEMENT_ROUND_ROBIN, x, yref);
-        if (R == 0) {
-            char cmd[300];
-            snprintf(cmd, sizeof cmd, "rm -rf '%s'", empty);
-            if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", empty);
-            printf("phase D (restore from S3 at ep=2) done\n");
-        }
+        remove_dir(empty, "phase D (restore from S3 at ep=2)");
     } else if (R == 0) {
         printf("S3 test server unavailable: phase D skipped\n");
     }
