@@ -225,6 +225,16 @@ static void shared_tempdir(char *dir, size_t n, const char *tag)
     MPI_Bcast(dir, (int)n, MPI_CHAR, 0, MPI_COMM_WORLD);
 }
 
+/* A checkpoint entry of this rank's own tensor, "r<rank>", over v[0..n). */
+static moe_ckpt_tensor_t rank_tensor(float *v, int64_t n)
+{
+    static char name[16];
+    snprintf(name, sizeof name, "r%d", R);
+    moe_tensor_t t;
+    TEST_OK(moe_tensor_view(v, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, &n, &t));
+    return moe_ckpt_tensor_whole(name, &t);
+}
+
 /* Rank 0 removes dir and says that `phase` is done. */
 static void remove_dir(const char *dir, const char *phase)
 {
@@ -287,12 +297,7 @@ static void failed_commit(void)
     moe_ckpt_t *ck = NULL;
     TEST_OK(moe_ckpt_create(rt, &c, &ck));
     float v[64] = {0};
-    int64_t sh[1] = {64};
-    moe_tensor_t tv;
-    TEST_OK(moe_tensor_view(v, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, sh, &tv));
-    char name[16];
-    snprintf(name, sizeof name, "r%d", R);
-    moe_ckpt_tensor_t e = moe_ckpt_tensor_whole(name, &tv);
+    moe_ckpt_tensor_t e = rank_tensor(v, 64);
     TEST_OK(moe_ckpt_save_async(ck, 9, &e, 1));
     moe_status_t st = moe_ckpt_wait(ck, 1, 60000);
     if (R == 0)
@@ -321,12 +326,7 @@ static void retention_beside_uploads(void)
     moe_ckpt_t *ck = NULL;
     TEST_OK(moe_ckpt_create(rt, &c, &ck));
     float v[256] = {0};
-    int64_t sh[1] = {256};
-    moe_tensor_t tv;
-    TEST_OK(moe_tensor_view(v, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, sh, &tv));
-    char name[16];
-    snprintf(name, sizeof name, "r%d", R);
-    moe_ckpt_tensor_t e = moe_ckpt_tensor_whole(name, &tv);
+    moe_ckpt_tensor_t e = rank_tensor(v, 256);
     int bad = 0;
     for (int64_t step = 1; step <= 80 && !bad; step++) {
         v[0] = (float)step;
