@@ -88,8 +88,9 @@ MOE_API moe_status_t moe_layer_destroy(moe_layer_t *layer);
 MOE_API moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *x,
                                        moe_tensor_t *y);
 /* [in] dy [N,H] for the forward saved in slot. [out] dx [N,H] (may be NULL if not needed;
- * must not overlap dy, which is read after dx is first written). Accumulates into the parameter gradients (the first backward after moe_layer_discard_grad
- * writes them) and frees the slot. Collective like forward. */
+ * must not overlap dy, which is read after dx is first written). Accumulates into the
+ * parameter gradients (the first backward after moe_layer_discard_grad writes them) and frees
+ * the slot. Collective like forward. */
 MOE_API moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *dy,
                                         moe_tensor_t *dx);
 /* Drop the state saved by forward in slot without a backward. */

@@ -203,21 +203,21 @@ static moe_status_t load_box(const ck_manifest_t *m, const int *fds, const char 
                           "global shape", step, name);
             goto done;
         }
-        span_t s_;
+        span_t span;
         int64_t v = 1;
         for (int d = 0; d < nd; d++) {
-            s_.lo[d] = b->gstart[d] > p->start[d] ? b->gstart[d] : p->start[d];
+            span.lo[d] = b->gstart[d] > p->start[d] ? b->gstart[d] : p->start[d];
             int64_t e1 = b->gstart[d] + b->ext[d], e2 = p->start[d] + p->extent[d];
-            s_.hi[d] = e1 < e2 ? e1 : e2;
-            v *= s_.hi[d] > s_.lo[d] ? s_.hi[d] - s_.lo[d] : 0;
+            span.hi[d] = e1 < e2 ? e1 : e2;
+            v *= span.hi[d] > span.lo[d] ? span.hi[d] - span.lo[d] : 0;
         }
         if (v == 0) continue;
         char fname[PATH_MAX];
         snprintf(fname, sizeof fname, "%s/%s", stepdir, m->files[p->file].path);
-        st = read_intersection(fds[p->file], fname, m->chunk_bytes, p, s_.lo, s_.hi, b, dst, ddt,
-                               lshape);
+        st = read_intersection(fds[p->file], fname, m->chunk_bytes, p, span.lo, span.hi, b, dst,
+                               ddt, lshape);
         if (st != MOE_STATUS_SUCCESS) goto done;
-        sp[n++] = s_;
+        sp[n++] = span;
         covered += v;
     }
     bool full;

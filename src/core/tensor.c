@@ -1,7 +1,7 @@
 /* Tensor descriptors: construction, element counts and validation. */
 #include "tensor.h"
 
-#include <stdint.h>
+#include <stdbool.h>
 
 #include "error.h"
 
@@ -22,9 +22,6 @@ const char *moe_dtype_name(moe_dtype_t dtype)
     }
     return "unknown";
 }
-
-/* The most elements a tensor may have: its bytes (at most 8 an element) fit an int64_t. */
-#define MAX_ELEMENTS (INT64_MAX / 8)
 
 static const char *device_name(moe_device_kind_t d)
 {
@@ -48,7 +45,7 @@ moe_status_t moe_tensor_view(void *data, moe_dtype_t dtype, moe_device_kind_t de
         t.shape[i] = shape[i];
     }
     MOE_CHECK_ARG(moe_tensor_numel(&t) >= 0, "shape has more than %lld elements",
-                  (long long)MAX_ELEMENTS);
+                  (long long)MOE_TENSOR_MAX_ELEMENTS);
     *out = t;
     return MOE_STATUS_SUCCESS;
 }
@@ -57,12 +54,15 @@ int64_t moe_tensor_numel(const moe_tensor_t *t)
 {
     if (!t || t->ndim < 1 || t->ndim > MOE_MAX_DIMS) return -1;
     int64_t n = 1;
+    bool empty = false, too_many = false; /* a zero extent makes any other extent harmless */
     for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] < 0) return -1;
-        if (t->shape[i] > 0 && n > MAX_ELEMENTS / t->shape[i]) return -1; /* too many */
-        n *= t->shape[i];
+        int64_t s = t->shape[i];
+        if (s < 0) return -1;
+        if (s == 0) empty = true;
+        else if (n > MOE_TENSOR_MAX_ELEMENTS / s) too_many = true;
+        else n *= s;
     }
-    return n;
+    return empty ? 0 : too_many ? -1 : n;
 }
 
 size_t moe_tensor_bytes(const moe_tensor_t *t)
@@ -89,8 +89,9 @@ moe_status_t moe_tensor_check(const moe_tensor_t *t, const char *what, moe_dtype
                       "%s shape[%d] is %lld; expected %lld", what, i, (long long)t->shape[i],
                       (long long)shape[i]);
     }
-    MOE_CHECK_ARG(moe_tensor_numel(t) >= 0, "%s has more than %lld elements", what,
-                  (long long)MAX_ELEMENTS);
-    MOE_CHECK_ARG(t->data != NULL || moe_tensor_numel(t) == 0, "%s data is NULL", what);
+    int64_t numel = moe_tensor_numel(t);
+    MOE_CHECK_ARG(numel >= 0, "%s has more than %lld elements", what,
+                  (long long)MOE_TENSOR_MAX_ELEMENTS);
+    MOE_CHECK_ARG(t->data != NULL || numel == 0, "%s data is NULL", what);
     return MOE_STATUS_SUCCESS;
 }

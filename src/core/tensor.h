@@ -2,7 +2,13 @@
 #ifndef MOE_CORE_TENSOR_H
 #define MOE_CORE_TENSOR_H
 
+#include <stdint.h>
+
 #include <moe/core.h>
+
+/* The most elements a tensor may have: its bytes (at most 8 an element) fit an int64_t. Views
+ * and descriptors with more are refused; allocations sized from shapes stay within it. */
+#define MOE_TENSOR_MAX_ELEMENTS (INT64_MAX / 8)
 
 /* Check a caller's tensor: non-NULL, data non-NULL unless empty, the dtype, the device,
  * ndim, and each expected extent (-1 in `shape` accepts any extent). */

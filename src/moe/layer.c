@@ -56,7 +56,8 @@ static moe_status_t validate_config(const moe_layer_config_t *c, int32_t ep, int
                   "finite (init_std >= 0)");
     int64_t w1 = 0; /* num_experts x hidden x 2 ffn_hidden: the largest parameter */
     MOE_CHECK_ARG(!__builtin_mul_overflow((int64_t)c->num_experts * 2, c->hidden, &w1) &&
-                      !__builtin_mul_overflow(w1, c->ffn_hidden, &w1) && w1 <= INT64_MAX / 8,
+                      !__builtin_mul_overflow(w1, c->ffn_hidden, &w1) &&
+                      w1 <= MOE_TENSOR_MAX_ELEMENTS,
                   "num_experts (%d) x hidden (%lld) x 2 ffn_hidden (%lld) is too many parameters",
                   c->num_experts, (long long)c->hidden, (long long)c->ffn_hidden);
     MOE_CHECK_ARG(c->num_experts % ep == 0, "num_experts (%d) is not divisible by ep (%d)",

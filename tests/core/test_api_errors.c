@@ -126,6 +126,8 @@ static void test_tensor_bad_input(void **state)
                 moe_tensor_view(&t, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, huge, &t));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "more than",
                 moe_tensor_alloc(rt, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, huge, &t));
+    int64_t none[2] = {(int64_t)1 << 62, 0}; /* a zero extent: no elements, whatever the other */
+    TEST_OK(moe_tensor_view(NULL, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, none, &t));
     moe_tensor_t a, b;
     TEST_OK(moe_tensor_alloc(rt, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shape, &a));
     int64_t other[1] = {7};
