@@ -9,6 +9,20 @@
  *    initialiser: take the default, change fields, pass it. A NULL config means defaults.
  *  - [in]/[out] mark parameters; "collective" means every rank of the named communicator
  *    must make the same call in the same order.
+ *
+ * Threads:
+ *  - Calls that take no handle (versions, moe_status_string, moe_last_error, dtype queries,
+ *    the _default() initialisers, moe_tensor_view, moe_tensor_numel) are safe from any thread.
+ *  - A runtime and every object made on it (layers, optimizers, pipelines, checkpointers, the
+ *    tensors it allocated) are used by one thread at a time: they share the runtime's stream,
+ *    workspaces and communicators, so calls on them must not overlap. Threads may take turns
+ *    if the program orders their calls (a mutex).
+ *  - Different runtimes share nothing and may be used from different threads at once. With
+ *    meshes, create them from one thread, and initialise MPI yourself with
+ *    MPI_THREAD_MULTIPLE before using two meshed runtimes concurrently (libmoe's own MPI_Init
+ *    asks for MPI_THREAD_SERIALIZED).
+ *  - libmoe's background threads (checkpoint writer, S3 mirror, the host all-to-all worker)
+ *    touch only their own object's state and the log callback, which must be thread-safe.
  */
 #ifndef MOE_CORE_H
 #define MOE_CORE_H

@@ -221,7 +221,8 @@ typedef struct moe_backend_params {
 moe_status_t moe_backend_host_create(const moe_backend_params_t *p, moe_backend_t *out);
 /* Returns UNSUPPORTED when libmoe was built without CUDA or no device is visible. */
 moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_t *out);
-/* Number of visible CUDA devices (0 in a build without CUDA or with no driver). */
+/* Number of visible CUDA devices: 0 with no driver or no device, -1 in a build without CUDA
+ * (the runtime names which of the two in its message). */
 int moe_backend_cuda_device_count(void);
 
 #endif /* MOE_BACKEND_H */

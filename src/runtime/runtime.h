@@ -1,6 +1,6 @@
 /*
  * The runtime handle: the backend, the mesh, logging and the seed. Modules above core
- * (moe/, optim/, pipeline/, ckpt/, elastic/) reach the backend and the mesh through it.
+ * (moe/, optim/, pipeline/, ckpt/) reach the backend and the mesh through it.
  */
 #ifndef MOE_RUNTIME_INTERNAL_H
 #define MOE_RUNTIME_INTERNAL_H

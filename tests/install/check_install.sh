@@ -1,18 +1,53 @@
 #!/usr/bin/env bash
-# Install the build tree into a temporary prefix, then build the consumer against it twice:
-# through find_package(libmoe) and through pkg-config. Usage: check_install.sh BUILD_DIR SRC_DIR
+# Install the build tree into a temporary prefix, then build programs against it as users do:
+#  - the consumer through find_package(libmoe) and through pkg-config, shared library;
+#  - the README's example program (extracted from README.md), through pkg-config;
+#  - the consumer linked statically: find_package(libmoe COMPONENTS static) -> libmoe::moe_static,
+#    and pkg-config --static on a prefix that holds the static library alone;
+# and check the SONAME and that only moe_* symbols are exported.
+# Usage: check_install.sh BUILD_DIR SRC_DIR
 set -euo pipefail
 build=$1 src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" > /dev/null
 libdir=$(ls -d "$tmp"/prefix/lib*/ | head -n1)
+libdir=${libdir%/}
+pc() { PKG_CONFIG_PATH="$1/pkgconfig" pkg-config "${@:2}"; }
+# a statically linked program must not load libmoe.so
+no_shared_libmoe() {
+  if readelf -d "$1" | grep -q 'NEEDED.*libmoe'; then
+    echo "$1 needs libmoe.so although it was linked statically"; exit 1
+  fi
+}
+
 cmake -S "$src/tests/install/consumer" -B "$tmp/cmake-build" -DCMAKE_PREFIX_PATH="$tmp/prefix" > /dev/null
 cmake --build "$tmp/cmake-build" > /dev/null
 LD_LIBRARY_PATH="$libdir" "$tmp/cmake-build/consumer"
-PKG_CONFIG_PATH="$libdir/pkgconfig" cc -o "$tmp/pc-consumer" "$src/tests/install/consumer/main.c" \
-  $(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs libmoe)
+cc -o "$tmp/pc-consumer" "$src/tests/install/consumer/main.c" $(pc "$libdir" --cflags --libs libmoe)
 LD_LIBRARY_PATH="$libdir" "$tmp/pc-consumer"
+
+# The README's example: the C block after the readme-example marker, built as the README says.
+awk '/<!-- readme-example/ {m = 1; next} m && /^```c$/ {c = 1; next} c && /^```$/ {exit}
+     c {print}' "$src/README.md" > "$tmp/example.c"
+[ -s "$tmp/example.c" ] || { echo "no example program found in README.md"; exit 1; }
+cc -Wall -Wextra -Werror -o "$tmp/readme-example" "$tmp/example.c" $(pc "$libdir" --cflags --libs libmoe)
+LD_LIBRARY_PATH="$libdir" "$tmp/readme-example"
+
+cmake -S "$src/tests/install/consumer" -B "$tmp/cmake-static" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+  -DMOE_CONSUMER_STATIC=ON > /dev/null
+cmake --build "$tmp/cmake-static" > /dev/null
+no_shared_libmoe "$tmp/cmake-static/consumer"
+"$tmp/cmake-static/consumer"
+# a static-only install: the same prefix without the shared library
+cp -a "$tmp/prefix" "$tmp/static-prefix"
+static_libdir="$tmp/static-prefix/${libdir#"$tmp/prefix/"}"
+rm -f "$static_libdir"/libmoe.so*
+cc -o "$tmp/pc-static-consumer" "$src/tests/install/consumer/main.c" \
+  $(pc "$static_libdir" --static --cflags --libs libmoe)
+no_shared_libmoe "$tmp/pc-static-consumer"
+"$tmp/pc-static-consumer"
+
 # the SONAME carries major.minor, and only moe_* symbols are exported
 soname=$(objdump -p "$libdir/libmoe.so" | awk '/SONAME/ {print $2}')
 [ "$soname" = "libmoe.so.0.1" ] || { echo "unexpected SONAME $soname"; exit 1; }
