@@ -87,7 +87,9 @@ MOE_API moe_status_t moe_pipeline_schedule_length(const moe_pipeline_schedule_t 
 /* [in] index 0..count-1 [out] action. */
 MOE_API moe_status_t moe_pipeline_schedule_action(const moe_pipeline_schedule_t *sched,
                                                   int32_t index, moe_pipeline_action_t *action);
-/* [out] stages, microbatches, stage, warmup (forwards before the first backward); any NULL. */
+/* [out] stages, microbatches, stage, warmup: the forwards that run before the first backward
+ * (the w warm-up forwards above and the steady phase's first, or all m v of them when the
+ * warm-up covers every unit); any NULL. */
 MOE_API moe_status_t moe_pipeline_schedule_info(const moe_pipeline_schedule_t *sched,
                                                 int32_t *stages, int32_t *microbatches,
                                                 int32_t *stage, int32_t *warmup);
