@@ -204,7 +204,9 @@ MOE_API moe_pipeline_config_t moe_pipeline_config_default(void);
 MOE_API moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t *config,
                                          const moe_pipeline_callbacks_t *callbacks,
                                          moe_pipeline_t **out);
-/* Frees buffers. Not collective; no transfer may be in flight (train_step never leaves any). */
+/* Frees buffers. Not collective. A healthy train_step leaves no transfer in flight; after the
+ * mesh lost a peer, the buffers that transfers which never completed may still write are
+ * leaked instead (docs/mesh.md, "When a peer fails"). */
 MOE_API moe_status_t moe_pipeline_destroy(moe_pipeline_t *pipe);
 
 /* The schedule this rank executes (owned by the pipeline). */
@@ -223,9 +225,11 @@ MOE_API moe_status_t moe_pipeline_get_schedule(const moe_pipeline_t *pipe,
  * rank learns of the failure in the status exchange, nobody steps the optimizer, and
  * every rank returns a failure: the failing rank its own status and message, the others
  * MOE_STATUS_ABORTED naming the failing rank and status. Gradients are then partial; call
- * again to retry the batch (zero_grad runs first). A failed transfer (MOE_STATUS_TIMEOUT or
- * MOE_STATUS_COMM_ERROR) leaves the pp communicator unusable: the call returns that status
- * and peers fail by their transfer timeout; the pipeline cannot be used again. */
+ * again to retry the batch (zero_grad runs first). A failed transfer (MOE_STATUS_TIMEOUT,
+ * whose message names the peer's world rank and whether it answers, or
+ * MOE_STATUS_COMM_ERROR) poisons the runtime's mesh (moe_runtime_get_async_error): the call
+ * returns that status, the other ranks are told and fail at once (ABORTED), and neither the
+ * pipeline nor the mesh can be used again. */
 MOE_API moe_status_t moe_pipeline_train_step(moe_pipeline_t *pipe, double *loss);
 
 /* Timings of the most recent train_step on this rank, for measuring the bubble. */

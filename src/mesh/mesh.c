@@ -1,9 +1,10 @@
 /*
  * The process mesh: validation, rank order, coordinates and the axis communicators.
  *
- * Creation is collective over the world and every rank runs the same sequence of splits, so
- * communicator creation itself obeys the collective ordering rule (docs/mesh.md). A world of
- * one (no config, or 1 x 1 x 1 x 1 without a launcher) touches no MPI at all.
+ * Creation is collective over the world: the world's duplicate and its watch, then the same
+ * sequence of splits on every rank, so communicator creation itself obeys the collective
+ * ordering rule (docs/mesh.md). A world of one (no config, or 1 x 1 x 1 x 1 without a
+ * launcher) touches no MPI at all.
  */
 #include "mesh.h"
 
@@ -111,7 +112,7 @@ static void group_color_key(const moe_mesh_t *m, int group, int *color, int *key
 /* ---- communicators ------------------------------------------------------------------------- */
 
 /* Split `root` into every group (collective over root, same order on every rank); groups of
- * size 1 stay NULL and the world is `root` itself when own_root. */
+ * size 1 stay NULL and the world is `root` itself. */
 static moe_status_t build_groups(moe_mesh_t *m, moe_comm_t *root, moe_comm_t *out[MOE_MESH_GROUPS])
 {
     for (int g = 0; g < MOE_MESH_GROUPS; g++) {
@@ -207,7 +208,6 @@ static moe_status_t resolve_backend(moe_mesh_t *m, const moe_mesh_config_t *cfg,
 
 static moe_status_t validate(const moe_mesh_config_t *cfg, int32_t order[4])
 {
-    MOE_CHECK_STRUCT_SIZE(cfg, moe_mesh_config_t, sizeof(moe_mesh_config_t));
     MOE_CHECK_ARG(cfg->tp >= 1 && cfg->ep >= 1 && cfg->dp >= 1 && cfg->pp >= 1,
                   "mesh sizes must be >= 1 (tp=%d ep=%d dp=%d pp=%d)", cfg->tp, cfg->ep, cfg->dp,
                   cfg->pp);
@@ -236,12 +236,33 @@ static int launcher_world_size(void)
     return 1;
 }
 
+/* Destroy the communicators and the watch (each leaks what MPI may still touch once the
+ * mesh failed), then release MPI, or abandon it when the mesh is `lost`. Sets no error. */
+static void release(moe_mesh_t *mesh, bool lost)
+{
+    for (int g = 0; g < MOE_MESH_GROUPS; g++) {
+        if (mesh->comm[g] != mesh->host[g]) moe_comm_destroy(mesh->comm[g]);
+        moe_comm_destroy(mesh->host[g]);
+    }
+    moe_comm_watch_destroy(mesh->watch);
+    if (mesh->mpi_initialised) {
+        if (lost)
+            moe_comm_mpi_abandon();
+        else
+            moe_comm_mpi_release();
+    }
+    free(mesh);
+}
+
 moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *backend,
                              int32_t device_index, const moe_logger_t *logger, moe_mesh_t **out)
 {
     *out = NULL;
     int32_t order[4] = {MOE_AXIS_TP, MOE_AXIS_EP, MOE_AXIS_DP, MOE_AXIS_PP};
-    if (cfg) MOE_TRY(validate(cfg, order));
+    if (cfg) {
+        MOE_CHECK_STRUCT_SIZE(cfg, moe_mesh_config_t, sizeof(moe_mesh_config_t));
+        MOE_TRY(validate(cfg, order));
+    }
     moe_mesh_t *m = calloc(1, sizeof *m);
     if (!m) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "mesh allocation");
     memcpy(m->order, order, sizeof order);
@@ -290,11 +311,12 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
         return MOE_STATUS_SUCCESS;
     }
 
-    /* host control groups, then the data groups on the chosen backend */
-    moe_comm_t *hworld = NULL;
+    /* the world on host buffers and its watch, the host control groups, then the data
+     * groups on the chosen backend */
     MOE_TRY_GOTO(st, moe_comm_mpi_create(cfg->mpi_comm, "world", cfg->timeout_ms, NULL, logger,
-                                         &hworld));
-    m->host[MOE_AXIS_WORLD] = hworld;
+                                         &m->host[MOE_AXIS_WORLD]));
+    moe_comm_t *hworld = m->host[MOE_AXIS_WORLD];
+    MOE_TRY_GOTO(st, moe_comm_watch_create(hworld, &m->watch));
     MOE_TRY_GOTO(st, build_groups(m, hworld, m->host));
     MOE_TRY_GOTO(st, resolve_backend(m, cfg, backend, device_index, logger));
     bool device = backend && backend->ops->device != MOE_DEVICE_HOST;
@@ -308,6 +330,7 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
         } else {
             MOE_TRY_GOTO(st, moe_comm_mpi_create(cfg->mpi_comm, "world", cfg->timeout_ms,
                                                  backend, logger, &dworld));
+            dworld->watch = m->watch;
         }
         m->comm[MOE_AXIS_WORLD] = dworld;
         MOE_TRY_GOTO(st, build_groups(m, dworld, m->comm));
@@ -319,17 +342,45 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
     *out = m;
     return MOE_STATUS_SUCCESS;
 fail:
-    moe_mesh_destroy(m);
+    /* an invalid or unsupported config fails on every rank alike; anything else (a rank that
+     * never came, an MPI error, memory) is this rank's alone and leaves the others unable to
+     * finish: they are told */
+    m->lost = st != MOE_STATUS_INVALID_ARGUMENT && st != MOE_STATUS_UNSUPPORTED;
+    if (m->lost && m->watch) {
+        char cause[768];
+        snprintf(cause, sizeof cause, "world rank %d could not create its mesh: %s",
+                 m->world_rank, moe_last_error());
+        moe_comm_watch_fail(m->watch, st, cause);
+    }
+    release(m, m->lost || moe_mesh_failure(m, NULL) != MOE_STATUS_SUCCESS);
     return st;
 }
 
-void moe_mesh_destroy(moe_mesh_t *mesh)
+moe_status_t moe_mesh_failure(const moe_mesh_t *mesh, const char **cause)
 {
-    if (!mesh) return;
-    for (int g = 0; g < MOE_MESH_GROUPS; g++) {
-        if (mesh->comm[g] != mesh->host[g]) moe_comm_destroy(mesh->comm[g]);
-        moe_comm_destroy(mesh->host[g]);
+    return moe_comm_watch_failure(mesh->watch, cause);
+}
+
+moe_status_t moe_mesh_destroy(moe_mesh_t *mesh)
+{
+    if (!mesh) return MOE_STATUS_SUCCESS;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    const char *cause = NULL;
+    bool lost = mesh->lost || moe_mesh_failure(mesh, &cause) != MOE_STATUS_SUCCESS;
+    /* MPI_Finalize waits for every rank, for ever: meet them under the deadline first */
+    if (!lost && mesh->mpi_initialised && mesh->host[MOE_AXIS_WORLD] &&
+        moe_comm_mpi_release_finalizes()) {
+        st = moe_comm_barrier(mesh->host[MOE_AXIS_WORLD]);
+        if (st != MOE_STATUS_SUCCESS)
+            moe_error_wrap(st, "destroying the mesh (the ranks meet before MPI_Finalize)");
+        lost = st != MOE_STATUS_SUCCESS;
+    } else if (lost && cause && *cause) {
+        st = MOE_FAIL(MOE_STATUS_ABORTED, "the mesh lost a peer: %s; its communicators and "
+                      "buffers are leaked and MPI is left unfinalised (exit the process)", cause);
+    } else if (lost) {
+        st = MOE_FAIL(MOE_STATUS_ABORTED, "the mesh could not be completed; MPI is left "
+                      "unfinalised (exit the process)");
     }
-    if (mesh->mpi_initialised) moe_comm_mpi_release();
-    free(mesh);
+    release(mesh, lost);
+    return st;
 }

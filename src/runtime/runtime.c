@@ -1,7 +1,8 @@
-/* Runtime lifecycle: resolve the backend, join the mesh, own logging. Also the tensor
- * allocation and copy entry points, which need the backend. */
+/* Runtime lifecycle: resolve the backend, join the mesh, own logging, report the mesh's
+ * failure. Also the tensor allocation and copy entry points, which need the backend. */
 #include "runtime.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,16 +95,32 @@ fail:
     return st;
 }
 
+bool moe_runtime_poisoned(const moe_runtime_t *rt)
+{
+    return moe_mesh_failure(rt->mesh, NULL) != MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_runtime_destroy(moe_runtime_t *rt)
 {
     moe_error_clear();
     if (!rt) return MOE_STATUS_SUCCESS;
     MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
-    moe_mesh_destroy(rt->mesh);
+    moe_status_t st = moe_mesh_destroy(rt->mesh);
     rt->backend.ops->destroy(rt->backend.ctx);
     rt->magic = MOE_MAGIC_DEAD;
     free(rt);
-    return MOE_STATUS_SUCCESS;
+    return st;
+}
+
+moe_status_t moe_runtime_get_async_error(moe_runtime_t *rt, char *message, size_t message_len)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    moe_comm_watch_poll(rt->mesh->watch);
+    const char *cause = "";
+    moe_status_t st = moe_mesh_failure(rt->mesh, &cause);
+    if (message && message_len) snprintf(message, message_len, "%s", cause);
+    return st;
 }
 
 moe_status_t moe_runtime_backend(const moe_runtime_t *rt, moe_backend_kind_t *out)
