@@ -157,7 +157,10 @@ typedef struct moe_runtime_config {
 
 MOE_API moe_runtime_config_t moe_runtime_config_default(void);
 
-/* [in] config (NULL: defaults) [out] out. Collective over the world when config->mesh is set. */
+/* [in] config (NULL: defaults) [out] out. Collective over the world when config->mesh is set:
+ * the ranks compare the mesh config, the seed, `deterministic` and the backend, and every
+ * rank fails with INVALID_ARGUMENT naming the field, the world ranks and both values when
+ * they differ (or naming the rank whose own mesh config is invalid). */
 MOE_API moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_t **out);
 /* Frees the runtime. Every layer, optimizer, checkpointer made on it must be destroyed first.
  * With a mesh it returns within the mesh's timeout: after a peer failure (see

@@ -212,4 +212,37 @@ moe_status_t moe_comm_split(moe_comm_t *c, int color, int key, const char *name,
 void moe_comm_abort(moe_comm_t *c);
 void moe_comm_destroy(moe_comm_t *c); /* NULL: no-op */
 
+/* ---- agreement on a configuration (agree.c) ----------------------------------------------
+ * Ranks that must hold the same configuration compare it before they rely on it, so that a
+ * difference is an error naming the field on every rank, not a silent divergence, a
+ * mismatched collective (which Open MPI turns into a job abort) or a hang. */
+
+typedef enum moe_agree_kind {
+    MOE_AGREE_INT = 0, /* value is the integer */
+    MOE_AGREE_U64 = 1, /* value holds a uint64_t's bits */
+    MOE_AGREE_F32 = 2  /* value holds a float's bits (compared bitwise) */
+} moe_agree_kind_t;
+
+typedef struct moe_agree_field {
+    const char *name;
+    moe_agree_kind_t kind;
+    int64_t value;
+} moe_agree_field_t;
+
+moe_agree_field_t moe_agree_int(const char *name, int64_t value);
+moe_agree_field_t moe_agree_u64(const char *name, uint64_t value);
+moe_agree_field_t moe_agree_f32(const char *name, float value);
+
+/* Collective over c (MPI, host buffers): every member passes the same field names in the
+ * same order. `local` is this member's own verdict on its configuration: SUCCESS, or the
+ * status of the check that rejected it (its message is this thread's last error).
+ * Fails with INVALID_ARGUMENT on every other member when a member rejected its own
+ * configuration (naming the first such world rank and its message; that member returns
+ * `local` with its message unchanged), or on every member when a field differs (naming, for
+ * each differing field, a world rank holding the smallest and one holding the largest value,
+ * and both values). `what` names the configuration in messages ("the layer config"). One
+ * all-reduce when everything agrees. */
+moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_field_t *fields,
+                            int n, moe_status_t local);
+
 #endif /* MOE_COMM_H */

@@ -1,5 +1,6 @@
-/* Runtime lifecycle: resolve the backend, join the mesh, own logging, report the mesh's
- * failure. Also the tensor allocation and copy entry points, which need the backend. */
+/* Runtime lifecycle: resolve the backend, join the mesh (the ranks agree on the seed, the
+ * determinism and the backend), own logging, report the mesh's failure. Also the tensor
+ * allocation and copy entry points, which need the backend. */
 #include "runtime.h"
 
 #include <stdio.h>
@@ -61,6 +62,21 @@ static moe_status_t create_backend(const moe_runtime_config_t *c, moe_runtime_t 
     return moe_backend_cuda_create(&p, &rt->backend);
 }
 
+/* Settings that change every rank's numbers and must be the same on all of them: the seed
+ * initialises the replicated parameters, determinism picks the reduction order, the backend
+ * the activations' dtype on the wire. */
+static moe_status_t agree_config(moe_runtime_t *rt, const moe_runtime_config_t *c)
+{
+    if (rt->mesh->world_size == 1) return MOE_STATUS_SUCCESS;
+    moe_agree_field_t f[] = {
+        moe_agree_u64("seed", c->seed),
+        moe_agree_int("deterministic", c->deterministic != 0),
+        moe_agree_int("backend (1 host, 2 cuda)", rt->backend.ops->kind),
+    };
+    return moe_mesh_agree(rt->mesh, MOE_AXIS_WORLD, "the runtime config", f,
+                          (int)(sizeof f / sizeof f[0]), MOE_STATUS_SUCCESS);
+}
+
 moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_t **out)
 {
     moe_error_clear();
@@ -84,6 +100,11 @@ moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_
     MOE_TRY_GOTO(st, create_backend(&c, rt));
     MOE_TRY_GOTO(st, moe_mesh_create(c.mesh, &rt->backend, rt->device_index, &rt->logger,
                                      &rt->mesh));
+    st = agree_config(rt, &c);
+    if (st != MOE_STATUS_SUCCESS) {
+        moe_mesh_destroy(rt->mesh); /* the message stays the agreement's unless this fails */
+        goto fail;
+    }
     rt->magic = MOE_MAGIC_RUNTIME;
     moe_log(&rt->logger, MOE_LOG_INFO, "runtime: backend %s, world %d", rt->backend.ops->name,
             rt->mesh->world_size);

@@ -41,6 +41,8 @@ if(Python3_Interpreter_FOUND)
       ENVIRONMENT "OMPI_MCA_orte_tmpdir_base=${CMAKE_BINARY_DIR}/mpi-session/test_fault_chaos_${_sig}")
   endforeach()
 endif()
+# Ranks that disagree on the mesh, the runtime or a layer are all told, naming the field.
+moe_add_fault_test(test_fault_config NP 4)
 # An MPI error in a non-blocking collective is a status on every rank, not a job abort.
 moe_add_fault_test(test_fault_errors NP 4 RECOVERY)
 # A stalled rank costs one timeout, whose own message names the rank, the axis and the call.
