@@ -2,7 +2,7 @@
 # Everything the GPU machine runs for the CUDA backend, in one call:
 #   build (sm_90, Release) -> GPU tests -> compute-sanitizer memcheck + racecheck on the test
 #   binaries -> bench_moe -> bench/torch_moe.py, logs and JSON lines under $OUT.
-# Usage (from the repository root, deps unpacked): bash bench/run_device.sh [phases...]
+# Usage (from the repository root, deps unpacked): bash scripts/gpu-machine/run.sh [phases...]
 #   phases: build tests sanitize bench torch (default: all of them); dist: the distributed
 #   layer test on the CUDA backend (2 and 4 ranks sharing the GPU through MPI); profile: ncu's
 #   time of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES (default 0 1),
@@ -16,8 +16,8 @@
 #   ncu: one kernel's counters; kernels: every kernel's own time in the router bench of some
 #   shapes
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/device_env.sh
+cd "$(dirname "$0")/../.."
+source scripts/gpu-machine/env.sh
 phases=${*:-build tests sanitize bench torch}
 has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }
 status=0

@@ -5,8 +5,8 @@
 #   CUDA backends (2 and 4 ranks sharing the GPU) ->
 #   bench_dist_layer (hidden all-to-all fraction, host backend, 4 ranks on 16 cores).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/device_env.sh
+cd "$(dirname "$0")/../.."
+source scripts/gpu-machine/env.sh
 device_configure -DMOE_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 &&
   cmake --build "$B" -j16 --target test_comm_device test_comm_ops test_dist_layer_np2 test_dist_layer_np4 \
     bench_dist_layer >>"$OUT/build.log" 2>&1 ||

@@ -14,13 +14,13 @@
 # Every part runs on its own under `timeout`, all of them within a global budget
 # (MOE_MULTI_BUDGET_S, default 340 s from the start): a failing or hanging part does not stop
 # the others. mpirun -np NGPU --bind-to none, NCCL_NVLS_ENABLE=0 (NVLink multicast stays off).
-# Usage (repository root, deps unpacked): bash scripts/multi_gpu_device.sh [parts...]
+# Usage (repository root, deps unpacked): bash scripts/gpu-machine/multi_gpu.sh [parts...]
 #   parts: info build layer comm bench layer_mpi (default: all, in that order)
 # Files under $OUT: summary.txt (= stdout), info.txt, build.log, tests.log, bench.jsonl,
 # bench.log. Exit status: 0 when every part that ran passed (skips count as passed).
 set -u
-cd "$(dirname "$0")/.." || exit 1
-source scripts/device_env.sh
+cd "$(dirname "$0")/../.." || exit 1
+source scripts/gpu-machine/env.sh
 BUDGET=${MOE_MULTI_BUDGET_S:-340}
 S="$OUT/summary.txt"
 LOG="$OUT/tests.log"
@@ -68,7 +68,7 @@ run() {
   return "$rc"
 }
 
-say "multi_gpu_device.sh $(date -u +%FT%TZ) tree=$(basename "$PWD") commit=$(git rev-parse --short HEAD 2>/dev/null) NGPU=$NGPU"
+say "multi_gpu.sh $(date -u +%FT%TZ) tree=$(basename "$PWD") commit=$(git rev-parse --short HEAD 2>/dev/null) NGPU=$NGPU"
 
 if has info; then
   {
