@@ -404,7 +404,7 @@ def dist_layer_body(recs):
         desc = [f"{k['ranks']} ranks", f"N={k['N']} H={k['H']} F={k['F']} E={k['E']} K={k['K']}"]
         if "backend" in k:
             desc.insert(0, f"{k['backend']} backend over {k.get('comm', '?')}")
-        if "worker_thread" in k:
+        if "worker_thread" in k and k.get("backend") != "cuda":  # a host-backend setting
             desc.append(f"worker thread {thread.get(k['worker_thread'], k['worker_thread'])}")
         g = lambda r, f: num(r[f]) if isinstance(r.get(f), (int, decimal.Decimal)) else "—"
         parts.append(f"### {', '.join(desc)}\n\n" + table(
