@@ -1,6 +1,8 @@
+# shellcheck shell=bash
 # Sourced from the repository root by the scripts that run on the GPU machine: the offline
 # dependencies (.deps, when present), the environment every device run needs, OUT (the folder
-# whose files come back, created), B (the build directory) and device_configure.
+# whose files come back, created), B (the build directory), device_configure, write_results
+# and the power sampling helpers.
 # One build directory per source tree: worktrees sharing a warm machine must not share a
 # CMake cache (a stale one fails the build, or runs another tree's binaries).
 B=${MOE_BUILD_DIR:-/tmp/build-device-$(basename "$PWD")}
@@ -37,4 +39,18 @@ power_sampling_stop() {
   sleep 0.3
   kill "$POWER_SAMPLER"
   wait "$POWER_SAMPLER" 2>/dev/null
+}
+# write_results [bench/write_results.py options] FILE...: a call's JSON lines as
+# $OUT/results/<benchmark>.md, with this machine's date, GPU, CUDA and driver versions and the
+# commit ($MOE_COMMIT, else git's; "-dirty" marks uncommitted changes)
+write_results() {
+  local commit gpu ngpu driver cuda
+  commit=${MOE_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  [ "${ngpu:-0}" -gt 1 ] && gpu="$ngpu x $gpu"
+  driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+  cuda=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+  python3 bench/write_results.py --out "$OUT/results" --commit "$commit" --date "$(date -u +%F)" \
+    ${gpu:+--gpu "$gpu"} --software "CUDA ${cuda:-?}, driver ${driver:-?}" "$@"
 }

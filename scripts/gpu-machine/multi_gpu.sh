@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7 on one machine with 2+ GPUs, one MPI rank per GPU (NCCL), in one call:
+# The distributed layer on one machine with 2+ GPUs, one MPI rank per GPU (NCCL), in one call:
 #   info   GPUs (nvidia-smi -L, topology), driver, MPI, NCCL header version
 #   build  Release, default architectures, MOE_CUDA=ON, examples off: test_dist_layer_np2, test_comm_device,
 #          bench_dist_layer (each target on its own)
@@ -17,7 +17,8 @@
 # Usage (repository root, deps unpacked): bash scripts/gpu-machine/multi_gpu.sh [parts...]
 #   parts: info build layer comm bench layer_mpi (default: all, in that order)
 # Files under $OUT: summary.txt (= stdout), info.txt, build.log, tests.log, bench.jsonl,
-# bench.log. Exit status: 0 when every part that ran passed (skips count as passed).
+# bench.log, results/dist-layer.md (bench/write_results.py of bench.jsonl). Exit status: 0
+# when every part that ran passed (skips count as passed).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 source scripts/gpu-machine/env.sh
@@ -120,7 +121,8 @@ if has bench; then
   : >"$OUT/bench.jsonl"
   : >"$OUT/bench.log"
   # N H F E K iters (N tokens per rank; E experts over NGPU ranks)
-  for shape in "4096 4096 1408 16 2 10" "8192 4096 1408 16 8 5" "16384 7168 2048 16 8 5"; do
+  shapes=("4096 4096 1408 16 2 10" "8192 4096 1408 16 8 5" "16384 7168 2048 16 8 5")
+  for shape in "${shapes[@]}"; do
     # shellcheck disable=SC2086
     run "bench_dist_layer cuda $shape" 110 \
       env MOE_BENCH_BACKEND=cuda "${MPI[@]}" -x MOE_BENCH_BACKEND "$B/bench/bench_dist_layer" $shape
@@ -128,6 +130,10 @@ if has bench; then
     { echo "===== $shape"; grep -v '^{' "$TMPOUT"; } >>"$OUT/bench.log"
     grep -hE "^rank [0-9]+:|\.c:[0-9]+:" "$TMPOUT" | head -4 | tee -a "$S"
   done
+  list=$(printf '%s; ' "${shapes[@]}")
+  cmd="\`MOE_BENCH_BACKEND=cuda mpirun -np $NGPU --bind-to none bench_dist_layer N H F E K iters\`"
+  write_results --only dist-layer --command "dist-layer=$cmd, N H F E K iters = ${list%; }" \
+    "$OUT/bench.jsonl" || status=1
 fi
 
 if has layer_mpi; then
