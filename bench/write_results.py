@@ -122,10 +122,10 @@ class Series:
             if r.get("tflops"):
                 self.tflops.setdefault(key, []).append(r["tflops"])
             if "floor_ms" in r:
-                self.floor[(r["bench"], r["shape"], r["variant"])] = (r["floor_ms"], r.get("floor", ""))
+                self.floor[key[1:]] = (r["floor_ms"], r.get("floor", ""))
             self.shapes.setdefault(r["bench"], OrderedDict())[r["shape"]] = None
             if side == "libmoe":
-                self.variants.setdefault((r["bench"], r["shape"]), OrderedDict())[r["variant"]] = None
+                self.variants.setdefault(key[1:3], OrderedDict())[r["variant"]] = None
 
     def get(self, side, bench, shape, variant):
         return self.ms.get((side, bench, shape, variant), [])
@@ -140,12 +140,12 @@ class Series:
     def libmoe_shapes(self, bench):
         return [s for s in self.shapes.get(bench, {}) if (bench, s) in self.variants]
 
-    def variant_list(self, benches):
+    def variant_list(self, bench):
+        """Every libmoe variant of bench over its shapes, in order of appearance."""
         out = OrderedDict()
-        for b in benches:
-            for (bb, _), vs in self.variants.items():
-                if bb == b:
-                    out.update(vs)
+        for (b, _), vs in self.variants.items():
+            if b == bench:
+                out.update(vs)
         return list(out)
 
     def floor_cell(self, bench, shape, variant=None):
@@ -193,7 +193,8 @@ def router_body(series, recs):
     for s in fwd:
         fused = series.get("libmoe", "router_fwd", s, "fused")
         gemm = series.get("libmoe", "router_fwd", s, "gemm+select")
-        stream = [nums(series.get("libmoe", "router_fwd_stream", s, v)) for v in ("fused", "gemm+select")]
+        stream = [nums(series.get("libmoe", "router_fwd_stream", s, v))
+                  for v in ("fused", "gemm+select")]
         faster = min((v for v in (fused, gemm) if v), key=statistics.median, default=[])
         torch = series.torch("router_fwd", s)
         rows.append([s, nums(fused), nums(gemm), " / ".join(stream),
@@ -207,7 +208,8 @@ def router_body(series, recs):
         write = series.get("libmoe", "router_bwd", s, "write dx")
         torch = series.torch("router_bwd", s)
         rows.append([s, nums(write), nums(series.get("libmoe", "router_bwd", s, "add to dx")),
-                     series.floor_cell("router_bwd", s, "write dx"), nums(torch), ratio(torch, write)])
+                     series.floor_cell("router_bwd", s, "write dx"), nums(torch),
+                     ratio(torch, write)])
     bwd_table = table(["shape", "write dx ms", "add to dx ms", "floor ms (write dx)",
                        "PyTorch ms", "PyTorch / write dx"], rows)
     return f"""\
@@ -237,12 +239,12 @@ the layer's call (the router is dx's first writer), "add to dx" adds into it.
 
 
 def experts_body(series, recs):
-    shapes = series.libmoe_shapes("experts_fwd")
-    if not shapes:
+    if not series.libmoe_shapes("experts_fwd"):
         return None
     out = []
-    for bench, title, torch_col in (("experts_fwd", "Forward", True), ("experts_bwd", "Backward", False)):
-        variants = series.variant_list([bench])
+    for bench, title, torch_col in (("experts_fwd", "Forward", True),
+                                    ("experts_bwd", "Backward", False)):
+        variants = series.variant_list(bench)
         rows = []
         for s in series.libmoe_shapes(bench):
             row = [s] + [ms_tflops(series, ("libmoe", bench, s, v)) for v in variants]
@@ -254,12 +256,12 @@ def experts_body(series, recs):
             rows.append(row)
         head = ["shape"] + [f"{v} ms (TFLOP/s)" for v in variants] + ["floor ms"]
         if torch_col:
-            head += ["torch._grouped_mm ms (TFLOP/s)", "PyTorch / " + (variants[0] if variants else "libmoe")]
+            head += ["torch._grouped_mm ms (TFLOP/s)", "PyTorch / " + variants[0]]
         out.append(f"## {title}\n\n{table(head, rows)}\n")
     return f"""\
 The SwiGLU expert FFN of one GPU's experts on the CUDA backend, rows already grouped by expert:
-out = (silu(x·W1g) * (x·W1u))·W2 for E experts of T rows each (TFLOP/s = 6·E·T·H·F / time, both
-GEMMs, SwiGLU included in the time); backward: 4 GEMMs and SwiGLU's derivative (twice the
+out = (silu(x·W1g) * (x·W1u))·W2 for E experts of T rows each (TFLOP/s = 6·E·T·H·F / time,
+both GEMMs, SwiGLU included in the time); backward: 4 GEMMs and SwiGLU's derivative (twice the
 FLOPs). Each GEMM issue mode is a column (auto: the mode the backend picks; loop: one cuBLAS
 call per expert; streams: the same on side streams; batched: one strided-batched call, equal
 rows only; "auto, SwiGLU GEMMs": auto with the opt-in `MOE_CUDA_SWIGLU_GEMM=1`, on Hopper).
@@ -278,7 +280,7 @@ def layer_body(series, recs):
         return None
     out = []
     for bench, title in (("layer_fwd_bwd", "Forward + backward"), ("layer_fwd", "Forward alone")):
-        variants = series.variant_list([bench])
+        variants = series.variant_list(bench)
         rows = []
         for s in series.libmoe_shapes(bench):
             first = list(series.variants[(bench, s)])[0]
@@ -335,36 +337,35 @@ of the same run beside them.
 
 
 def checkpoint_body(recs, commands):
-    runs, cur = [], {"saves": [], "d2h": None}
+    # one ckpt_bench run: its ckpt_save lines, then its summary (which repeats the plain copy)
+    runs, saves = [], []
     for r in recs:
-        b = r.get("bench")
-        if b == "d2h_reference":
-            cur["d2h"] = r
-        elif b == "ckpt_save":
-            cur["saves"].append(r)
-        elif b == "ckpt_summary":
-            cur["summary"] = r
-            runs.append(cur)
-            cur = {"saves": [], "d2h": None}
+        if r.get("bench") == "ckpt_save":
+            saves.append(r)
+        elif r.get("bench") == "ckpt_summary":
+            runs.append({"saves": saves, "summary": r})
+            saves = []
     if not runs:
         return None
     parts = []
     for i, run in enumerate(runs):
         s = run["summary"]
-        cmd = (f"`ckpt_bench --gib {s['bytes'] / 2**30:g} --runs {s['runs']} --tensors {s['tensors']} "
-               f"--chunk-mib {s['chunk_mib']} --qd {s['qd']} --block-mib {s['block_mib']} "
+        cmd = (f"`ckpt_bench --gib {s['bytes'] / 2**30:g} --runs {s['runs']} "
+               f"--tensors {s['tensors']} --chunk-mib {s['chunk_mib']} --qd {s['qd']} "
+               f"--block-mib {s['block_mib']} "
                f"--backend {s['backend']} --dir {s['dir']}`")
         if "checkpoint" not in commands:
             commands["checkpoint"] = cmd
-        met = lambda k: {True: "met", False: "not met"}.get(s.get(k), "—")
+        met = {True: "met", False: "not met"}
         summary = table(
             ["stall s (median)", "D2H GB/s during the stall", "durable s (median)", "write GB/s",
              "dd GB/s, before / after", "write / better dd", "plain D2H copy GB/s",
              "stall <= 0.2 s", "write >= 0.9 dd"],
             [[num(s["stall_median_s"]), num(s["d2h_GBps"]), num(s["durable_median_s"]),
               num(s["write_GBps"]), f"{num(s['dd_before_GBps'])} / {num(s['dd_after_GBps'])}",
-              num(s["vs_dd"]), num(s.get("d2h_ref_GBps")), met("stall_target_met"),
-              met("write_target_met")]])
+              num(s["vs_dd"]), num(s.get("d2h_ref_GBps")),
+              met.get(s.get("stall_target_met"), "—"),
+              met.get(s.get("write_target_met"), "—")]])
         saves = table(["save", "stall s", "D2H GB/s", "durable s", "write GB/s", "O_DIRECT"],
                       [[r["run"], num(r["stall_s"]), num(r["d2h_GBps"]), num(r["durable_s"]),
                         num(r["write_GBps"]), "yes" if r.get("direct_io") else "no"]
@@ -406,13 +407,13 @@ def dist_layer_body(recs):
             desc.insert(0, f"{k['backend']} backend over {k.get('comm', '?')}")
         if "worker_thread" in k and k.get("backend") != "cuda":  # a host-backend setting
             desc.append(f"worker thread {thread.get(k['worker_thread'], k['worker_thread'])}")
-        g = lambda r, f: num(r[f]) if isinstance(r.get(f), (int, decimal.Decimal)) else "—"
         parts.append(f"### {', '.join(desc)}\n\n" + table(
             ["chunks", "step ms", "blocked ms", "in flight ms", "hidden vs 1 chunk",
              "step speedup vs 1 chunk", "layer all-to-all busbw GB/s"],
-            [[r["chunks"], g(r, "step_ms"), g(r, "blocked_ms"), g(r, "inflight_ms"),
-              g(r, "hidden_vs_1chunk"), g(r, "step_speedup_vs_1chunk"),
-              g(r, "layer_a2a_busbw_GBps")] for r in rows]) + "\n")
+            [[r["chunks"], num(r.get("step_ms")), num(r.get("blocked_ms")),
+              num(r.get("inflight_ms")), num(r.get("hidden_vs_1chunk")),
+              num(r.get("step_speedup_vs_1chunk")),
+              num(r.get("layer_a2a_busbw_GBps"))] for r in rows]) + "\n")
     if plain:
         parts.append("### A plain all-to-all of the same bytes\n\n" + table(
             ["backend, comm", "ranks", "N, H, K", "bytes per rank", "moe_comm ms",
