@@ -420,7 +420,8 @@ def dist_layer_body(recs):
              "moe_comm busbw GB/s", "NCCL ms", "NCCL busbw GB/s", "NCCL version"],
             [[f"{r['backend']}, {r['comm']}", r["ranks"], f"{r['N']}, {r['H']}, {r['K']}",
               r["bytes_per_rank"], num(r.get("moe_comm_ms")), num(r.get("moe_comm_busbw_GBps")),
-              num(r.get("nccl_ms")), num(r.get("nccl_busbw_GBps")), r.get("nccl_version", "—")]
+              num(r.get("nccl_ms")), num(r.get("nccl_busbw_GBps")),
+              r["nccl_version"] if r.get("nccl_version", -1) >= 0 else "—"]
              for r in plain]) + "\n")
     return """\
 The distributed layer's expert-parallel all-to-all: a (1, P, 1, 1) mesh, N tokens per rank,

@@ -93,7 +93,7 @@ if has ckpt; then
   cmake --build "$B" -j16 --target ckpt_bench >>"$OUT/build.log" 2>&1 &&
     "$B/bench/ckpt_bench" --gib "${MOE_CKPT_GIB:-8}" --runs 5 --dir "$dir" | tee "$OUT/bench_ckpt.jsonl" ||
     status=1
-  results_args+=(--note "checkpoint=\`$dir\`: $(findmnt -n -o FSTYPE,SOURCE -T "$dir" 2>/dev/null || echo ?)")
+  results_args+=(--note "checkpoint=\`$dir\`: $(findmnt -n -r -o FSTYPE,SOURCE -T "$dir" 2>/dev/null || echo ?)")
 fi
 
 # kernel_times FILE LABEL ARGS...: ncu's time of every kernel of `ncu ARGS` (ncu options, then
