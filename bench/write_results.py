@@ -347,6 +347,7 @@ def checkpoint_body(recs, commands):
             saves = []
     if not runs:
         return None
+    torch_runs = [r for r in recs if r.get("bench") == "torch_ckpt_summary"]
     parts = []
     for i, run in enumerate(runs):
         s = run["summary"]
@@ -382,10 +383,33 @@ the training stall (the time inside `moe_ckpt_save_async`: device-to-pinned copi
 time until the checkpoint is durable (commit marker fsynced), against `dd oflag=direct
 conv=fsync` writing the same bytes into the same directory before and after the saves, and a
 plain device-to-pinned copy of the state (the stall's floor). One warm-up save, then the timed
-saves; medians over them. PyTorch (torch.save, torch.distributed.checkpoint) is not measured by
-this benchmark; its references are dd and the plain copy of the same run.
+saves; medians over them.
+""" + torch_note(runs, torch_runs) + "\n" + "\n".join(parts) + torch_table(runs, torch_runs)
 
-""" + "\n".join(parts)
+
+def torch_note(runs, torch_runs):
+    if not torch_runs:
+        return ("PyTorch was not measured in this run; the references are dd and the plain "
+                "copy of the same run.\n")
+    return ("PyTorch's saves of the same state into the same directory in the same run "
+            "(`bench/torch_ckpt.py`: torch.save, torch.distributed.checkpoint's save and "
+            "async_save) are in the last table.\n")
+
+
+def torch_table(runs, torch_runs):
+    if not torch_runs:
+        return ""
+    ours = runs[-1]["summary"]
+    rows = [["libmoe `moe_ckpt_save_async`", num(ours["stall_median_s"]),
+             num(ours["durable_median_s"]), "1", "1"]]
+    for t in torch_runs:
+        rows.append([f"{t['impl']} `{t['method']}`", num(t["stall_median_s"]),
+                     num(t["durable_median_s"]), ratio([t["stall_median_s"]], [ours["stall_median_s"]]),
+                     ratio([t["durable_median_s"]], [ours["durable_median_s"]])])
+    gib = torch_runs[0]["bytes"] / 2**30
+    return (f"\n## PyTorch, same state ({gib:g} GiB), same directory\n\n" +
+            table(["save", "stall s (median)", "durable s (median)", "stall / libmoe's",
+                   "durable / libmoe's"], rows) + "\n")
 
 
 def dist_layer_body(recs):
