@@ -19,7 +19,7 @@
 #include "../core/env.h"
 #include "../core/error.h"
 #include "../core/tensor.h"
-#include "dispatch.h"
+#include "expert_parallel.h"
 #include "layer_internal.h"
 
 moe_layer_config_t moe_layer_config_default(void)

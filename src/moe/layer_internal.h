@@ -33,7 +33,7 @@ typedef struct moe_slot {
     int64_t *host_kept;        /* host [E] */
     int64_t *host_offsets;     /* host [El+1] row offsets of the local experts (single-rank) */
     void *xp, *hpre, *act, *out; /* act [R,H], [R,2,Fl], [R,Fl], [R,H] */
-    struct moe_dist_slot *dist; /* distributed layer's saved state (dispatch.c), or NULL */
+    struct moe_dist_slot *dist; /* distributed layer's saved state (expert_parallel.c), or NULL */
 } moe_slot_t;
 
 struct moe_layer {
@@ -56,10 +56,10 @@ struct moe_layer {
 
     moe_layer_stats_t stats;   /* last forward */
     int64_t *host_tokens_per_expert; /* [E] accepted slots, last forward */
-    struct moe_dist *dist;     /* distributed state (dispatch.c); NULL in a world of one */
+    struct moe_dist *dist;     /* distributed state (expert_parallel.c); NULL in a world of one */
 };
 
-/* ---- steps shared by the single-rank path (layer.c) and the distributed one (dispatch.c) */
+/* ---- steps shared by the single-rank path (layer.c) and the distributed one ------------ */
 
 /* Device memory of the runtime's backend; free sets *pp to NULL and ignores NULL. */
 moe_status_t moe_layer_alloc_dev(moe_runtime_t *rt, size_t bytes, void *out);

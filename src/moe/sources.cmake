@@ -1,1 +1,1 @@
-list(APPEND MOE_SOURCES src/moe/layer.c src/moe/dispatch.c)
+list(APPEND MOE_SOURCES src/moe/layer.c src/moe/expert_parallel.c)

@@ -9,8 +9,8 @@
  * their gradients and the expert-bias rule all use global counts and the global token count.
  * See docs/mesh.md.
  */
-#ifndef MOE_DISPATCH_H
-#define MOE_DISPATCH_H
+#ifndef MOE_EXPERT_PARALLEL_H
+#define MOE_EXPERT_PARALLEL_H
 
 #include "layer_internal.h"
 
@@ -37,4 +37,4 @@ typedef struct moe_dist_timing {
 void moe_dist_timing(const moe_layer_t *l, moe_dist_timing_t *out);
 void moe_dist_timing_reset(moe_layer_t *l);
 
-#endif /* MOE_DISPATCH_H */
+#endif /* MOE_EXPERT_PARALLEL_H */

@@ -1,6 +1,6 @@
 /*
  * Expert-parallel dispatch and combine, tensor-parallel experts, and the global routing
- * statistics of the distributed layer (see dispatch.h for when it runs, docs/mesh.md for
+ * statistics of the distributed layer (see expert_parallel.h for when it runs, docs/mesh.md for
  * the schedule and the collective ordering rule).
  *
  * Shapes: N tokens on this rank, Nt tokens in the dense group (the global batch), H hidden,
@@ -27,7 +27,7 @@
  * experts' backward (d_xp all-reduced over tp: W1 is column parallel), dx by un-gather,
  * router backward with the global aux/z gradient scale.
  */
-#include "dispatch.h"
+#include "expert_parallel.h"
 
 #include <math.h>
 #include <pthread.h>
