@@ -39,6 +39,8 @@
 
 #include "../core/clock.h"
 #include "../core/error.h"
+#include "device_buffer.h"
+#include "routing.h"
 
 typedef struct moe_dist {
     moe_comm_t *ep, *tp;             /* data (device buffers); NULL when the axis is 1 */
@@ -386,7 +388,7 @@ fail:
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
-/* The distributed part of a slot; the routing state itself comes from moe_layer_route. */
+/* The distributed part of a slot; the routing state itself comes from moe_routing_forward. */
 static moe_status_t alloc_dist_slot(moe_layer_t *l, moe_slot_t *s)
 {
     moe_dist_slot_t *ds = calloc(1, sizeof *ds);
@@ -453,7 +455,7 @@ static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_
     g->aux = (double)E * aux;
     g->z = nt > 0 ? zs / nt : 0;
     g->entropy = nt > 0 ? hs / nt : 0;
-    g->capacity = moe_layer_capacity(l, g->n_total);
+    g->capacity = moe_routing_capacity(l, g->n_total);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -538,7 +540,7 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     moe_routing_parts_t routing = {0};
 
     /* 1. router on the local tokens */
-    MOE_TRY_GOTO(st, moe_layer_route(l, s, x));
+    MOE_TRY_GOTO(st, moe_routing_forward(l, s, x));
     MOE_TRY_GOTO(st, moe_routing_fetch(l, s, &routing));
     MOE_TRY_GOTO(st, alloc_dist_slot(l, s));
     moe_dist_slot_t *ds = s->dist;
@@ -576,8 +578,8 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     if (n > 0)
         MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H,
                                       false));
-    moe_layer_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
-    MOE_TRY_GOTO(st, moe_layer_update_bias(l, s, g.n_total * K)); /* s->counts: global */
+    moe_routing_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
+    MOE_TRY_GOTO(st, moe_routing_update_bias(l, s, g.n_total * K)); /* s->counts: global */
 fail:
     moe_layer_free_dev(l->rt, &xs);
     moe_layer_free_dev(l->rt, &outr);
@@ -620,7 +622,7 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
                                                   K, H));
         /* the router writes dx; the combine below adds the experts' part. The op scales by
          * its local N; the global batch's terms need Nt (see top) */
-        MOE_TRY_GOTO(st, moe_layer_router_backward(l, s, d_w, dx,
+        MOE_TRY_GOTO(st, moe_routing_backward(l, s, d_w, dx,
                                                    l->cfg.aux_loss_coef * ds->aux_scale,
                                                    l->cfg.z_loss_coef * ds->z_scale));
     }

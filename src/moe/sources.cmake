@@ -1,1 +1,2 @@
-list(APPEND MOE_SOURCES src/moe/layer.c src/moe/expert_parallel.c)
+list(APPEND MOE_SOURCES src/moe/layer.c src/moe/expert_parallel.c src/moe/routing.c
+     src/moe/device_buffer.c)
