@@ -1,7 +1,7 @@
 /*
- * Expert-parallel dispatch and combine, tensor-parallel experts, and the global routing
- * statistics of the distributed layer (see expert_parallel.h for when it runs, docs/mesh.md for
- * the schedule and the collective ordering rule).
+ * The distributed MoE layer: expert-parallel dispatch and combine, tensor-parallel experts,
+ * and the global routing statistics (see expert_parallel.h for when it runs, docs/mesh.md
+ * for the schedule and the collective ordering rule).
  *
  * Shapes: N tokens on this rank, Nt tokens in the dense group (the global batch), H hidden,
  * E experts, El = E/ep local experts, K top-k, Fl = F/tp, P = ep.
@@ -572,7 +572,8 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * 2 * (size_t)Fl * a, &ds->hpre));
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)Fl * a, &ds->act));
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)H * a, &outr));
-    if (Rs) MOE_TRY_GOTO(st, ops->gather_rows(ctx, xs, s->x, s->slot_of_row, K, NULL, (int64_t)Rs, H));
+    if (Rs)
+        MOE_TRY_GOTO(st, ops->gather_rows(ctx, xs, s->x, s->slot_of_row, K, NULL, (int64_t)Rs, H));
     MOE_TRY_GOTO(st, pipeline(l, s, xs, ds->xr, outr, ds->back, false, NULL));
     /* 6. unpermute */
     if (n > 0)

@@ -1,7 +1,7 @@
 /*
  * The MoE layer's state: the layer handle and what one forward saves for its backward. Shared
- * by layer.c (which owns both and runs the single-rank path), the distributed path
- * (expert_parallel.c) and routing.c; declares no functions.
+ * by layer.c (which creates and frees both), the two forward/backward paths (single_rank.c,
+ * expert_parallel.c) and routing.c; declares no functions.
  *
  * Shapes: N tokens, H hidden, E experts, El local experts, K top-k, Fl = F / tp, R rows
  * processed by the local experts.
