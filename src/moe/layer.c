@@ -492,8 +492,11 @@ moe_status_t moe_layer_param(const moe_layer_t *layer, int32_t index, moe_param_
     MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
     MOE_CHECK_ARG(info != NULL, "info is NULL");
     MOE_CHECK_STRUCT_SIZE(info, moe_param_info_t, sizeof(moe_param_info_t));
-    MOE_CHECK_ARG(index >= 0 && index < layer->num_params, "index %d is out of range 0..%d",
-                  index, layer->num_params - 1);
+    MOE_CHECK_ARG(index >= 0 && index < layer->num_params, "index %d is out of range 0..%d%s",
+                  index, layer->num_params - 1,
+                  index == layer->num_params && !layer->cfg.expert_bias
+                      ? " (router.expert_bias exists only with expert_bias = 1)"
+                      : "");
     *info = layer->params[index];
     return MOE_STATUS_SUCCESS;
 }
