@@ -73,7 +73,8 @@ typedef struct moe_layer_config {
     int32_t top_k;               /* 1 <= K <= E */
     moe_score_fn_t score_fn;     /* default softmax */
     int32_t renormalize;         /* 1 (default): top-k weights divided by their sum */
-    float capacity_factor;       /* <= 0 (default 0): dropless; else capacity=ceil(cf*N*K/E) */
+    float capacity_factor;       /* cf <= 0 (default 0): dropless; else each expert keeps at
+                                    most min(ceil(cf*N*K/E), N*K) slots (stats.capacity) */
     float aux_loss_coef;         /* default 0.01 */
     float z_loss_coef;           /* default 0.001 */
     int32_t expert_bias;         /* 1: aux-loss-free balancing bias used for selection only */
@@ -163,7 +164,10 @@ typedef struct moe_layer_stats {
     double entropy;            /* mean over tokens of -sum_e q log q (nats; q: see top) */
     double aux_loss;           /* unscaled aux value (see top of file) */
     double z_loss;             /* unscaled z value */
-    int64_t capacity;          /* per-expert capacity, or -1 when dropless */
+    int64_t capacity;          /* slots each expert may keep, as the forward applied it:
+                                  min(ceil(cf*N*K/E), N*K), cf = capacity_factor, N -> Nt
+                                  with a mesh (any value >= N drops nothing); -1 when
+                                  dropless (cf <= 0) */
 } moe_layer_stats_t;
 
 /* [out] stats (set struct_size first) [out] tokens_per_expert: E entries of accepted slots
