@@ -10,8 +10,8 @@
  *   1. router (local tokens) -> counts, score means, z/entropy to the host
  *   2. exchange   one all-reduce over the dense group of a table [D, 3+2E] (f64): every
  *                 rank's N, counts, N*P_e, N*z, N*entropy -> global counts, capacity
- *                 C = ceil(cf*Nt*K/E), this rank's prefix per expert (ranks before it in the
- *                 concatenated order), global aux / z / entropy
+ *                 C = min(ceil(cf*Nt*K/E), Nt*K), this rank's prefix per expert (ranks
+ *                 before it in the concatenated order), global aux / z / entropy
  *   3. plan       the backend's: keep slot (t,k) of expert e iff prefix_e + (earlier
  *                 selections of e here) < C; rows sorted by (owner rank, local expert, slot)
  *                 -> row_of_slot, slot_of_row; kept counts to the host -> rows per ep peer
@@ -624,8 +624,8 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
         /* the router writes dx; the combine below adds the experts' part. The op scales by
          * its local N; the global batch's terms need Nt (see top) */
         MOE_TRY_GOTO(st, moe_routing_backward(l, s, d_w, dx,
-                                                   l->cfg.aux_loss_coef * ds->aux_scale,
-                                                   l->cfg.z_loss_coef * ds->z_scale));
+                                              l->cfg.aux_loss_coef * ds->aux_scale,
+                                              l->cfg.z_loss_coef * ds->z_scale));
     }
     if (Rs)
         MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_rows, dy->data, s->slot_of_row, K, s->topk_w,
