@@ -1,7 +1,9 @@
 /*
- * The distributed MoE layer (expert, tensor and data parallel), used by layer.c whenever the
- * runtime's mesh gives the layer a partner: ep > 1, tp > 1, or dp > 1 (the global batch
- * spans several ranks). A world of one never comes here.
+ * The distributed MoE layer (moe_dist_*): experts sharded over ep with the all-to-all
+ * dispatch and combine, expert FFNs sharded over tp, the batch spread over the dense group
+ * (ep x dp). layer.c takes this path whenever the runtime's mesh gives the layer a partner:
+ * ep > 1, tp > 1, or dp > 1 (with ep = 1 the all-to-all is a copy to this rank); a world of
+ * one takes the single-rank path (single_rank.h). The routing steps are routing.h's.
  *
  * Semantics: the distributed layer computes exactly what one rank computes on the
  * concatenated batch of the dense group (the ep x dp ranks of one tp/pp coordinate, in the
@@ -9,8 +11,8 @@
  * their gradients and the expert-bias rule all use global counts and the global token count.
  * See docs/mesh.md.
  */
-#ifndef MOE_DISPATCH_H
-#define MOE_DISPATCH_H
+#ifndef MOE_EXPERT_PARALLEL_H
+#define MOE_EXPERT_PARALLEL_H
 
 #include "layer_internal.h"
 
@@ -21,7 +23,7 @@ void moe_dist_destroy(moe_layer_t *l);
 moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
                               moe_tensor_t *y);
 moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *dy, void *dx);
-/* Free the slot's distributed state (called by slot_free). */
+/* Free the slot's distributed state (called by layer.c's slot_free). */
 void moe_dist_slot_free(moe_layer_t *l, moe_slot_t *s);
 
 /* Communication timing of the last forward + backward on this layer (for measuring how much
@@ -37,4 +39,4 @@ typedef struct moe_dist_timing {
 void moe_dist_timing(const moe_layer_t *l, moe_dist_timing_t *out);
 void moe_dist_timing_reset(moe_layer_t *l);
 
-#endif /* MOE_DISPATCH_H */
+#endif /* MOE_EXPERT_PARALLEL_H */

@@ -1,7 +1,7 @@
 /*
- * Expert-parallel dispatch and combine, tensor-parallel experts, and the global routing
- * statistics of the distributed layer (see dispatch.h for when it runs, docs/mesh.md for
- * the schedule and the collective ordering rule).
+ * The distributed MoE layer: expert-parallel dispatch and combine, tensor-parallel experts,
+ * and the global routing statistics (see expert_parallel.h for when it runs, docs/mesh.md
+ * for the schedule and the collective ordering rule).
  *
  * Shapes: N tokens on this rank, Nt tokens in the dense group (the global batch), H hidden,
  * E experts, El = E/ep local experts, K top-k, Fl = F/tp, P = ep.
@@ -10,8 +10,8 @@
  *   1. router (local tokens) -> counts, score means, z/entropy to the host
  *   2. exchange   one all-reduce over the dense group of a table [D, 3+2E] (f64): every
  *                 rank's N, counts, N*P_e, N*z, N*entropy -> global counts, capacity
- *                 C = ceil(cf*Nt*K/E), this rank's prefix per expert (ranks before it in the
- *                 concatenated order), global aux / z / entropy
+ *                 C = min(ceil(cf*Nt*K/E), Nt*K), this rank's prefix per expert (ranks
+ *                 before it in the concatenated order), global aux / z / entropy
  *   3. plan       the backend's: keep slot (t,k) of expert e iff prefix_e + (earlier
  *                 selections of e here) < C; rows sorted by (owner rank, local expert, slot)
  *                 -> row_of_slot, slot_of_row; kept counts to the host -> rows per ep peer
@@ -27,7 +27,7 @@
  * experts' backward (d_xp all-reduced over tp: W1 is column parallel), dx by un-gather,
  * router backward with the global aux/z gradient scale.
  */
-#include "dispatch.h"
+#include "expert_parallel.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -39,6 +39,8 @@
 
 #include "../core/clock.h"
 #include "../core/error.h"
+#include "device_buffer.h"
+#include "routing.h"
 
 typedef struct moe_dist {
     moe_comm_t *ep, *tp;             /* data (device buffers); NULL when the axis is 1 */
@@ -386,7 +388,7 @@ fail:
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
-/* The distributed part of a slot; the routing state itself comes from moe_layer_route. */
+/* The distributed part of a slot; the routing state itself comes from moe_routing_forward. */
 static moe_status_t alloc_dist_slot(moe_layer_t *l, moe_slot_t *s)
 {
     moe_dist_slot_t *ds = calloc(1, sizeof *ds);
@@ -453,7 +455,7 @@ static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_
     g->aux = (double)E * aux;
     g->z = nt > 0 ? zs / nt : 0;
     g->entropy = nt > 0 ? hs / nt : 0;
-    g->capacity = moe_layer_capacity(l, g->n_total);
+    g->capacity = moe_routing_capacity(l, g->n_total);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -538,7 +540,7 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     moe_routing_parts_t routing = {0};
 
     /* 1. router on the local tokens */
-    MOE_TRY_GOTO(st, moe_layer_route(l, s, x));
+    MOE_TRY_GOTO(st, moe_routing_forward(l, s, x));
     MOE_TRY_GOTO(st, moe_routing_fetch(l, s, &routing));
     MOE_TRY_GOTO(st, alloc_dist_slot(l, s));
     moe_dist_slot_t *ds = s->dist;
@@ -570,14 +572,15 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * 2 * (size_t)Fl * a, &ds->hpre));
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)Fl * a, &ds->act));
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, Rr * (size_t)H * a, &outr));
-    if (Rs) MOE_TRY_GOTO(st, ops->gather_rows(ctx, xs, s->x, s->slot_of_row, K, NULL, (int64_t)Rs, H));
+    if (Rs)
+        MOE_TRY_GOTO(st, ops->gather_rows(ctx, xs, s->x, s->slot_of_row, K, NULL, (int64_t)Rs, H));
     MOE_TRY_GOTO(st, pipeline(l, s, xs, ds->xr, outr, ds->back, false, NULL));
     /* 6. unpermute */
     if (n > 0)
         MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H,
                                       false));
-    moe_layer_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
-    MOE_TRY_GOTO(st, moe_layer_update_bias(l, s, g.n_total * K)); /* s->counts: global */
+    moe_routing_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
+    MOE_TRY_GOTO(st, moe_routing_update_bias(l, s, g.n_total * K)); /* s->counts: global */
 fail:
     moe_layer_free_dev(l->rt, &xs);
     moe_layer_free_dev(l->rt, &outr);
@@ -620,9 +623,9 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
                                                   K, H));
         /* the router writes dx; the combine below adds the experts' part. The op scales by
          * its local N; the global batch's terms need Nt (see top) */
-        MOE_TRY_GOTO(st, moe_layer_router_backward(l, s, d_w, dx,
-                                                   l->cfg.aux_loss_coef * ds->aux_scale,
-                                                   l->cfg.z_loss_coef * ds->z_scale));
+        MOE_TRY_GOTO(st, moe_routing_backward(l, s, d_w, dx,
+                                              l->cfg.aux_loss_coef * ds->aux_scale,
+                                              l->cfg.z_loss_coef * ds->z_scale));
     }
     if (Rs)
         MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_rows, dy->data, s->slot_of_row, K, s->topk_w,
