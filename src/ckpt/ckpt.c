@@ -162,7 +162,7 @@ static moe_status_t local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n)
     *out = NULL;
     *n = 0;
     DIR *d = opendir(ck->dir);
-    if (!d) return MOE_FAIL(MOE_STATUS_IO_ERROR, "opendir(%s) failed: %s", ck->dir, strerror(errno));
+    if (!d) return MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "opendir(%s)", ck->dir);
     int32_t cap = 16, cnt = 0;
     int64_t *v = malloc(sizeof *v * (size_t)cap);
     struct dirent *e;
@@ -438,7 +438,7 @@ static moe_status_t write_job(moe_ckpt_t *ck, job_t *j, char *stepdir, char **pi
     if (j->snap_failed && j->npieces == 0) /* a placeholder for a save refused at once */
         return MOE_FAIL(MOE_STATUS_ABORTED, "the save of step %" PRId64 " was refused", j->step);
     if (mkdir(stepdir, 0755) != 0 && errno != EEXIST) {
-        st = MOE_FAIL(MOE_STATUS_IO_ERROR, "mkdir(%s) failed: %s", stepdir, strerror(errno));
+        st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "mkdir(%s)", stepdir);
     } else {
         st = ck_fsync_dir(ck->dir);
         if (st == MOE_STATUS_SUCCESS) st = ck_writer_open(ck->w, tmp);
@@ -494,7 +494,7 @@ static moe_status_t write_job(moe_ckpt_t *ck, job_t *j, char *stepdir, char **pi
         pthread_mutex_unlock(&ck->mu);
     }
     if (st == MOE_STATUS_SUCCESS && rename(tmp, fin) != 0)
-        st = MOE_FAIL(MOE_STATUS_IO_ERROR, "rename(%s) failed: %s", tmp, strerror(errno));
+        st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "rename(%s)", tmp);
     if (st == MOE_STATUS_SUCCESS) st = ck_fsync_dir(stepdir);
     if (st != MOE_STATUS_SUCCESS && opened) unlink(tmp);
     if (st == MOE_STATUS_SUCCESS) {
@@ -980,16 +980,12 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
             goto fail;
         }
     }
-    if (pthread_create(&ck->writer_th, NULL, writer_main, ck) != 0) {
-        st = MOE_FAIL(MOE_STATUS_INTERNAL, "pthread_create (writer) failed");
-        goto fail;
-    }
+    MOE_CHECK_PTHREAD_GOTO(st, pthread_create(&ck->writer_th, NULL, writer_main, ck),
+                           MOE_STATUS_INTERNAL);
     ck->writer_started = true;
     if (ck->s3) {
-        if (pthread_create(&ck->s3_th, NULL, s3_main, ck) != 0) {
-            st = MOE_FAIL(MOE_STATUS_INTERNAL, "pthread_create (S3) failed");
-            goto fail;
-        }
+        MOE_CHECK_PTHREAD_GOTO(st, pthread_create(&ck->s3_th, NULL, s3_main, ck),
+                               MOE_STATUS_INTERNAL);
         ck->s3_started = true;
     }
     ck->magic = MOE_MAGIC_CKPT;
@@ -1296,8 +1292,7 @@ static moe_status_t restore_from_s3(moe_ckpt_t *ck, int64_t step)
     snprintf(bad, sizeof bad, "%s/.bad-%s", ck->dir, name);
     step_path(ck, step, fin, sizeof fin);
     ck_rmtree(tmpdir);
-    if (mkdir(tmpdir, 0755) != 0)
-        return MOE_FAIL(MOE_STATUS_IO_ERROR, "mkdir(%s) failed: %s", tmpdir, strerror(errno));
+    MOE_CHECK_ERRNO_MSG(mkdir(tmpdir, 0755), MOE_STATUS_IO_ERROR, "mkdir(%s)", tmpdir);
     snprintf(lp, sizeof lp, "%s/%s", tmpdir, CK_MANIFEST);
     moe_status_t st = ck_s3_get_file(ck->s3, name, CK_MANIFEST, lp);
     ck_manifest_t m = {0};
@@ -1308,25 +1303,20 @@ static moe_status_t restore_from_s3(moe_ckpt_t *ck, int64_t step)
     }
     ck_manifest_free(&m);
     if (st == MOE_STATUS_SUCCESS) st = ck_fsync_dir(tmpdir);
-    if (st != MOE_STATUS_SUCCESS) {
-        ck_rmtree(tmpdir);
-        return st;
-    }
+    if (st != MOE_STATUS_SUCCESS) goto fail;
     ck_rmtree(bad);
     if (rename(fin, bad) != 0 && errno != ENOENT) {
-        st = MOE_FAIL(MOE_STATUS_IO_ERROR, "rename(%s) failed: %s", fin, strerror(errno));
-        ck_rmtree(tmpdir);
-        return st;
+        st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "rename(%s)", fin);
+        goto fail;
     }
-    if (rename(tmpdir, fin) != 0) {
-        st = MOE_FAIL(MOE_STATUS_IO_ERROR, "rename(%s) failed: %s", tmpdir, strerror(errno));
-        ck_rmtree(tmpdir);
-        return st;
-    }
+    MOE_CHECK_ERRNO_MSG_GOTO(st, rename(tmpdir, fin), MOE_STATUS_IO_ERROR, "rename(%s)", tmpdir);
     ck_fsync_dir(ck->dir);
     ck_rmtree(bad);
     moe_log(ck->log, MOE_LOG_WARN, "checkpoint: step %" PRId64 " restored from S3", step);
     return MOE_STATUS_SUCCESS;
+fail:
+    ck_rmtree(tmpdir);
+    return st;
 }
 
 /* Every rank loads `step` from stepdir and all agree on the worst severity (collective).
