@@ -346,6 +346,12 @@ void ck_writer_destroy(ck_writer_t *w)
 
 /* ---- file-system helpers ------------------------------------------------------------------- */
 
+bool ck_file_exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
 moe_status_t ck_fsync_dir(const char *dir)
 {
     int fd;
