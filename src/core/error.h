@@ -84,31 +84,18 @@ moe_status_t moe_error_wrap(moe_status_t status, const char *fmt, ...)
         }                                                                                  \
     } while (0)
 
-/* The system's three error conventions, each with its describe function for the generators:
- *   errno      the call returns -1 and sets errno (open, fsync, rename, mkdir, ...);
- *   -errno     the call returns the negated error number (liburing);
- *   error nr   the call returns 0 or the error number itself (pthread). */
+/* The system's error conventions: errno (the call returns -1 and sets errno: open, fsync,
+ * rename, mkdir, ...) and the error number returned (pthread; liburing returns it negated and
+ * its callers decide, through MOE_FAIL_ERRNUM(-rc), below). The wrappers name the call through
+ * a format, so paths and sizes land in the message. */
 #define MOE_DESCRIBE_ERRNO(rc) strerror(errno)
-#define MOE_DESCRIBE_NEG_ERRNO(rc) strerror((int)-(rc))
 
-/* The wrappers stringify `call` themselves, before its macros (NULL, O_RDONLY) expand. */
-#define MOE_CHECK_ERRNO(call, status)                                                      \
-    MOE_CHECK_GEN_MSG(long, call, rc_ != -1, status, MOE_DESCRIBE_ERRNO, "%s", #call)
-#define MOE_CHECK_ERRNO_GOTO(st, call, status)                                             \
-    MOE_CHECK_GEN_MSG_GOTO(st, long, call, rc_ != -1, status, MOE_DESCRIBE_ERRNO, "%s", #call)
 #define MOE_CHECK_ERRNO_MSG(call, status, fmt, ...)                                        \
     MOE_CHECK_GEN_MSG(long, call, rc_ != -1, status, MOE_DESCRIBE_ERRNO, fmt, ##__VA_ARGS__)
 #define MOE_CHECK_ERRNO_MSG_GOTO(st, call, status, fmt, ...)                               \
     MOE_CHECK_GEN_MSG_GOTO(st, long, call, rc_ != -1, status, MOE_DESCRIBE_ERRNO, fmt,     \
                            ##__VA_ARGS__)
-
-#define MOE_CHECK_NEG_ERRNO(call, status)                                                  \
-    MOE_CHECK_GEN_MSG(int, call, rc_ >= 0, status, MOE_DESCRIBE_NEG_ERRNO, "%s", #call)
-#define MOE_CHECK_NEG_ERRNO_GOTO(st, call, status)                                         \
-    MOE_CHECK_GEN_MSG_GOTO(st, int, call, rc_ >= 0, status, MOE_DESCRIBE_NEG_ERRNO, "%s", #call)
-
-#define MOE_CHECK_PTHREAD(call, status)                                                    \
-    MOE_CHECK_GEN_MSG(int, call, rc_ == 0, status, strerror, "%s", #call)
+/* Stringifies `call` itself, before its macros (NULL) expand. */
 #define MOE_CHECK_PTHREAD_GOTO(st, call, status)                                           \
     MOE_CHECK_GEN_MSG_GOTO(st, int, call, rc_ == 0, status, strerror, "%s", #call)
 
