@@ -34,9 +34,9 @@
 
 #define WARPS 8               /* warps per block in the per-token kernels */
 /* router_select's occupancy with 8 experts a lane, two tokens a warp pass (selector::tokens<2>):
- * 115-128 registers, no spills. Three blocks (80 registers) spill 100-870 bytes and measured
- * slower (E = 256: 0.0687 vs 0.0680 ms; E = 64: 0.0214 vs 0.0187 ms, eleventh session, call 7);
- * with one token a pass, three blocks at 80 registers were best (0.071 ms at E = 256). */
+ * 115-128 registers, no spills. Three blocks (80 registers) spill 100-870 bytes and run slower
+ * on the H200 (E = 256: 0.0687 vs 0.0680 ms; E = 64: 0.0214 vs 0.0187 ms); with one token a
+ * pass, three blocks at 80 registers are that form's best (0.071 ms at E = 256). */
 #define SELECT_BLOCKS_PER_SM 2
 
 /* Order-preserving float -> u32 (a larger float gives a larger integer). Every float, -inf
@@ -89,8 +89,8 @@ static __device__ __forceinline__ float group_max(float v)
 
 /* The router's transcendentals use the SFU's approximations (ex2, lg2, rcp): within 2e-7 of
  * the correctly rounded results for scores (probabilities, |x| small where they are large),
- * against a 1e-6 routing tie tolerance and 1e-5 bounds; the precise library calls were ~100
- * of the ~750 instructions a token cost at E = 256 (ncu, sixth session, call 4).
+ * against a 1e-6 routing tie tolerance and 1e-5 bounds; the precise library calls would be ~100
+ * of the ~750 instructions a token costs at E = 256 (ncu).
  * exp_ftz flushes subnormal results to 0 (a score below 1.2e-38 is 0 to every use here),
  * which spares the non-flushing form's range fix-up around each ex2 (__expf's 5 instructions
  * become 2); log_ftz and rcp_ftz are for arguments that are never subnormal (sums >= 1). */
@@ -261,9 +261,9 @@ struct token_rows {
  * arrival) writes that output from the word and zeroes it. No ticket, no fence, no last block.
  *  - expert words (mean_fx[j]): bits 0-34 the P_e numerator in units of 2^-22 (N < 2^13
  *    scores <= 1 stay below 2^35), 35-47 the count, 48-55 arrivals, 56-63 blocks whose
- *    numerator was NaN (the output is NaN then);
+ *    numerator is NaN (the output is NaN then);
  *  - statistic words (z, entropy): bits 0-47 the sum in fixed point, 48-55 arrivals, 56-63
- *    blocks whose sum was outside [0, 2^40 units) or NaN. Those blocks (z past 2^16: a
+ *    blocks whose sum is outside [0, 2^40 units) or NaN. Those blocks (z past 2^16: a
  *    32-token block's |lse| near 45 on average) put their fp32 sum in `spill` before a fenced
  *    addition instead; the block that completes the word adds them in block order, in fp64.
  *
@@ -284,7 +284,7 @@ struct token_rows {
 struct router_state {
     unsigned long long mean_fx[MOE_ROUTER_MAX_E]; /* the P_e numerators, or the expert words */
     int32_t count[MOE_ROUTER_MAX_E];
-    /* bit j: some block's P_e numerator of expert j was NaN, which fixed point cannot carry
+    /* bit j: some block's P_e numerator of expert j is NaN, which fixed point cannot carry
      * (a NaN logit makes its token's scores NaN); the last block writes NaN for it */
     unsigned nan_bits[MOE_ROUTER_MAX_E / 32];
     unsigned ticket;
@@ -310,7 +310,7 @@ struct select_outputs {
  * atomic publishes them (the barrier makes the release cover the other threads' writes, as in
  * CUTLASS's semaphore) and, in the last block, orders the reads after the barrier that
  * follows. Against a full fence before the atomic and another in every thread of the last
- * block: 0.3-0.4 us off both forward paths' spans at N=4096 (fifteenth session, call 2). */
+ * block, this takes 0.3-0.4 us off both forward paths' spans at N=4096 (H200). */
 static __device__ __forceinline__ bool last_to_arrive(unsigned *ticket, unsigned count)
 {
     __shared__ bool s_last;
@@ -735,9 +735,9 @@ static inline cudaError_t with_layout(int32_t e, F &&launch)
 
 /* Tokens per warp pass: a function of N and E alone (so the reduction order, and the result,
  * never depend on the device): as many as make the grid about one wave of 132 SMs x
- * SELECT_BLOCKS_PER_SM blocks, at most 64. Fewer, longer-lived blocks beat the earlier "64
- * warps per SM, at most 8 passes": selection 0.031 -> 0.026 ms (E=64), 0.114 -> 0.110 ms
- * (E=256), N=65536. */
+ * SELECT_BLOCKS_PER_SM blocks, at most 64. Fewer, longer-lived blocks beat 64 warps an SM with
+ * at most 8 passes: the selection takes 0.026 against 0.031 ms (E=64) and 0.110 against
+ * 0.114 ms (E=256) at N=65536 on the H200. */
 static inline int select_iters(int64_t n, int32_t e)
 {
     int64_t per_wave = (int64_t)132 * SELECT_BLOCKS_PER_SM * WARPS * (32 / select_lanes(e));

@@ -11,8 +11,9 @@
  *    rows past N and hidden past H zero-filled; the L2 fetches 256 bytes a row at once);
  *    bf16 mma.sync m16n8k16 with f32 accumulate; 8 warps of 32 tokens x 32 experts. Every
  *    address is computed once before the loop (a thread always copies chunk tid % 8 of rows
- *    tid / 8 + 32 j), so the loop is copies, ldmatrix and mma (first version, with the
- *    addresses in the loop and 4 warps: 80 M instructions, 0.190 ms; now 44 M, 0.159-0.165);
+ *    tid / 8 + 32 j), so the loop is copies, ldmatrix and mma (44 M instructions and
+ *    0.159-0.165 ms, against 80 M and 0.190 ms with the addresses computed in the loop and
+ *    4 warps); the sm_90a image runs wgmma on the same stages instead (see walk);
  *  - epilogue: the f32 logits tile goes to shared memory (reusing the ring), is written out
  *    once (the interface saves logits), and the selector runs on it from there;
  *  - the block's partials end like router_select's (select_reduce, same determinism).
@@ -40,8 +41,8 @@ struct cfg {
      * (4 x 2). 64-token tiles (the split kernel above 2048 tokens): 8 stages of 16 KiB, and
      * the warps also split each hidden tile's four k16 steps in KG = 2 groups of 2 x 2 warps,
      * each group with its own partial tile, so that each A fragment is read from shared
-     * memory twice instead of four times (fourteenth session, call 6, N=4096: KG = 2 0.1-0.4
-     * us ahead of KG = 4; 4 stages 0.3-0.5 us and 6 up to 0.3 behind 8) */
+     * memory twice instead of four times (N=4096: KG = 2 0.1-0.4 us ahead of KG = 4; 4 stages
+     * 0.3-0.5 us and 6 up to 0.3 us behind 8) */
     static constexpr int ROWS = BM, STAGES = BM == 64 ? 8 : 4, KG = BM == 64 ? 2 : 1;
     static constexpr int WM = BM / 32, WN = NWARPS / KG / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
     static constexpr int KK = BK / 16 / KG; /* k16 steps a warp per hidden tile */
@@ -149,10 +150,10 @@ struct copier {
  * copies' XOR swizzle by row is wgmma's 128-byte swizzle (x K-major, wg N-major), and the
  * stages are 1024-byte aligned. A stage's products run asynchronously, one group of them stays
  * in flight (wait_group 1), so a stage is refilled two steps after it was read: one stage less
- * ahead than the mma.sync form. Against that form in one binary (sixteenth session, call 4):
+ * ahead than the mma.sync form. Against that form in one binary (H200):
  * N=4096 H=2048 15.6-15.7 vs 16.9-17.1 us, N=2048 11.7-12.0 vs 12.8-12.9, N=65536 H=4096
- * 0.1504-0.1507 vs 0.1546-0.1549 ms; the mma.sync walk's products had cost ~2.8 us of the
- * 17.2 at N=4096 (call 3: 14.4 us with them skipped). */
+ * 0.1504-0.1507 vs 0.1546-0.1549 ms; the mma.sync walk's products cost ~2.8 us of its 17.2
+ * at N=4096 (14.4 us with them skipped). */
 template <class C>
 static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem, int ktiles)
 {
@@ -289,9 +290,9 @@ static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem,
 /* SPLIT > 1: a cluster of SPLIT blocks shares one BM-token tile, block r of it walking the
  * r-th part of H; each block sends its partial sums of rows [r BM / SPLIT, (r + 1) BM / SPLIT)
  * into block r's shared memory, which sums them in block order (so the logits do not depend
- * on timing) and selects those rows. Pushing the partials (fourteenth session) instead of
- * each block pulling the others' tiles spares the second cluster barrier that kept a block
- * from leaving while others still read its tile. */
+ * on timing) and selects those rows. Pushing the partials, rather than each block pulling
+ * the others' tiles, spares a second cluster barrier that would keep a block from leaving
+ * while others still read its tile. */
 template <int BM, int LANES, int SPLIT>
 __global__ void __launch_bounds__(fused::THREADS, SPLIT == 1 ? 2 : 1)
 router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
@@ -391,17 +392,17 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
 }
 
 /* Tokens per block. 256-token blocks of 16 warps (one per SM, so no epilogue overlap; wg
- * traffic halved) measured slower: 0.170 vs 0.165 ms at N=65536 H=4096 E=64. */
+ * traffic halved) run slower: 0.170 vs 0.165 ms at N=65536 H=4096 E=64. */
 #define FUSED_BM 128
 /* Few tokens: clusters split H (router_fused), by rules of N alone (like select_iters, so the
  * result does not depend on the device), at one block an SM of 132 (the shared memory of
  * both configurations allows no more):
  *  - up to FUSED_SPLIT4_MAX_TOKENS, clusters of 4 blocks on 128-token tiles;
  *  - up to FUSED_SPLIT_MAX_TOKENS, clusters of 2 blocks on 64-token tiles. Clusters of 4
- *    there ran two blocks on some SMs (only 30 clusters of 4 fit at one block an SM), whose
- *    walks ended ~3 us after the median's (thirteenth session's probes); clusters of 2 fit 66.
- * Fourteenth session, calls 1-5: at N=4096 H=2048 the second 17.1-17.3 us against
- * 19.7-20.1 for clusters of 4; at N <= 2048 clusters of 4 0.4-0.6 us ahead. */
+ *    there run two blocks on some SMs (only 30 clusters of 4 fit at one block an SM), whose
+ *    walks end ~3 us after the median's; clusters of 2 fit 66.
+ * H200, N=4096 H=2048: clusters of 2 17.1-17.3 us against 19.7-20.1 for clusters of 4; at
+ * N <= 2048 clusters of 4 are 0.4-0.6 us ahead. */
 #define FUSED_SPLIT4_MAX_TOKENS 2048
 #define FUSED_SPLIT2_BM 64
 #define FUSED_SPLIT_MAX_TOKENS ((132 / 2) * FUSED_SPLIT2_BM)

@@ -42,7 +42,7 @@ static void cuda_destroy(void *vctx)
     free(c);
 }
 
-/* Free the workspace in the order of the stream it was used on. */
+/* Free the workspace in the order of the stream that uses it. */
 static moe_status_t drop_workspace(cuda_ctx_t *c)
 {
     if (c->ws) MOE_CUDA_CHECK(cudaFreeAsync(c->ws, c->stream));
@@ -236,7 +236,7 @@ static cuda_router_mode_t router_mode_from_env(const moe_logger_t *logger)
     return m;
 }
 
-/* Opt-in: the SwiGLU GEMMs are correct but not yet faster than cuBLAS + the SwiGLU kernels in a
+/* Opt-in: the SwiGLU GEMMs are correct but no faster than cuBLAS + the SwiGLU kernels in a
  * layer step (docs/cuda-backend.md). */
 static bool swiglu_gemm_from_env(int device, const moe_logger_t *logger)
 {

@@ -44,7 +44,7 @@ typedef struct cuda_ctx {
     cuda_gemm_mode_t gemm_mode;
     cuda_router_mode_t router_mode;
     /* the expert GEMMs next to SwiGLU carry it in their epilogue (Hopper, MOE_CUDA_SWIGLU_GEMM=1;
-     * off by default: not yet faster, docs/cuda-backend.md) */
+     * off by default: no faster, docs/cuda-backend.md) */
     bool swiglu_gemm;
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */

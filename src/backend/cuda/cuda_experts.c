@@ -10,8 +10,8 @@
  * overwrite_grads their GEMMs run with beta = 0 and skip reading them.
  * Shape legend: El local experts, H hidden, F expert width, R rows, n_e rows of expert e.
  *
- * How the per-expert GEMMs are issued (see /work/shared/notes and docs/cuda-backend.md for the
- * numbers behind the choice):
+ * How the per-expert GEMMs are issued (docs/cuda-backend.md has the numbers behind the
+ * choice):
  *   BATCHED  every expert has the same n_e: one cublasGemmStridedBatchedEx per GEMM kind;
  *            holds ~700 TFLOP/s for small experts where a loop is launch-bound.
  *   STREAMS  uneven n_e and many experts: the loop round-robin over side streams, each with
