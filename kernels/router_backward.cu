@@ -1,9 +1,10 @@
 /*
  * The router's backward kernels: d logits (moe_cuda_router_dlogits) from d(topk_w) through the
  * renormalisation and the score function, plus the aux-loss and z-loss terms, written in f32
- * and in bf16 for the tensor-core GEMMs of d wg and d x (the formulas: src/backend/host/host_router.c); and the
- * expert-bias step (moe_cuda_expert_bias_step). A token's logits sit in registers as in the
- * forward (router_common.cuh's layout), so its scores are recomputed, not saved.
+ * and in bf16 for the tensor-core GEMMs of d wg and d x (the formulas:
+ * src/backend/host/host_router.c); and the expert-bias step (moe_cuda_expert_bias_step). A
+ * token's logits sit in registers as in the forward (router_common.cuh's layout), so its
+ * scores are recomputed, not saved.
  *
  * Shape legend: N tokens, E experts (E <= 512), K top-k (K <= 8).
  */
@@ -12,7 +13,7 @@
 /* ---- d logits ------------------------------------------------------------------------------- */
 
 template <int EPL, int LANES>
-__global__ void __launch_bounds__(WARPS * 32)
+__global__ void __launch_bounds__(MOE_TUNE_ROUTER_WARPS * 32)
 router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ topk_idx,
                const float *__restrict__ topk_w, const float *__restrict__ d_topk_w,
                const int32_t *__restrict__ counts, int64_t n, int e, int k, int score_fn,
@@ -32,11 +33,11 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
                       ? (float)((double)aux_coef * e * counts[j] / ((double)n * k) / (double)n)
                       : 0.0f;
     }
-    int64_t stride = (int64_t)gridDim.x * WARPS * GROUPS;
+    int64_t stride = (int64_t)gridDim.x * MOE_TUNE_ROUTER_WARPS * GROUPS;
     /* the loop is warp-uniform (shuffles need every lane); a group past N redoes the warp's
      * first token and writes nothing */
-    for (int64_t tw = ((int64_t)blockIdx.x * WARPS + threadIdx.x / 32) * GROUPS; tw < n;
-         tw += stride) {
+    for (int64_t tw = ((int64_t)blockIdx.x * MOE_TUNE_ROUTER_WARPS + threadIdx.x / 32) * GROUPS;
+         tw < n; tw += stride) {
         bool valid = tw + grp < n;
         int64_t t = valid ? tw + grp : tw;
         const float *row = logits + t * e;
@@ -115,12 +116,13 @@ static void launch_dlogits(const float *logits, const int32_t *idx, const float 
                            int32_t k, int score_fn, bool renorm, float aux, float z, float *dl,
                            void *dl16, cudaStream_t stream)
 {
-    int64_t per_block = (int64_t)WARPS * (32 / LANES);
+    int64_t per_block = (int64_t)MOE_TUNE_ROUTER_WARPS * (32 / LANES);
     int64_t blocks = (n + per_block - 1) / per_block;
-    if (blocks > 132 * 16) blocks = 132 * 16;
+    if (blocks > MOE_TUNE_WAVE_SMS * MOE_TUNE_DLOGITS_BLOCKS_PER_SM)
+        blocks = MOE_TUNE_WAVE_SMS * MOE_TUNE_DLOGITS_BLOCKS_PER_SM;
     bool vec = e % 4 == 0 && (uintptr_t)logits % 16 == 0 && (uintptr_t)dl % 16 == 0 &&
                (uintptr_t)dl16 % 8 == 0;
-    router_dlogits<EPL, LANES><<<(unsigned)blocks, WARPS * 32, 0, stream>>>(
+    router_dlogits<EPL, LANES><<<(unsigned)blocks, MOE_TUNE_ROUTER_WARPS * 32, 0, stream>>>(
         logits, idx, w, dw, counts, n, e, k, score_fn, renorm, vec, aux, z, dl,
         (__nv_bfloat16 *)dl16);
 }

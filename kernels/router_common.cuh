@@ -31,13 +31,7 @@
 #include <type_traits>
 
 #include "kernels.h"
-
-#define WARPS 8               /* warps per block in the per-token kernels */
-/* router_select's occupancy with 8 experts a lane, two tokens a warp pass (selector::tokens<2>):
- * 115-128 registers, no spills. Three blocks (80 registers) spill 100-870 bytes and run slower
- * on the H200 (E = 256: 0.0687 vs 0.0680 ms; E = 64: 0.0214 vs 0.0187 ms); with one token a
- * pass, three blocks at 80 registers are that form's best (0.071 ms at E = 256). */
-#define SELECT_BLOCKS_PER_SM 2
+#include "tuning.h"
 
 /* Order-preserving float -> u32 (a larger float gives a larger integer). Every float, -inf
  * included, maps above 0, the value a taken slot gets in the top-k. */
@@ -330,11 +324,11 @@ static __device__ __forceinline__ bool last_to_arrive(unsigned *ticket, unsigned
 
 /* The blocks' (z, entropy) sums, rows [0, nb) of b_stats, summed in fp64: each thread its
  * rows in order (the first, row threadIdx.x, loaded by the caller: `first`), then a fixed
- * butterfly in each warp and the warps in order. */
+ * butterfly in each warp and the warps in order (at most MOE_TUNE_ROUTER_WARPS of them). */
 static __device__ __forceinline__ void sum_block_stats(const float2 *b_stats, int nb,
                                                        float2 first, double *out)
 {
-    __shared__ double s_part[WARPS][2];
+    __shared__ double s_part[MOE_TUNE_ROUTER_WARPS][2];
     double a = first.x, b = first.y;
 #pragma unroll 4
     for (int r = threadIdx.x + blockDim.x; r < nb; r += blockDim.x) {
@@ -734,20 +728,20 @@ static inline cudaError_t with_layout(int32_t e, F &&launch)
 }
 
 /* Tokens per warp pass: a function of N and E alone (so the reduction order, and the result,
- * never depend on the device): as many as make the grid about one wave of 132 SMs x
- * SELECT_BLOCKS_PER_SM blocks, at most 64. Fewer, longer-lived blocks beat 64 warps an SM with
- * at most 8 passes: the selection takes 0.026 against 0.031 ms (E=64) and 0.110 against
- * 0.114 ms (E=256) at N=65536 on the H200. */
+ * never depend on the device): as many as make the grid about one wave of MOE_TUNE_WAVE_SMS x
+ * MOE_TUNE_SELECT_BLOCKS_PER_SM blocks, at most MOE_TUNE_SELECT_MAX_PASSES. */
 static inline int select_iters(int64_t n, int32_t e)
 {
-    int64_t per_wave = (int64_t)132 * SELECT_BLOCKS_PER_SM * WARPS * (32 / select_lanes(e));
+    int64_t per_wave = (int64_t)MOE_TUNE_WAVE_SMS * MOE_TUNE_SELECT_BLOCKS_PER_SM *
+                       MOE_TUNE_ROUTER_WARPS * (32 / select_lanes(e));
     int64_t w = (n + per_wave - 1) / per_wave;
-    return (int)(w > 64 ? 64 : w);
+    return (int)(w > MOE_TUNE_SELECT_MAX_PASSES ? MOE_TUNE_SELECT_MAX_PASSES : w);
 }
 
 static inline int64_t select_blocks(int64_t n, int32_t e)
 {
-    int64_t per_block = (int64_t)WARPS * select_iters(n, e) * (32 / select_lanes(e));
+    int64_t per_block =
+        (int64_t)MOE_TUNE_ROUTER_WARPS * select_iters(n, e) * (32 / select_lanes(e));
     return (n + per_block - 1) / per_block;
 }
 

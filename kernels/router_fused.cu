@@ -35,15 +35,25 @@ constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's c
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
 constexpr uint32_t SMEM_ALIGN = 1024; /* router_fused's dynamic shared memory: alignment, slack */
 
+/* sum_block_stats (router_common.cuh) keeps a partial for each of the block's warps */
+static_assert(NWARPS <= MOE_TUNE_ROUTER_WARPS, "router_fused's warps fit sum_block_stats");
+static_assert(MOE_TUNE_FUSED_MEDIUM_TILE_TOKENS != MOE_TUNE_FUSED_TILE_TOKENS &&
+                  MOE_TUNE_FUSED_MEDIUM_CLUSTER != MOE_TUNE_FUSED_SMALL_CLUSTER &&
+                  MOE_TUNE_FUSED_MEDIUM_CLUSTER > 1 && MOE_TUNE_FUSED_SMALL_CLUSTER > 1,
+              "the tile and cluster sizes tell the configurations apart");
+
+/* The tile configuration of BM-token tiles (kernels/tuning.h has the sizes and why). 128-token
+ * tiles (the unsplit kernel and the small clusters): 4 stages of 24 KiB; the warps split the
+ * tile's tokens and experts (4 x 2). 64-token tiles (the medium clusters): 8 stages of 16 KiB,
+ * and the warps also split each hidden tile's four k16 steps in KG = 2 groups of 2 x 2 warps,
+ * each group with its own partial tile, so that each A fragment is read from shared memory
+ * twice instead of four times. */
 template <int BM, int SPLIT = 1>
 struct cfg {
-    /* 128-token tiles: 4 stages of 24 KiB; the warps split the tile's tokens and experts
-     * (4 x 2). 64-token tiles (the split kernel above 2048 tokens): 8 stages of 16 KiB, and
-     * the warps also split each hidden tile's four k16 steps in KG = 2 groups of 2 x 2 warps,
-     * each group with its own partial tile, so that each A fragment is read from shared
-     * memory twice instead of four times (N=4096: KG = 2 0.1-0.4 us ahead of KG = 4; 4 stages
-     * 0.3-0.5 us and 6 up to 0.3 us behind 8) */
-    static constexpr int ROWS = BM, STAGES = BM == 64 ? 8 : 4, KG = BM == 64 ? 2 : 1;
+    static constexpr bool MEDIUM = BM == MOE_TUNE_FUSED_MEDIUM_TILE_TOKENS;
+    static constexpr int ROWS = BM;
+    static constexpr int STAGES = MEDIUM ? MOE_TUNE_FUSED_MEDIUM_STAGES : MOE_TUNE_FUSED_STAGES;
+    static constexpr int KG = MEDIUM ? MOE_TUNE_FUSED_MEDIUM_KGROUPS : 1;
     static constexpr int WM = BM / 32, WN = NWARPS / KG / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
     static constexpr int KK = BK / 16 / KG; /* k16 steps a warp per hidden tile */
     static constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = A_BYTES + BK * ROW_BYTES;
@@ -294,7 +304,7 @@ static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem,
  * the others' tiles, spares a second cluster barrier that would keep a block from leaving
  * while others still read its tile. */
 template <int BM, int LANES, int SPLIT>
-__global__ void __launch_bounds__(fused::THREADS, SPLIT == 1 ? 2 : 1)
+__global__ void __launch_bounds__(fused::THREADS, SPLIT == 1 ? MOE_TUNE_FUSED_BLOCKS_PER_SM : 1)
 router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
              const float *__restrict__ bias, int64_t n, int64_t h, int e, int k, int score_fn,
              bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
@@ -391,35 +401,27 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
                {score_mean, stats, counts, e, n});
 }
 
-/* Tokens per block. 256-token blocks of 16 warps (one per SM, so no epilogue overlap; wg
- * traffic halved) run slower: 0.170 vs 0.165 ms at N=65536 H=4096 E=64. */
-#define FUSED_BM 128
-/* Few tokens: clusters split H (router_fused), by rules of N alone (like select_iters, so the
- * result does not depend on the device), at one block an SM of 132 (the shared memory of
- * both configurations allows no more):
- *  - up to FUSED_SPLIT4_MAX_TOKENS, clusters of 4 blocks on 128-token tiles;
- *  - up to FUSED_SPLIT_MAX_TOKENS, clusters of 2 blocks on 64-token tiles. Clusters of 4
- *    there run two blocks on some SMs (only 30 clusters of 4 fit at one block an SM), whose
- *    walks end ~3 us after the median's; clusters of 2 fit 66.
- * H200, N=4096 H=2048: clusters of 2 17.1-17.3 us against 19.7-20.1 for clusters of 4; at
- * N <= 2048 clusters of 4 are 0.4-0.6 us ahead. */
-#define FUSED_SPLIT4_MAX_TOKENS 2048
-#define FUSED_SPLIT2_BM 64
-#define FUSED_SPLIT_MAX_TOKENS ((132 / 2) * FUSED_SPLIT2_BM)
+/* ---- host: grid rules and launch ------------------------------------------------------------ */
 
+/* The grid: MOE_TUNE_FUSED_TILE_TOKENS-token tiles, one block each; with few tokens, clusters
+ * that split H (router_fused), by rules of N alone (like select_iters, so the result does not
+ * depend on the device): small and medium clusters (kernels/tuning.h). */
 static int64_t fused_tiles(int64_t n, int bm) { return (n + bm - 1) / bm; }
 
 /* tokens a tile, by cluster size: the one rule the grid (fused_blocks) and the kernel's
  * template (launch_fused) share */
 static constexpr int fused_tile_tokens(int split)
 {
-    return split == 2 ? FUSED_SPLIT2_BM : FUSED_BM;
+    return split == MOE_TUNE_FUSED_MEDIUM_CLUSTER ? MOE_TUNE_FUSED_MEDIUM_TILE_TOKENS
+                                                  : MOE_TUNE_FUSED_TILE_TOKENS;
 }
 
-/* the split kernel's cluster size for N (1: one block a 128-token tile) */
+/* the split kernel's cluster size for N (1: one block a tile, no split) */
 static int fused_split(int64_t n)
 {
-    return n <= FUSED_SPLIT4_MAX_TOKENS ? 4 : n <= FUSED_SPLIT_MAX_TOKENS ? 2 : 1;
+    return n <= MOE_TUNE_FUSED_SMALL_MAX_TOKENS    ? MOE_TUNE_FUSED_SMALL_CLUSTER
+           : n <= MOE_TUNE_FUSED_MEDIUM_MAX_TOKENS ? MOE_TUNE_FUSED_MEDIUM_CLUSTER
+                                                   : 1;
 }
 
 static int64_t fused_blocks(int64_t n)
@@ -503,9 +505,11 @@ extern "C" cudaError_t moe_cuda_router_fused(const void *x, const void *wg, cons
             return kernel(dev, x, wg, bias, n, h, e, k, score_fn, renormalize, logits, topk_idx,
                           topk_w, scratch, state, counts, score_mean, stats, stream);
         };
-        cudaError_t r = split == 4   ? go(launch_fused<L, 4>)
-                        : split == 2 ? go(launch_fused<L, 2>)
-                                     : go(launch_fused<L, 1>);
+        cudaError_t r = split == MOE_TUNE_FUSED_SMALL_CLUSTER
+                            ? go(launch_fused<L, MOE_TUNE_FUSED_SMALL_CLUSTER>)
+                        : split == MOE_TUNE_FUSED_MEDIUM_CLUSTER
+                            ? go(launch_fused<L, MOE_TUNE_FUSED_MEDIUM_CLUSTER>)
+                            : go(launch_fused<L, 1>);
         return r != cudaSuccess ? r : cudaGetLastError();
     };
     switch (select_lanes(e)) { /* the selection's lanes a token: 1 to 8 for E <= 64 */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../../../kernels/kernels.h"
+#include "../../../kernels/tuning.h"
 #include "cuda_ctx.h"
 
 moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
@@ -34,29 +35,16 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
     return MOE_STATUS_SUCCESS;
 }
 
-/* The fused kernel saves the selection's second pass and a launch, but each block walks all of
- * H: it wins with two waves of its 128-token blocks (132 SMs x 2), when H is short enough that
- * a block's walk costs less than a launch, and up to H = 2048 where few tokens split H over
- * clusters (moe_cuda_router_fused_splits). H200, us, fused vs GEMM + selection in the same runs:
- *  - one block a tile: N=512 H=256 11.2-12.2 vs 10.4-18.7 (medians 11.6 vs 13.2); N=1024
- *    H=512 13.6-15.2 vs 11.7-13.4; N=2048 H=1024 20-22 vs 13-18; N=4096 H=2048 30-32 vs
- *    17-19; N=16384 H=4096 50 vs 48; N=65536 H=4096 159 vs 176;
- *  - H split over clusters: N=1024 H=512 11.5-12.2 vs 10.9-11.8; N=2048 H=1024 12.7-13.4 vs
- *    11.8-13.4, the one launch taken for its steadiness (GEMM + selection spans 12.3-17.5 over
- *    30 runs: two launches, one of them cuBLAS's, at the host's pace); N=4096 H=2048 15.5 vs
- *    16.9 with the sm_90a image's wgmma walk (16.1-16.6 vs 16.4-16.7 with the mma.sync walk). */
-#define FUSED_MIN_TOKENS (128 * 264)
-#define FUSED_MAX_SHORT_H 512
-#define FUSED_MAX_SPLIT_H 2048
-
+/* The fused kernel's shape rule (its thresholds and the measurements behind them:
+ * kernels/tuning.h); a forced mode overrides it. */
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
 {
     if (c->router_mode == CUDA_ROUTER_GEMM ||
         !moe_cuda_router_fused_supported(a->h, a->e, a->x, a->wg, a->logits))
         return false;
-    return c->router_mode == CUDA_ROUTER_FUSED || a->n >= FUSED_MIN_TOKENS ||
-           a->h <= FUSED_MAX_SHORT_H ||
-           (a->h <= FUSED_MAX_SPLIT_H && moe_cuda_router_fused_splits(a->n));
+    return c->router_mode == CUDA_ROUTER_FUSED || a->n >= MOE_TUNE_ROUTER_FUSED_MIN_TOKENS ||
+           a->h <= MOE_TUNE_ROUTER_FUSED_MAX_SHORT_H ||
+           (a->h <= MOE_TUNE_ROUTER_FUSED_MAX_SPLIT_H && moe_cuda_router_fused_splits(a->n));
 }
 
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
