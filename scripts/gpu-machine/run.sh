@@ -10,8 +10,9 @@
 #   bench     bench_moe, parts $MOE_BENCH_PART (router experts layer; default all)
 #   torch     bench/torch_moe.py, the same parts
 #   dist      the distributed layer test on the CUDA backend (2 and 4 ranks sharing the GPU)
-#   ckpt      ckpt_bench, then bench/torch_ckpt.py (PyTorch's saves of the same state):
-#             $MOE_CKPT_GIB GiB (default 8) into $MOE_CKPT_DIR (default /tmp)
+#   ckpt      ckpt_bench, then bench/torch_ckpt.py (PyTorch's saves of the same state,
+#             $MOE_TORCH_CKPT_RUNS timed saves a method, default 3: a torch.save of 8 GiB
+#             takes ~17 s): $MOE_CKPT_GIB GiB (default 8) into $MOE_CKPT_DIR (default /tmp)
 #   profile   ncu's time of every kernel of one layer step, layer shapes $MOE_PROFILE_SHAPES
 #             (default 0 1), summed by bench/kernel_times.py into $OUT/profile.txt
 #   trace     CUPTI's timeline of the same layer steps (bench/trace.c), $OUT/trace.txt
@@ -95,7 +96,7 @@ if has ckpt; then
     "$B/bench/ckpt_bench" --gib "${MOE_CKPT_GIB:-8}" --runs 5 --dir "$dir" | tee "$OUT/bench_ckpt.jsonl" ||
     status=1
   # PyTorch's saves of the same state into the same directory, same run
-  PYTHONUNBUFFERED=1 python3 bench/torch_ckpt.py --gib "${MOE_CKPT_GIB:-8}" --runs 5 --dir "$dir" |
+  PYTHONUNBUFFERED=1 python3 bench/torch_ckpt.py --gib "${MOE_CKPT_GIB:-8}" --runs "${MOE_TORCH_CKPT_RUNS:-3}" --dir "$dir" |
     tee "$OUT/bench_torch_ckpt.jsonl" || status=1
   results_args+=(--note "checkpoint=\`$dir\`: $(findmnt -n -r -o FSTYPE,SOURCE -T "$dir" 2>/dev/null || echo ?)")
 fi
