@@ -46,7 +46,7 @@
 
 #include <moe/moe.h>
 
-#include "moe/dispatch.h"
+#include "moe/expert_parallel.h"
 #include "moe/layer_internal.h"
 #include "runtime/runtime.h"
 #include "test_support.h"

@@ -1,3 +1,4 @@
+/* Random device-side fills for the C benchmarks (bench_fill.cu). */
 #ifndef MOE_BENCH_FILL_H
 #define MOE_BENCH_FILL_H
 #include <stdint.h>

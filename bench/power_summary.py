@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Summarise the power and clock samples scripts/device_env.sh's power_sampling_start writes:
-one line per labelled section, over its busy samples (the GPU drawing over 250 W): the SM
-clock's median, min and max, the instantaneous power's median and max, and in how many
+"""Summarise the power and clock samples that power_sampling_start (scripts/gpu-machine/env.sh)
+writes: one line per labelled section, over its busy samples (the GPU drawing over 250 W): the
+SM clock's median, min and max, the instantaneous power's median and max, and in how many
 samples the driver flagged the software power cap (clocks_event_reasons bit 0x4)."""
 import statistics
 import sys

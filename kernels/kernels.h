@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-/* ---- router (router.cu) ---- */
+/* ---- router (router_select.cu, router_fused.cu, router_backward.cu) ---- */
 
 /* The router kernels keep a token's E scores in registers, at most 16 on each of 32 lanes. */
 #define MOE_ROUTER_MAX_E 512

@@ -7,7 +7,7 @@
  * row; backward: read 3F, write 2F), which at (16384, 2048, 8192, 8, 2) cost 1.05 ms a step at
  * full memory bandwidth. Opt-in (MOE_CUDA_SWIGLU_GEMM=1): its products run at ~700 TFLOP/s
  * (forward) and ~560 (backward) where cuBLAS reaches ~770, which eats the saving, so a layer
- * step is no faster yet (measurements and what was tried: docs/cuda-backend.md).
+ * step is no faster (measurements and the variants measured: docs/cuda-backend.md).
  *
  * One grouped launch covers every expert: the tiles of all experts are numbered in one list
  * (expert-major, then N tile, then M tile, so CTAs running together share B panels in L2) and a

@@ -5,28 +5,42 @@
  * F expert FFN width (global, before tensor-parallel sharding).
  *
  *   forward(slot, x[N,H]) -> y[N,H]
- *     logits = x·Wg [N,E] (fp32) -> scores (softmax | sigmoid) -> top-k on scores + bias
+ *     logits = x·Wg [N,E] (fp32) -> scores s (softmax | sigmoid) -> top-k on s + bias
  *     -> weights w[t,k] (renormalised over k when enabled) -> capacity drop
  *     -> y[t] = sum_k w[t,k] * W2_e^T (silu(W1g_e^T x[t]) * (W1u_e^T x[t])),  e = idx[t,k]
  *   backward(slot, dy[N,H]) -> dx[N,H], and accumulates parameter gradients (+=).
  *
  * The layer's total loss contribution is task_loss + aux_coef * aux + z_coef * z, where
- *   aux = E * sum_e f_e * P_e   (f_e: fraction of the N*K selected slots routed to e before
- *                                capacity drop, P_e: mean router score of e over tokens)
+ *   aux = E * sum_e f_e * P_e
+ *         f_e: fraction of the N*K selected slots routed to e before capacity drop (no
+ *              gradient flows through it);
+ *         P_e = mean over the N tokens of q[t,e], the normalised score: softmax: q = s (the
+ *              router probability); sigmoid: q[t,e] = s[t,e] / sum_j s[t,j] (the token's E
+ *              sigmoid scores scaled to sum to 1). The expert bias never enters q.
  *   z   = mean_t logsumexp(logits[t])^2
  * backward adds the gradients of the aux and z terms itself; their values are in the stats.
+ * With a mesh, f_e, P_e, z, the capacity and the expert-bias loads are taken over the dense
+ * group's concatenated batch (Nt tokens, see moe_layer_forward) instead of this rank's N.
+ * docs/moe-layer.md gives the exact semantics.
  *
  * Microbatch slots: forward saves what backward needs under `slot` (0 .. max_microbatches-1),
  * so a pipeline can run several forwards before the matching backwards. backward frees the
  * slot; moe_layer_release_slot frees it without a backward (evaluation).
  *
- * Parameters (local shards, in the runtime's compute dtype; gradients always f32):
- *   "router.weight"      [H, E]          replicated over tp and ep; reduced over ep x dp
- *   "experts.w1"         [E_l, H, 2, F_l] gate (index 0) and up (index 1) projections
- *   "experts.w2"         [E_l, F_l, H]    down projection
- *   "router.expert_bias" [E]             fp32 buffer, not trained by gradients: updated by the
- *                                         sign rule bias_e += rate * sign(mean_load - load_e)
- *                                         after each forward when expert_bias is enabled.
+ * Parameters (local shards; gradients always f32), by moe_layer_param index:
+ *   0 "router.weight"      [H, E]           compute dtype; replicated over tp and ep,
+ *                                            gradient reduced over ep x dp
+ *   1 "experts.w1"         [E_l, H, 2, F_l] compute dtype; gate (index 0) and up (index 1)
+ *                                            projections
+ *   2 "experts.w2"         [E_l, F_l, H]    compute dtype; down projection
+ *   3 "router.expert_bias" [E]              only when expert_bias = 1: an fp32 buffer
+ *                                            (MOE_PARAM_BUFFER, no gradient) updated after
+ *                                            each forward by the sign rule
+ *                                            bias_e += rate * sign(mean_load - load_e),
+ *                                            load_e the slots that selected e before capacity,
+ *                                            mean_load = N*K/E.
+ * Without expert_bias the layer has 3 parameters: moe_layer_num_params gives 3 and
+ * moe_layer_param(3) fails with MOE_STATUS_INVALID_ARGUMENT.
  * E_l = E / ep local experts, F_l = F / tp.
  */
 #ifndef MOE_LAYER_H
@@ -59,7 +73,8 @@ typedef struct moe_layer_config {
     int32_t top_k;               /* 1 <= K <= E */
     moe_score_fn_t score_fn;     /* default softmax */
     int32_t renormalize;         /* 1 (default): top-k weights divided by their sum */
-    float capacity_factor;       /* <= 0 (default 0): dropless; else capacity=ceil(cf*N*K/E) */
+    float capacity_factor;       /* cf <= 0 (default 0): dropless; else each expert keeps at
+                                    most min(ceil(cf*N*K/E), N*K) slots (stats.capacity) */
     float aux_loss_coef;         /* default 0.01 */
     float z_loss_coef;           /* default 0.001 */
     int32_t expert_bias;         /* 1: aux-loss-free balancing bias used for selection only */
@@ -146,10 +161,13 @@ typedef struct moe_layer_stats {
     double dropped_ratio;      /* dropped_slots / slots */
     double max_load;           /* max over experts of accepted slots */
     double mean_load;          /* accepted slots / E */
-    double entropy;            /* mean over tokens of the router score entropy (nats) */
+    double entropy;            /* mean over tokens of -sum_e q log q (nats; q: see top) */
     double aux_loss;           /* unscaled aux value (see top of file) */
     double z_loss;             /* unscaled z value */
-    int64_t capacity;          /* per-expert capacity, or -1 when dropless */
+    int64_t capacity;          /* slots each expert may keep, as the forward applied it:
+                                  min(ceil(cf*N*K/E), N*K), cf = capacity_factor, N -> Nt
+                                  with a mesh (any value >= N drops nothing); -1 when
+                                  dropless (cf <= 0) */
 } moe_layer_stats_t;
 
 /* [out] stats (set struct_size first) [out] tokens_per_expert: E entries of accepted slots

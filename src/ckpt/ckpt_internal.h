@@ -1,12 +1,40 @@
 /*
- * Checkpointer internals shared by the files of src/ckpt/:
+ * Checkpointer internals shared by the files of src/ckpt/.
+ *
+ * The components (prefix ck_), each unaware of the handle:
  *   manifest.c  the on-disk format: layout of a rank's data file, manifest.json in and out,
  *               name/path validation (docs/checkpoint-format.md is the spec)
  *   writer.c    one data file written from pinned segments: io_uring + O_DIRECT, registered
- *               buffers, several requests in flight; pwrite fallback
+ *               buffers, several requests in flight; pwrite fallback; the file-system helpers
  *   load.c      verify + read + reshard (box intersection) into the caller's tensors
  *   s3.c        the S3 client: SigV4 via libcurl, multipart, retries
- *   ckpt.c      the public API, the snapshot, the writer and S3 threads, retention
+ * The checkpointer handle (struct moe_ckpt below; prefix ckpt_ for what its files share):
+ *   ckpt.c      the public API's handle: config defaults, create / destroy / abort, status,
+ *               poll, wait and the async error
+ *   snapshot.c  save_async: the caller's tensors through pinned staging segments into this
+ *               rank's data file (checksums, io_uring writes, fsync, rename)
+ *   commit.c    the writer thread, the commit (agreement between ranks, rank 0's manifest),
+ *               local retention, the collective progress on the training thread
+ *   mirror.c    the S3 thread: shard and manifest uploads, their agreement, S3 retention
+ *   restore.c   list and load: candidates newest first, fallback to older steps and S3 copies
+ *
+ * Data flow of one save (rank r, step N):
+ *   save_async (training thread)          writer thread                    S3 thread
+ *   layout pieces in rank-r.bin  ------>  open step-N/rank-r.bin.tmp
+ *   for each chunk_bytes range:           (state fits the budget: wait
+ *     take a free pinned segment            for the whole snapshot)
+ *     D2H / memcpy the bytes in   ------>  for each filled segment:
+ *   return (tensors reusable)               XXH3 of each piece chunk, io_uring writes
+ *                                           (O_DIRECT), segment back to the free list
+ *                                         fsync, rename rank-r.bin, fsync dir
+ *   commit: agree (allreduce MIN), gather piece lists, rank 0 writes manifest.json
+ *   (tmp, fsync, rename, fsync); retention (rank 0, writer thread)   -->  upload rank-r.bin;
+ *                                                                        manifest.json last
+ * World of one: the writer thread commits and the S3 thread puts the manifest after the
+ * shard. Several ranks: MPI is only called on the training thread (the communicator is
+ * MPI_THREAD_SERIALIZED), so the commit and the upload agreement run in ckpt_progress(),
+ * inside the collective calls (save_async, wait, load, destroy); rank 0's S3 thread then puts
+ * the manifest.
  *
  * Vocabulary: a *piece* is one contiguous region of a data file holding a box of a global
  * tensor (slice_start, slice_shape); a *segment* is one pinned staging buffer of chunk_bytes
@@ -16,12 +44,15 @@
 #ifndef MOE_CKPT_INTERNAL_H
 #define MOE_CKPT_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include <moe/ckpt.h>
+#include <xxhash.h>
 
 #include "../core/log.h"
+#include "../runtime/runtime.h"
 
 #define CK_FORMAT_NAME "libmoe-checkpoint"
 #define CK_FORMAT_VERSION 1
@@ -114,6 +145,7 @@ void ck_writer_cancel(ck_writer_t *w);
 bool ck_writer_direct(const ck_writer_t *w);
 
 /* ---- fs helpers (writer.c) ---- */
+bool ck_file_exists(const char *path);
 moe_status_t ck_fsync_dir(const char *dir);
 moe_status_t ck_mkdir_p(const char *dir);
 moe_status_t ck_write_file_atomic(const char *dir, const char *name, const void *data,
@@ -141,10 +173,128 @@ void ck_sha256_hex(const void *data, size_t len, char out[65]);
 /* ---- load.c ---- */
 /* Load from one complete local step directory. Returns CORRUPT / IO_ERROR / NOT_FOUND for
  * problems of the checkpoint (fall back) and INVALID_ARGUMENT for problems of the request. */
-struct moe_runtime;
-moe_status_t ck_load_dir(struct moe_runtime *rt, const char *stepdir, int64_t step,
+moe_status_t ck_load_dir(moe_runtime_t *rt, const char *stepdir, int64_t step,
                          const moe_ckpt_tensor_t *t, int32_t count);
 /* Validate a load request (names, shapes) without a checkpoint. */
 moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count);
+
+/* ==== the checkpointer handle ================================================================ */
+
+#define MOE_MAGIC_CKPT 0x4d4f45434b505431ull /* "MOECKPT1" */
+
+/* One pinned staging buffer of chunk_bytes: it carries the file range [off, off + len) of a
+ * save from save_async to the writer thread and goes back to the free list once written. */
+typedef struct ckpt_seg {
+    uint8_t *buf;
+    int slot;                    /* the writer's registration slot */
+    bool registered;
+    uint64_t off;                /* file offset of buf[0] */
+    size_t len;
+    struct ckpt_seg *next;
+} ckpt_seg_t;
+
+/* One save of this rank, from save_async through the writer thread to the commit. */
+typedef struct ckpt_job {
+    int64_t step;
+    ck_piece_t *pieces;
+    int32_t npieces;
+    uint64_t file_bytes;
+    ckpt_seg_t *q_head, *q_tail; /* filled, waiting for the writer */
+    bool all_queued, snap_failed;
+    double t_start;
+    struct ckpt_job *next;
+    /* checksum walk */
+    int32_t hp;
+    XXH3_state_t *hs;
+    /* result of the local write, for the commit */
+    bool local_ok;
+    char *mine;                  /* this rank's piece list (JSON) */
+} ckpt_job_t;
+
+/* One upload task of the S3 thread. */
+typedef struct ckpt_upload {
+    int64_t step;
+    bool manifest_only;          /* rank 0, world > 1: the shards are up, put the manifest */
+    bool ok;                     /* world > 1: this rank's shard upload succeeded */
+    struct ckpt_upload *next;
+} ckpt_upload_t;
+
+/* Locking: mu and cv guard the queues, the free segments, the status and the async error; the
+ * I/O itself runs unlocked. */
+struct moe_ckpt {
+    uint64_t magic;
+    moe_runtime_t *rt;
+    const moe_logger_t *log;
+    moe_ckpt_config_t cfg;
+    char *dir;
+    int rank, world;
+    moe_comm_t *comm_w;                  /* NULL in a world of one; used on the training thread */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ckpt_seg_t *segs;
+    int max_segs, nsegs;
+    ckpt_seg_t *free_segs;
+    ckpt_job_t *jobs, *jobs_tail;        /* queued for the writer */
+    ckpt_job_t *done, *done_tail;        /* world > 1: durable here, not yet committed */
+    ckpt_upload_t *ups, *ups_tail;       /* queued for the S3 thread */
+    ckpt_upload_t *updone, *updone_tail; /* world > 1: shard uploaded (or failed), not agreed */
+    bool retention_due;
+    int64_t uploading_step, loading_step;
+    bool stop, aborting;
+    bool defer_writer;                   /* see ckpt_write_job; MOE_CKPT_DEFER_WRITER=0: off */
+    pthread_t writer_th, s3_th;
+    bool writer_started, s3_started;
+
+    ck_writer_t *w;
+    ck_s3_t *s3;
+
+    int64_t last_saved_step;
+    moe_ckpt_status_t st;
+    moe_status_t async_err;
+    char async_msg[1024];
+};
+
+/* ---- ckpt.c ---- */
+/* Record a background failure (first one wins until reported). Caller holds no lock. */
+void ckpt_set_async_error(moe_ckpt_t *ck, moe_status_t st, const char *what);
+/* Return and clear the pending async error as this thread's error. */
+moe_status_t ckpt_take_async_error(moe_ckpt_t *ck);
+/* <dir>/step-<N> */
+void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len);
+/* Saves (and, with uploads, S3 uploads) still pending; the caller holds ck->mu. */
+bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads);
+
+/* ---- snapshot.c ---- */
+/* Writer thread: write job j's data file from its segments into stepdir (tmp, fsync, rename,
+ * fsync dir); on success *pieces_json is this rank's piece list with the checksums. */
+moe_status_t ckpt_write_job(moe_ckpt_t *ck, ckpt_job_t *j, char *stepdir, char **pieces_json);
+void ckpt_job_free(ckpt_job_t *j);
+
+/* ---- commit.c ---- */
+/* Every rank contributes v; *out gets their min or max (v itself without a communicator). */
+moe_status_t ckpt_agree(moe_comm_t *c, int32_t v, moe_reduce_op_t op, int32_t *out);
+/* The writer thread (arg: the handle): writes, commits (world of one) and retention. */
+void *ckpt_writer_main(void *arg);
+/* Commit the saves every rank has made durable and complete the uploads every rank has
+ * finished (rank 0 then puts the manifest). With drain, repeat until nothing is pending on
+ * any rank (saves, and uploads when asked) or timeout_ms passes on some rank. Collective; a
+ * no-op in a world of one. */
+moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms);
+/* Wait until every queued save is committed (or failed), without taking the async error. */
+moe_status_t ckpt_drain_saves(moe_ckpt_t *ck);
+
+/* ---- mirror.c ---- */
+/* The S3 thread (arg: the handle): the queued uploads in order. */
+void *ckpt_mirror_main(void *arg);
+/* Queue the upload of committed step `step` (S3 configured); the caller holds ck->mu. */
+void ckpt_mirror_queue_step_locked(moe_ckpt_t *ck, int64_t step);
+/* World > 1, training thread: the shard upload at the head of updone is finished on every
+ * rank; agree whether all succeeded, and on rank 0 queue the manifest (the remote commit). */
+moe_status_t ckpt_mirror_agree_upload(moe_ckpt_t *ck);
+
+/* ---- restore.c ---- */
+/* Complete local checkpoints (a step directory with manifest.json), ascending (malloc'd). */
+moe_status_t ckpt_local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n);
 
 #endif /* MOE_CKPT_INTERNAL_H */

@@ -79,9 +79,9 @@ static moe_status_t read_intersection(int fd, const char *fname, uint64_t chunk,
         ssize_t n = pread(fd, buf + got, want - got, (off_t)(p->offset + r0 + got));
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) {
-            int e = errno;
+            moe_status_t st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "pread(%s)", fname);
             free(buf);
-            return MOE_FAIL(MOE_STATUS_IO_ERROR, "pread(%s) failed: %s", fname, strerror(e));
+            return st;
         }
         if (n == 0) {
             free(buf);
@@ -328,8 +328,8 @@ moe_status_t ck_load_dir(moe_runtime_t *rt, const char *stepdir, int64_t step,
         snprintf(path, sizeof path, "%s/%s", stepdir, m.files[opened].path);
         fds[opened] = open(path, O_RDONLY | O_CLOEXEC);
         if (fds[opened] < 0) {
-            st = MOE_FAIL(errno == ENOENT ? MOE_STATUS_CORRUPT : MOE_STATUS_IO_ERROR,
-                          "open(%s) failed: %s", path, strerror(errno));
+            st = MOE_FAIL_ERRNO(errno == ENOENT ? MOE_STATUS_CORRUPT : MOE_STATUS_IO_ERROR,
+                                "open(%s)", path);
             goto out;
         }
         struct stat sb;

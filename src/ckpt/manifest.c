@@ -612,8 +612,8 @@ moe_status_t ck_manifest_read(const char *stepdir, ck_manifest_t *out)
     snprintf(path, sizeof path, "%s/%s", stepdir, CK_MANIFEST);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return MOE_FAIL(errno == ENOENT ? MOE_STATUS_NOT_FOUND : MOE_STATUS_IO_ERROR,
-                        "open(%s) failed: %s", path, strerror(errno));
+        return MOE_FAIL_ERRNO(errno == ENOENT ? MOE_STATUS_NOT_FOUND : MOE_STATUS_IO_ERROR,
+                              "open(%s)", path);
     struct stat sb;
     if (fstat(fd, &sb) != 0 || sb.st_size <= 0 || (uint64_t)sb.st_size > CK_MAX_MANIFEST_BYTES) {
         close(fd);

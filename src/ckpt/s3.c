@@ -27,6 +27,11 @@
 #include "../core/error.h"
 #include "ckpt_internal.h"
 
+/* A libcurl call that returns a CURLcode (curl's types stay out of core/error.h); `call` is
+ * stringified here, before its macros (CURL_GLOBAL_DEFAULT) expand. */
+#define MOE_CHECK_CURL(call, status)                                                       \
+    MOE_CHECK_GEN_MSG(CURLcode, call, rc_ == CURLE_OK, status, curl_easy_strerror, "%s", #call)
+
 /* ---- SHA-256 (FIPS 180-4) for x-amz-content-sha256 -------------------------------------- */
 
 typedef struct sha256 {
@@ -153,8 +158,7 @@ static char *env_dup(const char *cfg, const char *a, const char *b)
 
 moe_status_t ck_s3_create(const moe_ckpt_config_t *c, const moe_logger_t *log, ck_s3_t **out)
 {
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-        return MOE_FAIL(MOE_STATUS_INTERNAL, "curl_global_init failed");
+    MOE_CHECK_CURL(curl_global_init(CURL_GLOBAL_DEFAULT), MOE_STATUS_INTERNAL);
     ck_s3_t *s = calloc(1, sizeof *s);
     if (!s) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "S3 client");
     s->log = log;
@@ -408,8 +412,7 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
         r->write_failed = false;
         if (r->fd >= 0) {
             if (ftruncate(r->fd, 0) != 0 || lseek(r->fd, 0, SEEK_SET) < 0) {
-                st = MOE_FAIL(MOE_STATUS_IO_ERROR, "truncating the download of %s: %s", key,
-                              strerror(errno));
+                st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "truncating the download of %s", key);
                 break;
             }
             r->written = 0;
@@ -661,13 +664,14 @@ moe_status_t ck_s3_put_file(ck_s3_t *s, const char *stepdir, const char *name,
 {
     char key[2048];
     make_key(s, stepdir, name, key, sizeof key);
-    int fd = open(local_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return MOE_FAIL(MOE_STATUS_IO_ERROR, "open(%s) failed: %s", local_path, strerror(errno));
+    int fd;
+    MOE_CHECK_ERRNO_MSG(fd = open(local_path, O_RDONLY | O_CLOEXEC), MOE_STATUS_IO_ERROR,
+                        "open(%s)", local_path);
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
-        int e = errno;
+        moe_status_t st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "fstat(%s)", local_path);
         close(fd);
-        return MOE_FAIL(MOE_STATUS_IO_ERROR, "fstat(%s) failed: %s", local_path, strerror(e));
+        return st;
     }
     uint64_t size = (uint64_t)sb.st_size, sent = 0;
     moe_status_t st;
@@ -690,12 +694,13 @@ moe_status_t ck_s3_get_file(ck_s3_t *s, const char *stepdir, const char *name,
 {
     char key[2048];
     make_key(s, stepdir, name, key, sizeof key);
-    int fd = open(local_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return MOE_FAIL(MOE_STATUS_IO_ERROR, "open(%s) failed: %s", local_path, strerror(errno));
+    int fd;
+    MOE_CHECK_ERRNO_MSG(fd = open(local_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644),
+                        MOE_STATUS_IO_ERROR, "open(%s)", local_path);
     resp_t r = {.fd = fd};
     moe_status_t st = s3_req(s, "GET", key, NULL, NULL, &r, -1);
     if (st == MOE_STATUS_SUCCESS && fsync(fd) != 0)
-        st = MOE_FAIL(MOE_STATUS_IO_ERROR, "fsync(%s) failed: %s", local_path, strerror(errno));
+        st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "fsync(%s)", local_path);
     close(fd);
     free(r.data);
     return st;

@@ -1,5 +1,6 @@
-# The checkpointer: manifest + layout, io_uring writer, S3 client, load/reshard, the API.
+# The checkpointer: manifest + layout, io_uring writer, S3 client, load/reshard (the components);
+# the handle and public API, snapshot, commit + retention, S3 mirror, restore (the handle's files).
 list(APPEND MOE_SOURCES src/ckpt/manifest.c src/ckpt/writer.c src/ckpt/s3.c src/ckpt/load.c
-     src/ckpt/ckpt.c)
+     src/ckpt/ckpt.c src/ckpt/snapshot.c src/ckpt/commit.c src/ckpt/mirror.c src/ckpt/restore.c)
 list(APPEND MOE_PRIVATE_LIBS PkgConfig::MOE_URING PkgConfig::MOE_CJSON PkgConfig::MOE_XXHASH
      CURL::libcurl)

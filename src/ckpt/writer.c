@@ -134,15 +134,11 @@ moe_status_t ck_writer_open(ck_writer_t *w, const char *path)
                     "checkpoint: the file system of %s refuses O_DIRECT; using buffered writes",
                     path);
         } else if (w->fd < 0) {
-            return MOE_FAIL(MOE_STATUS_IO_ERROR,
-                            "open(%s, O_DIRECT) failed: %s", path, strerror(errno));
+            return MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "open(%s, O_DIRECT)", path);
         }
     }
-    if (w->fd < 0) {
-        w->fd = open(path, flags, 0644);
-        if (w->fd < 0)
-            return MOE_FAIL(MOE_STATUS_IO_ERROR, "open(%s) failed: %s", path, strerror(errno));
-    }
+    if (w->fd < 0)
+        MOE_CHECK_ERRNO_MSG(w->fd = open(path, flags, 0644), MOE_STATUS_IO_ERROR, "open(%s)", path);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -197,8 +193,7 @@ static void reap(ck_writer_t *w, int min)
         if (rc == -EINTR) continue;
         if (rc < 0) {
             if (got >= min) return; /* -EAGAIN: nothing ready */
-            fail_once(w, MOE_FAIL(MOE_STATUS_IO_ERROR, "io_uring_wait_cqe failed: %s",
-                                  strerror(-rc)));
+            fail_once(w, MOE_FAIL_ERRNUM(MOE_STATUS_IO_ERROR, -rc, "io_uring_wait_cqe"));
             /* the ring is unusable: what is in flight ends as failed, so that its segments
              * are released and no one waits for a free request that never comes */
             for (int i = 0; i < w->qd; i++)
@@ -225,9 +220,9 @@ static void reap(ck_writer_t *w, int min)
             continue;
         }
         if (res < 0) {
-            fail_once(w, MOE_FAIL(MOE_STATUS_IO_ERROR,
-                                  "io_uring write of %zu bytes at offset %llu to %s failed: %s",
-                                  r->len, (unsigned long long)r->off, w->path, strerror(-res)));
+            fail_once(w, MOE_FAIL_ERRNUM(MOE_STATUS_IO_ERROR, -res,
+                                         "io_uring write of %zu bytes at offset %llu to %s",
+                                         r->len, (unsigned long long)r->off, w->path));
             complete_part(w, r);
             continue;
         }
@@ -322,11 +317,9 @@ moe_status_t ck_writer_finish(ck_writer_t *w)
     while (w->uring && w->inflight > 0) reap(w, 1);
     if (w->fd >= 0) {
         if (w->err == MOE_STATUS_SUCCESS && fsync(w->fd) != 0)
-            fail_once(w, MOE_FAIL(MOE_STATUS_IO_ERROR, "fsync(%s) failed: %s", w->path,
-                                  strerror(errno)));
+            fail_once(w, MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "fsync(%s)", w->path));
         if (close(w->fd) != 0 && w->err == MOE_STATUS_SUCCESS)
-            fail_once(w, MOE_FAIL(MOE_STATUS_IO_ERROR, "close(%s) failed: %s", w->path,
-                                  strerror(errno)));
+            fail_once(w, MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "close(%s)", w->path));
         w->fd = -1;
     }
     moe_status_t st = w->err;
@@ -353,15 +346,22 @@ void ck_writer_destroy(ck_writer_t *w)
 
 /* ---- file-system helpers ------------------------------------------------------------------- */
 
+bool ck_file_exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
 moe_status_t ck_fsync_dir(const char *dir)
 {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return MOE_FAIL(MOE_STATUS_IO_ERROR, "open(%s) failed: %s", dir, strerror(errno));
+    int fd;
+    MOE_CHECK_ERRNO_MSG(fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), MOE_STATUS_IO_ERROR,
+                        "open(%s)", dir);
     int rc = fsync(fd);
     int e = errno;
     close(fd);
     if (rc != 0 && e != EINVAL) /* some file systems cannot fsync directories */
-        return MOE_FAIL(MOE_STATUS_IO_ERROR, "fsync(%s) failed: %s", dir, strerror(e));
+        return MOE_FAIL_ERRNUM(MOE_STATUS_IO_ERROR, e, "fsync(%s)", dir);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -375,8 +375,7 @@ moe_status_t ck_mkdir_p(const char *dir)
             char c = *p;
             *p = 0;
             if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return MOE_FAIL(MOE_STATUS_IO_ERROR, "mkdir(%s) failed: %s", buf,
-                                strerror(errno));
+                return MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "mkdir(%s)", buf);
             *p = c;
             if (c == 0) break;
         }
@@ -392,36 +391,32 @@ moe_status_t ck_write_file_atomic(const char *dir, const char *name, const void 
     char tmp[PATH_MAX], dst[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name);
     snprintf(dst, sizeof dst, "%s/%s", dir, name);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return MOE_FAIL(MOE_STATUS_IO_ERROR, "open(%s) failed: %s", tmp, strerror(errno));
+    int fd;
+    MOE_CHECK_ERRNO_MSG(fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644),
+                        MOE_STATUS_IO_ERROR, "open(%s)", tmp);
+    moe_status_t st = MOE_STATUS_SUCCESS;
     const char *p = data;
     size_t left = len;
     while (left > 0) {
         ssize_t n = write(fd, p, left);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
-            int e = errno;
-            close(fd);
-            unlink(tmp);
-            return MOE_FAIL(MOE_STATUS_IO_ERROR, "write(%s) failed: %s", tmp,
-                            n < 0 ? strerror(e) : "no progress");
+            st = MOE_FAIL(MOE_STATUS_IO_ERROR, "write(%s) failed: %s", tmp,
+                          n < 0 ? strerror(errno) : "no progress");
+            goto fail;
         }
         p += n;
         left -= (size_t)n;
     }
-    if (fsync(fd) != 0) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return MOE_FAIL(MOE_STATUS_IO_ERROR, "fsync(%s) failed: %s", tmp, strerror(e));
-    }
+    MOE_CHECK_ERRNO_MSG_GOTO(st, fsync(fd), MOE_STATUS_IO_ERROR, "fsync(%s)", tmp);
     close(fd);
-    if (rename(tmp, dst) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return MOE_FAIL(MOE_STATUS_IO_ERROR, "rename(%s, %s) failed: %s", tmp, dst, strerror(e));
-    }
+    fd = -1;
+    MOE_CHECK_ERRNO_MSG_GOTO(st, rename(tmp, dst), MOE_STATUS_IO_ERROR, "rename(%s, %s)", tmp, dst);
     return ck_fsync_dir(dir);
+fail:
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    return st;
 }
 
 moe_status_t ck_rmtree(const char *dir)
@@ -429,7 +424,7 @@ moe_status_t ck_rmtree(const char *dir)
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) return MOE_STATUS_SUCCESS;
-        return MOE_FAIL(MOE_STATUS_IO_ERROR, "opendir(%s) failed: %s", dir, strerror(errno));
+        return MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "opendir(%s)", dir);
     }
     struct dirent *e;
     char path[PATH_MAX];
@@ -442,11 +437,11 @@ moe_status_t ck_rmtree(const char *dir)
             moe_status_t s2 = ck_rmtree(path);
             if (st == MOE_STATUS_SUCCESS) st = s2;
         } else if (unlink(path) != 0 && errno != ENOENT && st == MOE_STATUS_SUCCESS) {
-            st = MOE_FAIL(MOE_STATUS_IO_ERROR, "unlink(%s) failed: %s", path, strerror(errno));
+            st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "unlink(%s)", path);
         }
     }
     closedir(d);
     if (rmdir(dir) != 0 && errno != ENOENT && st == MOE_STATUS_SUCCESS)
-        st = MOE_FAIL(MOE_STATUS_IO_ERROR, "rmdir(%s) failed: %s", dir, strerror(errno));
+        st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "rmdir(%s)", dir);
     return st;
 }

@@ -6,6 +6,9 @@
 #ifndef MOE_CORE_ERROR_H
 #define MOE_CORE_ERROR_H
 
+#include <errno.h>
+#include <string.h>
+
 #include <moe/core.h>
 
 /* Record `fmt` as this thread's last error (prefixed with file:line) and return `status`. */
@@ -59,6 +62,49 @@ moe_status_t moe_error_wrap(moe_status_t status, const char *fmt, ...)
             goto fail;                                                                     \
         }                                                                                  \
     } while (0)
+
+/* Generators whose message names the call through a printf format and its arguments
+ * ("open(%s)", path) in place of the call's source text, for calls whose arguments belong in
+ * the message (a path, an offset): "<fmt ...> failed: <describe(rc_)>". */
+#define MOE_CHECK_GEN_MSG(type, call, ok, status, describe, fmt, ...)                      \
+    do {                                                                                   \
+        type rc_ = (call);                                                                 \
+        if (!(ok))                                                                         \
+            return moe_error_set((status), __FILE__, __LINE__, fmt " failed: %s",          \
+                                 ##__VA_ARGS__, describe(rc_));                            \
+    } while (0)
+
+#define MOE_CHECK_GEN_MSG_GOTO(st, type, call, ok, status, describe, fmt, ...)             \
+    do {                                                                                   \
+        type rc_ = (call);                                                                 \
+        if (!(ok)) {                                                                       \
+            (st) = moe_error_set((status), __FILE__, __LINE__, fmt " failed: %s",          \
+                                 ##__VA_ARGS__, describe(rc_));                            \
+            goto fail;                                                                     \
+        }                                                                                  \
+    } while (0)
+
+/* The system's error conventions: errno (the call returns -1 and sets errno: open, fsync,
+ * rename, mkdir, ...) and the error number returned (pthread; liburing returns it negated and
+ * its callers decide, through MOE_FAIL_ERRNUM(-rc), below). The wrappers name the call through
+ * a format, so paths and sizes land in the message. */
+#define MOE_DESCRIBE_ERRNO(rc) strerror(errno)
+
+#define MOE_CHECK_ERRNO_MSG(call, status, fmt, ...)                                        \
+    MOE_CHECK_GEN_MSG(long, call, rc_ != -1, status, MOE_DESCRIBE_ERRNO, fmt, ##__VA_ARGS__)
+#define MOE_CHECK_ERRNO_MSG_GOTO(st, call, status, fmt, ...)                               \
+    MOE_CHECK_GEN_MSG_GOTO(st, long, call, rc_ != -1, status, MOE_DESCRIBE_ERRNO, fmt,     \
+                           ##__VA_ARGS__)
+/* Stringifies `call` itself, before its macros (NULL) expand. */
+#define MOE_CHECK_PTHREAD_GOTO(st, call, status)                                           \
+    MOE_CHECK_GEN_MSG_GOTO(st, int, call, rc_ == 0, status, strerror, "%s", #call)
+
+/* The same message where the test is the caller's own (a tolerated errno such as EEXIST, the
+ * first of several errors kept, errno saved before a cleanup): "<fmt ...> failed: <text>". */
+#define MOE_FAIL_ERRNO(status, fmt, ...)                                                   \
+    MOE_FAIL(status, fmt " failed: %s", ##__VA_ARGS__, strerror(errno))
+#define MOE_FAIL_ERRNUM(status, errnum, fmt, ...)                                          \
+    MOE_FAIL(status, fmt " failed: %s", ##__VA_ARGS__, strerror(errnum))
 
 /* Handles carry a magic number so that use after destroy or a wrong handle is caught. */
 #define MOE_MAGIC_RUNTIME 0x4d4f4552554e5431ull /* "MOERUNT1" */

@@ -1,14 +1,11 @@
 /*
- * The MoE layer: validation, parameters, per-microbatch saved state, and the forward and
- * backward passes composed from backend ops (see backend.h for each op's math).
+ * The MoE layer's public API: configuration and its validation, the parameters (shapes,
+ * shards and their seeded initialisation), the per-microbatch saved state (slots), the
+ * gradient marks, the queries, and the choice of path for forward and backward: the
+ * single-rank path (single_rank.c) in a world of one, the distributed one
+ * (expert_parallel.c) when the mesh gives the layer a partner. Both use routing.c.
  *
- * Shapes: N tokens, H hidden, E experts, El local experts, K top-k, Fl = F / tp,
- * R rows processed by local experts (kept slots).
- *
- * Forward:  router -> plan (capacity + counting sort; the one device->host sync, which also
- *           brings the routing statistics) -> gather rows -> experts -> weighted combine.
- * Backward: d(weights) and d(rows) from dy -> experts backward -> un-gather -> router
- *           backward (adds the aux and z loss gradients) -> dx.
+ * Shapes: H hidden, E experts, El = E / ep local experts, F expert FFN width, Fl = F / tp.
  */
 #include <math.h>
 #include <pthread.h>
@@ -19,8 +16,10 @@
 #include "../core/env.h"
 #include "../core/error.h"
 #include "../core/tensor.h"
-#include "dispatch.h"
+#include "device_buffer.h"
+#include "expert_parallel.h"
 #include "layer_internal.h"
+#include "single_rank.h"
 
 moe_layer_config_t moe_layer_config_default(void)
 {
@@ -188,18 +187,6 @@ fail:
 
 /* ---- create / destroy --------------------------------------------------------------------- */
 
-moe_status_t moe_layer_alloc_dev(moe_runtime_t *rt, size_t bytes, void *out)
-{
-    return MOE_OPS(rt)->alloc(MOE_CTX(rt), bytes, (void **)out);
-}
-
-void moe_layer_free_dev(moe_runtime_t *rt, void *pp)
-{
-    void **p = pp;
-    if (*p) MOE_OPS(rt)->free(MOE_CTX(rt), *p);
-    *p = NULL;
-}
-
 /* Describe one parameter and allocate its value and gradient. */
 static moe_status_t add_param(moe_layer_t *l, const char *name, moe_param_kind_t kind,
                               moe_dtype_t dtype, int ndim, const int64_t *local,
@@ -360,94 +347,6 @@ static void slot_free(moe_layer_t *l, moe_slot_t *s)
     memset(s, 0, sizeof *s);
 }
 
-/* The slot's summary (see moe_slot_t): the router's results, then the plan's kept counts. */
-static size_t router_results_bytes(const moe_layer_t *l)
-{
-    return sizeof(int32_t) * (size_t)(2 * l->e + 2);
-}
-
-static size_t summary_bytes(const moe_layer_t *l)
-{
-    return router_results_bytes(l) + sizeof(int32_t) * (size_t)l->e;
-}
-
-static moe_routing_parts_t summary_parts(const moe_layer_t *l, void *block)
-{
-    moe_routing_parts_t r = {.counts = block};
-    r.score_mean = (float *)r.counts + l->e;
-    r.stats = r.score_mean + l->e;
-    r.kept = (int32_t *)(r.stats + 2);
-    return r;
-}
-
-static moe_status_t slot_alloc_routing(moe_layer_t *l, moe_slot_t *s, int64_t n)
-{
-    moe_runtime_t *rt = l->rt;
-    size_t act = moe_dtype_size(MOE_OPS(rt)->compute_dtype);
-    size_t nk = (size_t)n * (size_t)l->k, ne = (size_t)n * (size_t)l->e, e = (size_t)l->e;
-    s->n = n;
-    MOE_TRY(moe_layer_alloc_dev(rt, (size_t)n * (size_t)l->h * act, &s->x));
-    MOE_TRY(moe_layer_alloc_dev(rt, ne * sizeof(float), &s->logits));
-    MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->topk_idx));
-    MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(float), &s->topk_w));
-    MOE_TRY(moe_layer_alloc_dev(rt, summary_bytes(l), &s->summary));
-    moe_routing_parts_t dev = summary_parts(l, s->summary);
-    s->counts = dev.counts;
-    s->score_mean = dev.score_mean;
-    s->router_stats = dev.stats;
-    s->kept = dev.kept;
-    MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->row_of_slot));
-    MOE_TRY(moe_layer_alloc_dev(rt, nk * sizeof(int32_t), &s->slot_of_row));
-    s->host_summary = malloc(summary_bytes(l));
-    s->host_kept = calloc(e, sizeof(int64_t));
-    if (!s->host_summary || !s->host_kept)
-        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
-    if (l->dist) return MOE_STATUS_SUCCESS; /* the rest is the single-rank path's */
-    s->host_offsets = calloc((size_t)l->el + 1, sizeof(int64_t));
-    if (!s->host_offsets) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
-    return MOE_STATUS_SUCCESS;
-}
-
-moe_status_t moe_layer_route(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x)
-{
-    const moe_backend_ops_t *ops = MOE_OPS(l->rt);
-    void *ctx = MOE_CTX(l->rt);
-    int64_t n = x->shape[0];
-    MOE_TRY(slot_alloc_routing(l, s, n));
-    MOE_TRY(ops->copy_device(ctx, s->x, x->data,
-                             (size_t)n * (size_t)l->h * moe_dtype_size(ops->compute_dtype)));
-    /* no tokens: the summary holds zeros (backward and the plan read it) */
-    if (n == 0) return ops->memset_zero(ctx, s->summary, summary_bytes(l));
-    moe_router_fwd_t r = {
-        .n = n, .h = l->h, .e = l->e, .k = l->k, .score_fn = l->cfg.score_fn,
-        .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .bias = l->bias,
-        .logits = s->logits, .topk_idx = s->topk_idx, .topk_w = s->topk_w,
-        .counts = s->counts, .score_mean = s->score_mean, .stats = s->router_stats,
-    };
-    return ops->router_forward(ctx, &r);
-}
-
-moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_parts_t *out)
-{
-    MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), s->host_summary, s->summary,
-                                 router_results_bytes(l)));
-    *out = summary_parts(l, s->host_summary);
-    return MOE_STATUS_SUCCESS;
-}
-
-static moe_status_t slot_alloc_rows(moe_layer_t *l, moe_slot_t *s, int64_t rows)
-{
-    moe_runtime_t *rt = l->rt;
-    size_t act = moe_dtype_size(MOE_OPS(rt)->compute_dtype);
-    size_t r = (size_t)rows, h = (size_t)l->h, f = (size_t)l->f_local;
-    s->rows = rows;
-    MOE_TRY(moe_layer_alloc_dev(rt, r * h * act, &s->xp));
-    MOE_TRY(moe_layer_alloc_dev(rt, r * 2 * f * act, &s->hpre));
-    MOE_TRY(moe_layer_alloc_dev(rt, r * f * act, &s->act));
-    MOE_TRY(moe_layer_alloc_dev(rt, r * h * act, &s->out));
-    return MOE_STATUS_SUCCESS;
-}
-
 static moe_status_t check_slot(const moe_layer_t *l, int32_t slot)
 {
     MOE_CHECK_ARG(slot >= 0 && slot < l->cfg.max_microbatches,
@@ -468,121 +367,7 @@ static moe_status_t zero_param_grads(moe_layer_t *l, bool experts)
     return MOE_STATUS_SUCCESS;
 }
 
-/* ---- statistics and balancing ------------------------------------------------------------ */
-
-void moe_layer_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity, double aux,
-                         double z, double entropy)
-{
-    int64_t e = l->e, slots = s->n * l->k, accepted = 0, max_load = 0;
-    for (int64_t j = 0; j < e; j++) {
-        l->host_tokens_per_expert[j] = s->host_kept[j];
-        accepted += s->host_kept[j];
-        if (s->host_kept[j] > max_load) max_load = s->host_kept[j];
-    }
-    moe_layer_stats_t *st = &l->stats;
-    st->struct_size = sizeof *st;
-    st->tokens = s->n;
-    st->slots = slots;
-    st->dropped_slots = slots - accepted;
-    st->dropped_ratio = slots ? (double)(slots - accepted) / (double)slots : 0.0;
-    st->max_load = (double)max_load;
-    st->mean_load = (double)accepted / (double)e;
-    st->entropy = entropy;
-    st->aux_loss = aux;
-    st->z_loss = z;
-    st->capacity = capacity;
-}
-
-moe_status_t moe_layer_update_bias(moe_layer_t *l, const moe_slot_t *s, int64_t slots)
-{
-    if (!l->cfg.expert_bias || slots <= 0) return MOE_STATUS_SUCCESS;
-    return MOE_OPS(l->rt)->expert_bias_step(MOE_CTX(l->rt), l->bias, s->counts, l->e, slots,
-                                            l->cfg.expert_bias_rate);
-}
-
-/* The single-rank routing summary: aux from local counts and P, then the bias rule. */
-static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t capacity,
-                                         const moe_routing_parts_t *r)
-{
-    int64_t e = l->e, slots = s->n * l->k;
-    double aux = 0;
-    for (int64_t j = 0; j < e; j++)
-        aux += (slots ? (double)r->counts[j] / (double)slots : 0.0) * r->score_mean[j];
-    moe_layer_set_stats(l, s, capacity, (double)e * aux, r->stats[0], r->stats[1]);
-    return moe_layer_update_bias(l, s, slots);
-}
-
 /* ---- forward ------------------------------------------------------------------------------ */
-
-int64_t moe_layer_capacity(const moe_layer_t *l, int64_t n)
-{
-    if (l->cfg.capacity_factor <= 0) return -1;
-    double c = ceil((double)l->cfg.capacity_factor * (double)n * l->k / (double)l->e);
-    /* no expert can take more than every slot: a larger factor is dropless */
-    return c >= (double)n * l->k ? n * l->k : (int64_t)c;
-}
-
-/* Re-lay the slot's plan with `stride` rows per expert, the layout the backend's expert
- * GEMMs asked for (single-rank path: El = E): the padded slot_of_row replaces the plan's and
- * the row offsets become e * stride. */
-static moe_status_t pad_rows(moe_layer_t *l, moe_slot_t *s, int64_t stride)
-{
-    int32_t *padded = NULL;
-    MOE_TRY(moe_layer_alloc_dev(l->rt, sizeof(int32_t) * (size_t)(l->el * stride), &padded));
-    moe_pad_plan_t a = {
-        .n = s->n, .e = l->e, .k = l->k, .stride = stride, .topk_idx = s->topk_idx,
-        .kept = s->kept, .slot_of_row = s->slot_of_row, .row_of_slot = s->row_of_slot,
-        .padded_slot_of_row = padded,
-    };
-    moe_status_t st = MOE_OPS(l->rt)->pad_plan(MOE_CTX(l->rt), &a);
-    if (st != MOE_STATUS_SUCCESS) {
-        moe_layer_free_dev(l->rt, &padded);
-        return st;
-    }
-    moe_layer_free_dev(l->rt, &s->slot_of_row);
-    s->slot_of_row = padded;
-    for (int32_t j = 0; j <= l->el; j++) s->host_offsets[j] = j * stride;
-    return MOE_STATUS_SUCCESS;
-}
-
-static moe_status_t forward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
-                                 moe_tensor_t *y)
-{
-    if (l->dist) return moe_dist_forward(l, s, x, y);
-    moe_runtime_t *rt = l->rt;
-    const moe_backend_ops_t *ops = MOE_OPS(rt);
-    void *ctx = MOE_CTX(rt);
-    int64_t n = x->shape[0], h = l->h, capacity = moe_layer_capacity(l, n);
-    int32_t e = l->e, k = l->k;
-
-    MOE_TRY(moe_layer_route(l, s, x));
-    moe_plan_t p = {
-        .n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = s->topk_idx,
-        .row_of_slot = s->row_of_slot, .slot_of_row = s->slot_of_row, .kept = s->kept,
-        .summary = s->summary, .summary_bytes = summary_bytes(l), .host_summary = s->host_summary,
-    };
-    MOE_TRY(ops->plan(ctx, &p)); /* the forward's one wait for the device */
-    moe_routing_parts_t routing = summary_parts(l, s->host_summary);
-    for (int32_t j = 0; j < e; j++) s->host_kept[j] = routing.kept[j];
-    s->host_offsets[0] = 0;
-    for (int32_t j = 0; j < l->el; j++)
-        s->host_offsets[j + 1] = s->host_offsets[j] + s->host_kept[j];
-    int64_t stride = ops->expert_row_stride ? ops->expert_row_stride(ctx, l->el, s->host_kept) : 0;
-    if (stride > 0) MOE_TRY(pad_rows(l, s, stride));
-    int64_t rows = s->host_offsets[l->el];
-    MOE_TRY(slot_alloc_rows(l, s, rows));
-    if (rows > 0) {
-        MOE_TRY(ops->gather_rows(ctx, s->xp, s->x, s->slot_of_row, k, NULL, rows, h));
-        moe_experts_t ex = {
-            .h = h, .f = l->f_local, .el = l->el, .host_offsets = s->host_offsets,
-            .w1 = l->w1, .w2 = l->w2, .xp = s->xp, .hpre = s->hpre, .act = s->act, .out = s->out,
-        };
-        MOE_TRY(ops->experts_forward(ctx, &ex));
-    }
-    if (n > 0)
-        MOE_TRY(ops->combine(ctx, y->data, s->out, s->row_of_slot, s->topk_w, n, k, h, false));
-    return finish_routing_stats(l, s, capacity, &routing);
-}
 
 /* Validate x/y (or dy/dx) against the layer: [N,H] in the compute dtype on the device. */
 static moe_status_t check_activation(const moe_layer_t *l, const moe_tensor_t *t, const char *what,
@@ -607,7 +392,8 @@ moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tenso
     moe_slot_t *s = &layer->slots[slot];
     MOE_CHECK_ARG(!s->in_use, "slot %d already holds a forward awaiting backward (or release)",
                   slot);
-    moe_status_t st = forward_impl(layer, s, x, y);
+    moe_status_t st = layer->dist ? moe_dist_forward(layer, s, x, y)
+                                  : moe_single_rank_forward(layer, s, x, y);
     if (st != MOE_STATUS_SUCCESS) {
         slot_free(layer, s);
         return st;
@@ -618,71 +404,17 @@ moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tenso
 
 /* ---- backward ----------------------------------------------------------------------------- */
 
-moe_status_t moe_layer_router_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w,
-                                       void *dx, float aux_coef, float z_coef)
-{
-    moe_runtime_t *rt = l->rt;
-    float *dlogits = NULL;
-    MOE_TRY(moe_layer_alloc_dev(rt, (size_t)s->n * (size_t)l->e * sizeof(float), &dlogits));
-    moe_router_bwd_t r = {
-        .n = s->n, .h = l->h, .e = l->e, .k = l->k, .score_fn = l->cfg.score_fn,
-        .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
-        .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w, .counts = s->counts,
-        .aux_coef = aux_coef, .z_coef = z_coef, .dlogits = dlogits, .dx = dx, .dwg = l->dwg,
-        .overwrite_dx = true,
-    };
-    moe_status_t st = MOE_OPS(rt)->router_backward(MOE_CTX(rt), &r);
-    moe_layer_free_dev(rt, &dlogits);
-    return st;
-}
-
 static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *dy,
                                   void *dx)
 {
-    moe_runtime_t *rt = l->rt;
-    const moe_backend_ops_t *ops = MOE_OPS(rt);
-    void *ctx = MOE_CTX(rt);
-    int64_t n = s->n, h = l->h, rows = s->rows, fl = l->f_local;
-    int32_t k = l->k;
-    size_t act = moe_dtype_size(ops->compute_dtype);
-    float *d_w = NULL;
-    void *d_out = NULL, *d_xp = NULL, *scratch = NULL;
-    moe_status_t st = MOE_STATUS_SUCCESS;
     /* The first backward since discard_grad: the expert GEMMs write their gradients (the
      * single-rank path issues them once over all rows; the distributed one per slice, so it
      * adds onto zeros like the small router gradient). */
-    bool overwrite = l->grads_discarded && !l->dist && rows > 0;
+    bool overwrite = l->grads_discarded && !l->dist && s->rows > 0;
     if (l->grads_discarded) MOE_TRY(zero_param_grads(l, !overwrite));
     l->grads_discarded = false;
     if (l->dist) return moe_dist_backward(l, s, dy, dx); /* collective even with n == 0 */
-    if (n == 0) return MOE_STATUS_SUCCESS;
-
-    MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)n * (size_t)k * sizeof(float), &d_w));
-    MOE_TRY_GOTO(st, ops->combine_weight_grad(ctx, d_w, dy->data, s->out, s->row_of_slot, n, k, h));
-    MOE_TRY_GOTO(st, moe_layer_router_backward(l, s, d_w, dx, l->cfg.aux_loss_coef,
-                                               l->cfg.z_loss_coef));
-    if (rows > 0) {
-        MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_out));
-        MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_xp));
-        MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * 3 * (size_t)fl * act, &scratch));
-        MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_out, dy->data, s->slot_of_row, k, s->topk_w,
-                                          rows, h));
-        moe_experts_t ex = {
-            .h = h, .f = fl, .el = l->el, .host_offsets = s->host_offsets, .w1 = l->w1,
-            .w2 = l->w2, .xp = s->xp, .hpre = s->hpre, .act = s->act, .out = s->out,
-            .d_out = d_out, .d_xp = d_xp, .dw1 = l->dw1, .dw2 = l->dw2, .scratch = scratch,
-            .overwrite_grads = overwrite,
-        };
-        MOE_TRY_GOTO(st, ops->experts_backward(ctx, &ex));
-    }
-    /* dx += sum over the token's kept slots of d_xp (rows == 0: every slot dropped, + 0) */
-    MOE_TRY_GOTO(st, ops->combine(ctx, dx, d_xp, s->row_of_slot, NULL, n, k, h, true));
-fail:
-    moe_layer_free_dev(rt, &d_w);
-    moe_layer_free_dev(rt, &d_out);
-    moe_layer_free_dev(rt, &d_xp);
-    moe_layer_free_dev(rt, &scratch);
-    return st;
+    return moe_single_rank_backward(l, s, dy, dx, overwrite);
 }
 
 moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *dy,
@@ -760,8 +492,11 @@ moe_status_t moe_layer_param(const moe_layer_t *layer, int32_t index, moe_param_
     MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
     MOE_CHECK_ARG(info != NULL, "info is NULL");
     MOE_CHECK_STRUCT_SIZE(info, moe_param_info_t, sizeof(moe_param_info_t));
-    MOE_CHECK_ARG(index >= 0 && index < layer->num_params, "index %d is out of range 0..%d",
-                  index, layer->num_params - 1);
+    MOE_CHECK_ARG(index >= 0 && index < layer->num_params, "index %d is out of range 0..%d%s",
+                  index, layer->num_params - 1,
+                  index == layer->num_params && !layer->cfg.expert_bias
+                      ? " (router.expert_bias exists only with expert_bias = 1)"
+                      : "");
     *info = layer->params[index];
     return MOE_STATUS_SUCCESS;
 }

@@ -64,7 +64,9 @@ void ref_forward(const ref_cfg_t *c, const double *x, const double *wg, const do
     }
     double aux = 0;
     for (int32_t j = 0; j < e; j++) aux += (double)count[j] / (double)(n * k) * pmean[j];
-    int64_t cap = c->capacity_factor > 0 ? (int64_t)ceil(c->capacity_factor * (double)n * k / e) : -1;
+    /* C = min(ceil(cf N K / E), N K), -1 dropless (docs/moe-layer.md, forward step 5) */
+    double cf_cap = ceil(c->capacity_factor * (double)n * k / e);
+    int64_t cap = c->capacity_factor <= 0 ? -1 : cf_cap < (double)(n * k) ? (int64_t)cf_cap : n * k;
 
     memset(y, 0, sizeof(double) * (size_t)(n * h));
     for (int64_t t = 0; t < n; t++)

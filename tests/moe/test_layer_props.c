@@ -3,7 +3,8 @@
  * oracle (ref_moe.c) and against invariants read from the layer's saved routing state:
  *  - every kept (token, k) slot reaches exactly its expert, once, carrying its token's row;
  *  - per-expert counts equal an independent top-k histogram; capacity keeps each expert's
- *    first `capacity` slots in token order;
+ *    first `capacity` slots in token order, and stats.capacity is the capacity applied,
+ *    min(ceil(cf * N * K / E), N * K);
  *  - the output equals the naive sum_k w * FFN_e(x) of the oracle;
  *  - the same inputs give bitwise-equal outputs;
  *  - pad_plan (the padded layout a backend may ask for) keeps all of the above per expert;
@@ -11,6 +12,7 @@
  *    of these, experts' rows in a given order) keeps and lays out rows as that order says;
  *  - parameter initialisation gives the same values whatever number of threads draws them.
  */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -207,6 +209,63 @@ static void test_capacity_that_drops_most(void **state)
     }
 }
 
+/* stats.capacity is the capacity the forward applied: min(ceil(cf * N * K / E), N * K), -1
+ * dropless. N = 10, E = 4, K = 2 (N * K = 20): exact values, including factors whose ceiling
+ * passes N * K (5, 1e30, FLT_MAX: 20), and every expert keeps min(selected, capacity). */
+static void test_capacity_reported_is_applied(void **state)
+{
+    (void)state;
+    static const struct {
+        float cf;
+        int64_t capacity;
+    } cases[] = {
+        {0.0f, -1}, {-1.0f, -1}, {0.1f, 1}, {1.0f, 5}, {1.3f, 7}, /* 1.3f * 5 = 6.4999998 */
+        {3.9f, 20}, {4.0f, 20}, {5.0f, 20}, {1e30f, 20}, {FLT_MAX, 20},
+    };
+    shape_t sh = {10, 4, 3, 4, 2};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        test_rng_t rng = {base_seed + c};
+        moe_layer_config_t cfg = config_for(&sh, MOE_SCORE_SOFTMAX, 1, cases[c].cf);
+        fixture_t fx;
+        fixture_init(&fx, &cfg, sh.n, &rng, 1.0);
+        float y[10 * 4];
+        fixture_forward(&fx, y);
+        moe_layer_stats_t st = {.struct_size = sizeof st};
+        int64_t tpe[4];
+        TEST_OK(moe_layer_stats(fx.layer, &st, tpe));
+        assert_int_equal(st.capacity, cases[c].capacity);
+        const moe_slot_t *s = &fx.layer->slots[0];
+        int64_t selected[4] = {0}, dropped = 0;
+        for (int64_t i = 0; i < sh.n * sh.k; i++) selected[s->topk_idx[i]]++;
+        for (int j = 0; j < 4; j++) {
+            int64_t keep = cases[c].capacity < 0 || selected[j] < cases[c].capacity
+                               ? selected[j]
+                               : cases[c].capacity;
+            assert_int_equal(tpe[j], keep);
+            dropped += selected[j] - keep;
+        }
+        assert_int_equal(st.dropped_slots, dropped);
+        if (cases[c].capacity >= sh.n || cases[c].capacity < 0) assert_int_equal(dropped, 0);
+        fixture_free(&fx);
+    }
+    /* no tokens: ceil(0) = 0 */
+    moe_layer_config_t cfg = config_for(&sh, MOE_SCORE_SOFTMAX, 1, 1.0f);
+    test_rng_t rng = {base_seed};
+    fixture_t fx;
+    fixture_init(&fx, &cfg, 0, &rng, 1.0);
+    float dummy = 0;
+    moe_tensor_t xt, yt;
+    int64_t shape[2] = {0, sh.h};
+    TEST_OK(moe_tensor_view(&dummy, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shape, &xt));
+    TEST_OK(moe_tensor_view(&dummy, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shape, &yt));
+    TEST_OK(moe_layer_forward(fx.layer, 0, &xt, &yt));
+    moe_layer_stats_t st = {.struct_size = sizeof st};
+    TEST_OK(moe_layer_stats(fx.layer, &st, NULL));
+    assert_int_equal(st.capacity, 0);
+    assert_int_equal(st.dropped_slots, 0);
+    fixture_free(&fx);
+}
+
 /* Zero router weights tie every expert; ties go to the lower index, so with K=1 every token
  * goes to expert 0, and capacity c keeps exactly tokens 0..c-1. */
 static void test_all_tokens_to_one_expert(void **state)
@@ -242,7 +301,6 @@ static void test_all_tokens_to_one_expert(void **state)
     }
 }
 
-/* A rank with no tokens: forward and backward succeed and touch nothing. */
 /* pad_plan on the saved plan of a forward with capacity drop: every kept slot moves to its
  * expert's block of `stride` rows, keeping its place in the expert's order; dropped slots stay
  * dropped; the padded slot_of_row inverts the new row_of_slot and the rest of it is filler. */
@@ -351,6 +409,7 @@ static void test_plan_global_order(void **state)
     check_global_plan(&rng, 0, 4, 2, 3);
 }
 
+/* A rank with no tokens: forward and backward succeed and touch nothing. */
 static void test_zero_tokens(void **state)
 {
     (void)state;
@@ -429,6 +488,7 @@ int main(void)
         cmocka_unit_test(test_random_shapes),
         cmocka_unit_test(test_capacity_that_drops_nothing),
         cmocka_unit_test(test_capacity_that_drops_most),
+        cmocka_unit_test(test_capacity_reported_is_applied),
         cmocka_unit_test(test_all_tokens_to_one_expert),
         cmocka_unit_test(test_zero_tokens),
         cmocka_unit_test(test_pad_plan),

@@ -1,7 +1,8 @@
 /*
  * Training mechanics on the host backend: the AdamW update against the formula in
  * include/moe/optim.h computed here in fp64; gradient accumulation over interleaved
- * microbatch slots; zero_grad and discard_grad.
+ * microbatch slots; zero_grad and discard_grad; the expert-bias buffer (present only when
+ * enabled) and its sign rule.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -202,6 +203,42 @@ static void test_discard_grad(void **state)
     fixture_free(&fx);
 }
 
+/* router.expert_bias is parameter 3 with expert_bias = 1 (an fp32 buffer [E] without
+ * gradient) and absent without it: 3 parameters, and index 3 is a clear INVALID_ARGUMENT. */
+static void test_expert_bias_param_only_when_enabled(void **state)
+{
+    (void)state;
+    moe_layer_config_t cfg = moe_layer_config_default();
+    cfg.hidden = 6;
+    cfg.ffn_hidden = 4;
+    cfg.num_experts = 5;
+    cfg.top_k = 2;
+    for (int enabled = 0; enabled <= 1; enabled++) {
+        cfg.expert_bias = enabled;
+        test_rng_t rng = {base_seed};
+        fixture_t fx;
+        fixture_init(&fx, &cfg, 4, &rng, 1.0);
+        int32_t count = 0;
+        TEST_OK(moe_layer_num_params(fx.layer, &count));
+        assert_int_equal(count, enabled ? 4 : 3);
+        moe_param_info_t b = {.struct_size = sizeof b};
+        if (enabled) {
+            TEST_OK(moe_layer_param(fx.layer, 3, &b));
+            assert_string_equal(b.name, "router.expert_bias");
+            assert_int_equal(b.kind, MOE_PARAM_BUFFER);
+            assert_int_equal(b.value.dtype, MOE_DTYPE_F32);
+            assert_int_equal(b.value.ndim, 1);
+            assert_int_equal(b.value.shape[0], 5);
+            assert_null(b.grad.data);
+        } else {
+            assert_int_equal(moe_layer_param(fx.layer, 3, &b), MOE_STATUS_INVALID_ARGUMENT);
+            assert_non_null(strstr(moe_last_error(), "index 3 is out of range 0..2"));
+            assert_non_null(strstr(moe_last_error(), "only with expert_bias = 1"));
+        }
+        fixture_free(&fx);
+    }
+}
+
 /* The expert bias follows the sign rule after each forward: experts loaded above the mean
  * lose `rate`, experts below it gain `rate`, experts exactly at the mean keep their bias. */
 static void test_expert_bias_sign_rule(void **state)
@@ -244,6 +281,7 @@ int main(void)
         cmocka_unit_test(test_adamw_matches_formula),
         cmocka_unit_test(test_accumulation_over_slots),
         cmocka_unit_test(test_discard_grad),
+        cmocka_unit_test(test_expert_bias_param_only_when_enabled),
         cmocka_unit_test(test_expert_bias_sign_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

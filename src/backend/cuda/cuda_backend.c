@@ -28,7 +28,7 @@ static void cuda_destroy(void *vctx)
     if (c->stream) cudaStreamSynchronize(c->stream);
     if (c->pinned_summary) cudaFreeHost(c->pinned_summary);
     if (c->router_state) cudaFree(c->router_state);
-    for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
+    for (int i = 0; i < MOE_TUNE_SIDE_STREAMS; i++) {
         if (c->side_cublas[i]) cublasDestroy(c->side_cublas[i]);
         if (c->side_ws[i]) cudaFree(c->side_ws[i]);
         if (c->side[i]) cudaStreamDestroy(c->side[i]);
@@ -42,7 +42,7 @@ static void cuda_destroy(void *vctx)
     free(c);
 }
 
-/* Free the workspace in the order of the stream it was used on. */
+/* Free the workspace in the order of the stream that uses it. */
 static moe_status_t drop_workspace(cuda_ctx_t *c)
 {
     if (c->ws) MOE_CUDA_CHECK(cudaFreeAsync(c->ws, c->stream));
@@ -236,7 +236,7 @@ static cuda_router_mode_t router_mode_from_env(const moe_logger_t *logger)
     return m;
 }
 
-/* Opt-in: the SwiGLU GEMMs are correct but not yet faster than cuBLAS + the SwiGLU kernels in a
+/* Opt-in: the SwiGLU GEMMs are correct but no faster than cuBLAS + the SwiGLU kernels in a
  * layer step (docs/cuda-backend.md). */
 static bool swiglu_gemm_from_env(int device, const moe_logger_t *logger)
 {
@@ -269,7 +269,7 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     MOE_CUDA_CHECK_GOTO(st, cudaMemsetAsync(c->router_state, 0, MOE_ROUTER_STATE_BYTES, c->stream));
     MOE_CUDA_CHECK_GOTO(st, cudaStreamSynchronize(c->stream));
     MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
-    for (int i = 0; i < MOE_CUDA_SIDE_STREAMS; i++) {
+    for (int i = 0; i < MOE_TUNE_SIDE_STREAMS; i++) {
         MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
         MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming));
         MOE_TRY_GOTO(st, make_cublas(c->side[i], &c->side_cublas[i], &c->side_ws[i]));

@@ -8,12 +8,13 @@
 
 #include <stdbool.h>
 
+#include "../../../kernels/tuning.h"
 #include "../backend.h"
 #include "cuda_check.h"
 
-/* Side streams for the expert GEMMs (each with its own cuBLAS handle and workspace, so that
- * concurrent GEMMs never share a workspace). */
-#define MOE_CUDA_SIDE_STREAMS 4
+/* Each side stream (MOE_TUNE_SIDE_STREAMS of them, for the expert GEMMs) and the main stream
+ * have their own cuBLAS handle and a workspace of this size, so that concurrent GEMMs never
+ * share a workspace. */
 #define MOE_CUDA_CUBLAS_WORKSPACE (32u << 20)
 
 /* How experts_forward/backward issue their GEMMs (MOE_CUDA_EXPERT_GEMM overrides AUTO). */
@@ -37,14 +38,14 @@ typedef struct cuda_ctx {
     cudaStream_t stream;                 /* current: own_stream or the caller's */
     cublasHandle_t cublas;               /* bound to `stream` */
     void *cublas_ws;
-    cudaStream_t side[MOE_CUDA_SIDE_STREAMS];
-    cublasHandle_t side_cublas[MOE_CUDA_SIDE_STREAMS];
-    void *side_ws[MOE_CUDA_SIDE_STREAMS];
-    cudaEvent_t fork, join[MOE_CUDA_SIDE_STREAMS];
+    cudaStream_t side[MOE_TUNE_SIDE_STREAMS];
+    cublasHandle_t side_cublas[MOE_TUNE_SIDE_STREAMS];
+    void *side_ws[MOE_TUNE_SIDE_STREAMS];
+    cudaEvent_t fork, join[MOE_TUNE_SIDE_STREAMS];
     cuda_gemm_mode_t gemm_mode;
     cuda_router_mode_t router_mode;
     /* the expert GEMMs next to SwiGLU carry it in their epilogue (Hopper, MOE_CUDA_SWIGLU_GEMM=1;
-     * off by default: not yet faster, docs/cuda-backend.md) */
+     * off by default: no faster, docs/cuda-backend.md) */
     bool swiglu_gemm;
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */

@@ -10,8 +10,8 @@
  * overwrite_grads their GEMMs run with beta = 0 and skip reading them.
  * Shape legend: El local experts, H hidden, F expert width, R rows, n_e rows of expert e.
  *
- * How the per-expert GEMMs are issued (see /work/shared/notes and docs/cuda-backend.md for the
- * numbers behind the choice):
+ * How the per-expert GEMMs are issued (docs/cuda-backend.md has the numbers behind the
+ * choice):
  *   BATCHED  every expert has the same n_e: one cublasGemmStridedBatchedEx per GEMM kind;
  *            holds ~700 TFLOP/s for small experts where a loop is launch-bound.
  *   STREAMS  uneven n_e and many experts: the loop round-robin over side streams, each with
@@ -25,6 +25,7 @@
  */
 #include "cuda_ctx.h"
 #include "../../../kernels/kernels.h"
+#include "../../../kernels/tuning.h"
 
 typedef enum gemm_kind { FWD1, FWD2, BWD_DACT, BWD_DW2, BWD_DXP, BWD_DW1 } gemm_kind_t;
 
@@ -109,10 +110,9 @@ static int64_t uniform_rows(const moe_experts_t *x)
     return rows > 0 ? rows : -1;
 }
 
-/* Padding every expert to the largest count (rounded to 8 rows) lets their GEMMs run as one
- * strided-batched call per kind; worth it for many small experts (where the per-expert loop
- * is launch- and wave-bound) while the filler stays under a quarter of the rows (measured:
- * docs/cuda-backend.md). Forcing a per-expert mode keeps the compact layout. */
+/* Padding every expert to the largest count lets their GEMMs run as one strided-batched call
+ * per kind; worth it for many small experts while the filler stays small (the thresholds:
+ * kernels/tuning.h). Forcing a per-expert mode keeps the compact layout. */
 int64_t moe_cuda_expert_row_stride(void *ctx, int32_t el, const int64_t *kept)
 {
     const cuda_ctx_t *c = ctx;
@@ -122,9 +122,14 @@ int64_t moe_cuda_expert_row_stride(void *ctx, int32_t el, const int64_t *kept)
         total += kept[e];
         most = kept[e] > most ? kept[e] : most;
     }
-    if (total == 0 || most * el == total || el < 16 || total / el >= 2048) return 0;
-    int64_t stride = (most + 7) / 8 * 8;
-    return stride * el <= total + total / 4 && stride * el <= INT32_MAX ? stride : 0;
+    if (total == 0 || most * el == total || el < MOE_TUNE_PAD_MIN_EXPERTS ||
+        total / el >= MOE_TUNE_PAD_MAX_MEAN_ROWS)
+        return 0;
+    int64_t stride = (most + MOE_TUNE_PAD_ROW_ALIGN - 1) / MOE_TUNE_PAD_ROW_ALIGN *
+                     MOE_TUNE_PAD_ROW_ALIGN;
+    return stride * el <= total + total / MOE_TUNE_PAD_FILLER_DIVISOR && stride * el <= INT32_MAX
+               ? stride
+               : 0;
 }
 
 static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
@@ -134,11 +139,13 @@ static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
     if (m == CUDA_GEMM_BATCHED && uni < 0) m = CUDA_GEMM_AUTO; /* not applicable: fall back */
     if (m != CUDA_GEMM_AUTO) return m;
     int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
-    /* Measured on the H200 (docs/cuda-backend.md): the loop wins for a few large experts,
-     * strided batched whenever sizes are equal and experts are small, side streams for
-     * uneven small ones. */
-    if (uni > 0 && (x->el >= 16 || uni < 4096)) return CUDA_GEMM_BATCHED;
-    if (x->el >= 4 && mean_rows < 2048) return CUDA_GEMM_STREAMS;
+    /* Measured on the H200 (docs/cuda-backend.md; the thresholds: kernels/tuning.h): the loop
+     * wins for a few large experts, strided batched whenever sizes are equal and experts are
+     * small, side streams for uneven small ones. */
+    if (uni > 0 && (x->el >= MOE_TUNE_BATCHED_MIN_EXPERTS || uni < MOE_TUNE_BATCHED_MAX_ROWS))
+        return CUDA_GEMM_BATCHED;
+    if (x->el >= MOE_TUNE_STREAMS_MIN_EXPERTS && mean_rows < MOE_TUNE_STREAMS_MAX_MEAN_ROWS)
+        return CUDA_GEMM_STREAMS;
     return CUDA_GEMM_LOOP;
 }
 
@@ -156,20 +163,20 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
         return MOE_STATUS_SUCCESS;
     }
     bool fan = mode == CUDA_GEMM_STREAMS;
-    if (fan) MOE_TRY(moe_cuda_fork(c, MOE_CUDA_SIDE_STREAMS));
+    if (fan) MOE_TRY(moe_cuda_fork(c, MOE_TUNE_SIDE_STREAMS));
     moe_status_t st = MOE_STATUS_SUCCESS;
     int next = 0;
     for (int32_t e = 0; e < x->el && st == MOE_STATUS_SUCCESS; e++) {
         int64_t r0 = x->host_offsets[e], rows = x->host_offsets[e + 1] - r0;
         if (rows == 0) continue;
         cublasHandle_t h = fan ? c->side_cublas[next] : c->cublas;
-        next = (next + 1) % MOE_CUDA_SIDE_STREAMS;
+        next = (next + 1) % MOE_TUNE_SIDE_STREAMS;
         for (int i = 0; i < nk && st == MOE_STATUS_SUCCESS; i++) {
             gemm_desc_t g = describe(kinds[i], x, e, r0, rows);
             st = run_one(h, &g);
         }
     }
-    return fan ? moe_cuda_join(c, MOE_CUDA_SIDE_STREAMS, st) : st;
+    return fan ? moe_cuda_join(c, MOE_TUNE_SIDE_STREAMS, st) : st;
 }
 
 static bool fused_swiglu(const cuda_ctx_t *c, const moe_experts_t *x)

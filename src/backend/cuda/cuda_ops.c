@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../../../kernels/kernels.h"
+#include "../../../kernels/tuning.h"
 #include "cuda_ctx.h"
 
 moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
@@ -34,34 +35,16 @@ static moe_status_t check_router_shape(int32_t e, int32_t k)
     return MOE_STATUS_SUCCESS;
 }
 
-/* The fused kernel saves the selection's second pass and a launch, but each block walks all of
- * H: it wins with two waves of its 128-token blocks (132 SMs x 2), or when H is short enough
- * that a block's walk costs less than a launch. Sixth session, 13 same-call pairs in three
- * device calls (us, fused vs GEMM + selection): N=512 H=256 11.2-12.2 vs 10.4-18.7 (median
- * 11.6 vs 13.2); N=1024 H=512 13.6-15.2 vs 11.7-13.4; N=2048 H=1024 20-22 vs 13-18; N=4096
- * H=2048 30-32 vs 17-19; N=16384 H=4096 50 vs 48; N=65536 H=4096 159 vs 176. Twelfth session,
- * calls 5-9: at N=1024 H=512 the fused kernel 13.3-13.9 (13 runs), GEMM + selection
- * 10.9-17.4, median 15.4 (30 runs; two launches, one of them cuBLAS's, at the host's pace).
- * Since the thirteenth session few tokens split H over clusters (moe_cuda_router_fused_splits):
- * N=1024 H=512 11.5-12.2 us, N=2048 H=1024 12.7-13.4 (11 runs, calls 4-5), against GEMM +
- * selection's 10.9-11.8 and 11.8-13.4 in the same calls; the one launch is taken up to
- * H = 1024 for its steadiness (the GEMM path's 12.3-17.5 at N=2048 in the twelfth session's
- * 30 runs); at N=4096 H=2048 GEMM + selection stayed ahead of the mma.sync walk (16.8-17.3
- * vs 19.8-20.4; fourteenth session, with clusters of 2 there: 15.7-17.7, one call 16.0-21.6,
- * vs 16.6-17.3; fifteenth: 16.1-16.6 vs 16.4-16.7), but not of the sm_90a image's wgmma walk
- * (sixteenth session, call 5: 15.5 vs 16.9), so the split kernel is taken up to H = 2048. */
-#define FUSED_MIN_TOKENS (128 * 264)
-#define FUSED_MAX_SHORT_H 512
-#define FUSED_MAX_SPLIT_H 2048
-
+/* The fused kernel's shape rule (its thresholds and the measurements behind them:
+ * kernels/tuning.h); a forced mode overrides it. */
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a)
 {
     if (c->router_mode == CUDA_ROUTER_GEMM ||
         !moe_cuda_router_fused_supported(a->h, a->e, a->x, a->wg, a->logits))
         return false;
-    return c->router_mode == CUDA_ROUTER_FUSED || a->n >= FUSED_MIN_TOKENS ||
-           a->h <= FUSED_MAX_SHORT_H ||
-           (a->h <= FUSED_MAX_SPLIT_H && moe_cuda_router_fused_splits(a->n));
+    return c->router_mode == CUDA_ROUTER_FUSED || a->n >= MOE_TUNE_ROUTER_FUSED_MIN_TOKENS ||
+           a->h <= MOE_TUNE_ROUTER_FUSED_MAX_SHORT_H ||
+           (a->h <= MOE_TUNE_ROUTER_FUSED_MAX_SPLIT_H && moe_cuda_router_fused_splits(a->n));
 }
 
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
@@ -85,8 +68,8 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
         return MOE_STATUS_SUCCESS;
     }
     /* logits [N,E] = x [N,H] · wg [H,E]  ==  logits^T = wg^T · x^T. Measured alternatives
-     * (docs/cuda-backend.md): a copy of wg transposed to K-major was 1.2x-2.1x slower in
-     * cuBLAS; logits computed inside the selection kernel (no GEMM launch) were 3.6x-21x
+     * (docs/cuda-backend.md): cuBLAS on a copy of wg transposed to K-major is 1.2x-2.1x
+     * slower; logits computed inside the selection kernel (no GEMM launch) are 3.6x-21x
      * slower even at N*H*E <= 2^27. */
     MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x, a->h,
                  0.0f, a->logits, CUDA_R_32F, a->e));
