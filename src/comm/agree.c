@@ -7,8 +7,8 @@
  * field's largest and (through the order-reversing ~) smallest value, and whether some rank
  * rejected its own configuration. Only when something differs, round 2 finds the ranks: a MIN
  * all-reduce of "my rank if I hold that value", and for a rejection a broadcast of the
- * rejecting rank's message. Buffers live on the heap and are leaked when an all-reduce fails
- * (MPI may still write them).
+ * rejecting rank's message. The messages go through moe_comm_allreduce_copy and
+ * moe_comm_broadcast_copy, whose heap copies stay MPI's when an operation fails.
  */
 #include "comm.h"
 
@@ -61,11 +61,12 @@ static moe_status_t first_rank_where(moe_comm_t *c, const bool *mine, int n, int
     int64_t *who = malloc(sizeof *who * (size_t)n);
     if (!who) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "agreement table");
     for (int i = 0; i < n; i++) who[i] = mine[i] ? c->rank : INT64_MAX;
-    MOE_TRY(moe_comm_allreduce(c, who, who, (size_t)n, MOE_COMM_I64, MOE_REDUCE_MIN));
-    for (int i = 0; i < n; i++)
+    moe_status_t st = moe_comm_allreduce_copy(c, who, who, (size_t)n, MOE_COMM_I64,
+                                              MOE_REDUCE_MIN);
+    for (int i = 0; st == MOE_STATUS_SUCCESS && i < n; i++)
         world[i] = who[i] >= 0 && who[i] < c->size ? c->world_ranks[who[i]] : -1;
     free(who);
-    return MOE_STATUS_SUCCESS;
+    return st;
 }
 
 /* Some rank rejected its own configuration: every rank learns the first one's message. */
@@ -78,20 +79,13 @@ static moe_status_t report_rejection(moe_comm_t *c, const char *what, moe_status
     int root = 0;
     for (int i = 0; i < c->size; i++)
         if (c->world_ranks[i] == who) root = i;
-    char *text = calloc(1, REJECT_TEXT);
-    if (!text) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "agreement message");
-    if (c->rank == root) snprintf(text, REJECT_TEXT, "%s", local_msg);
-    MOE_TRY(moe_comm_broadcast(c, text, REJECT_TEXT, MOE_COMM_U8, root));
-    text[REJECT_TEXT - 1] = '\0';
-    if (mine) { /* this rank's own message stands */
-        free(text);
-        return local;
-    }
-    moe_status_t st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
-                               "%s: world rank %d rejected its own (%s): %s", what, who,
-                               c->members, text);
-    free(text);
-    return st;
+    char text[REJECT_TEXT] = "";
+    if (c->rank == root) snprintf(text, sizeof text, "%s", local_msg);
+    MOE_TRY(moe_comm_broadcast_copy(c, text, sizeof text, MOE_COMM_U8, root));
+    text[sizeof text - 1] = '\0';
+    if (mine) return local; /* this rank's own message stands */
+    return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "%s: world rank %d refused it (%s): %s", what,
+                    who, c->members, text);
 }
 
 moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_field_t *fields,
@@ -112,9 +106,11 @@ moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_fie
         return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "agreement table");
     }
     memcpy(mine, v, sizeof *mine * (size_t)w);
-    moe_status_t st = moe_comm_allreduce(c, v, v, 2 * (size_t)w, MOE_COMM_I64, MOE_REDUCE_MAX);
+    moe_status_t st = moe_comm_allreduce_copy(c, v, v, 2 * (size_t)w, MOE_COMM_I64,
+                                              MOE_REDUCE_MAX);
     if (st != MOE_STATUS_SUCCESS) {
-        free(mine); /* v stays MPI's */
+        free(v);
+        free(mine);
         return moe_error_wrap(st, "comparing %s across %s", what, c->members);
     }
     if (v[0]) {

@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -195,6 +196,34 @@ moe_status_t moe_comm_alltoallv(moe_comm_t *c, const void *send, const size_t *s
     MOE_TRY(c->ops->alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
                               dt, &req));
     return moe_comm_wait(c, req);
+}
+
+moe_status_t moe_comm_allreduce_copy(moe_comm_t *c, const void *send, void *recv, size_t count,
+                                     moe_comm_dtype_t dt, moe_reduce_op_t op)
+{
+    MOE_CHECK_ARG(!c->device_buffers, "allreduce_copy takes host buffers");
+    size_t bytes = count * moe_comm_dtype_size(dt);
+    void *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "allreduce of %zu bytes", bytes);
+    memcpy(tmp, send, bytes);
+    MOE_TRY(moe_comm_allreduce(c, tmp, tmp, count, dt, op)); /* tmp stays MPI's */
+    memcpy(recv, tmp, bytes);
+    free(tmp);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_comm_broadcast_copy(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
+                                     int root)
+{
+    MOE_CHECK_ARG(!c->device_buffers, "broadcast_copy takes host buffers");
+    size_t bytes = count * moe_comm_dtype_size(dt);
+    void *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "broadcast of %zu bytes", bytes);
+    memcpy(tmp, buf, bytes);
+    MOE_TRY(moe_comm_broadcast(c, tmp, count, dt, root)); /* tmp stays MPI's */
+    memcpy(buf, tmp, bytes);
+    free(tmp);
+    return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_comm_barrier(moe_comm_t *c) { return c->ops->barrier(c); }

@@ -200,6 +200,15 @@ moe_status_t moe_comm_send(moe_comm_t *c, const void *buf, size_t count, moe_com
 moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
                            int peer, int tag);
 
+/* The blocking all-reduce and broadcast for small host messages whose buffers may live on
+ * the caller's stack (flags, counts, headers): the operation runs on a heap copy that is
+ * copied back on success and left to MPI (leaked) when it fails, so that a peer arriving
+ * late never writes into a stack frame that is gone. Host buffers only. */
+moe_status_t moe_comm_allreduce_copy(moe_comm_t *c, const void *send, void *recv, size_t count,
+                                     moe_comm_dtype_t dt, moe_reduce_op_t op);
+moe_status_t moe_comm_broadcast_copy(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
+                                     int root);
+
 /* Thin wrappers over the table (NULL-safe where noted). wait uses the communicator's
  * timeout, wait_within the given one. */
 moe_status_t moe_comm_wait(moe_comm_t *c, moe_comm_req_t *req);

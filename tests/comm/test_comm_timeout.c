@@ -166,6 +166,11 @@ int main(int argc, char **argv)
     moe_runtime_t *rt = NULL;
     TEST_OK(moe_runtime_create(&rc, &rt));
     CHECK(rt->mesh->comm[MOE_AXIS_EP]->timeout_ms == TIMEOUT_MS, "mesh timeout not applied");
+    /* a layer (its creation is collective: the ranks compare configs) */
+    moe_layer_config_t lc = moe_layer_config_default();
+    lc.hidden = 4, lc.ffn_hidden = 4, lc.num_experts = 3, lc.top_k = 1;
+    moe_layer_t *layer = NULL;
+    TEST_OK(moe_layer_create(rt, &lc, &layer));
     MPI_Barrier(MPI_COMM_WORLD);
 
     if (R == VICTIM) {
@@ -184,10 +189,6 @@ int main(int argc, char **argv)
         survivor_split(c[3]);
         /* the layer: its first collective (the routing table over the dense group) times out
          * and the forward returns TIMEOUT instead of hanging */
-        moe_layer_config_t lc = moe_layer_config_default();
-        lc.hidden = 4, lc.ffn_hidden = 4, lc.num_experts = 3, lc.top_k = 1;
-        moe_layer_t *layer = NULL;
-        TEST_OK(moe_layer_create(rt, &lc, &layer));
         float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
         int64_t sh[2] = {2, 4};
         moe_tensor_t tx, ty;
@@ -195,8 +196,8 @@ int main(int argc, char **argv)
         TEST_OK(moe_tensor_view(y, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &ty));
         double t0 = now_s();
         expect_victim_named(moe_layer_forward(layer, 0, &tx, &ty), t0, "allreduce");
-        moe_layer_destroy(layer);
     }
+    moe_layer_destroy(layer);
     /* The victim never joined: the survivors' operations stay unmatched in MPI, which is
      * why the communicators leak their buffers on destroy. */
     moe_runtime_destroy(rt);
