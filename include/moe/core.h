@@ -162,8 +162,9 @@ MOE_API moe_runtime_config_t moe_runtime_config_default(void);
  * rank fails with INVALID_ARGUMENT naming the field, the world ranks and both values when
  * they differ (or naming the rank whose own mesh config is invalid). */
 MOE_API moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_t **out);
-/* Frees the runtime. Every layer, optimizer, checkpointer made on it must be destroyed first.
- * With a mesh it returns within the mesh's timeout: after a peer failure (see
+/* Frees the runtime. Every layer, optimizer, pipeline and checkpointer made on it must be
+ * destroyed first: otherwise INVALID_ARGUMENT names what is alive and the runtime stays
+ * usable. With a mesh it returns within the mesh's timeout: after a peer failure (see
  * moe_runtime_get_async_error) it returns ABORTED with that failure, leaves MPI unfinalised
  * (MPI_Finalize would wait for the lost peer for ever) and leaks what MPI may still touch:
  * the process should then exit, with MOE_EXIT_PEER_LOST (docs/mesh.md, "When a peer fails").

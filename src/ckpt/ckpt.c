@@ -251,6 +251,7 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
         ck->s3_started = true;
     }
     ck->magic = MOE_MAGIC_CKPT;
+    moe_runtime_adopt(rt, MOE_CHILD_CHECKPOINTER);
     *out = ck;
     return MOE_STATUS_SUCCESS;
 fail:
@@ -311,6 +312,7 @@ moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck)
     }
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", moe_last_error());
+    moe_runtime_disown(ck->rt, MOE_CHILD_CHECKPOINTER);
     free_handle(ck);
     if (st != MOE_STATUS_SUCCESS) return MOE_FAIL(st, "%s", msg);
     return MOE_STATUS_SUCCESS;

@@ -342,6 +342,7 @@ moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *confi
     MOE_TRY_GOTO(st, create_params(l));
     MOE_TRY_GOTO(st, moe_dist_create(l)); /* ep, tp or dp > 1: the distributed path */
     l->magic = MOE_MAGIC_LAYER;
+    moe_runtime_adopt(rt, MOE_CHILD_LAYER);
     *out = l;
     return MOE_STATUS_SUCCESS;
 fail:
@@ -355,6 +356,7 @@ moe_status_t moe_layer_destroy(moe_layer_t *layer)
     if (!layer) return MOE_STATUS_SUCCESS;
     MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
     MOE_OPS(layer->rt)->synchronize(MOE_CTX(layer->rt));
+    moe_runtime_disown(layer->rt, MOE_CHILD_LAYER);
     layer_free(layer);
     return MOE_STATUS_SUCCESS;
 }

@@ -72,6 +72,7 @@ moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *confi
     opt->magic = MOE_MAGIC_ADAMW;
     opt->rt = rt;
     opt->cfg = c;
+    moe_runtime_adopt(rt, MOE_CHILD_OPTIMIZER);
     *out = opt;
     return MOE_STATUS_SUCCESS;
 }
@@ -94,6 +95,7 @@ moe_status_t moe_adamw_destroy(moe_adamw_t *opt)
     MOE_OPS(opt->rt)->synchronize(MOE_CTX(opt->rt));
     for (int32_t i = 0; i < opt->count; i++) param_free(opt->rt, &opt->params[i]);
     free(opt->params);
+    moe_runtime_disown(opt->rt, MOE_CHILD_OPTIMIZER);
     opt->magic = MOE_MAGIC_DEAD;
     free(opt);
     return MOE_STATUS_SUCCESS;

@@ -301,6 +301,7 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->stats.stages = p;
     pp->stats.microbatches = pp->m;
     pp->magic = MOE_MAGIC_PIPELINE;
+    moe_runtime_adopt(rt, MOE_CHILD_PIPELINE);
     *out = pp;
     moe_log(&rt->logger, MOE_LOG_DEBUG, "pipeline: stage %d of %d, %d microbatches, %zu bytes "
             "per boundary tensor", s, p, pp->m, pp->act_bytes);
@@ -315,6 +316,7 @@ moe_status_t moe_pipeline_destroy(moe_pipeline_t *pp)
     moe_error_clear();
     if (!pp) return MOE_STATUS_SUCCESS;
     MOE_CHECK_HANDLE(pp, MOE_MAGIC_PIPELINE, "pipeline");
+    moe_runtime_disown(pp->rt, MOE_CHILD_PIPELINE);
     pipeline_free(pp);
     return MOE_STATUS_SUCCESS;
 }

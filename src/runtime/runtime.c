@@ -1,6 +1,6 @@
 /* Runtime lifecycle: resolve the backend, join the mesh (the ranks agree on the seed, the
- * determinism and the backend), own logging, report the mesh's failure. Also the tensor
- * allocation and copy entry points, which need the backend. */
+ * determinism and the backend), own logging, count the objects made on it, report the mesh's
+ * failure. Also the tensor allocation and copy entry points, which need the backend. */
 #include "runtime.h"
 
 #include <stdio.h>
@@ -116,9 +116,30 @@ fail:
     return st;
 }
 
+void moe_runtime_adopt(moe_runtime_t *rt, moe_runtime_child_t kind) { rt->children[kind]++; }
+
+void moe_runtime_disown(moe_runtime_t *rt, moe_runtime_child_t kind) { rt->children[kind]--; }
+
 bool moe_runtime_poisoned(const moe_runtime_t *rt)
 {
     return moe_mesh_failure(rt->mesh, NULL) != MOE_STATUS_SUCCESS;
+}
+
+/* INVALID_ARGUMENT naming what is still alive on the runtime, or SUCCESS. */
+static moe_status_t check_no_children(const moe_runtime_t *rt)
+{
+    static const char *const names[MOE_CHILD_KINDS][2] = {
+        {"layer", "layers"}, {"optimizer", "optimizers"}, {"pipeline", "pipelines"},
+        {"checkpointer", "checkpointers"}};
+    char alive[256] = "";
+    size_t len = 0;
+    for (int k = 0; k < MOE_CHILD_KINDS; k++)
+        if (rt->children[k] > 0)
+            len += (size_t)snprintf(alive + len, sizeof alive - len, "%s%d %s", len ? ", " : "",
+                                    rt->children[k], names[k][rt->children[k] != 1]);
+    MOE_CHECK_ARG(len == 0, "the runtime still has %s made on it; destroy them first (the "
+                  "runtime stays usable)", alive);
+    return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_runtime_destroy(moe_runtime_t *rt)
@@ -126,6 +147,7 @@ moe_status_t moe_runtime_destroy(moe_runtime_t *rt)
     moe_error_clear();
     if (!rt) return MOE_STATUS_SUCCESS;
     MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_TRY(check_no_children(rt));
     moe_status_t st = moe_mesh_destroy(rt->mesh);
     rt->backend.ops->destroy(rt->backend.ctx);
     rt->magic = MOE_MAGIC_DEAD;

@@ -1,5 +1,10 @@
-# The distributed failure path (docs/mesh.md, "When a peer fails"): every test runs on several
-# ranks under mpirun (host backend) and carries the labels fault and mpi.
+# The failure path (docs/mesh.md, "When a peer fails").
+# A runtime is not destroyed under the objects made on it (a world of one, no MPI).
+moe_add_test(test_runtime_children SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_runtime_children.c
+             TIMEOUT 30 LABELS fault)
+
+# The distributed tests run on several ranks under mpirun (host backend) and carry the labels
+# fault and mpi.
 if(NOT MOE_HAVE_MPI)
   return()
 endif()
