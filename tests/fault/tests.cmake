@@ -1,7 +1,7 @@
 # The failure path (docs/mesh.md, "When a peer fails").
 # A runtime is not destroyed under the objects made on it (a world of one, no MPI).
 moe_add_test(test_runtime_children SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_runtime_children.c
-             TIMEOUT 30 LABELS fault)
+             TIMEOUT 30 LABELS fault core)
 
 # The distributed tests run on several ranks under mpirun (host backend) and carry the labels
 # fault and mpi.
