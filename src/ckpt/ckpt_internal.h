@@ -7,7 +7,8 @@
  *   writer.c    one data file written from pinned segments: io_uring + O_DIRECT, registered
  *               buffers, several requests in flight; pwrite fallback; the file-system helpers
  *   load.c      verify + read + reshard (box intersection) into the caller's tensors
- *   s3.c        the S3 client: SigV4 via libcurl, multipart, retries
+ *   sigv4.c     AWS Signature V4 and the payload hashes (SHA-256), on libcrypto
+ *   s3.c        the S3 client over libcurl: signed requests, multipart, retries
  * The checkpointer handle (struct moe_ckpt below; prefix ckpt_ for what its files share):
  *   ckpt.c      the public API's handle: config defaults, create / destroy / abort, status,
  *               poll, wait and the async error
@@ -168,7 +169,31 @@ moe_status_t ck_s3_get_file(ck_s3_t *s, const char *stepdir, const char *name,
 moe_status_t ck_s3_list_steps(ck_s3_t *s, int64_t **steps, int32_t *count, int retries);
 /* Delete manifest first, then every other object of the step. */
 moe_status_t ck_s3_delete_step(ck_s3_t *s, const char *stepdir);
-void ck_sha256_hex(const void *data, size_t len, char out[65]);
+
+/* ---- sigv4.c ---- */
+/* Hex SHA-256 of memory, or of the bytes [off, off + len) of a file. */
+moe_status_t ck_sha256_hex(const void *data, size_t len, char out[65]);
+moe_status_t ck_sha256_fd_hex(int fd, uint64_t off, uint64_t len, char out[65]);
+/* AWS's URI encoding (unreserved characters kept, every other byte %XX; '/' kept where
+ * keep_slash), malloc'd; NULL when out of memory. */
+char *ck_uri_encode(const char *s, bool keep_slash);
+typedef struct ck_sigv4_header {
+    const char *name, *value;            /* as sent */
+} ck_sigv4_header_t;
+typedef struct ck_sigv4_request {
+    const char *method;                  /* "GET", "PUT", ... */
+    const char *path;                    /* "/bucket/key", not URI-encoded (encoded here) */
+    const char *query;                   /* as sent (URI-encoded), NULL or "" for none */
+    const ck_sigv4_header_t *headers;    /* every header to sign (host, x-amz-*) */
+    int nheaders;
+    const char *payload_sha256;          /* hex, as in x-amz-content-sha256 */
+    const char *amz_date;                /* "YYYYMMDDTHHMMSSZ", as in x-amz-date */
+    const char *region, *service, *access_key, *secret_key;
+} ck_sigv4_request_t;
+/* The Authorization header's value for r into authz[authz_len]; creq / sts (may be NULL)
+ * receive the canonical request and the string to sign (malloc'd) for tests. */
+moe_status_t ck_sigv4_sign(const ck_sigv4_request_t *r, char **creq, char **sts, char *authz,
+                           size_t authz_len);
 
 /* ---- load.c ---- */
 /* Load from one complete local step directory. Returns CORRUPT / IO_ERROR / NOT_FOUND for
