@@ -56,7 +56,7 @@
 #include "../runtime/runtime.h"
 
 #define CK_FORMAT_NAME "libmoe-checkpoint"
-#define CK_FORMAT_VERSION 1
+#define CK_FORMAT_VERSION 2
 #define CK_ALIGN 4096u
 #define CK_MANIFEST "manifest.json"
 #define CK_MAX_NAME 255
@@ -112,8 +112,9 @@ void ck_pieces_free(ck_piece_t *p, int32_t n);
 moe_status_t ck_layout(const moe_ckpt_tensor_t *t, int32_t count, uint64_t chunk_bytes,
                        int32_t file_index, ck_piece_t **pieces, int32_t *npieces,
                        uint64_t *file_bytes);
-/* JSON array of this rank's pieces (checksums filled), as text (malloc'd). */
-char *ck_pieces_to_json(const ck_piece_t *p, int32_t n);
+/* JSON array of this rank's pieces of step `step` (checksums filled; each piece's binding
+ * computed), as text (malloc'd). */
+char *ck_pieces_to_json(int64_t step, uint64_t chunk_bytes, const ck_piece_t *p, int32_t n);
 /* Full manifest text from per-rank piece arrays (JSON texts) and file sizes. */
 char *ck_manifest_build(int64_t step, uint64_t chunk_bytes, int32_t world, const int32_t mesh[4],
                         char *const *rank_pieces_json, const uint64_t *rank_file_bytes);
@@ -121,6 +122,9 @@ char *ck_manifest_build(int64_t step, uint64_t chunk_bytes, int32_t world, const
 moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out);
 /* Read <dir>/manifest.json and parse it. */
 moe_status_t ck_manifest_read(const char *stepdir, ck_manifest_t *out);
+/* Open a file of a checkpoint for reading: NOT_FOUND when missing, CORRUPT when it is not a
+ * regular file (a FIFO would block the open for ever). */
+moe_status_t ck_open_regular(const char *path, int *fd);
 
 /* ---- writer.c ---- */
 typedef struct ck_writer ck_writer_t;
@@ -319,7 +323,11 @@ void ckpt_mirror_queue_step_locked(moe_ckpt_t *ck, int64_t step);
 moe_status_t ckpt_mirror_agree_upload(moe_ckpt_t *ck);
 
 /* ---- restore.c ---- */
-/* Complete local checkpoints (a step directory with manifest.json), ascending (malloc'd). */
+/* Complete local checkpoints (a step directory with manifest.json), ascending, each step once
+ * (malloc'd). */
 moe_status_t ckpt_local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n);
+/* The directory of complete local step `step` into buf: <dir>/step-<12 digits>, else any
+ * other spelling of the number ("step-4"); false (buf: the padded name) when there is none. */
+bool ckpt_local_step_dir(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len);
 
 #endif /* MOE_CKPT_INTERNAL_H */

@@ -96,7 +96,7 @@ static void local_retention(moe_ckpt_t *ck)
         bool pinned = step_pinned_locked(ck, steps[i]);
         pthread_mutex_unlock(&ck->mu);
         if (pinned) continue;
-        ckpt_step_path(ck, steps[i], path, sizeof path);
+        ckpt_local_step_dir(ck, steps[i], path, sizeof path);
         snprintf(mpath, sizeof mpath, "%s/%s", path, CK_MANIFEST);
         if (unlink(mpath) != 0) continue;
         ck_fsync_dir(path);

@@ -318,7 +318,7 @@ moe_status_t ckpt_write_job(moe_ckpt_t *ck, ckpt_job_t *j, char *stepdir, char *
     if (st == MOE_STATUS_SUCCESS) st = ck_fsync_dir(stepdir);
     if (st != MOE_STATUS_SUCCESS && opened) unlink(tmp);
     if (st == MOE_STATUS_SUCCESS) {
-        *pieces_json = ck_pieces_to_json(j->pieces, j->npieces);
+        *pieces_json = ck_pieces_to_json(j->step, ck->cfg.chunk_bytes, j->pieces, j->npieces);
         if (!*pieces_json) st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "piece list");
     }
     return st;
