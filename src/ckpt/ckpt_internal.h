@@ -240,13 +240,14 @@ typedef struct ckpt_job {
     char *mine;                  /* this rank's piece list (JSON) */
 } ckpt_job_t;
 
-/* One upload task of the S3 thread. */
-typedef struct ckpt_upload {
-    int64_t step;
-    bool manifest_only;          /* rank 0, world > 1: the shards are up, put the manifest */
-    bool ok;                     /* world > 1: this rank's shard upload succeeded */
-    struct ckpt_upload *next;
-} ckpt_upload_t;
+/* What the S3 thread does next (mirror.c). */
+typedef enum ckpt_mir_task {
+    CKPT_MIR_NONE = 0,
+    CKPT_MIR_WHOLE,      /* every file of the step, manifest last (world of one, reconcile) */
+    CKPT_MIR_SHARD,      /* world > 1: this rank's data file of the round's step */
+    CKPT_MIR_MANIFEST,   /* world > 1, rank 0: every shard is up, put the manifest */
+    CKPT_MIR_BUSY        /* a SHARD or MANIFEST task the thread has taken */
+} ckpt_mir_task_t;
 
 /* Locking: mu and cv guard the queues, the free segments, the status and the async error; the
  * I/O itself runs unlocked. */
@@ -266,10 +267,18 @@ struct moe_ckpt {
     ckpt_seg_t *free_segs;
     ckpt_job_t *jobs, *jobs_tail;        /* queued for the writer */
     ckpt_job_t *done, *done_tail;        /* world > 1: durable here, not yet committed */
-    ckpt_upload_t *ups, *ups_tail;       /* queued for the S3 thread */
-    ckpt_upload_t *updone, *updone_tail; /* world > 1: shard uploaded (or failed), not agreed */
     bool retention_due;
-    int64_t uploading_step, loading_step;
+    int64_t loading_step;
+    /* the S3 mirror (mirror.c); steps are -1 when none */
+    int64_t mir_want;                    /* newest committed step, to be on S3 */
+    int64_t mir_round;                   /* step whose upload is in flight on this rank */
+    ckpt_mir_task_t mir_task;            /* world > 1: set by ckpt_progress for the S3 thread */
+    bool mir_shard_done, mir_shard_ok;   /* world > 1: this rank's shard of mir_round */
+    int64_t mir_failed;                  /* step of the newest failed round ... */
+    double mir_retry_at;                 /* ... tried again from then on (moe_now_s) */
+    int64_t mir_reconcile;               /* rank 0: a step from before create, to upload */
+    bool mir_draining;                   /* destroy: each wanted step is tried once more */
+    int64_t mir_drain_tried;             /* the newest step tried since draining began */
     bool stop, aborting;
     bool defer_writer;                   /* see ckpt_write_job; MOE_CKPT_DEFER_WRITER=0: off */
     pthread_t writer_th, s3_th;
@@ -280,19 +289,25 @@ struct moe_ckpt {
 
     int64_t last_saved_step;
     moe_ckpt_status_t st;
-    moe_status_t async_err;
+    moe_status_t async_err;              /* the local tier's first unreported failure */
     char async_msg[1024];
+    moe_status_t mirror_err;             /* the mirror's (reported only with uploads) */
+    char mirror_msg[1024];
 };
 
 /* ---- ckpt.c ---- */
 /* Record a background failure (first one wins until reported). Caller holds no lock. */
 void ckpt_set_async_error(moe_ckpt_t *ck, moe_status_t st, const char *what);
-/* Return and clear the pending async error as this thread's error. */
-moe_status_t ckpt_take_async_error(moe_ckpt_t *ck);
+/* Return and clear the pending local error (with uploads: else the mirror's) as this
+ * thread's error. */
+moe_status_t ckpt_take_async_error(moe_ckpt_t *ck, bool uploads);
 /* <dir>/step-<N> */
 void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len);
 /* Saves (and, with uploads, S3 uploads) still pending; the caller holds ck->mu. */
 bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads);
+/* An unreported failure a wait should return now (the mirror's only with uploads); the
+ * caller holds ck->mu. */
+bool ckpt_error_pending_locked(const moe_ckpt_t *ck, bool uploads);
 
 /* ---- snapshot.c ---- */
 /* Writer thread: write job j's data file from its segments into stepdir (tmp, fsync, rename,
@@ -305,21 +320,36 @@ void ckpt_job_free(ckpt_job_t *j);
 moe_status_t ckpt_agree(moe_comm_t *c, int32_t v, moe_reduce_op_t op, int32_t *out);
 /* The writer thread (arg: the handle): writes, commits (world of one) and retention. */
 void *ckpt_writer_main(void *arg);
-/* Commit the saves every rank has made durable and complete the uploads every rank has
- * finished (rank 0 then puts the manifest). With drain, repeat until nothing is pending on
- * any rank (saves, and uploads when asked) or timeout_ms passes on some rank. Collective; a
- * no-op in a world of one. */
-moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms);
+/* Commit the saves every rank has made durable, agree on a finished upload round (rank 0
+ * then puts the manifest) and start the next one. With drain, repeat until nothing is
+ * pending on any rank (saves, and uploads when asked), or timeout_ms passes on some rank, or
+ * (stop_on_error) some rank has an unreported error. Collective; a no-op in a world of one. */
+moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms,
+                           bool stop_on_error);
 /* Wait until every queued save is committed (or failed), without taking the async error. */
 moe_status_t ckpt_drain_saves(moe_ckpt_t *ck);
 
 /* ---- mirror.c ---- */
-/* The S3 thread (arg: the handle): the queued uploads in order. */
+/* The S3 thread (arg: the handle). */
 void *ckpt_mirror_main(void *arg);
-/* Queue the upload of committed step `step` (S3 configured); the caller holds ck->mu. */
+/* Rank 0 at create: the newest local step, when S3 has neither it nor a newer one, becomes
+ * mir_reconcile (uploaded first, spared by retention until it is). */
+void ckpt_mirror_reconcile(moe_ckpt_t *ck);
+/* The caller holds ck->mu for these: */
+/* step committed (S3 configured): it supersedes the step waiting, if any. */
 void ckpt_mirror_queue_step_locked(moe_ckpt_t *ck, int64_t step);
-/* World > 1, training thread: the shard upload at the head of updone is finished on every
- * rank; agree whether all succeeded, and on rank 0 queue the manifest (the remote commit). */
+/* No upload in flight on this rank, and no reconciled step waiting to go first. */
+bool ckpt_mirror_idle_locked(const moe_ckpt_t *ck);
+/* This rank wants an upload round to start now (idle, a newer step, a failed one due). */
+bool ckpt_mirror_wants_locked(const moe_ckpt_t *ck);
+/* Mirror work remains (a round in flight, a step not yet on S3; while draining, a step not
+ * yet tried since). */
+bool ckpt_mirror_busy_locked(const moe_ckpt_t *ck);
+/* Uploads in flight or waiting (status.pending_uploads). */
+int64_t ckpt_mirror_pending_locked(const moe_ckpt_t *ck);
+/* World > 1, training thread, every rank: start the round for mir_want / agree on a round
+ * whose shards are done everywhere (rank 0 then puts the manifest). */
+void ckpt_mirror_start_round(moe_ckpt_t *ck);
 moe_status_t ckpt_mirror_agree_upload(moe_ckpt_t *ck);
 
 /* ---- restore.c ---- */

@@ -7,7 +7,8 @@
  *     does not send, and every verifying server refuses the request.
  *   - Objects up to s3_part_bytes: one PUT; larger: multipart upload with s3_parallel_parts
  *     threads, each PUTting parts read straight from the local file, then Complete (or Abort).
- *   - Retries with exponential backoff (+-25 % jitter) on 5xx, 429, connection failures,
+ *   - Retries with exponential backoff (s3_retry_base_ms doubling up to s3_retry_max_ms,
+ *     +-25 % jitter) on 5xx, 429, connection failures,
  *     resets and timeouts; other 4xx fail at once with S3's own error code and message
  *     (from the XML error body, also for downloads).
  *   - TLS verification stays on. Credentials go only to curl: no message, log line or URL
@@ -42,7 +43,7 @@ struct ck_s3 {
     char *endpoint, *bucket, *prefix, *region, *ak, *sk, *token;
     char *host;              /* the endpoint's authority: the Host header sent and signed */
     size_t part_bytes;
-    int parallel, max_retries, base_ms, timeout_ms;
+    int parallel, max_retries, base_ms, max_ms, timeout_ms;
     const moe_logger_t *log;
     atomic_int cancelled;
 };
@@ -103,6 +104,7 @@ moe_status_t ck_s3_create(const moe_ckpt_config_t *c, const moe_logger_t *log, c
     s->parallel = c->s3_parallel_parts;
     s->max_retries = c->s3_max_retries;
     s->base_ms = c->s3_retry_base_ms;
+    s->max_ms = c->s3_retry_max_ms;
     s->timeout_ms = c->s3_timeout_ms;
     if (!s->region || !s->bucket || !s->prefix || !s->endpoint) {
         ck_s3_destroy(s);
@@ -271,7 +273,7 @@ static void xml_value(const char *xml, const char *tag, char *out, size_t n)
 static void backoff_sleep(const ck_s3_t *s, int attempt, unsigned *seed)
 {
     double ms = (double)s->base_ms * (double)(1u << (attempt < 16 ? attempt : 16));
-    if (ms > 20000) ms = 20000;
+    if (ms > s->max_ms) ms = s->max_ms;
     ms *= 0.75 + 0.5 * ((double)rand_r(seed) / RAND_MAX);
     for (double left = ms; left > 0 && !atomic_load(&s->cancelled); left -= 50) {
         struct timespec ts = {0, (long)((left < 50 ? left : 50) * 1e6)};

@@ -293,7 +293,10 @@ static void test_wrong_bucket_and_secrets(void **st)
     assert_int_equal(step, 2);
     assert_true(ct_check(&x.s, 2));
     assert_int_equal(moe_ckpt_wait(ck, 1, 60000), MOE_STATUS_TIMEOUT); /* reported here */
-    TEST_OK(moe_ckpt_destroy(ck));
+    /* destroy tries the newest step once more, and says that it is not on S3 */
+    assert_int_equal(moe_ckpt_destroy(ck), MOE_STATUS_TIMEOUT);
+    assert_non_null(strstr(moe_last_error(), "mirroring step 2 to S3"));
+    assert_null(strstr(moe_last_error(), secret));
     unsetenv("AWS_ACCESS_KEY_ID");
     unsetenv("AWS_SECRET_ACCESS_KEY");
     ct_free(&x.s);

@@ -15,6 +15,9 @@ moe_add_test(test_ckpt_crash SOURCES ${_ckpt_dir}/test_ckpt_crash.c ${_ckpt_dir}
              LABELS ckpt TIMEOUT 240)
 moe_add_test(test_ckpt_s3 SOURCES ${_ckpt_dir}/test_ckpt_s3.c ${_ckpt_dir}/s3_fixture.c
              LABELS ckpt TIMEOUT 240)
+# The mirror through an S3 outage of MOE_TEST_S3_OUTAGE_S seconds (default 12).
+moe_add_test(test_ckpt_mirror SOURCES ${_ckpt_dir}/test_ckpt_mirror.c ${_ckpt_dir}/s3_fixture.c
+             LABELS ckpt TIMEOUT 300)
 foreach(_np 4 8)
   moe_add_test(test_ckpt_mpi_np${_np} SOURCES ${_ckpt_dir}/test_ckpt_mpi.c
                ${_ckpt_dir}/s3_fixture.c NP ${_np} LABELS ckpt mpi TIMEOUT 180)
@@ -22,7 +25,7 @@ foreach(_np 4 8)
     target_link_libraries(test_ckpt_mpi_np${_np} PRIVATE MPI::MPI_C)
   endif()
 endforeach()
-foreach(_t test_ckpt_crash test_ckpt_s3 test_ckpt_mpi_np4 test_ckpt_mpi_np8)
+foreach(_t test_ckpt_crash test_ckpt_s3 test_ckpt_mirror test_ckpt_mpi_np4 test_ckpt_mpi_np8)
   if(TARGET ${_t})
     target_compile_definitions(${_t} PRIVATE
       MOE_S3RVER_JS="${CMAKE_CURRENT_SOURCE_DIR}/s3/node_modules/s3rver/bin/s3rver.js"
