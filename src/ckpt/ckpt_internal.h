@@ -16,7 +16,9 @@
  *               rank's data file (checksums, io_uring writes, fsync, rename)
  *   commit.c    the writer thread, the commit (agreement between ranks, rank 0's manifest),
  *               local retention, the collective progress on the training thread
- *   mirror.c    the S3 thread: shard and manifest uploads, their agreement, S3 retention
+ *   mirror.c    the S3 thread: the newest committed step to S3 (one upload in flight, the
+ *               newest waiting, failed steps tried again), the upload rounds of several
+ *               ranks, the reconcile at create, S3 retention
  *   restore.c   list and load: candidates newest first, fallback to older steps and S3 copies
  *
  * Data flow of one save (rank r, step N):

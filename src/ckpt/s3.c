@@ -11,8 +11,8 @@
  *     +-25 % jitter) on 5xx, 429, connection failures,
  *     resets and timeouts; other 4xx fail at once with S3's own error code and message
  *     (from the XML error body, also for downloads).
- *   - TLS verification stays on. Credentials go only to curl: no message, log line or URL
- *     ever contains them.
+ *   - TLS verification stays on. The secret key only enters the signature: no message, log
+ *     line or URL ever contains it.
  * Keys: <prefix>/<step-dir>/<file>.
  */
 #include <errno.h>
@@ -740,7 +740,10 @@ static void collect_step(const char *key, void *ud)
     memcpy(dir, key, l);
     dir[l] = 0;
     int64_t step;
+    char canonical[64];
     if (!ck_parse_step_dirname(dir, &step)) return;
+    ck_step_dirname(step, canonical, sizeof canonical);
+    if (strcmp(dir, canonical) != 0) return; /* only what a load can fetch is listed */
     if (a->n == a->cap) {
         int32_t cap = a->cap ? a->cap * 2 : 16;
         int64_t *v = realloc(a->v, sizeof *v * (size_t)cap);

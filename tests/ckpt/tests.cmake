@@ -5,6 +5,8 @@
 set(_ckpt_dir ${CMAKE_CURRENT_SOURCE_DIR}/ckpt)
 moe_add_test(test_ckpt_sigv4 SOURCES ${_ckpt_dir}/test_ckpt_sigv4.c LABELS ckpt TIMEOUT 60)
 moe_add_test(test_ckpt_local SOURCES ${_ckpt_dir}/test_ckpt_local.c LABELS ckpt TIMEOUT 120)
+target_compile_definitions(test_ckpt_local PRIVATE
+  MOE_CKPT_HEADER="${PROJECT_SOURCE_DIR}/include/moe/ckpt.h")
 moe_add_test(test_ckpt_damage SOURCES ${_ckpt_dir}/test_ckpt_damage.c LABELS ckpt TIMEOUT 120)
 moe_add_test(test_ckpt_resume SOURCES ${_ckpt_dir}/test_ckpt_resume.c LABELS ckpt TIMEOUT 60)
 # The expert-bias variant: a loaded bias must survive the next forward (regression test).
