@@ -304,7 +304,8 @@ fail:
 
 /* ---- the piece binding ----------------------------------------------------------------------- */
 
-static void append(char **p, size_t *left, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char **p, size_t *left, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void append(char **p, size_t *left, const char *fmt, ...)
 {
     va_list ap;
@@ -523,9 +524,9 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
         goto fail;
     }
     if (!cJSON_IsString(sum) || strcmp(sum->valuestring, "xxh3_64") != 0) {
-        st = BAD("\"checksum\" is %s%.40s%s; this library knows \"xxh3_64\"",
-                 cJSON_IsString(sum) ? "\"" : "", cJSON_IsString(sum) ? sum->valuestring : "missing",
-                 cJSON_IsString(sum) ? "\"" : "");
+        bool named = cJSON_IsString(sum);
+        st = BAD("\"checksum\" is %s%.40s%s; this library knows \"xxh3_64\"", named ? "\"" : "",
+                 named ? sum->valuestring : "missing", named ? "\"" : "");
         goto fail;
     }
     if (!get_u64(m, "step", &step) || !get_u64(m, "chunk_bytes", &chunk) || chunk == 0) {
@@ -701,7 +702,8 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
             const ck_piece_t *a = &out->pieces[j], *b = &out->pieces[i];
             if (strcmp(a->name, b->name) != 0) continue;
             bool same = a->dtype == b->dtype && a->ndim == b->ndim;
-            for (int d = 0; same && d < a->ndim; d++) same = a->global_shape[d] == b->global_shape[d];
+            for (int d = 0; same && d < a->ndim; d++)
+                same = a->global_shape[d] == b->global_shape[d];
             if (!same) {
                 st = BAD("the pieces of tensor %s disagree on its dtype or global shape", a->name);
                 goto fail;

@@ -117,7 +117,8 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
     moe_error_clear();
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
     double t0 = moe_now_s();
-    MOE_TRY(ckpt_progress(ck, false, false, -1, false)); /* commit what every rank has made durable */
+    /* commit what every rank has made durable */
+    MOE_TRY(ckpt_progress(ck, false, false, -1, false));
     ckpt_job_t *j = calloc(1, sizeof *j);
     if (!j) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "save job");
     moe_status_t st = save_checks(ck, step, tensors, count, j);

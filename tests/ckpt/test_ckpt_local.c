@@ -503,7 +503,8 @@ static void test_header_matches_the_code(void **st)
             if (!strncmp(e->d_name, "rank-", 5) && dot && !strcmp(dot + 1, ext)) found = true;
         }
         closedir(d);
-        if (!found) fail_msg("include/moe/ckpt.h names rank-<R>.%s, which a save never writes", ext);
+        if (!found)
+            fail_msg("include/moe/ckpt.h names rank-<R>.%s, which a save never writes", ext);
         named++;
     }
     assert_true(named >= 1);

@@ -94,14 +94,16 @@ static void save_committed(moe_ckpt_t *ck, ct_state_t *s, int64_t step)
     ct_fill(s, step);
     moe_status_t r = moe_ckpt_save_async(ck, step, s->t, 3);
     if (r != MOE_STATUS_SUCCESS)
-        fail_msg("save_async(%lld): %s (%s)", (long long)step, moe_status_string(r), moe_last_error());
+        fail_msg("save_async(%lld): %s (%s)", (long long)step, moe_status_string(r),
+                 moe_last_error());
     r = moe_ckpt_wait(ck, 0, 60000);
     if (r != MOE_STATUS_SUCCESS)
         fail_msg("wait(%lld): %s (%s)", (long long)step, moe_status_string(r), moe_last_error());
     moe_ckpt_status_t st = {.struct_size = sizeof st};
     TEST_OK(moe_ckpt_status(ck, &st));
     if (st.last_committed_step != step)
-        fail_msg("step %lld: last committed %lld", (long long)step, (long long)st.last_committed_step);
+        fail_msg("step %lld: last committed %lld", (long long)step,
+                 (long long)st.last_committed_step);
 }
 
 static void test_outage_costs_no_local_checkpoint(void **st)
@@ -126,7 +128,8 @@ static void test_outage_costs_no_local_checkpoint(void **st)
         save_committed(ck, &s, step);
         int32_t n = local_count(ck);
         if (n > most) most = n;
-        if (n > keep + 1) fail_msg("step %lld: %d local checkpoints (keep_last %d)", (long long)step, n, keep);
+        if (n > keep + 1)
+            fail_msg("step %lld: %d local checkpoints (keep_last %d)", (long long)step, n, keep);
         sleep_ms(100);
     }
     moe_ckpt_status_t down = {.struct_size = sizeof down};
