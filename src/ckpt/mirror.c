@@ -220,12 +220,11 @@ static ckpt_mir_task_t next_task_locked(moe_ckpt_t *ck, int64_t *step)
 /* Sleep on the condition variable, at most until a failed step is due again. */
 static void wait_for_work_locked(moe_ckpt_t *ck)
 {
-    if (ck->mir_failed < 0) {
+    double left = ck->mir_retry_at - moe_now_s();
+    if (ck->mir_failed < 0 || left <= 0) { /* nothing becomes due by waiting */
         pthread_cond_wait(&ck->cv, &ck->mu);
         return;
     }
-    double left = ck->mir_retry_at - moe_now_s();
-    if (left < 0.001) left = 0.001;
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += (time_t)left;
@@ -271,6 +270,9 @@ void *ckpt_mirror_main(void *arg)
         else if (task != CKPT_MIR_SHARD) mirrored(ck, step);
 
         pthread_mutex_lock(&ck->mu);
+        if (task == CKPT_MIR_WHOLE && step == ck->mir_reconcile &&
+            (st == MOE_STATUS_NOT_FOUND || st == MOE_STATUS_CORRUPT))
+            ck->mir_reconcile = -1; /* gone or damaged locally: trying again cannot help */
         if (task == CKPT_MIR_SHARD) { /* the ranks agree in ckpt_progress() */
             ck->mir_task = CKPT_MIR_NONE;
             ck->mir_shard_done = true;
