@@ -354,6 +354,7 @@ void moe_ckpt_abort(moe_ckpt_t *ck)
     pthread_cond_broadcast(&ck->cv);
     pthread_mutex_unlock(&ck->mu);
     if (ck->s3) ck_s3_cancel(ck->s3);
+    moe_runtime_disown(ck->rt, MOE_CHILD_CHECKPOINTER);
     free_handle(ck);
 }
 

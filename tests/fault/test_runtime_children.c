@@ -4,12 +4,15 @@
  * runtime's destroy succeeds once they are gone. (Destroying the runtime first used to
  * succeed, and the object's later destroy then used freed memory.)
  *
- * World of one (no mesh), host backend: a layer, an optimizer and a pipeline.
+ * World of one (no mesh), host backend: layers, an optimizer, a pipeline and a checkpointer
+ * (whose abort also lets the runtime go).
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -66,8 +69,17 @@ static void t_children_first(void **state)
     moe_pipeline_callbacks_t cb = {.forward = fwd, .backward = bwd, .loss = loss};
     moe_pipeline_t *pipe = NULL;
     OK(moe_pipeline_create(rt, &pc, &cb, &pipe));
+    char dir[] = "/tmp/moe-children-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    moe_ckpt_config_t kc = moe_ckpt_config_default();
+    kc.dir = dir;
+    moe_ckpt_t *ck = NULL;
+    OK(moe_ckpt_create(rt, &kc, &ck));
 
-    expect_refused(rt, "2 layers, 1 optimizer, 1 pipeline");
+    expect_refused(rt, "2 layers, 1 optimizer, 1 pipeline, 1 checkpointer");
+    moe_ckpt_abort(ck);
+    rmdir(dir);
+    expect_refused(rt, "2 layers, 1 optimizer, 1 pipeline made on it");
     OK(moe_pipeline_destroy(pipe));
     expect_refused(rt, "2 layers, 1 optimizer");
     OK(moe_adamw_destroy(opt));
