@@ -10,6 +10,8 @@ with_tests=0
 pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin liburing-dev libcjson-dev
       libcurl4-openssl-dev libxxhash-dev)
 [ $with_tests = 1 ] && pkgs+=(libcmocka-dev python3)
+# the Python package's offline `pip install ./python` test, and the ABI check (libabigail)
+[ $with_tests = 1 ] && pkgs+=(python3-pip python3-setuptools python3-wheel abigail-tools)
 # Node.js may come from elsewhere (NodeSource bundles npm, and then conflicts with Debian's
 # npm package): install Debian's only when the commands are missing.
 if [ $with_tests = 1 ] && ! { command -v node && command -v npm; } > /dev/null; then
