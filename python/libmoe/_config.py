@@ -59,7 +59,10 @@ def record(cls, struct, **extra):
             continue
         value = getattr(struct, field.name)
         if field.name in ENUM_FIELDS:
-            value = ENUM_FIELDS[field.name](value)
+            try:
+                value = ENUM_FIELDS[field.name](value)
+            except ValueError:  # a value a newer library added: kept as the int
+                pass
         elif isinstance(value, bytes):
             value = value.decode()
         values[field.name] = value

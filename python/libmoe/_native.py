@@ -19,7 +19,7 @@ import threading
 
 from . import _structs as S
 from ._version import API_MAJOR, API_MINOR
-from .enums import Status
+from .enums import Status, as_status
 from .errors import Error, LibraryNotFound
 
 ENV_VAR = "MOE_LIBRARY"
@@ -160,7 +160,7 @@ class Library:
             func.errcheck = self._raise_on_failure
         elif result == RAW:
             func.restype = S.status_t
-            func.errcheck = lambda status, _f, _a: Status(status)
+            func.errcheck = lambda status, _f, _a: as_status(status)
         else:
             func.restype = result
         return func

@@ -21,6 +21,15 @@ class Status(enum.IntEnum):
     INTERNAL = 14
 
 
+def as_status(value):
+    """The Status member, or the plain int for a status this package does not know (a newer
+    library may add statuses; any of them but SUCCESS is a failure)."""
+    try:
+        return Status(value)
+    except ValueError:
+        return int(value)
+
+
 class LogLevel(enum.IntEnum):
     ERROR = 0
     WARN = 1

@@ -1,5 +1,5 @@
 """libmoe.Error: a failed libmoe call, with its status and the library's message."""
-from .enums import Status
+from .enums import Status, as_status
 
 
 class Error(Exception):
@@ -7,11 +7,12 @@ class Error(Exception):
     (or the wrapper's own text for checks made before the call); call: the C function, if any."""
 
     def __init__(self, status, message, call=None):
-        self.status = Status(status)
+        self.status = as_status(status)
         self.message = message
         self.call = call
         where = f"{call}: " if call else ""
-        super().__init__(f"{where}{self.status.name.lower()}: {message}")
+        name = getattr(self.status, "name", f"status {status}").lower()
+        super().__init__(f"{where}{name}: {message}")
 
 
 class ArgumentError(Error, ValueError):

@@ -4,6 +4,9 @@ on its own: `from libmoe.torch import MoELayer`).
     moe = MoELayer(hidden=4096, ffn_hidden=1408, num_experts=64, top_k=2)   # on cuda
     y = moe(x)                    # x [..., H] bf16 on the layer's GPU; autograd runs backward
 
+On a host runtime (runtime=libmoe.Runtime("host")) the same module takes f32 CPU tensors: the
+reference backend, for tests without a GPU.
+
 Zero copies: the module's parameters (router.weight [H,E], experts.w1 [E,H,2,F],
 experts.w2 [E,F,H], bf16) are torch tensors viewing libmoe's own buffers, so a PyTorch
 optimizer's in-place update is libmoe's update, and load_state_dict writes into libmoe.
@@ -22,10 +25,11 @@ import torch
 
 import libmoe
 
-from .enums import Backend, DType, ParamKind
+from .enums import Device, DType, ParamKind
 from .runtime import stream_pointer
 
 _CAI_TYPESTR = {DType.F32: "<f4", DType.BF16: "<i2"}  # bf16 is read back as int16, then viewed
+_TORCH_DTYPE = {DType.F32: torch.float32, DType.BF16: torch.bfloat16}
 
 
 class _Buffer:
@@ -40,7 +44,11 @@ class _Buffer:
 
 
 def torch_view(t):
-    """A torch tensor viewing libmoe tensor t's device memory (f32 or bf16), no copy."""
+    """A torch tensor viewing libmoe tensor t's memory (f32 or bf16, device or host), no copy;
+    it keeps t, and so its layer, alive."""
+    if t.device == Device.HOST:
+        return torch.frombuffer(t.memoryview().cast("B"), dtype=_TORCH_DTYPE[t.dtype]) \
+            .view(t.shape)
     view = torch.as_tensor(_Buffer(t), device=torch.device("cuda", t.device_index))
     return view.view(torch.bfloat16) if t.dtype == DType.BF16 else view
 
@@ -118,9 +126,10 @@ def _container(root, dotted):
 class MoELayer(torch.nn.Module):
     """libmoe's MoE layer as an nn.Module. hidden, ffn_hidden, num_experts, top_k and the other
     keyword arguments are libmoe.Layer's (moe_layer_config_t with the C defaults;
-    max_microbatches: forwards that may await their backward at once). runtime: a CUDA
-    libmoe.Runtime to share between layers; by default one is made on `device` (default: the
-    current CUDA device) with `seed`. grads: "torch" or "libmoe" (module text)."""
+    max_microbatches: forwards that may await their backward at once). runtime: a
+    libmoe.Runtime to share between layers (CUDA, or host for f32 CPU tensors); by default a
+    CUDA one is made on `device` (default: the current CUDA device) with `seed`. grads:
+    "torch" or "libmoe" (module text)."""
 
     def __init__(self, hidden, ffn_hidden, num_experts, top_k, *, grads="torch", runtime=None,
                  device=None, seed=None, **config):
@@ -131,10 +140,9 @@ class MoELayer(torch.nn.Module):
             index = torch.device(device if device is not None else "cuda").index
             index = torch.cuda.current_device() if index is None else index
             runtime = libmoe.Runtime("cuda", device_index=index, seed=seed)
-        if runtime.backend != Backend.CUDA:
-            raise libmoe.ArgumentError("MoELayer runs on the CUDA backend; this runtime is "
-                                       f"{runtime.backend.name.lower()}")
         self.runtime = runtime
+        self._dtype = _TORCH_DTYPE[runtime.compute_dtype]
+        self._device_type = "cuda" if runtime.device == Device.CUDA else "cpu"
         self.grads = grads
         self.layer = libmoe.Layer(runtime, hidden=hidden, ffn_hidden=ffn_hidden,
                                   num_experts=num_experts, top_k=top_k, **config)
@@ -154,18 +162,22 @@ class MoELayer(torch.nn.Module):
     # ---- autograd --------------------------------------------------------------------------
 
     def forward(self, x):
-        h = self.layer.hidden
+        h, rt = self.layer.hidden, self.runtime
         if x.shape[-1] != h:
             raise libmoe.ArgumentError(f"x has shape {tuple(x.shape)}; the last dimension must "
                                        f"be hidden ({h})")
-        if x.dtype != torch.bfloat16 or x.device.type != "cuda":
-            raise libmoe.ArgumentError(f"x is {x.dtype} on {x.device}; MoELayer takes bfloat16 "
-                                       f"on cuda:{self.runtime.device_index}")
+        if x.dtype != self._dtype or x.device.type != self._device_type:
+            raise libmoe.ArgumentError(
+                f"x is {x.dtype} on {x.device}; this MoELayer takes {self._dtype} on "
+                f"{self._device_type}" + (f":{rt.device_index}" if rt.device == Device.CUDA
+                                          else ""))
         flat = x.reshape(-1, h).contiguous()
         y = _MoEFunction.apply(flat, self, *self._trainable)
         return y.view(x.shape)
 
     def _use_current_stream(self, device):
+        if self.runtime.device != Device.CUDA:
+            return
         stream = stream_pointer(torch.cuda.current_stream(device).cuda_stream)
         if stream != self.runtime.stream:  # the runtime may be shared with other layers
             self.runtime.set_stream(stream)

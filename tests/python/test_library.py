@@ -77,6 +77,9 @@ class LibraryTest(unittest.TestCase):
             self.assertTrue(libmoe.status_string(s))
         err = libmoe.Error(libmoe.Status.TIMEOUT, "slow", "moe_x")
         self.assertEqual(str(err), "moe_x: timeout: slow")
+        newer = libmoe.Error(99, "a status a newer libmoe added")
+        self.assertEqual((newer.status, str(newer)), (99, "status 99: a status a newer libmoe "
+                                                          "added"))
         self.assertTrue(issubclass(libmoe.ArgumentError, ValueError))
 
     def test_signatures_cover_the_public_api(self):
