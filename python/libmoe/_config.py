@@ -10,11 +10,12 @@ import dataclasses
 import os
 
 from .enums import (Backend, CkptState, CommBackend, DType, LogLevel, ParamKind, PipeIssue,
-                    Placement, ScoreFn, to_enum)
+                    Placement, ScoreFn, Status, to_enum)
 
 ENUM_FIELDS = {"backend": Backend, "log_level": LogLevel, "comm": CommBackend,
                "score_fn": ScoreFn, "placement": Placement, "act_dtype": DType,
-               "issue": PipeIssue, "state": CkptState, "kind": ParamKind}
+               "issue": PipeIssue, "state": CkptState, "kind": ParamKind,
+               "last_upload_error": Status}
 
 
 def _settable(struct):

@@ -70,7 +70,7 @@ class CkptConfig(C.Structure):
                 ("s3_secret_key", C.c_char_p), ("s3_session_token", C.c_char_p),
                 ("s3_part_bytes", C.c_size_t), ("s3_parallel_parts", C.c_int32),
                 ("s3_max_retries", C.c_int32), ("s3_retry_base_ms", C.c_int32),
-                ("s3_timeout_ms", C.c_int32)]
+                ("s3_timeout_ms", C.c_int32), ("s3_retry_max_ms", C.c_int32)]
 
 
 class CkptTensor(C.Structure):
@@ -85,7 +85,8 @@ class CkptStatus(C.Structure):
                 ("pending_saves", C.c_int64), ("pending_uploads", C.c_int64),
                 ("bytes_written", C.c_uint64), ("bytes_uploaded", C.c_uint64),
                 ("last_stall_s", C.c_double), ("last_durable_s", C.c_double),
-                ("direct_io", C.c_int32)]
+                ("direct_io", C.c_int32), ("uploads_superseded", C.c_int64),
+                ("upload_failures", C.c_int64), ("last_upload_error", status_t)]
 
 
 class PipelineAction(C.Structure):

@@ -16,7 +16,8 @@ CkptStatus = record_type(
     "CkptStatus", S.CkptStatus,
     doc="Progress of the background work (moe_ckpt_status_t): state, last_committed_step, "
         "last_uploaded_step, pending_saves, pending_uploads, bytes_written, bytes_uploaded, "
-        "last_stall_s, last_durable_s, direct_io.")
+        "last_stall_s, last_durable_s, direct_io, uploads_superseded, upload_failures, "
+        "last_upload_error.")
 
 
 @dataclasses.dataclass
