@@ -322,7 +322,8 @@ def rows_of(desc, width):
 
 
 def check(desc, what, *, dtype=None, device=None, device_index=None, shape=None):
-    """Raise ArgumentError unless desc matches: shape entries None match any extent."""
+    """Raise ArgumentError unless desc matches: shape entries None match any extent. A CUDA
+    descriptor of unknown device (the CUDA array interface names none) takes device_index."""
     dtype = None if dtype is None else to_enum(DType, dtype)
     device = None if device is None else to_enum(Device, device)
     if dtype is not None and desc.dtype != dtype:

@@ -44,7 +44,8 @@ if has build; then
   fi
   cuda=$(dirname "$(dirname "$(command -v nvcc)")")
   cc -O2 -Wall -Wextra -I include -I "$cuda/include" python/tests/step_bench.c -o "$B/step_bench" \
-    -L "$B" -lmoe -L "$cuda/lib64" -lcudart -Wl,-rpath,"$B" >> "$log" 2>&1 ||
+    -L "$B" -lmoe -L "$cuda/lib64" -lcudart -Wl,-rpath,"$B" -Wl,-rpath,"$cuda/lib64" \
+    >> "$log" 2>&1 ||
     { mark "step_bench: build failed"; status=1; }
 fi
 export MOE_LIBRARY=$B/libmoe.so PYTHONPATH=$PWD/python
@@ -63,5 +64,21 @@ if has bench; then
   run bench_moe 180 env MOE_CUDA_EXPERT_GEMM=auto "$B/bench/bench_moe" layer
   run torch_bench 300 python3 python/tests/torch_bench.py "$OUT/ffi.md" "$json"
 fi
+# the digest: one line per check and per overhead figure (the JSON lines above may scroll away)
+python3 - "$json" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if "check" in r and r["check"] != "summary":
+        print("ok  " if r["ok"] else "FAIL", r["check"], r.get("error", ""))
+    elif r.get("bench") == "ffi_overhead":
+        print(f"overhead {r['shape']}: Layer {r['ctypes_pct']:+.1f}% ({r['ctypes_us_per_step']} us/step),"
+              f" MoELayer {r['module_pct']:+.1f}% ({r['module_us_per_step']} us/step)")
+    elif "error" in r:
+        print("ERROR", r)
+PY
 mark "done, exit status $status"
 exit $status

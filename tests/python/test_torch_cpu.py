@@ -33,9 +33,8 @@ class TorchOnHostTest(unittest.TestCase):
                 layer.forward(torch.zeros(8, 4).t())
             with self.assertRaisesRegex(libmoe.ArgumentError, "torch.float64"):
                 layer.forward(torch.zeros(4, 8, dtype=torch.float64))
-            with self.assertRaisesRegex(libmoe.ArgumentError, "in host memory; this runtime"):
-                pass_through = torch.zeros(4, 8)
-                libmoe.tensor.check(libmoe.as_tensor(pass_through)[0], "x", device="cuda")
+            desc, _ = libmoe.as_tensor(torch.zeros(4, 8))
+            self.assertEqual((desc.device, desc.dtype), (libmoe.Device.HOST, libmoe.DType.F32))
 
 
 if __name__ == "__main__":
