@@ -10,6 +10,11 @@ import unittest
 import libmoe
 from libmoe import tensor as T
 
+try:
+    import numpy
+except ImportError:  # CI has the standard library alone
+    numpy = None
+
 H = 4
 
 
@@ -78,6 +83,16 @@ class ConversionTest(unittest.TestCase):
             libmoe.as_tensor(object(), "x")
         with self.assertRaisesRegex(libmoe.ArgumentError, "1..4 dimensions"):
             libmoe.as_tensor(memoryview(bytearray(4 * 32)).cast("f", (2, 2, 2, 2, 2)), "x")
+
+    @unittest.skipIf(numpy is None, "NumPy is not installed")
+    def test_numpy(self):
+        a = numpy.zeros((3, 4), dtype=numpy.float32)
+        desc, keep = libmoe.as_tensor(a, "x")
+        self.assertEqual((desc.shape[:2], desc.data), ([3, 4], a.ctypes.data))
+        with self.assertRaisesRegex(libmoe.ArgumentError, "not (C-contiguous|dense)"):
+            libmoe.as_tensor(a[:, ::2], "x")  # through DLPack where NumPy has it
+        with self.assertRaisesRegex(libmoe.ArgumentError, "takes f32 or bf16"):
+            libmoe.as_tensor(a.astype(numpy.float64), "x")
 
     def test_cuda_array_interface(self):
         f = FakeCudaArray((2, H))
