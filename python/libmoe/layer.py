@@ -36,12 +36,13 @@ class Param:
     expert_ids: tuple = ()  # global expert id of each index along expert_dim
 
 
-def param_from_info(info, owner, runtime, expert_ids=()):
+def param_from_info(info, owner, expert_ids=()):
+    """A Param of views into owner's (a layer's or an optimizer's) buffers."""
     nd = info.value.ndim
-    value = Tensor(S.Tensor.from_buffer_copy(info.value), owner=owner, runtime=runtime)
+    value = Tensor(S.Tensor.from_buffer_copy(info.value), owner=owner)
     grad = None
     if info.grad.data:
-        grad = Tensor(S.Tensor.from_buffer_copy(info.grad), owner=owner, runtime=runtime)
+        grad = Tensor(S.Tensor.from_buffer_copy(info.grad), owner=owner)
     return Param(info.name.decode(), ParamKind(info.kind), value, grad,
                  tuple(info.global_shape[:nd]), tuple(info.shard_offset[:nd]), info.expert_dim,
                  info.tp_dim, tuple(expert_ids))
@@ -78,7 +79,7 @@ class Layer(Handle):
             if info.expert_dim >= 0:
                 self.local_experts = info.value.shape[info.expert_dim]
                 ids = tuple(self.expert_id(e) for e in range(self.local_experts))
-            params.append(param_from_info(info, self, runtime, ids))
+            params.append(param_from_info(info, self, ids))
         self.params = {p.name: p for p in params}
         self._slot_rows = {}  # slot -> N of the forward saved there, checked by backward
 

@@ -79,5 +79,5 @@ class AdamW(Handle):
         for i in range(count.value):
             info = S.ParamInfo(struct_size=C.sizeof(S.ParamInfo))
             self._lib.moe_adamw_state(self.ptr, i, C.byref(info))
-            out.append(param_from_info(info, self, self.runtime))
+            out.append(param_from_info(info, self))
         return out

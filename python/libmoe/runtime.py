@@ -130,7 +130,7 @@ class Runtime(Handle):
         dims = (C.c_int64 * max(len(shape), 1))(*shape)
         self._lib.moe_tensor_alloc(self.ptr, int(dtype), int(device), len(shape), dims,
                                    C.byref(desc))
-        return Tensor(desc, runtime=self, owned=True)
+        return Tensor(desc, runtime=self)
 
     def copy(self, dst, src):
         """dst <- src for equal element counts on any devices, converting f32 <-> bf16.

@@ -111,21 +111,21 @@ def _dtype_of(table, key, what):
 
 
 class Tensor(Handle):
-    """A moe_tensor_t with the object that keeps its memory alive. Owned tensors (from
-    Runtime.tensor) free their storage on close(); views (parameters, gradients, arguments of
-    pipeline callbacks) keep their owner alive and close nothing."""
+    """A moe_tensor_t with the object that keeps its memory alive. With runtime, the storage is
+    libmoe's (Runtime.tensor) and close() frees it; otherwise the tensor is a view (a
+    parameter, a gradient, a pipeline callback's argument) that keeps owner alive and closes
+    with it."""
 
     kind = "tensor"
 
-    def __init__(self, desc, owner=None, runtime=None, owned=False):
+    def __init__(self, desc, owner=None, runtime=None):
         self._desc = desc
-        self._runtime = runtime
-        if owned:
+        if runtime is not None:
             rt_ptr, lib = runtime.ptr, _native.lib()
             super().__init__(desc.data or 0,
                              lambda _data: lib.moe_tensor_free(rt_ptr, C.byref(desc)),
                              parent=runtime)
-        else:  # a view: closed with its owner, which it keeps alive
+        else:
             super().__init__(desc.data or 0, None, parent=owner)
 
     @property
