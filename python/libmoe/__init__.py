@@ -22,7 +22,7 @@ from .errors import ArgumentError, Error, LibraryNotFound
 from .layer import Layer, LayerStats, Param
 from .optim import AdamW
 from .pipeline import Action, Pipeline, PipelineStats, Schedule, ScheduleInfo, op_string
-from .runtime import Runtime
+from .runtime import EXIT_PEER_LOST, Runtime
 from .tensor import Tensor, as_tensor
 
 
@@ -42,7 +42,8 @@ def status_string(status):
 
 __all__ = [
     "AdamW", "Action", "ArgumentError", "Axis", "Backend", "Checkpointer", "CkptState",
-    "CkptStatus", "CkptTier", "CommBackend", "DType", "Device", "ENV_VAR", "Entry", "Error",
+    "CkptStatus", "CkptTier", "CommBackend", "DType", "Device", "ENV_VAR", "EXIT_PEER_LOST",
+    "Entry", "Error",
     "Layer", "LayerStats", "Library", "LibraryNotFound", "LogLevel", "Param", "ParamKind",
     "PipeIssue", "PipeOp", "Pipeline", "PipelineStats", "Placement", "Runtime", "Schedule",
     "ScheduleInfo", "ScoreFn", "Status", "Tensor", "__version__", "as_tensor", "library",

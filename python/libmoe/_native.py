@@ -49,6 +49,7 @@ SIGNATURES = {
     "moe_runtime_set_stream": (STATUS, [_vp, _vp]),
     "moe_runtime_synchronize": (STATUS, [_vp]),
     "moe_runtime_set_log": (STATUS, [_vp, _e, S.LOG_FN, _vp]),
+    "moe_runtime_get_async_error": (RAW, [_vp, C.c_char_p, C.c_size_t]),
     "moe_tensor_alloc": (STATUS, [_vp, _e, _e, _i32, _pi64, _pT]),
     "moe_tensor_free": (STATUS, [_vp, _pT]),
     "moe_tensor_copy": (STATUS, [_vp, _pT, _pT]),

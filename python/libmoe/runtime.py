@@ -19,6 +19,8 @@ def _mesh_config(mesh):
     return fill(_native.lib().moe_mesh_config_default(), dict(mesh), "mesh")
 
 
+# MOE_EXIT_PEER_LOST: the exit status for a program whose runtime lost a peer (async_error())
+EXIT_PEER_LOST = 75
 CUDA_STREAM_LEGACY = 0x1  # cudaStreamLegacy: what stream 0 means to PyTorch and CuPy
 
 
@@ -97,6 +99,15 @@ class Runtime(Handle):
     @property
     def world_size(self):
         return self.axis(Axis.WORLD)[1]
+
+    def async_error(self):
+        """(Status, message) of the mesh's first failure, (Status.SUCCESS, "") while every peer
+        answers. After a failure the runtime is poisoned: later collectives raise ABORTED, and
+        close() raises it too; the program should then exit with libmoe.EXIT_PEER_LOST
+        (docs/mesh.md, "When a peer fails"). Never blocks."""
+        buf = C.create_string_buffer(1024)
+        status = self._lib.moe_runtime_get_async_error(self.ptr, buf, len(buf))
+        return status, buf.value.decode(errors="replace")
 
     # ---- streams and logging -----------------------------------------------------------------
 

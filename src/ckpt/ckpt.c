@@ -276,6 +276,7 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
         ck->s3_started = true;
     }
     ck->magic = MOE_MAGIC_CKPT;
+    moe_runtime_adopt(rt, MOE_CHILD_CHECKPOINTER);
     *out = ck;
     return MOE_STATUS_SUCCESS;
 fail:
@@ -339,6 +340,7 @@ moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck)
     ck->retention_due = ck->rank == 0; /* with the uploads done; the writer runs it first */
     pthread_cond_broadcast(&ck->cv);
     pthread_mutex_unlock(&ck->mu);
+    moe_runtime_disown(ck->rt, MOE_CHILD_CHECKPOINTER);
     free_handle(ck);
     if (st != MOE_STATUS_SUCCESS) return MOE_FAIL(st, "%s", msg);
     return MOE_STATUS_SUCCESS;
@@ -352,6 +354,7 @@ void moe_ckpt_abort(moe_ckpt_t *ck)
     pthread_cond_broadcast(&ck->cv);
     pthread_mutex_unlock(&ck->mu);
     if (ck->s3) ck_s3_cancel(ck->s3);
+    moe_runtime_disown(ck->rt, MOE_CHILD_CHECKPOINTER);
     free_handle(ck);
 }
 

@@ -28,7 +28,7 @@ moe_status_t ckpt_agree(moe_comm_t *c, int32_t v, moe_reduce_op_t op, int32_t *o
 {
     *out = v;
     if (!c) return MOE_STATUS_SUCCESS;
-    return moe_comm_allreduce(c, &v, out, 1, MOE_COMM_I32, op);
+    return moe_comm_allreduce_copy(c, &v, out, 1, MOE_COMM_I32, op);
 }
 
 /* Rank 0 receives every rank's piece list (JSON text) and file size. */
@@ -43,15 +43,12 @@ static moe_status_t gather_pieces(moe_ckpt_t *ck, moe_comm_t *c, const char *min
     for (int r = 0; r < ck->world; r++) {
         int64_t hdr[2] = {r == ck->rank ? (int64_t)strlen(mine) + 1 : 0,
                           r == ck->rank ? (int64_t)my_bytes : 0};
-        MOE_TRY(moe_comm_broadcast(c, hdr, 2, MOE_COMM_I64, r));
+        MOE_TRY(moe_comm_broadcast_copy(c, hdr, 2, MOE_COMM_I64, r));
         char *buf = malloc((size_t)hdr[0]);
         if (!buf) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "pieces of rank %d", r);
         if (r == ck->rank) memcpy(buf, mine, (size_t)hdr[0]);
         moe_status_t st = moe_comm_broadcast(c, buf, (size_t)hdr[0], MOE_COMM_U8, r);
-        if (st != MOE_STATUS_SUCCESS) {
-            free(buf);
-            return st;
-        }
+        if (st != MOE_STATUS_SUCCESS) return st; /* buf stays MPI's */
         if (ck->rank == 0) {
             all[r] = buf;
             bytes[r] = (uint64_t)hdr[1];
@@ -168,7 +165,8 @@ static void commit_job(moe_ckpt_t *ck, ckpt_job_t *j)
         free(all);
         free(bytes);
         if (ck->comm_w) { /* everyone learns whether rank 0 committed */
-            moe_status_t bst = moe_comm_broadcast(ck->comm_w, &committed, 1, MOE_COMM_I32, 0);
+            moe_status_t bst = moe_comm_broadcast_copy(ck->comm_w, &committed, 1, MOE_COMM_I32,
+                                                       0);
             if (bst != MOE_STATUS_SUCCESS) {
                 ckpt_set_async_error(ck, bst, "checkpoint commit broadcast");
                 committed = 0;
@@ -270,7 +268,7 @@ moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t tim
                            ckpt_mirror_idle_locked(ck), -(int32_t)ckpt_mirror_wants_locked(ck)};
         pthread_mutex_unlock(&ck->mu);
         int32_t mins[4];
-        MOE_TRY(moe_comm_allreduce(ck->comm_w, mine, mins, 4, MOE_COMM_I32, MOE_REDUCE_MIN));
+        MOE_TRY(moe_comm_allreduce_copy(ck->comm_w, mine, mins, 4, MOE_COMM_I32, MOE_REDUCE_MIN));
         for (int32_t i = 0; i < mins[0]; i++) {
             pthread_mutex_lock(&ck->mu);
             ckpt_job_t *j = ck->done;
@@ -293,7 +291,7 @@ moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t tim
                            timeout_ms >= 0 && (moe_now_s() - t0) * 1000.0 > (double)timeout_ms};
         pthread_mutex_unlock(&ck->mu);
         int32_t any[3];
-        MOE_TRY(moe_comm_allreduce(ck->comm_w, busy, any, 3, MOE_COMM_I32, MOE_REDUCE_MAX));
+        MOE_TRY(moe_comm_allreduce_copy(ck->comm_w, busy, any, 3, MOE_COMM_I32, MOE_REDUCE_MAX));
         if (!any[0] || any[1]) return MOE_STATUS_SUCCESS; /* done, or an error to report */
         if (any[2])
             return MOE_FAIL(MOE_STATUS_TIMEOUT, "checkpoint work still in progress after %" PRId64

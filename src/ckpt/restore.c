@@ -196,7 +196,7 @@ static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
             ok = 0;
         }
     }
-    if (ck->comm_w) MOE_TRY(moe_comm_broadcast(ck->comm_w, &ok, 1, MOE_COMM_I32, 0));
+    if (ck->comm_w) MOE_TRY(moe_comm_broadcast_copy(ck->comm_w, &ok, 1, MOE_COMM_I32, 0));
     if (!ok) return MOE_FAIL(MOE_STATUS_CORRUPT, "step %" PRId64 " unusable locally and on S3", step);
     ckpt_step_path(ck, step, stepdir, sizeof stepdir); /* where the restored copy is */
     st = load_agreed(ck, stepdir, step, t, count, &sev);
@@ -230,7 +230,7 @@ static moe_status_t candidates(moe_ckpt_t *ck, int64_t **cand, int32_t *ncand, i
         }
     }
     int64_t n[2] = {st == MOE_STATUS_SUCCESS ? nl + nr : -1, nr};
-    if (ck->comm_w) MOE_TRY(moe_comm_broadcast(ck->comm_w, n, 2, MOE_COMM_I64, 0));
+    if (ck->comm_w) MOE_TRY(moe_comm_broadcast_copy(ck->comm_w, n, 2, MOE_COMM_I64, 0));
     if (n[0] < 0) {
         free(loc);
         free(rem);
@@ -249,7 +249,7 @@ static moe_status_t candidates(moe_ckpt_t *ck, int64_t **cand, int32_t *ncand, i
     }
     free(loc);
     free(rem);
-    if (ck->comm_w && n[0] + n[1] > 0)
+    if (ck->comm_w && n[0] + n[1] > 0) /* a failure leaves `all` to MPI */
         MOE_TRY(moe_comm_broadcast(ck->comm_w, all, (size_t)(n[0] + n[1]), MOE_COMM_I64, 0));
     /* unique, descending */
     int32_t m = (int32_t)n[0];

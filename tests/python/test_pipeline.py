@@ -19,7 +19,7 @@ class ScheduleTest(unittest.TestCase):
             self.assertEqual(len(s), 8)
             self.assertEqual(s[0], libmoe.Action(PipeOp.FORWARD, 0, -1, 0))
             self.assertEqual(s[-1], libmoe.Action(PipeOp.BACKWARD, 1, -1, 0))
-            self.assertEqual(s.info, libmoe.ScheduleInfo(2, 2, 0, 1, 1))
+            self.assertEqual(s.info, libmoe.ScheduleInfo(2, 2, 0, 2, 1))  # F0 F1 before B0
             with self.assertRaises(IndexError):
                 s[8]
         for stage in range(4):

@@ -1,8 +1,12 @@
 """The runtime from Python: backends and their queries, the log callback (at creation and after
 set_log), streams on the host backend, axes without a mesh, and configuration errors."""
+import os
+import re
 import unittest
 
 import libmoe
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 class RuntimeTest(unittest.TestCase):
@@ -14,8 +18,14 @@ class RuntimeTest(unittest.TestCase):
             self.assertEqual((rt.rank, rt.world_size), (0, 1))
             rt.set_stream(None)  # the host backend ignores streams
             rt.synchronize()
+            self.assertEqual(rt.async_error(), (libmoe.Status.SUCCESS, ""))
         with libmoe.Runtime() as rt:  # auto: the host backend on a machine without a GPU
             self.assertIn(rt.backend, (libmoe.Backend.HOST, libmoe.Backend.CUDA))
+
+    def test_exit_status_matches_the_header(self):
+        with open(os.path.join(ROOT, "include", "moe", "core.h"), encoding="utf-8") as f:
+            value = re.search(r"#define MOE_EXIT_PEER_LOST (\d+)", f.read()).group(1)
+        self.assertEqual(libmoe.EXIT_PEER_LOST, int(value))
 
     def test_log_callback(self):
         got = []
