@@ -96,6 +96,8 @@ def bench_shape(n, h, f, e, k):
     recs.append(emit("libmoe python", name, "MoELayer, libmoe grads", *timed(module_step)))
     m.grads = "torch"  # the same layer, gradients handed to autograd as bf16
     recs.append(emit("libmoe python", name, "MoELayer, torch grads", *timed(module_step)))
+    m.zero_grad(set_to_none=True)
+    m.runtime.close()  # frees the layer's GPU memory now, not when the collector finds it
     del m, layer, xg, y, dx
     torch.cuda.empty_cache()
 
