@@ -8,7 +8,7 @@ On a host runtime (runtime=libmoe.Runtime("host")) the same module takes f32 CPU
 reference backend, for tests without a GPU.
 
 Zero copies: the module's parameters (router.weight [H,E], experts.w1 [E,H,2,F],
-experts.w2 [E,F,H], bf16) are torch tensors viewing libmoe's own buffers, so a PyTorch
+experts.w2 [E,F,H], bf16 on CUDA) are torch tensors viewing libmoe's own buffers, so a PyTorch
 optimizer's in-place update is libmoe's update, and load_state_dict writes into libmoe.
 Every call runs on PyTorch's current stream (the runtime's stream is set per call), forward and
 backward alike; the layer's backward adds the aux and z loss gradients itself (their values are
