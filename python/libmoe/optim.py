@@ -10,6 +10,8 @@ from .enums import ParamKind, to_enum
 from .layer import param_from_info
 from .tensor import as_tensor, check
 
+LR_CONFIGURED = -1.0  # moe_adamw_step's lr for the configured rate (any lr <= 0 reads so)
+
 
 class AdamW(Handle):
     """Keyword arguments are moe_adamw_config_t fields with the C defaults (lr, beta1, beta2,
@@ -58,7 +60,7 @@ class AdamW(Handle):
     def step(self, lr=None, grad_scale=1.0):
         """One update of every registered parameter; lr None uses the configured rate.
         Collective with a mesh."""
-        self._lib.moe_adamw_step(self.ptr, 0.0 if lr is None else lr, grad_scale)
+        self._lib.moe_adamw_step(self.ptr, LR_CONFIGURED if lr is None else lr, grad_scale)
 
     @property
     def step_count(self):
