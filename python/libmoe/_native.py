@@ -25,7 +25,8 @@ from .errors import Error, LibraryNotFound
 ENV_VAR = "MOE_LIBRARY"
 STATUS, RAW = "status", "raw"
 
-_vp, _i32, _i64, _pi32, _pi64 = C.c_void_p, C.c_int32, C.c_int64, C.POINTER(C.c_int32), C.POINTER(C.c_int64)
+_vp, _i32, _i64 = C.c_void_p, C.c_int32, C.c_int64
+_pi32, _pi64 = C.POINTER(C.c_int32), C.POINTER(C.c_int64)
 _T, _pT, _e, _pe = S.Tensor, C.POINTER(S.Tensor), S.enum_t, C.POINTER(S.enum_t)
 _pvp, _str = C.POINTER(C.c_void_p), C.c_char_p
 _pCT = C.POINTER(S.CkptTensor)

@@ -75,8 +75,9 @@ for line in open(sys.argv[1]):
     if "check" in r and r["check"] != "summary":
         print("ok  " if r["ok"] else "FAIL", r["check"], r.get("error", ""))
     elif r.get("bench") == "ffi_overhead":
-        print(f"overhead {r['shape']}: Layer {r['ctypes_pct']:+.1f}% ({r['ctypes_us_per_step']} us/step),"
-              f" MoELayer {r['module_pct']:+.1f}% ({r['module_us_per_step']} us/step)")
+        print(f"overhead {r['shape']}: Layer {r['ctypes_pct']:+.1f}%"
+              f" ({r['ctypes_us_per_step']} us/step), MoELayer {r['module_pct']:+.1f}%"
+              f" ({r['module_us_per_step']} us/step)")
     elif "error" in r:
         print("ERROR", r)
 PY

@@ -90,7 +90,8 @@ static void bench_shape(cudaStream_t stream, int64_t n, int64_t h, int64_t f, in
     CK(moe_layer_create(rt, &cfg, &s.layer));
     int64_t shape[2] = {n, h};
     moe_tensor_t *ts[] = {&s.x, &s.y, &s.dy, &s.dx};
-    for (int i = 0; i < 4; i++) CK(moe_tensor_alloc(rt, MOE_DTYPE_BF16, MOE_DEVICE_CUDA, 2, shape, ts[i]));
+    for (int i = 0; i < 4; i++)
+        CK(moe_tensor_alloc(rt, MOE_DTYPE_BF16, MOE_DEVICE_CUDA, 2, shape, ts[i]));
     fill(rt, &s.x, 1);
     fill(rt, &s.dy, 2);
 
@@ -112,10 +113,10 @@ static void bench_shape(cudaStream_t stream, int64_t n, int64_t h, int64_t f, in
     for (int i = 0; i < WALL; i++) run_step(&s);
     CU(cudaStreamSynchronize(stream));
     double wall_ms = (now_s() - t0) * 1e3 / WALL;
+    double median = 0.5 * (ms[ITERS / 2 - 1] + ms[ITERS / 2]);
     printf("{\"impl\":\"libmoe C\",\"bench\":\"ffi_layer_step\",\"shape\":\"N=%lld H=%lld F=%lld "
            "E=%d K=%d\",\"variant\":\"C API\",\"ms\":%.4f,\"wall_ms\":%.4f}\n",
-           (long long)n, (long long)h, (long long)f, e, k, 0.5 * (ms[ITERS / 2 - 1] + ms[ITERS / 2]),
-           wall_ms);
+           (long long)n, (long long)h, (long long)f, e, k, median, wall_ms);
     fflush(stdout);
     for (int i = 0; i < 2 * ITERS; i++) cudaEventDestroy(ev[i]);
     for (int i = 0; i < 4; i++) CK(moe_tensor_free(rt, ts[i]));

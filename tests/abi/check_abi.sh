@@ -16,7 +16,8 @@ set -euo pipefail
 lib=$1 headers=$2 baseline=$3 mode=${4:-check}
 here=$(cd "$(dirname "$0")" && pwd)
 for tool in abidw abidiff; do
-  command -v $tool > /dev/null || { echo "$tool not found (Debian package abigail-tools)"; exit 77; }
+  command -v $tool > /dev/null ||
+    { echo "$tool not found (Debian package abigail-tools)"; exit 77; }
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -33,10 +34,12 @@ soname() { sed -n "s/.*<abi-corpus [^>]*soname='\([^']*\)'.*/\1/p" "$1" | head -
 
 if [ "$mode" = --update ]; then
   cp "$tmp/current.abi" "$baseline"
-  echo "recorded the ABI of $(soname "$baseline") ($(grep -c '<elf-symbol ' "$baseline") symbols) in $baseline"
+  symbols=$(grep -c '<elf-symbol ' "$baseline")
+  echo "recorded the ABI of $(soname "$baseline") ($symbols symbols) in $baseline"
   exit 0
 fi
-[ -f "$baseline" ] || { echo "no baseline $baseline: record one with $0 $lib $headers $baseline --update"; exit 1; }
+[ -f "$baseline" ] ||
+  { echo "no baseline $baseline: record one with $0 $lib $headers $baseline --update"; exit 1; }
 now=$(soname "$tmp/current.abi") then=$(soname "$baseline")
 if [ "$now" != "$then" ]; then
   echo "the SONAME is $now, the baseline records $then: a new SONAME re-records the baseline in the"
@@ -60,7 +63,8 @@ if (( rc & 3 )); then
 fi
 # ABIDIFF_ABI_CHANGE (4) alone: compatible only when nothing was removed or changed
 changed=$(grep -E "^ *(Functions|Variables) changes summary" "$tmp/report" |
-  sed -E 's/.*summary: ([0-9]+) Removed, ([0-9]+) Changed.*/\1 \2/' | awk '{s += $1 + $2} END {print s + 0}')
+  sed -E 's/.*summary: ([0-9]+) Removed, ([0-9]+) Changed.*/\1 \2/' |
+  awk '{s += $1 + $2} END {print s + 0}')
 if (( rc & 8 )) || [ "$changed" -ne 0 ]; then
   echo "incompatible ABI change against the baseline of $now: keep the old interface (add a new"
   echo "function or struct instead; docs/api-stability.md), or bump the SONAME (MOE_VERSION_MINOR"

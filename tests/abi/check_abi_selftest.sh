@@ -14,28 +14,39 @@ trap 'rm -rf "$tmp"' EXIT
 cat > "$tmp/v1.h" <<'H'
 #include <stddef.h>
 #include <stdint.h>
+#define API __attribute__((visibility("default")))
 typedef enum moe_color { MOE_RED = 0, MOE_GREEN = 1 } moe_color_t;
-typedef struct moe_thing_config { size_t struct_size; int32_t width; float rate; } moe_thing_config_t;
-typedef struct moe_pipeline_stats { size_t struct_size; double seconds; int32_t stages; } moe_pipeline_stats_t;
-__attribute__((visibility("default"))) moe_thing_config_t moe_thing_config_default(void);
-__attribute__((visibility("default"))) int moe_thing_run(const moe_thing_config_t *c, moe_color_t color, int32_t n);
-__attribute__((visibility("default"))) int moe_thing_stats(moe_pipeline_stats_t *s);
-__attribute__((visibility("default"))) int moe_thing_old(void);
+typedef struct moe_thing_config {
+    size_t struct_size; int32_t width; float rate; } moe_thing_config_t;
+typedef struct moe_pipeline_stats {
+    size_t struct_size; double seconds; int32_t stages; } moe_pipeline_stats_t;
+API moe_thing_config_t moe_thing_config_default(void);
+API int moe_thing_run(const moe_thing_config_t *c, moe_color_t color, int32_t n);
+API int moe_thing_stats(moe_pipeline_stats_t *s);
+API int moe_thing_old(void);
 H
 cat > "$tmp/lib.c" <<'C'
 #include <string.h>
 #include <moe/abitest.h>
-moe_thing_config_t moe_thing_config_default(void) { moe_thing_config_t c; memset(&c, 0, sizeof c); return c; }
 #ifndef N_T
 #define N_T int32_t
 #endif
-int moe_thing_run(const moe_thing_config_t *c, moe_color_t color, N_T n) { return (int)c->struct_size + (int)color + (int)n; }
+moe_thing_config_t moe_thing_config_default(void)
+{
+    moe_thing_config_t c;
+    memset(&c, 0, sizeof c);
+    return c;
+}
+int moe_thing_run(const moe_thing_config_t *c, moe_color_t color, N_T n)
+{
+    return (int)c->struct_size + (int)color + (int)n;
+}
 int moe_thing_stats(moe_pipeline_stats_t *s) { memset(s, 0, s->struct_size); return 0; }
 #ifndef DROP_OLD
 int moe_thing_old(void) { return 1; }
 #endif
 #ifdef ADD_NEW
-__attribute__((visibility("default"))) int moe_thing_new(int x);
+API int moe_thing_new(int x);
 int moe_thing_new(int x) { return x; }
 #endif
 C
@@ -72,7 +83,7 @@ bash "$here/check_abi.sh" "$tmp/v1/libabitest.so" "$tmp/v1/include/moe" "$tmp/ba
 
 expect pass v1
 cp "$tmp/v1.h" "$tmp/added_function.h"
-echo '__attribute__((visibility("default"))) int moe_thing_new(int x);' >> "$tmp/added_function.h"
+echo 'API int moe_thing_new(int x);' >> "$tmp/added_function.h"
 expect pass added_function libabitest.so.1 -DADD_NEW
 variant added_enumerator 's/MOE_GREEN = 1 }/MOE_GREEN = 1, MOE_BLUE = 2 }/'
 expect pass added_enumerator
