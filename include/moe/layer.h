@@ -83,6 +83,9 @@ typedef struct moe_layer_config {
     moe_expert_placement_t placement;
     int32_t a2a_chunks;          /* dispatch/combine chunks for comm/compute overlap, default 2 */
     float init_std;              /* parameters ~ N(0, init_std^2); default 0.02 */
+    uint64_t init_stream;        /* which stream of the runtime seed draws the initial values:
+                                    layers of one model give each its own (e.g. its index in
+                                    the model) so that they start different; default 0 */
 } moe_layer_config_t;
 
 MOE_API moe_layer_config_t moe_layer_config_default(void);

@@ -109,6 +109,14 @@ static uint64_t global_index(const moe_layer_t *l, const moe_param_info_t *p, in
     return g;
 }
 
+/* The runtime seed for stream 0 (so a layer's values do not change when streams are not
+ * used), a mix of the seed and the stream otherwise. */
+static uint64_t init_seed(const moe_layer_t *l)
+{
+    uint64_t stream = l->cfg.init_stream;
+    return stream == 0 ? l->rt->seed : mix64(l->rt->seed ^ mix64(stream * 0x9e3779b97f4a7c15ull));
+}
+
 /* Elements [lo, hi) of one tensor's initial values, for one thread. */
 typedef struct init_range {
     const moe_layer_t *l;
@@ -122,8 +130,8 @@ static void *init_range_fill(void *arg)
 {
     const init_range_t *r = arg;
     for (int64_t i = r->lo; i < r->hi; i++)
-        r->out[i] = init_value(r->l->rt->seed, (uint64_t)r->tensor_id, global_index(r->l, r->p, i),
-                               r->l->cfg.init_std);
+        r->out[i] = init_value(init_seed(r->l), (uint64_t)r->tensor_id,
+                               global_index(r->l, r->p, i), r->l->cfg.init_std);
     return NULL;
 }
 

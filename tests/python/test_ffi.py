@@ -32,7 +32,8 @@ class LayerConfig(C.Structure):
                 ("aux_loss_coef", C.c_float), ("z_loss_coef", C.c_float),
                 ("expert_bias", C.c_int32), ("expert_bias_rate", C.c_float),
                 ("max_microbatches", C.c_int32), ("placement", C.c_int),
-                ("a2a_chunks", C.c_int32), ("init_std", C.c_float)]
+                ("a2a_chunks", C.c_int32), ("init_std", C.c_float),
+                ("init_stream", C.c_uint64)]
 
 
 class ParamInfo(C.Structure):
