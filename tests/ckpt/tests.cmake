@@ -4,6 +4,7 @@
 set(_ckpt_dir ${CMAKE_CURRENT_SOURCE_DIR}/ckpt)
 moe_add_test(test_ckpt_local SOURCES ${_ckpt_dir}/test_ckpt_local.c LABELS ckpt TIMEOUT 120)
 moe_add_test(test_ckpt_resume SOURCES ${_ckpt_dir}/test_ckpt_resume.c LABELS ckpt TIMEOUT 60)
+moe_add_test(test_train_state SOURCES ${_ckpt_dir}/test_train_state.c LABELS ckpt TIMEOUT 60)
 # The expert-bias variant: a loaded bias must survive the next forward (regression test).
 add_test(NAME test_ckpt_resume_expert_bias COMMAND test_ckpt_resume bias)
 set_tests_properties(test_ckpt_resume_expert_bias PROPERTIES LABELS ckpt TIMEOUT 60)
