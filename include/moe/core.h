@@ -157,10 +157,34 @@ typedef struct moe_runtime_config {
 
 MOE_API moe_runtime_config_t moe_runtime_config_default(void);
 
-/* [in] config (NULL: defaults) [out] out. Collective over the world when config->mesh is set. */
+/* [in] config (NULL: defaults) [out] out. Collective over the world when config->mesh is set:
+ * the ranks compare the mesh config, the seed, `deterministic` and the backend, and every
+ * rank fails with INVALID_ARGUMENT naming the field, the world ranks and both values when
+ * they differ (or naming the rank whose own mesh config is invalid). */
 MOE_API moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_t **out);
-/* Frees the runtime. Every layer, optimizer, checkpointer made on it must be destroyed first. */
+/* Frees the runtime. Every layer, optimizer, pipeline and checkpointer made on it must be
+ * destroyed first: otherwise INVALID_ARGUMENT names what is alive and the runtime stays
+ * usable. With a mesh it returns within the mesh's timeout: after a peer failure (see
+ * moe_runtime_get_async_error) it returns ABORTED with that failure, leaves MPI unfinalised
+ * (MPI_Finalize would wait for the lost peer for ever) and leaks what MPI may still touch:
+ * the process should then exit, with MOE_EXIT_PEER_LOST (docs/mesh.md, "When a peer fails").
+ * When libmoe initialised MPI, the last runtime's destroy finalises it after the ranks meet
+ * in a barrier under the timeout (TIMEOUT, MPI unfinalised, when a peer does not come). */
 MOE_API moe_status_t moe_runtime_destroy(moe_runtime_t *rt);
+
+/* The mesh's first failure, SUCCESS while every peer answers: TIMEOUT (this rank timed out
+ * waiting for a peer), COMM_ERROR (an MPI or NCCL error here), ABORTED (another rank reported
+ * a failure, or a communicator was aborted after a local one). From then on the runtime is
+ * poisoned: every later collective on it fails at once with ABORTED and that first failure.
+ * [out] message (may be NULL) receives its text, which names the world ranks that do not
+ * answer, truncated to message_len. Never blocks (it takes in the other ranks' reports);
+ * call it from the thread that uses the runtime. */
+MOE_API moe_status_t moe_runtime_get_async_error(moe_runtime_t *rt, char *message,
+                                                 size_t message_len);
+
+/* The exit status for a program whose runtime lost a peer: EX_TEMPFAIL of <sysexits.h>,
+ * "temporary failure, try again", so a launcher restarts the job from its last checkpoint. */
+#define MOE_EXIT_PEER_LOST 75
 
 /* The backend actually in use (AUTO resolved). */
 MOE_API moe_status_t moe_runtime_backend(const moe_runtime_t *rt, moe_backend_kind_t *out);

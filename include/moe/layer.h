@@ -90,19 +90,24 @@ typedef struct moe_layer_config {
 
 MOE_API moe_layer_config_t moe_layer_config_default(void);
 
-/* Collective over the runtime's mesh. Parameters are initialised from the runtime seed so
- * that every mesh shape produces the same global parameters. Tensors above 1 M elements are
- * drawn on several host threads: the online CPUs, or MOE_INIT_THREADS (at most 32); the values
- * are the same for any count. */
+/* Collective over the runtime's mesh: the ranks of this pp stage compare their configs first
+ * (every field but max_microbatches) and all fail with INVALID_ARGUMENT naming the field, the
+ * world ranks and both values when they differ, or naming a rank whose own config is invalid.
+ * Parameters are initialised from the runtime seed so that every mesh shape produces the same
+ * global parameters. Tensors above 1 M elements are drawn on several host threads: the online
+ * CPUs, or MOE_INIT_THREADS (at most 32); the values are the same for any count. */
 MOE_API moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *config,
                                       moe_layer_t **out);
 MOE_API moe_status_t moe_layer_destroy(moe_layer_t *layer);
 
-/* [in] x [N,H] on the runtime's device in its compute dtype, N >= 0 (N may differ by rank).
+/* [in] x [N,H] on the runtime's device in its compute dtype, N >= 0 (N may differ by rank,
+ * but tp ranks must be fed the same tokens: their N is compared on every forward, and their
+ * contents too with MOE_CHECK_TP_INPUTS=1 in the environment; a difference fails the forward
+ * on every rank of the stage with INVALID_ARGUMENT naming the ranks).
  * [out] y [N,H], caller-allocated. Collective over tp, ep and dp (capacity, the aux and z
  * terms and the expert-bias update use counts over the ep x dp group, so every rank of it
- * calls, also with N = 0). Enqueued on the runtime's
- * stream (CUDA); the host sees y after synchronising. slot must not be in use. */
+ * calls, also with N = 0). Enqueued on the runtime's stream (CUDA); the host sees y after
+ * synchronising. slot must not be in use. */
 MOE_API moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *x,
                                        moe_tensor_t *y);
 /* [in] dy [N,H] for the forward saved in slot. [out] dx [N,H] (may be NULL if not needed;

@@ -87,7 +87,9 @@ MOE_API moe_status_t moe_pipeline_schedule_length(const moe_pipeline_schedule_t 
 /* [in] index 0..count-1 [out] action. */
 MOE_API moe_status_t moe_pipeline_schedule_action(const moe_pipeline_schedule_t *sched,
                                                   int32_t index, moe_pipeline_action_t *action);
-/* [out] stages, microbatches, stage, warmup (forwards before the first backward); any NULL. */
+/* [out] stages, microbatches, stage, warmup: the forwards that run before the first backward
+ * (the w warm-up forwards above and the steady phase's first, or all m v of them when the
+ * warm-up covers every unit); any NULL. */
 MOE_API moe_status_t moe_pipeline_schedule_info(const moe_pipeline_schedule_t *sched,
                                                 int32_t *stages, int32_t *microbatches,
                                                 int32_t *stage, int32_t *warmup);
@@ -202,7 +204,9 @@ MOE_API moe_pipeline_config_t moe_pipeline_config_default(void);
 MOE_API moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t *config,
                                          const moe_pipeline_callbacks_t *callbacks,
                                          moe_pipeline_t **out);
-/* Frees buffers. Not collective; no transfer may be in flight (train_step never leaves any). */
+/* Frees buffers. Not collective. A healthy train_step leaves no transfer in flight; after the
+ * mesh lost a peer, the buffers that transfers which never completed may still write are
+ * leaked instead (docs/mesh.md, "When a peer fails"). */
 MOE_API moe_status_t moe_pipeline_destroy(moe_pipeline_t *pipe);
 
 /* The schedule this rank executes (owned by the pipeline). */
@@ -221,9 +225,11 @@ MOE_API moe_status_t moe_pipeline_get_schedule(const moe_pipeline_t *pipe,
  * rank learns of the failure in the status exchange, nobody steps the optimizer, and
  * every rank returns a failure: the failing rank its own status and message, the others
  * MOE_STATUS_ABORTED naming the failing rank and status. Gradients are then partial; call
- * again to retry the batch (zero_grad runs first). A failed transfer (MOE_STATUS_TIMEOUT or
- * MOE_STATUS_COMM_ERROR) leaves the pp communicator unusable: the call returns that status
- * and peers fail by their transfer timeout; the pipeline cannot be used again. */
+ * again to retry the batch (zero_grad runs first). A failed transfer (MOE_STATUS_TIMEOUT,
+ * whose message names the peer's world rank and whether it answers, or
+ * MOE_STATUS_COMM_ERROR) poisons the runtime's mesh (moe_runtime_get_async_error): the call
+ * returns that status, the other ranks are told and fail at once (ABORTED), and neither the
+ * pipeline nor the mesh can be used again. */
 MOE_API moe_status_t moe_pipeline_train_step(moe_pipeline_t *pipe, double *loss);
 
 /* Timings of the most recent train_step on this rank, for measuring the bubble. */

@@ -1,14 +1,17 @@
 /*
  * The checkpointer handle and the public calls that are not a save or a load: config
- * defaults, create (checks the config, probes the directory on every rank, starts the writer
- * and S3 threads), destroy (drains), abort (drops queued uploads, cancels S3), status, poll,
- * wait and the async error every background failure is reported through. How the files of
- * src/ckpt/ share the work: ckpt_internal.h.
+ * defaults, create (checks the config, probes the directory on every rank, reconciles with
+ * S3, starts the writer and S3 threads), destroy (drains, tries the newest step's upload once
+ * more), abort (cancels S3), status, poll, wait and the two error channels of background
+ * work: the local tier's (returned by every call, save_async included) and the mirror's
+ * (returned only by calls that ask about uploads). How the files of src/ckpt/ share the
+ * work: ckpt_internal.h.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,18 +37,31 @@ void ckpt_set_async_error(moe_ckpt_t *ck, moe_status_t st, const char *what)
     moe_log(ck->log, MOE_LOG_ERROR, "checkpoint: %s: %s", what, moe_last_error());
 }
 
-moe_status_t ckpt_take_async_error(moe_ckpt_t *ck)
+moe_status_t ckpt_take_async_error(moe_ckpt_t *ck, bool uploads)
 {
     pthread_mutex_lock(&ck->mu);
     moe_status_t st = ck->async_err;
     char msg[1024];
-    snprintf(msg, sizeof msg, "%s", ck->async_msg);
-    ck->async_err = MOE_STATUS_SUCCESS;
-    ck->async_msg[0] = 0;
-    if (st != MOE_STATUS_SUCCESS && ck->st.state == MOE_CKPT_FAILED) ck->st.state = MOE_CKPT_IDLE;
+    if (st != MOE_STATUS_SUCCESS) {
+        snprintf(msg, sizeof msg, "%s", ck->async_msg);
+        ck->async_err = MOE_STATUS_SUCCESS;
+        ck->async_msg[0] = 0;
+        if (ck->st.state == MOE_CKPT_FAILED) ck->st.state = MOE_CKPT_IDLE;
+    } else if (uploads && ck->mirror_err != MOE_STATUS_SUCCESS) {
+        st = ck->mirror_err;
+        snprintf(msg, sizeof msg, "%s", ck->mirror_msg);
+        ck->mirror_err = MOE_STATUS_SUCCESS;
+        ck->mirror_msg[0] = 0;
+    }
     pthread_mutex_unlock(&ck->mu);
     if (st != MOE_STATUS_SUCCESS) return MOE_FAIL(st, "background checkpoint work failed: %s", msg);
     return MOE_STATUS_SUCCESS;
+}
+
+bool ckpt_error_pending_locked(const moe_ckpt_t *ck, bool uploads)
+{
+    return ck->async_err != MOE_STATUS_SUCCESS ||
+           (uploads && ck->mirror_err != MOE_STATUS_SUCCESS);
 }
 
 void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len)
@@ -57,7 +73,7 @@ void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len)
 
 bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads)
 {
-    return ck->st.pending_saves > 0 || (uploads && ck->st.pending_uploads > 0);
+    return ck->st.pending_saves > 0 || (uploads && ckpt_mirror_busy_locked(ck));
 }
 
 /* ---- config -------------------------------------------------------------------------------- */
@@ -69,6 +85,7 @@ moe_ckpt_config_t moe_ckpt_config_default(void)
         .pinned_budget_bytes = (size_t)2 << 30, .queue_depth = 8, .io_block_bytes = 8u << 20,
         .use_direct_io = 1, .s3_part_bytes = 64u << 20, .s3_parallel_parts = 4,
         .s3_max_retries = 6, .s3_retry_base_ms = 200, .s3_timeout_ms = 60000,
+        .s3_retry_max_ms = 20000,
     };
     return c;
 }
@@ -102,16 +119,6 @@ static void free_handle(moe_ckpt_t *ck)
     for (int i = 0; i < ck->nsegs; i++)
         if (ck->segs[i].buf) MOE_OPS(ck->rt)->free_pinned(MOE_CTX(ck->rt), ck->segs[i].buf);
     free(ck->segs);
-    while (ck->ups) {
-        ckpt_upload_t *u = ck->ups;
-        ck->ups = u->next;
-        free(u);
-    }
-    while (ck->updone) {
-        ckpt_upload_t *u = ck->updone;
-        ck->updone = u->next;
-        free(u);
-    }
     while (ck->done) { /* durable but never agreed on (abort): never committed */
         ckpt_job_t *j = ck->done;
         ck->done = j->next;
@@ -157,8 +164,18 @@ static moe_status_t check_config(const moe_ckpt_config_t *c)
         MOE_CHECK_ARG(c->s3_retry_base_ms >= 1 && c->s3_timeout_ms >= 100,
                       "s3_retry_base_ms %d / s3_timeout_ms %d too small", c->s3_retry_base_ms,
                       c->s3_timeout_ms);
+        MOE_CHECK_ARG(c->s3_retry_max_ms >= c->s3_retry_base_ms,
+                      "s3_retry_max_ms %d is below s3_retry_base_ms %d", c->s3_retry_max_ms,
+                      c->s3_retry_base_ms);
     }
     return MOE_STATUS_SUCCESS;
+}
+
+/* An int32 config field from the environment (positive values; others warned and ignored). */
+static int32_t env_int(const char *name, int32_t v, const moe_logger_t *log)
+{
+    size_t x = moe_env_positive(name, (size_t)(v > 0 ? v : 0), log);
+    return x == 0 || x > INT32_MAX ? v : (int32_t)x;
 }
 
 moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config, moe_ckpt_t **out)
@@ -168,11 +185,17 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
     MOE_CHECK_ARG(config != NULL, "config is NULL (config.dir is required)");
-    MOE_CHECK_STRUCT_SIZE(config, moe_ckpt_config_t, sizeof(moe_ckpt_config_t));
-    moe_ckpt_config_t c = *config;
-    c.chunk_bytes = moe_env_positive("MOE_CKPT_CHUNK_BYTES", c.chunk_bytes, &rt->logger);
-    c.pinned_budget_bytes =
-        moe_env_positive("MOE_CKPT_PINNED_BYTES", c.pinned_budget_bytes, &rt->logger);
+    MOE_CHECK_STRUCT_SIZE(config, moe_ckpt_config_t, offsetof(moe_ckpt_config_t, s3_retry_max_ms));
+    /* fields past the caller's struct_size keep their defaults */
+    moe_ckpt_config_t c = moe_ckpt_config_default();
+    memcpy(&c, config, config->struct_size < sizeof c ? config->struct_size : sizeof c);
+    c.struct_size = sizeof c;
+    const moe_logger_t *lg = &rt->logger;
+    c.chunk_bytes = moe_env_positive("MOE_CKPT_CHUNK_BYTES", c.chunk_bytes, lg);
+    c.pinned_budget_bytes = moe_env_positive("MOE_CKPT_PINNED_BYTES", c.pinned_budget_bytes, lg);
+    c.s3_max_retries = env_int("MOE_CKPT_S3_MAX_RETRIES", c.s3_max_retries, lg);
+    c.s3_retry_base_ms = env_int("MOE_CKPT_S3_RETRY_BASE_MS", c.s3_retry_base_ms, lg);
+    c.s3_retry_max_ms = env_int("MOE_CKPT_S3_RETRY_MAX_MS", c.s3_retry_max_ms, lg);
     MOE_TRY(check_config(&c));
 
     moe_ckpt_t *ck = calloc(1, sizeof *ck);
@@ -189,7 +212,8 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     pthread_cond_init(&ck->cv, NULL);
     ck->rank = rt->mesh->world_rank;
     ck->world = rt->mesh->world_size;
-    ck->uploading_step = ck->loading_step = -1;
+    ck->loading_step = -1;
+    ck->mir_want = ck->mir_round = ck->mir_failed = ck->mir_reconcile = ck->mir_drain_tried = -1;
     ck->last_saved_step = -1;
     ck->st.struct_size = sizeof ck->st;
     ck->st.last_committed_step = ck->st.last_uploaded_step = -1;
@@ -241,6 +265,7 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
             st = bst;
             goto fail;
         }
+        ckpt_mirror_reconcile(ck);
     }
     MOE_CHECK_PTHREAD_GOTO(st, pthread_create(&ck->writer_th, NULL, ckpt_writer_main, ck),
                            MOE_STATUS_INTERNAL);
@@ -251,6 +276,7 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
         ck->s3_started = true;
     }
     ck->magic = MOE_MAGIC_CKPT;
+    moe_runtime_adopt(rt, MOE_CHILD_CHECKPOINTER);
     *out = ck;
     return MOE_STATUS_SUCCESS;
 fail:
@@ -259,13 +285,12 @@ fail:
 }
 
 /* Wait until the saves (and, with uploads, the S3 uploads) are done or timeout_ms passes
- * (< 0: no limit), then report the async error. Collective when world > 1. */
-static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms)
+ * (< 0: no limit), or (stop_on_error) an unreported error is there to return. Collective when
+ * world > 1. Takes no error. */
+static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms,
+                              bool stop_on_error)
 {
-    if (ck->world > 1) {
-        MOE_TRY(ckpt_progress(ck, true, uploads, timeout_ms));
-        return ckpt_take_async_error(ck);
-    }
+    if (ck->world > 1) return ckpt_progress(ck, true, uploads, timeout_ms, stop_on_error);
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     if (timeout_ms >= 0) {
@@ -277,12 +302,13 @@ static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms)
         }
     }
     pthread_mutex_lock(&ck->mu);
-    while (ck->async_err == MOE_STATUS_SUCCESS &&
+    while (!(stop_on_error && ckpt_error_pending_locked(ck, uploads)) &&
            ckpt_busy_locked(ck, uploads)) {
         if (timeout_ms < 0) {
             pthread_cond_wait(&ck->cv, &ck->mu);
         } else if (pthread_cond_timedwait(&ck->cv, &ck->mu, &dl) == ETIMEDOUT) {
-            bool busy = ckpt_busy_locked(ck, uploads);
+            bool busy = ckpt_busy_locked(ck, uploads) &&
+                        !(stop_on_error && ckpt_error_pending_locked(ck, uploads));
             pthread_mutex_unlock(&ck->mu);
             if (busy)
                 return MOE_FAIL(MOE_STATUS_TIMEOUT, "checkpoint work still in progress after "
@@ -291,7 +317,7 @@ static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms)
         }
     }
     pthread_mutex_unlock(&ck->mu);
-    return ckpt_take_async_error(ck);
+    return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck)
@@ -299,18 +325,22 @@ moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck)
     moe_error_clear();
     if (!ck) return MOE_STATUS_SUCCESS;
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
-    /* drain everything; an error is reported but does not stop the drain */
-    moe_status_t st = MOE_STATUS_SUCCESS;
-    for (int i = 0; i < 1000; i++) {
-        moe_status_t s = wait_idle(ck, true, -1);
-        if (s == MOE_STATUS_SUCCESS) break;
-        if (st == MOE_STATUS_SUCCESS) st = s;
-        /* peers gone; or several ranks, whose collective drain has drained everything (another
-         * would wait for ranks that had nothing to report and have left) */
-        if (s == MOE_STATUS_COMM_ERROR || s == MOE_STATUS_TIMEOUT || ck->world > 1) break;
-    }
+    /* drain everything, whatever fails on the way: every save committed or failed, and the
+     * newest step's upload tried once more (not for ever: S3 may be down) */
+    pthread_mutex_lock(&ck->mu);
+    ck->mir_draining = true;
+    ck->mir_drain_tried = -1;
+    pthread_cond_broadcast(&ck->cv);
+    pthread_mutex_unlock(&ck->mu);
+    moe_status_t st = wait_idle(ck, true, -1, false);
+    if (st == MOE_STATUS_SUCCESS) st = ckpt_take_async_error(ck, true);
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", moe_last_error());
+    pthread_mutex_lock(&ck->mu);
+    ck->retention_due = ck->rank == 0; /* with the uploads done; the writer runs it first */
+    pthread_cond_broadcast(&ck->cv);
+    pthread_mutex_unlock(&ck->mu);
+    moe_runtime_disown(ck->rt, MOE_CHILD_CHECKPOINTER);
     free_handle(ck);
     if (st != MOE_STATUS_SUCCESS) return MOE_FAIL(st, "%s", msg);
     return MOE_STATUS_SUCCESS;
@@ -320,17 +350,11 @@ void moe_ckpt_abort(moe_ckpt_t *ck)
 {
     if (!ck || ck->magic != MOE_MAGIC_CKPT) return;
     pthread_mutex_lock(&ck->mu);
-    ck->aborting = true;
-    while (ck->ups) { /* queued uploads are dropped */
-        ckpt_upload_t *u = ck->ups;
-        ck->ups = u->next;
-        ck->st.pending_uploads--;
-        free(u);
-    }
-    ck->ups_tail = NULL;
+    ck->aborting = true; /* no further uploads start */
     pthread_cond_broadcast(&ck->cv);
     pthread_mutex_unlock(&ck->mu);
     if (ck->s3) ck_s3_cancel(ck->s3);
+    moe_runtime_disown(ck->rt, MOE_CHILD_CHECKPOINTER);
     free_handle(ck);
 }
 
@@ -341,12 +365,14 @@ moe_status_t moe_ckpt_status(moe_ckpt_t *ck, moe_ckpt_status_t *status)
     moe_error_clear();
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_CHECK_ARG(status != NULL, "status is NULL");
-    MOE_CHECK_STRUCT_SIZE(status, moe_ckpt_status_t, sizeof(moe_ckpt_status_t));
+    MOE_CHECK_STRUCT_SIZE(status, moe_ckpt_status_t,
+                          offsetof(moe_ckpt_status_t, uploads_superseded));
     pthread_mutex_lock(&ck->mu);
     moe_ckpt_status_t s = ck->st;
+    s.pending_uploads = ckpt_mirror_pending_locked(ck);
     if (ck->async_err != MOE_STATUS_SUCCESS) s.state = MOE_CKPT_FAILED;
     else if (s.pending_saves > 0) s.state = MOE_CKPT_WRITING;
-    else if (s.pending_uploads > 0) s.state = MOE_CKPT_UPLOADING;
+    else if (ckpt_mirror_busy_locked(ck)) s.state = MOE_CKPT_UPLOADING;
     else s.state = MOE_CKPT_IDLE;
     pthread_mutex_unlock(&ck->mu);
     s.struct_size = status->struct_size;
@@ -358,7 +384,7 @@ moe_status_t moe_ckpt_poll(moe_ckpt_t *ck, int include_uploads)
 {
     moe_error_clear();
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
-    MOE_TRY(ckpt_take_async_error(ck));
+    MOE_TRY(ckpt_take_async_error(ck, include_uploads != 0));
     pthread_mutex_lock(&ck->mu);
     bool busy = ckpt_busy_locked(ck, include_uploads);
     pthread_mutex_unlock(&ck->mu);
@@ -369,7 +395,8 @@ moe_status_t moe_ckpt_wait(moe_ckpt_t *ck, int include_uploads, int64_t timeout_
 {
     moe_error_clear();
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
-    return wait_idle(ck, include_uploads != 0, timeout_ms);
+    MOE_TRY(wait_idle(ck, include_uploads != 0, timeout_ms, true));
+    return ckpt_take_async_error(ck, include_uploads != 0);
 }
 
 moe_status_t moe_ckpt_get_async_error(moe_ckpt_t *ck, char *message, size_t message_len)
@@ -377,8 +404,10 @@ moe_status_t moe_ckpt_get_async_error(moe_ckpt_t *ck, char *message, size_t mess
     moe_error_clear();
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
     pthread_mutex_lock(&ck->mu);
-    moe_status_t st = ck->async_err;
-    if (message && message_len) snprintf(message, message_len, "%s", ck->async_msg);
+    bool local = ck->async_err != MOE_STATUS_SUCCESS;
+    moe_status_t st = local ? ck->async_err : ck->mirror_err;
+    if (message && message_len)
+        snprintf(message, message_len, "%s", local ? ck->async_msg : ck->mirror_msg);
     pthread_mutex_unlock(&ck->mu);
     return st;
 }

@@ -7,7 +7,8 @@
  *   writer.c    one data file written from pinned segments: io_uring + O_DIRECT, registered
  *               buffers, several requests in flight; pwrite fallback; the file-system helpers
  *   load.c      verify + read + reshard (box intersection) into the caller's tensors
- *   s3.c        the S3 client: SigV4 via libcurl, multipart, retries
+ *   sigv4.c     AWS Signature V4 and the payload hashes (SHA-256), on libcrypto
+ *   s3.c        the S3 client over libcurl: signed requests, multipart, retries
  * The checkpointer handle (struct moe_ckpt below; prefix ckpt_ for what its files share):
  *   ckpt.c      the public API's handle: config defaults, create / destroy / abort, status,
  *               poll, wait and the async error
@@ -15,7 +16,9 @@
  *               rank's data file (checksums, io_uring writes, fsync, rename)
  *   commit.c    the writer thread, the commit (agreement between ranks, rank 0's manifest),
  *               local retention, the collective progress on the training thread
- *   mirror.c    the S3 thread: shard and manifest uploads, their agreement, S3 retention
+ *   mirror.c    the S3 thread: the newest committed step to S3 (one upload in flight, the
+ *               newest waiting, failed steps tried again), the upload rounds of several
+ *               ranks, the reconcile at create, S3 retention
  *   restore.c   list and load: candidates newest first, fallback to older steps and S3 copies
  *
  * Data flow of one save (rank r, step N):
@@ -55,7 +58,7 @@
 #include "../runtime/runtime.h"
 
 #define CK_FORMAT_NAME "libmoe-checkpoint"
-#define CK_FORMAT_VERSION 1
+#define CK_FORMAT_VERSION 2
 #define CK_ALIGN 4096u
 #define CK_MANIFEST "manifest.json"
 #define CK_MAX_NAME 255
@@ -111,8 +114,9 @@ void ck_pieces_free(ck_piece_t *p, int32_t n);
 moe_status_t ck_layout(const moe_ckpt_tensor_t *t, int32_t count, uint64_t chunk_bytes,
                        int32_t file_index, ck_piece_t **pieces, int32_t *npieces,
                        uint64_t *file_bytes);
-/* JSON array of this rank's pieces (checksums filled), as text (malloc'd). */
-char *ck_pieces_to_json(const ck_piece_t *p, int32_t n);
+/* JSON array of this rank's pieces of step `step` (checksums filled; each piece's binding
+ * computed), as text (malloc'd). */
+char *ck_pieces_to_json(int64_t step, uint64_t chunk_bytes, const ck_piece_t *p, int32_t n);
 /* Full manifest text from per-rank piece arrays (JSON texts) and file sizes. */
 char *ck_manifest_build(int64_t step, uint64_t chunk_bytes, int32_t world, const int32_t mesh[4],
                         char *const *rank_pieces_json, const uint64_t *rank_file_bytes);
@@ -120,6 +124,9 @@ char *ck_manifest_build(int64_t step, uint64_t chunk_bytes, int32_t world, const
 moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out);
 /* Read <dir>/manifest.json and parse it. */
 moe_status_t ck_manifest_read(const char *stepdir, ck_manifest_t *out);
+/* Open a file of a checkpoint for reading: NOT_FOUND when missing, CORRUPT when it is not a
+ * regular file (a FIFO would block the open for ever). */
+moe_status_t ck_open_regular(const char *path, int *fd);
 
 /* ---- writer.c ---- */
 typedef struct ck_writer ck_writer_t;
@@ -168,7 +175,31 @@ moe_status_t ck_s3_get_file(ck_s3_t *s, const char *stepdir, const char *name,
 moe_status_t ck_s3_list_steps(ck_s3_t *s, int64_t **steps, int32_t *count, int retries);
 /* Delete manifest first, then every other object of the step. */
 moe_status_t ck_s3_delete_step(ck_s3_t *s, const char *stepdir);
-void ck_sha256_hex(const void *data, size_t len, char out[65]);
+
+/* ---- sigv4.c ---- */
+/* Hex SHA-256 of memory, or of the bytes [off, off + len) of a file. */
+moe_status_t ck_sha256_hex(const void *data, size_t len, char out[65]);
+moe_status_t ck_sha256_fd_hex(int fd, uint64_t off, uint64_t len, char out[65]);
+/* AWS's URI encoding (unreserved characters kept, every other byte %XX; '/' kept where
+ * keep_slash), malloc'd; NULL when out of memory. */
+char *ck_uri_encode(const char *s, bool keep_slash);
+typedef struct ck_sigv4_header {
+    const char *name, *value;            /* as sent */
+} ck_sigv4_header_t;
+typedef struct ck_sigv4_request {
+    const char *method;                  /* "GET", "PUT", ... */
+    const char *path;                    /* "/bucket/key", not URI-encoded (encoded here) */
+    const char *query;                   /* as sent (URI-encoded), NULL or "" for none */
+    const ck_sigv4_header_t *headers;    /* every header to sign (host, x-amz-*) */
+    int nheaders;
+    const char *payload_sha256;          /* hex, as in x-amz-content-sha256 */
+    const char *amz_date;                /* "YYYYMMDDTHHMMSSZ", as in x-amz-date */
+    const char *region, *service, *access_key, *secret_key;
+} ck_sigv4_request_t;
+/* The Authorization header's value for r into authz[authz_len]; creq / sts (may be NULL)
+ * receive the canonical request and the string to sign (malloc'd) for tests. */
+moe_status_t ck_sigv4_sign(const ck_sigv4_request_t *r, char **creq, char **sts, char *authz,
+                           size_t authz_len);
 
 /* ---- load.c ---- */
 /* Load from one complete local step directory. Returns CORRUPT / IO_ERROR / NOT_FOUND for
@@ -211,13 +242,14 @@ typedef struct ckpt_job {
     char *mine;                  /* this rank's piece list (JSON) */
 } ckpt_job_t;
 
-/* One upload task of the S3 thread. */
-typedef struct ckpt_upload {
-    int64_t step;
-    bool manifest_only;          /* rank 0, world > 1: the shards are up, put the manifest */
-    bool ok;                     /* world > 1: this rank's shard upload succeeded */
-    struct ckpt_upload *next;
-} ckpt_upload_t;
+/* What the S3 thread does next (mirror.c). */
+typedef enum ckpt_mir_task {
+    CKPT_MIR_NONE = 0,
+    CKPT_MIR_WHOLE,      /* every file of the step, manifest last (world of one, reconcile) */
+    CKPT_MIR_SHARD,      /* world > 1: this rank's data file of the round's step */
+    CKPT_MIR_MANIFEST,   /* world > 1, rank 0: every shard is up, put the manifest */
+    CKPT_MIR_BUSY        /* a SHARD or MANIFEST task the thread has taken */
+} ckpt_mir_task_t;
 
 /* Locking: mu and cv guard the queues, the free segments, the status and the async error; the
  * I/O itself runs unlocked. */
@@ -237,10 +269,18 @@ struct moe_ckpt {
     ckpt_seg_t *free_segs;
     ckpt_job_t *jobs, *jobs_tail;        /* queued for the writer */
     ckpt_job_t *done, *done_tail;        /* world > 1: durable here, not yet committed */
-    ckpt_upload_t *ups, *ups_tail;       /* queued for the S3 thread */
-    ckpt_upload_t *updone, *updone_tail; /* world > 1: shard uploaded (or failed), not agreed */
     bool retention_due;
-    int64_t uploading_step, loading_step;
+    int64_t loading_step;
+    /* the S3 mirror (mirror.c); steps are -1 when none */
+    int64_t mir_want;                    /* newest committed step, to be on S3 */
+    int64_t mir_round;                   /* step whose upload is in flight on this rank */
+    ckpt_mir_task_t mir_task;            /* world > 1: set by ckpt_progress for the S3 thread */
+    bool mir_shard_done, mir_shard_ok;   /* world > 1: this rank's shard of mir_round */
+    int64_t mir_failed;                  /* step of the newest failed round ... */
+    double mir_retry_at;                 /* ... tried again from then on (moe_now_s) */
+    int64_t mir_reconcile;               /* rank 0: a step from before create, to upload */
+    bool mir_draining;                   /* destroy: each wanted step is tried once more */
+    int64_t mir_drain_tried;             /* the newest step tried since draining began */
     bool stop, aborting;
     bool defer_writer;                   /* see ckpt_write_job; MOE_CKPT_DEFER_WRITER=0: off */
     pthread_t writer_th, s3_th;
@@ -251,19 +291,25 @@ struct moe_ckpt {
 
     int64_t last_saved_step;
     moe_ckpt_status_t st;
-    moe_status_t async_err;
+    moe_status_t async_err;              /* the local tier's first unreported failure */
     char async_msg[1024];
+    moe_status_t mirror_err;             /* the mirror's (reported only with uploads) */
+    char mirror_msg[1024];
 };
 
 /* ---- ckpt.c ---- */
 /* Record a background failure (first one wins until reported). Caller holds no lock. */
 void ckpt_set_async_error(moe_ckpt_t *ck, moe_status_t st, const char *what);
-/* Return and clear the pending async error as this thread's error. */
-moe_status_t ckpt_take_async_error(moe_ckpt_t *ck);
+/* Return and clear the pending local error (with uploads: else the mirror's) as this
+ * thread's error. */
+moe_status_t ckpt_take_async_error(moe_ckpt_t *ck, bool uploads);
 /* <dir>/step-<N> */
 void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len);
 /* Saves (and, with uploads, S3 uploads) still pending; the caller holds ck->mu. */
 bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads);
+/* An unreported failure a wait should return now (the mirror's only with uploads); the
+ * caller holds ck->mu. */
+bool ckpt_error_pending_locked(const moe_ckpt_t *ck, bool uploads);
 
 /* ---- snapshot.c ---- */
 /* Writer thread: write job j's data file from its segments into stepdir (tmp, fsync, rename,
@@ -276,25 +322,44 @@ void ckpt_job_free(ckpt_job_t *j);
 moe_status_t ckpt_agree(moe_comm_t *c, int32_t v, moe_reduce_op_t op, int32_t *out);
 /* The writer thread (arg: the handle): writes, commits (world of one) and retention. */
 void *ckpt_writer_main(void *arg);
-/* Commit the saves every rank has made durable and complete the uploads every rank has
- * finished (rank 0 then puts the manifest). With drain, repeat until nothing is pending on
- * any rank (saves, and uploads when asked) or timeout_ms passes on some rank. Collective; a
- * no-op in a world of one. */
-moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms);
+/* Commit the saves every rank has made durable, agree on a finished upload round (rank 0
+ * then puts the manifest) and start the next one. With drain, repeat until nothing is
+ * pending on any rank (saves, and uploads when asked), or timeout_ms passes on some rank, or
+ * (stop_on_error) some rank has an unreported error. Collective; a no-op in a world of one. */
+moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms,
+                           bool stop_on_error);
 /* Wait until every queued save is committed (or failed), without taking the async error. */
 moe_status_t ckpt_drain_saves(moe_ckpt_t *ck);
 
 /* ---- mirror.c ---- */
-/* The S3 thread (arg: the handle): the queued uploads in order. */
+/* The S3 thread (arg: the handle). */
 void *ckpt_mirror_main(void *arg);
-/* Queue the upload of committed step `step` (S3 configured); the caller holds ck->mu. */
+/* Rank 0 at create: the newest local step, when S3 has neither it nor a newer one, becomes
+ * mir_reconcile (uploaded first, spared by retention until it is). */
+void ckpt_mirror_reconcile(moe_ckpt_t *ck);
+/* The caller holds ck->mu for these: */
+/* step committed (S3 configured): it supersedes the step waiting, if any. */
 void ckpt_mirror_queue_step_locked(moe_ckpt_t *ck, int64_t step);
-/* World > 1, training thread: the shard upload at the head of updone is finished on every
- * rank; agree whether all succeeded, and on rank 0 queue the manifest (the remote commit). */
+/* No upload in flight on this rank, and no reconciled step waiting to go first. */
+bool ckpt_mirror_idle_locked(const moe_ckpt_t *ck);
+/* This rank wants an upload round to start now (idle, a newer step, a failed one due). */
+bool ckpt_mirror_wants_locked(const moe_ckpt_t *ck);
+/* Mirror work remains (a round in flight, a step not yet on S3; while draining, a step not
+ * yet tried since). */
+bool ckpt_mirror_busy_locked(const moe_ckpt_t *ck);
+/* Uploads in flight or waiting (status.pending_uploads). */
+int64_t ckpt_mirror_pending_locked(const moe_ckpt_t *ck);
+/* World > 1, training thread, every rank: start the round for mir_want / agree on a round
+ * whose shards are done everywhere (rank 0 then puts the manifest). */
+void ckpt_mirror_start_round(moe_ckpt_t *ck);
 moe_status_t ckpt_mirror_agree_upload(moe_ckpt_t *ck);
 
 /* ---- restore.c ---- */
-/* Complete local checkpoints (a step directory with manifest.json), ascending (malloc'd). */
+/* Complete local checkpoints (a step directory with manifest.json), ascending, each step once
+ * (malloc'd). */
 moe_status_t ckpt_local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n);
+/* The directory of complete local step `step` into buf: <dir>/step-<12 digits>, else any
+ * other spelling of the number ("step-4"); false (buf: the padded name) when there is none. */
+bool ckpt_local_step_dir(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len);
 
 #endif /* MOE_CKPT_INTERNAL_H */

@@ -4,8 +4,9 @@
  * world of one, commits it and runs retention; with several ranks the commit runs on the
  * training thread in ckpt_progress(), because the MPI communicator is MPI_THREAD_SERIALIZED:
  * the ranks agree (allreduce MIN), rank 0 gathers the piece lists and writes the manifest
- * (tmp, fsync, rename, fsync), then queues the S3 upload. Retention keeps the newest
- * keep_last complete steps and removes crashed leftovers, sparing steps still in use.
+ * (tmp, fsync, rename, fsync), then hands the step to the S3 mirror. Retention keeps the
+ * newest keep_last complete steps and removes crashed leftovers, sparing steps still in use;
+ * it runs after each commit and again whenever an upload finishes.
  */
 #include <dirent.h>
 #include <inttypes.h>
@@ -27,7 +28,7 @@ moe_status_t ckpt_agree(moe_comm_t *c, int32_t v, moe_reduce_op_t op, int32_t *o
 {
     *out = v;
     if (!c) return MOE_STATUS_SUCCESS;
-    return moe_comm_allreduce(c, &v, out, 1, MOE_COMM_I32, op);
+    return moe_comm_allreduce_copy(c, &v, out, 1, MOE_COMM_I32, op);
 }
 
 /* Rank 0 receives every rank's piece list (JSON text) and file size. */
@@ -42,15 +43,12 @@ static moe_status_t gather_pieces(moe_ckpt_t *ck, moe_comm_t *c, const char *min
     for (int r = 0; r < ck->world; r++) {
         int64_t hdr[2] = {r == ck->rank ? (int64_t)strlen(mine) + 1 : 0,
                           r == ck->rank ? (int64_t)my_bytes : 0};
-        MOE_TRY(moe_comm_broadcast(c, hdr, 2, MOE_COMM_I64, r));
+        MOE_TRY(moe_comm_broadcast_copy(c, hdr, 2, MOE_COMM_I64, r));
         char *buf = malloc((size_t)hdr[0]);
         if (!buf) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "pieces of rank %d", r);
         if (r == ck->rank) memcpy(buf, mine, (size_t)hdr[0]);
         moe_status_t st = moe_comm_broadcast(c, buf, (size_t)hdr[0], MOE_COMM_U8, r);
-        if (st != MOE_STATUS_SUCCESS) {
-            free(buf);
-            return st;
-        }
+        if (st != MOE_STATUS_SUCCESS) return st; /* buf stays MPI's */
         if (ck->rank == 0) {
             all[r] = buf;
             bytes[r] = (uint64_t)hdr[1];
@@ -63,19 +61,18 @@ static moe_status_t gather_pieces(moe_ckpt_t *ck, moe_comm_t *c, const char *min
 
 /* ---- local retention ----------------------------------------------------------------------- */
 
-/* A step still in use: queued or being written, committed, uploaded or loaded. The caller
- * holds ck->mu. */
+/* A step still in use: queued or being written, not yet committed, being uploaded (the one
+ * upload in flight, or a reconciled step not yet on S3) or loaded. Steps merely waiting
+ * for the mirror are not: the newest is never removed and supersedes the others. The
+ * caller holds ck->mu. */
 static bool step_pinned_locked(const moe_ckpt_t *ck, int64_t step)
 {
-    if (step == ck->uploading_step || step == ck->loading_step) return true;
-    for (const ckpt_upload_t *u = ck->ups; u; u = u->next)
-        if (u->step == step) return true;
+    if (step == ck->mir_round || step == ck->mir_reconcile || step == ck->loading_step)
+        return true;
     for (const ckpt_job_t *j = ck->jobs; j; j = j->next)
         if (j->step == step) return true;
     for (const ckpt_job_t *j = ck->done; j; j = j->next)
         if (j->step == step) return true;
-    for (const ckpt_upload_t *u = ck->updone; u; u = u->next)
-        if (u->step == step) return true;
     return false;
 }
 
@@ -96,7 +93,7 @@ static void local_retention(moe_ckpt_t *ck)
         bool pinned = step_pinned_locked(ck, steps[i]);
         pthread_mutex_unlock(&ck->mu);
         if (pinned) continue;
-        ckpt_step_path(ck, steps[i], path, sizeof path);
+        ckpt_local_step_dir(ck, steps[i], path, sizeof path);
         snprintf(mpath, sizeof mpath, "%s/%s", path, CK_MANIFEST);
         if (unlink(mpath) != 0) continue;
         ck_fsync_dir(path);
@@ -168,7 +165,8 @@ static void commit_job(moe_ckpt_t *ck, ckpt_job_t *j)
         free(all);
         free(bytes);
         if (ck->comm_w) { /* everyone learns whether rank 0 committed */
-            moe_status_t bst = moe_comm_broadcast(ck->comm_w, &committed, 1, MOE_COMM_I32, 0);
+            moe_status_t bst = moe_comm_broadcast_copy(ck->comm_w, &committed, 1, MOE_COMM_I32,
+                                                       0);
             if (bst != MOE_STATUS_SUCCESS) {
                 ckpt_set_async_error(ck, bst, "checkpoint commit broadcast");
                 committed = 0;
@@ -255,22 +253,22 @@ static int32_t list_len_jobs(const ckpt_job_t *j)
     return n;
 }
 
-static int32_t list_len_ups(const ckpt_upload_t *u)
-{
-    int32_t n = 0;
-    for (; u; u = u->next) n++;
-    return n;
-}
-
-moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms)
+moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms,
+                           bool stop_on_error)
 {
     if (ck->world == 1 || !ck->comm_w) return MOE_STATUS_SUCCESS;
     double t0 = moe_now_s();
     for (;;) {
+        /* MIN over the ranks: saves durable everywhere; the round's shard done everywhere;
+         * every rank's mirror idle; -(some rank wants a round) */
         pthread_mutex_lock(&ck->mu);
-        int32_t mine[2] = {list_len_jobs(ck->done), list_len_ups(ck->updone)}, mins[2];
+        int32_t mine[4] = {list_len_jobs(ck->done),
+                           ck->mir_round >= 0 && ck->mir_task == CKPT_MIR_NONE &&
+                               ck->mir_shard_done,
+                           ckpt_mirror_idle_locked(ck), -(int32_t)ckpt_mirror_wants_locked(ck)};
         pthread_mutex_unlock(&ck->mu);
-        MOE_TRY(moe_comm_allreduce(ck->comm_w, mine, mins, 2, MOE_COMM_I32, MOE_REDUCE_MIN));
+        int32_t mins[4];
+        MOE_TRY(moe_comm_allreduce_copy(ck->comm_w, mine, mins, 4, MOE_COMM_I32, MOE_REDUCE_MIN));
         for (int32_t i = 0; i < mins[0]; i++) {
             pthread_mutex_lock(&ck->mu);
             ckpt_job_t *j = ck->done;
@@ -284,16 +282,18 @@ moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t tim
             pthread_mutex_unlock(&ck->mu);
             ckpt_job_free(j);
         }
-        for (int32_t i = 0; i < mins[1]; i++) MOE_TRY(ckpt_mirror_agree_upload(ck));
+        if (mins[1]) MOE_TRY(ckpt_mirror_agree_upload(ck));
+        else if (mins[2] && mins[3] < 0) ckpt_mirror_start_round(ck); /* mir_want agrees */
         if (!drain) return MOE_STATUS_SUCCESS;
         pthread_mutex_lock(&ck->mu);
-        int32_t busy[2] = {ckpt_busy_locked(ck, uploads),
+        int32_t busy[3] = {ckpt_busy_locked(ck, uploads),
+                           stop_on_error && ckpt_error_pending_locked(ck, uploads),
                            timeout_ms >= 0 && (moe_now_s() - t0) * 1000.0 > (double)timeout_ms};
         pthread_mutex_unlock(&ck->mu);
-        int32_t any[2];
-        MOE_TRY(moe_comm_allreduce(ck->comm_w, busy, any, 2, MOE_COMM_I32, MOE_REDUCE_MAX));
-        if (!any[0]) return MOE_STATUS_SUCCESS;
-        if (any[1])
+        int32_t any[3];
+        MOE_TRY(moe_comm_allreduce_copy(ck->comm_w, busy, any, 3, MOE_COMM_I32, MOE_REDUCE_MAX));
+        if (!any[0] || any[1]) return MOE_STATUS_SUCCESS; /* done, or an error to report */
+        if (any[2])
             return MOE_FAIL(MOE_STATUS_TIMEOUT, "checkpoint work still in progress after %" PRId64
                             " ms (on some rank)", timeout_ms);
         struct timespec ts = {0, 2 * 1000 * 1000};
@@ -303,7 +303,7 @@ moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t tim
 
 moe_status_t ckpt_drain_saves(moe_ckpt_t *ck)
 {
-    if (ck->world > 1) return ckpt_progress(ck, true, false, -1);
+    if (ck->world > 1) return ckpt_progress(ck, true, false, -1, false);
     pthread_mutex_lock(&ck->mu);
     while (ck->st.pending_saves > 0) pthread_cond_wait(&ck->cv, &ck->mu);
     pthread_mutex_unlock(&ck->mu);

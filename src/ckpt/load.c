@@ -6,8 +6,10 @@
  * the saved dtype differs). Any mesh can read any checkpoint this way: experts are found by
  * global expert id because that is the coordinate along the expert dimension.
  *
- * Every file named by the manifest is checked for existence and size before anything is read,
- * so a truncated or missing shard fails the whole step (the caller falls back).
+ * Every file named by the manifest is checked for existence, type (a regular file: a FIFO
+ * would block) and size before anything is read, so a truncated or missing shard fails the
+ * whole step (the caller falls back). Pieces that overlap (replicas) are compared where they
+ * meet; a difference makes the step CORRUPT.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -53,17 +55,62 @@ static void strides(const int64_t *shape, int nd, int64_t *st)
     for (int d = nd - 2; d >= 0; d--) st[d] = st[d + 1] * shape[d + 1];
 }
 
-/* Read and verify the chunks of piece p covering the box [lo, hi), copy it into dst. */
+/* Where the rows of a piece's intersection go: the caller's tensor (converted to its dtype)
+ * when no two pieces overlap in the box; otherwise a staging copy of the box in the saved
+ * dtype, where a cell already filled by another piece is compared instead (replicas must hold
+ * identical bytes: a conflict is damage, whichever piece comes first). */
+typedef struct sink {
+    const box_t *b;
+    int nd;
+    /* direct */
+    uint8_t *dst;
+    moe_dtype_t ddt;
+    const int64_t *lshape;
+    /* staged (overlapping pieces) */
+    uint8_t *raw, *bits;
+    moe_dtype_t sdt;
+    size_t es;
+    bool conflict;
+} sink_t;
+
+/* n elements of src (saved dtype sdt) at global coordinates idx (a run along the last
+ * dimension) */
+static void sink_row(sink_t *k, const int64_t *idx, const uint8_t *src, moe_dtype_t sdt,
+                     int64_t n)
+{
+    const box_t *b = k->b;
+    int nd = k->nd;
+    if (!k->raw) {
+        int64_t lst[MOE_MAX_DIMS], t = 0;
+        strides(k->lshape, nd, lst);
+        for (int d = 0; d < nd; d++) t += (idx[d] - b->gstart[d] + b->lstart[d]) * lst[d];
+        convert_run(k->dst + (size_t)t * moe_dtype_size(k->ddt), k->ddt, src, sdt, n);
+        return;
+    }
+    int64_t bst[MOE_MAX_DIMS], o = 0;
+    strides(b->ext, nd, bst);
+    for (int d = 0; d < nd; d++) o += (idx[d] - b->gstart[d]) * bst[d];
+    for (int64_t i = 0; i < n; i++, o++) {
+        uint8_t *cell = k->raw + (size_t)o * k->es;
+        const uint8_t *v = src + (size_t)i * k->es;
+        if (k->bits[o >> 3] >> (o & 7) & 1) {
+            if (memcmp(cell, v, k->es) != 0) k->conflict = true;
+        } else {
+            memcpy(cell, v, k->es);
+            k->bits[o >> 3] |= (uint8_t)(1u << (o & 7));
+        }
+    }
+}
+
+/* Read and verify the chunks of piece p covering the box [lo, hi), hand its rows to k. */
 static moe_status_t read_intersection(int fd, const char *fname, uint64_t chunk,
                                       const ck_piece_t *p, const int64_t *lo, const int64_t *hi,
-                                      const box_t *b, uint8_t *dst, moe_dtype_t ddt,
-                                      const int64_t *lshape)
+                                      sink_t *k)
 {
     int nd = p->ndim;
-    size_t es = moe_dtype_size(p->dtype), ds = moe_dtype_size(ddt);
-    int64_t pst[MOE_MAX_DIMS], lst[MOE_MAX_DIMS];
+    size_t es = moe_dtype_size(p->dtype);
+    int64_t pst[MOE_MAX_DIMS];
     strides(p->extent, nd, pst);
-    strides(lshape, nd, lst);
     int64_t first = 0, last = 0;
     for (int d = 0; d < nd; d++) {
         first += (lo[d] - p->start[d]) * pst[d];
@@ -100,17 +147,14 @@ static moe_status_t read_intersection(int fd, const char *fname, uint64_t chunk,
                             fname, p->name, c, c * chunk, c * chunk + len, h, p->xxh[c]);
         }
     }
-    /* copy rows along the last dimension */
+    /* rows along the last dimension */
     int64_t idx[MOE_MAX_DIMS];
     for (int d = 0; d < nd; d++) idx[d] = lo[d];
     int64_t run = hi[nd - 1] - lo[nd - 1];
     for (;;) {
-        int64_t s = 0, t = 0;
-        for (int d = 0; d < nd; d++) {
-            s += (idx[d] - p->start[d]) * pst[d];
-            t += (idx[d] - b->gstart[d] + b->lstart[d]) * lst[d];
-        }
-        convert_run(dst + (size_t)t * ds, ddt, buf + ((uint64_t)s * es - r0), p->dtype, run);
+        int64_t s = 0;
+        for (int d = 0; d < nd; d++) s += (idx[d] - p->start[d]) * pst[d];
+        sink_row(k, idx, buf + ((uint64_t)s * es - r0), p->dtype, run);
         int d = nd - 2;
         for (; d >= 0; d--) {
             if (++idx[d] < hi[d]) break;
@@ -122,28 +166,10 @@ static moe_status_t read_intersection(int fd, const char *fname, uint64_t chunk,
     return MOE_STATUS_SUCCESS;
 }
 
-/* Mark box-relative cells [lo, hi) in a bitmap over the box (used only with overlaps). */
-static void mark(uint8_t *bits, const box_t *b, int nd, const int64_t *lo, const int64_t *hi)
-{
-    int64_t bst[MOE_MAX_DIMS], idx[MOE_MAX_DIMS];
-    strides(b->ext, nd, bst);
-    for (int d = 0; d < nd; d++) idx[d] = lo[d];
-    for (;;) {
-        int64_t o = 0;
-        for (int d = 0; d < nd; d++) o += (idx[d] - b->gstart[d]) * bst[d];
-        bits[o >> 3] |= (uint8_t)(1u << (o & 7));
-        int d = nd - 1;
-        for (; d >= 0; d--) {
-            if (++idx[d] < hi[d]) break;
-            idx[d] = lo[d];
-        }
-        if (d < 0) break;
-    }
-}
-
 /* The part [lo, hi) of the requested box that one piece holds. */
 typedef struct span {
     int64_t lo[MOE_MAX_DIMS], hi[MOE_MAX_DIMS];
+    int32_t piece;
 } span_t;
 
 static bool spans_overlap(const span_t *a, const span_t *b, int nd)
@@ -153,33 +179,28 @@ static bool spans_overlap(const span_t *a, const span_t *b, int nd)
     return true;
 }
 
-/* Whether the spans (volumes adding up to `covered`) cover the whole box of `vol` cells:
- * disjoint spans do when their volumes add up to it; overlapping ones (replicas) are marked in
- * a bitmap. */
-static moe_status_t spans_cover(const box_t *b, int nd, const span_t *sp, int32_t n, int64_t vol,
-                                int64_t covered, bool *full)
+/* Staged box (overlapping pieces): into the caller's tensor, converted, row by row. */
+static void unstage(const sink_t *k, int64_t vol)
 {
-    *full = false;
-    if (covered < vol) return MOE_STATUS_SUCCESS;
-    bool overlap = false;
-    for (int32_t i = 0; i < n && !overlap; i++)
-        for (int32_t j = i + 1; j < n && !overlap; j++) overlap = spans_overlap(&sp[i], &sp[j], nd);
-    if (!overlap) {
-        *full = covered == vol;
-        return MOE_STATUS_SUCCESS;
+    const box_t *b = k->b;
+    int nd = k->nd;
+    int64_t run = b->ext[nd - 1], idx[MOE_MAX_DIMS];
+    sink_t direct = *k;
+    direct.raw = NULL;
+    for (int d = 0; d < nd; d++) idx[d] = b->gstart[d];
+    for (int64_t o = 0; o < vol; o += run) {
+        sink_row(&direct, idx, k->raw + (size_t)o * k->es, k->sdt, run);
+        int d = nd - 2;
+        for (; d >= 0; d--) {
+            if (++idx[d] < b->gstart[d] + b->ext[d]) break;
+            idx[d] = b->gstart[d];
+        }
     }
-    uint8_t *bits = calloc((size_t)(vol + 7) / 8, 1);
-    if (!bits) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "coverage bitmap");
-    for (int32_t i = 0; i < n; i++) mark(bits, b, nd, sp[i].lo, sp[i].hi);
-    int64_t set = 0;
-    for (int64_t i = 0; i < vol; i++) set += (bits[i >> 3] >> (i & 7)) & 1;
-    free(bits);
-    *full = set == vol;
-    return MOE_STATUS_SUCCESS;
 }
 
 /* Every piece of `name` that intersects the box is read into dst; the pieces must agree with
- * the request's dimensions and global shape gshape (a manifest where they do not is corrupt). */
+ * the request's dimensions and global shape gshape (a manifest where they do not is corrupt),
+ * and with each other where they overlap. */
 static moe_status_t load_box(const ck_manifest_t *m, const int *fds, const char *stepdir,
                              const char *name, const box_t *b, int nd, const int64_t *gshape,
                              uint8_t *dst, moe_dtype_t ddt, const int64_t *lshape, int64_t step)
@@ -192,6 +213,7 @@ static moe_status_t load_box(const ck_manifest_t *m, const int *fds, const char 
     int32_t n = 0;
     int64_t covered = 0;
     moe_status_t st = MOE_STATUS_SUCCESS;
+    sink_t k = {.b = b, .nd = nd, .dst = dst, .ddt = ddt, .lshape = lshape};
     for (int32_t i = 0; i < m->npieces; i++) {
         const ck_piece_t *p = &m->pieces[i];
         if (strcmp(p->name, name) != 0) continue;
@@ -203,7 +225,7 @@ static moe_status_t load_box(const ck_manifest_t *m, const int *fds, const char 
                           "global shape", step, name);
             goto done;
         }
-        span_t span;
+        span_t span = {.piece = i};
         int64_t v = 1;
         for (int d = 0; d < nd; d++) {
             span.lo[d] = b->gstart[d] > p->start[d] ? b->gstart[d] : p->start[d];
@@ -212,17 +234,44 @@ static moe_status_t load_box(const ck_manifest_t *m, const int *fds, const char 
             v *= span.hi[d] > span.lo[d] ? span.hi[d] - span.lo[d] : 0;
         }
         if (v == 0) continue;
-        char fname[PATH_MAX];
-        snprintf(fname, sizeof fname, "%s/%s", stepdir, m->files[p->file].path);
-        st = read_intersection(fds[p->file], fname, m->chunk_bytes, p, span.lo, span.hi, b, dst,
-                               ddt, lshape);
-        if (st != MOE_STATUS_SUCCESS) goto done;
         sp[n++] = span;
         covered += v;
     }
-    bool full;
-    st = spans_cover(b, nd, sp, n, vol, covered, &full);
-    if (st == MOE_STATUS_SUCCESS && !full) {
+    bool overlap = false;
+    for (int32_t i = 0; i < n && !overlap; i++)
+        for (int32_t j = i + 1; j < n && !overlap; j++) overlap = spans_overlap(&sp[i], &sp[j], nd);
+    if (overlap) { /* replicas: stage the box, compare where pieces meet */
+        k.sdt = m->pieces[sp[0].piece].dtype; /* one dtype per tensor (manifest.c) */
+        k.es = moe_dtype_size(k.sdt);
+        k.raw = malloc((size_t)vol * k.es);
+        k.bits = calloc((size_t)(vol + 7) / 8, 1);
+        if (!k.raw || !k.bits) {
+            st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "staging of tensor %s", name);
+            goto done;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const ck_piece_t *p = &m->pieces[sp[i].piece];
+        char fname[PATH_MAX];
+        snprintf(fname, sizeof fname, "%s/%s", stepdir, m->files[p->file].path);
+        st = read_intersection(fds[p->file], fname, m->chunk_bytes, p, sp[i].lo, sp[i].hi, &k);
+        if (st != MOE_STATUS_SUCCESS) goto done;
+        if (k.conflict) {
+            st = MOE_FAIL(MOE_STATUS_CORRUPT,
+                          "checkpoint step %" PRId64 ": overlapping pieces of tensor %s hold "
+                          "different values (the piece at offset %" PRIu64 " of %s disagrees)",
+                          step, name, p->offset, m->files[p->file].path);
+            goto done;
+        }
+    }
+    bool full = covered == vol;
+    if (overlap) {
+        int64_t set = 0;
+        for (int64_t i = 0; i < vol; i++) set += (k.bits[i >> 3] >> (i & 7)) & 1;
+        full = set == vol;
+        if (full) unstage(&k, vol);
+    }
+    if (!full) {
         char desc[256];
         int len = 0;
         for (int d = 0; d < nd; d++)
@@ -233,6 +282,8 @@ static moe_status_t load_box(const ck_manifest_t *m, const int *fds, const char 
                       name, desc);
     }
 done:
+    free(k.raw);
+    free(k.bits);
     free(sp);
     return st;
 }
@@ -326,10 +377,10 @@ moe_status_t ck_load_dir(moe_runtime_t *rt, const char *stepdir, int64_t step,
     for (; opened < m.nfiles; opened++) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", stepdir, m.files[opened].path);
-        fds[opened] = open(path, O_RDONLY | O_CLOEXEC);
-        if (fds[opened] < 0) {
-            st = MOE_FAIL_ERRNO(errno == ENOENT ? MOE_STATUS_CORRUPT : MOE_STATUS_IO_ERROR,
-                                "open(%s)", path);
+        st = ck_open_regular(path, &fds[opened]);
+        if (st != MOE_STATUS_SUCCESS) {
+            if (st == MOE_STATUS_NOT_FOUND) /* named by the manifest: the step is damaged */
+                st = MOE_FAIL(MOE_STATUS_CORRUPT, "%s is missing", path);
             goto out;
         }
         struct stat sb;

@@ -1,7 +1,10 @@
 /*
  * The checkpoint format (docs/checkpoint-format.md is the normative spec): the layout of a
  * rank's data file, manifest.json written with cJSON, and its parser, which rejects anything
- * malformed — above all file paths that could leave the step directory.
+ * malformed — above all file paths that could leave the step directory — and any piece whose
+ * binding (an XXH3-64 over the piece's step, name, box, place and chunk checksums) does not
+ * match, so an edit that keeps the data checksums consistent (a piece renamed, two pieces'
+ * offsets swapped) is still found: damage is CORRUPT, never data loaded under a wrong name.
  *
  * Layout of rank R's data file `rank-<R>.bin`: pieces one after another in the order given,
  * each starting at a multiple of 4096 bytes (so O_DIRECT can write straight from staging
@@ -11,6 +14,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,6 +302,48 @@ fail:
     return st;
 }
 
+/* ---- the piece binding ----------------------------------------------------------------------- */
+
+static void append(char **p, size_t *left, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void append(char **p, size_t *left, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(*p, *left, fmt, ap);
+    va_end(ap);
+    if (n < 0) n = 0;
+    size_t m = (size_t)n < *left ? (size_t)n : *left;
+    *p += m;
+    *left -= m;
+}
+
+/* XXH3-64 of the text "<step>|<chunk_bytes>|<name>|<dtype>|<global_shape>|<slice_start>|
+ * <slice_shape>|<file>|<offset>|<length>|<xxh3_64>", numbers in decimal, lists joined by ','
+ * (checksums as their 16 hex digits): the spec's "binding" of a piece. */
+static moe_status_t piece_binding(int64_t step, uint64_t chunk_bytes, const ck_piece_t *q,
+                                  const char *file, uint64_t *out)
+{
+    size_t cap = strlen(q->name) + strlen(file) + 17 * (size_t)q->nchunks + 512;
+    char *buf = malloc(cap), *p = buf;
+    if (!buf) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "piece binding");
+    size_t left = cap;
+    append(&p, &left, "%" PRId64 "|%" PRIu64 "|%s|%s|", step, chunk_bytes, q->name,
+           moe_dtype_name(q->dtype));
+    const int64_t *dims[3] = {q->global_shape, q->start, q->extent};
+    for (int k = 0; k < 3; k++) {
+        for (int d = 0; d < q->ndim; d++)
+            append(&p, &left, "%s%" PRId64, d ? "," : "", dims[k][d]);
+        append(&p, &left, "|");
+    }
+    append(&p, &left, "%s|%" PRIu64 "|%" PRIu64 "|", file, q->offset, q->length);
+    for (uint32_t c = 0; c < q->nchunks; c++)
+        append(&p, &left, "%s%016" PRIx64, c ? "," : "", q->xxh[c]);
+    *out = XXH3_64bits(buf, (size_t)(p - buf));
+    free(buf);
+    return MOE_STATUS_SUCCESS;
+}
+
 /* ---- JSON out ------------------------------------------------------------------------------ */
 
 static cJSON *int_array(const int64_t *v, int n)
@@ -307,11 +353,11 @@ static cJSON *int_array(const int64_t *v, int n)
     return a;
 }
 
-char *ck_pieces_to_json(const ck_piece_t *p, int32_t n)
+char *ck_pieces_to_json(int64_t step, uint64_t chunk_bytes, const ck_piece_t *p, int32_t n)
 {
     cJSON *arr = cJSON_CreateArray();
     if (!arr) return NULL;
-    char rankfile[64];
+    char rankfile[64], hex[17];
     for (int32_t i = 0; i < n; i++) {
         const ck_piece_t *q = &p[i];
         cJSON *o = cJSON_CreateObject();
@@ -327,10 +373,16 @@ char *ck_pieces_to_json(const ck_piece_t *p, int32_t n)
         cJSON_AddNumberToObject(o, "length", (double)q->length);
         cJSON *cs = cJSON_AddArrayToObject(o, "xxh3_64");
         for (uint32_t c = 0; c < q->nchunks; c++) {
-            char hex[17];
             snprintf(hex, sizeof hex, "%016" PRIx64, q->xxh[c]);
             cJSON_AddItemToArray(cs, cJSON_CreateString(hex));
         }
+        uint64_t b;
+        if (piece_binding(step, chunk_bytes, q, rankfile, &b) != MOE_STATUS_SUCCESS) {
+            cJSON_Delete(arr);
+            return NULL;
+        }
+        snprintf(hex, sizeof hex, "%016" PRIx64, b);
+        cJSON_AddStringToObject(o, "binding_xxh3_64", hex);
     }
     char *s = cJSON_PrintUnformatted(arr);
     cJSON_Delete(arr);
@@ -434,9 +486,23 @@ static bool parse_hex64(const char *s, uint64_t *v)
     return true;
 }
 
+/* A NUL in the text, raw or escaped as \u0000, would cut a C string short (a file name
+ * "rank-00000.bin\u0000x" read as "rank-00000.bin"): no valid manifest has one. */
+static bool has_nul(const char *text, size_t len)
+{
+    if (memchr(text, 0, len)) return true;
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (text[i] != '\\') continue;
+        if (text[i + 1] == 'u' && i + 6 <= len && !memcmp(text + i + 2, "0000", 4)) return true;
+        i++; /* the escaped character */
+    }
+    return false;
+}
+
 moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
 {
     memset(out, 0, sizeof *out);
+    if (has_nul(text, len)) return BAD("contains a NUL character (raw or \\u0000)");
     cJSON *m = cJSON_ParseWithLength(text, len);
     if (!m) return BAD("not valid JSON");
     moe_status_t st = MOE_STATUS_SUCCESS;
@@ -446,8 +512,21 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
         st = BAD("\"format\" is not \"%s\"", CK_FORMAT_NAME);
         goto fail;
     }
-    if (!get_u64(m, "format_version", &ver) || ver < 1 || ver > CK_FORMAT_VERSION) {
-        st = BAD("unsupported format_version (this library reads 1..%d)", CK_FORMAT_VERSION);
+    if (!get_u64(m, "format_version", &ver) || ver != CK_FORMAT_VERSION) {
+        st = BAD("unsupported format_version (this library reads %d: version 1 has no piece "
+                 "bindings)", CK_FORMAT_VERSION);
+        goto fail;
+    }
+    const cJSON *lib = cJSON_GetObjectItemCaseSensitive(m, "library_version");
+    const cJSON *sum = cJSON_GetObjectItemCaseSensitive(m, "checksum");
+    if (!cJSON_IsString(lib)) {
+        st = BAD("\"library_version\" (a string) is missing");
+        goto fail;
+    }
+    if (!cJSON_IsString(sum) || strcmp(sum->valuestring, "xxh3_64") != 0) {
+        bool named = cJSON_IsString(sum);
+        st = BAD("\"checksum\" is %s%.40s%s; this library knows \"xxh3_64\"", named ? "\"" : "",
+                 named ? sum->valuestring : "missing", named ? "\"" : "");
         goto fail;
     }
     if (!get_u64(m, "step", &step) || !get_u64(m, "chunk_bytes", &chunk) || chunk == 0) {
@@ -576,6 +655,11 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
             st = BAD("tensor %s: offset/length invalid or outside its file", q->name);
             goto fail;
         }
+        if (q->offset % CK_ALIGN != 0) {
+            st = BAD("tensor %s: offset %" PRIu64 " is not a multiple of %u", q->name, q->offset,
+                     CK_ALIGN);
+            goto fail;
+        }
         uint64_t want = (q->length + chunk - 1) / chunk;
         if (!cJSON_IsArray(cs) || (uint64_t)cJSON_GetArraySize(cs) != want) {
             st = BAD("tensor %s: expected %" PRIu64 " xxh3_64 checksums", q->name, want);
@@ -597,7 +681,35 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
                 goto fail;
             }
         }
+        const cJSON *bd = cJSON_GetObjectItemCaseSensitive(x, "binding_xxh3_64");
+        uint64_t want_b, have_b;
+        if (!cJSON_IsString(bd) || !parse_hex64(bd->valuestring, &have_b)) {
+            st = BAD("tensor %s: binding_xxh3_64 missing or not 16 lower-case hex digits", q->name);
+            goto fail;
+        }
+        st = piece_binding(out->step, chunk, q, out->files[q->file].path, &want_b);
+        if (st != MOE_STATUS_SUCCESS) goto fail;
+        if (want_b != have_b) {
+            st = BAD("tensor %s: the piece at offset %" PRIu64 " of %s does not match its binding "
+                     "(%016" PRIx64 ", computed %016" PRIx64 "): the manifest was altered",
+                     q->name, q->offset, out->files[q->file].path, have_b, want_b);
+            goto fail;
+        }
     }
+    /* the pieces of one tensor describe one tensor: the same dtype and global shape */
+    for (int32_t i = 0; i < out->npieces; i++)
+        for (int32_t j = 0; j < i; j++) {
+            const ck_piece_t *a = &out->pieces[j], *b = &out->pieces[i];
+            if (strcmp(a->name, b->name) != 0) continue;
+            bool same = a->dtype == b->dtype && a->ndim == b->ndim;
+            for (int d = 0; same && d < a->ndim; d++)
+                same = a->global_shape[d] == b->global_shape[d];
+            if (!same) {
+                st = BAD("the pieces of tensor %s disagree on its dtype or global shape", a->name);
+                goto fail;
+            }
+            break; /* b agrees with an earlier piece, which agrees with the first */
+        }
     cJSON_Delete(m);
     return MOE_STATUS_SUCCESS;
 fail:
@@ -606,14 +718,31 @@ fail:
     return st;
 }
 
+moe_status_t ck_open_regular(const char *path, int *fd_out)
+{
+    /* O_NONBLOCK: opening a FIFO (or a device) never waits for a writer */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return MOE_FAIL_ERRNO(errno == ENOENT ? MOE_STATUS_NOT_FOUND : MOE_STATUS_IO_ERROR,
+                              "open(%s)", path);
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        moe_status_t st = MOE_FAIL(MOE_STATUS_CORRUPT, "%s is not a regular file", path);
+        close(fd);
+        return st;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl != -1) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *fd_out = fd;
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t ck_manifest_read(const char *stepdir, ck_manifest_t *out)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", stepdir, CK_MANIFEST);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return MOE_FAIL_ERRNO(errno == ENOENT ? MOE_STATUS_NOT_FOUND : MOE_STATUS_IO_ERROR,
-                              "open(%s)", path);
+    int fd;
+    MOE_TRY(ck_open_regular(path, &fd));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || sb.st_size <= 0 || (uint64_t)sb.st_size > CK_MAX_MANIFEST_BYTES) {
         close(fd);

@@ -49,9 +49,36 @@ moe_status_t ckpt_local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n)
     closedir(d);
     if (!v) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "step list");
     qsort(v, (size_t)cnt, sizeof *v, ck_cmp_i64);
+    int32_t u = 0; /* "step-4" and "step-000000000004" are one step */
+    for (int32_t i = 0; i < cnt; i++)
+        if (u == 0 || v[u - 1] != v[i]) v[u++] = v[i];
     *out = v;
-    *n = cnt;
+    *n = u;
     return MOE_STATUS_SUCCESS;
+}
+
+bool ckpt_local_step_dir(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len)
+{
+    char mpath[PATH_MAX + 32];
+    ckpt_step_path(ck, step, buf, len);
+    snprintf(mpath, sizeof mpath, "%s/%s", buf, CK_MANIFEST);
+    if (ck_file_exists(mpath)) return true;
+    /* another spelling of the number (the spec lets writers omit the padding) */
+    DIR *d = opendir(ck->dir);
+    if (!d) return false;
+    struct dirent *e;
+    bool found = false;
+    while (!found && (e = readdir(d)) != NULL) {
+        int64_t s;
+        if (!ck_parse_step_dirname(e->d_name, &s) || s != step) continue;
+        snprintf(mpath, sizeof mpath, "%s/%s/%s", ck->dir, e->d_name, CK_MANIFEST);
+        if (!ck_file_exists(mpath)) continue;
+        snprintf(buf, len, "%s/%s", ck->dir, e->d_name);
+        found = true;
+    }
+    closedir(d);
+    if (!found) ckpt_step_path(ck, step, buf, len);
+    return found;
 }
 
 moe_status_t moe_ckpt_list(moe_ckpt_t *ck, moe_ckpt_tier_t tier, int64_t *steps, int32_t capacity,
@@ -90,8 +117,9 @@ static int32_t severity(moe_status_t st)
     return 1;
 }
 
-/* Rank 0: fetch step from S3 into a hidden directory, then swap it in for the local copy. */
-static moe_status_t restore_from_s3(moe_ckpt_t *ck, int64_t step)
+/* Rank 0: fetch step from S3 into a hidden directory, then swap it in for the local copy
+ * `local` (whatever its name); the restored copy gets the padded name. */
+static moe_status_t restore_from_s3(moe_ckpt_t *ck, int64_t step, const char *local)
 {
     char name[64], tmpdir[PATH_MAX], bad[PATH_MAX], fin[PATH_MAX], lp[PATH_MAX + 300];
     ck_step_dirname(step, name, sizeof name);
@@ -112,8 +140,8 @@ static moe_status_t restore_from_s3(moe_ckpt_t *ck, int64_t step)
     if (st == MOE_STATUS_SUCCESS) st = ck_fsync_dir(tmpdir);
     if (st != MOE_STATUS_SUCCESS) goto fail;
     ck_rmtree(bad);
-    if (rename(fin, bad) != 0 && errno != ENOENT) {
-        st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "rename(%s)", fin);
+    if (rename(local, bad) != 0 && errno != ENOENT) {
+        st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "rename(%s)", local);
         goto fail;
     }
     MOE_CHECK_ERRNO_MSG_GOTO(st, rename(tmpdir, fin), MOE_STATUS_IO_ERROR, "rename(%s)", tmpdir);
@@ -151,7 +179,7 @@ static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
                              const moe_ckpt_tensor_t *t, int32_t count)
 {
     char stepdir[PATH_MAX];
-    ckpt_step_path(ck, step, stepdir, sizeof stepdir);
+    ckpt_local_step_dir(ck, step, stepdir, sizeof stepdir);
     int32_t sev;
     moe_status_t st = load_agreed(ck, stepdir, step, t, count, &sev);
     if (st == MOE_STATUS_SUCCESS || sev == 2) return st;
@@ -161,15 +189,16 @@ static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
     if (!on_s3) return st;
     int32_t ok = 1;
     if (ck->rank == 0) {
-        moe_status_t rs = restore_from_s3(ck, step);
+        moe_status_t rs = restore_from_s3(ck, step, stepdir);
         if (rs != MOE_STATUS_SUCCESS) {
             moe_log(ck->log, MOE_LOG_WARN, "checkpoint: S3 copy of step %" PRId64
                     " unusable: %s; falling back", step, moe_last_error());
             ok = 0;
         }
     }
-    if (ck->comm_w) MOE_TRY(moe_comm_broadcast(ck->comm_w, &ok, 1, MOE_COMM_I32, 0));
+    if (ck->comm_w) MOE_TRY(moe_comm_broadcast_copy(ck->comm_w, &ok, 1, MOE_COMM_I32, 0));
     if (!ok) return MOE_FAIL(MOE_STATUS_CORRUPT, "step %" PRId64 " unusable locally and on S3", step);
+    ckpt_step_path(ck, step, stepdir, sizeof stepdir); /* where the restored copy is */
     st = load_agreed(ck, stepdir, step, t, count, &sev);
     if (st != MOE_STATUS_SUCCESS && sev == 1)
         moe_log(ck->log, MOE_LOG_WARN, "checkpoint: S3 copy of step %" PRId64 " unusable: %s",
@@ -201,7 +230,7 @@ static moe_status_t candidates(moe_ckpt_t *ck, int64_t **cand, int32_t *ncand, i
         }
     }
     int64_t n[2] = {st == MOE_STATUS_SUCCESS ? nl + nr : -1, nr};
-    if (ck->comm_w) MOE_TRY(moe_comm_broadcast(ck->comm_w, n, 2, MOE_COMM_I64, 0));
+    if (ck->comm_w) MOE_TRY(moe_comm_broadcast_copy(ck->comm_w, n, 2, MOE_COMM_I64, 0));
     if (n[0] < 0) {
         free(loc);
         free(rem);
@@ -220,7 +249,7 @@ static moe_status_t candidates(moe_ckpt_t *ck, int64_t **cand, int32_t *ncand, i
     }
     free(loc);
     free(rem);
-    if (ck->comm_w && n[0] + n[1] > 0)
+    if (ck->comm_w && n[0] + n[1] > 0) /* a failure leaves `all` to MPI */
         MOE_TRY(moe_comm_broadcast(ck->comm_w, all, (size_t)(n[0] + n[1]), MOE_COMM_I64, 0));
     /* unique, descending */
     int32_t m = (int32_t)n[0];

@@ -1,13 +1,18 @@
 /*
  * The S3 tier: a small S3 client over libcurl.
- *   - Signing: CURLOPT_AWS_SIGV4 ("aws:amz:<region>:s3") with the payload's SHA-256 sent in
- *     x-amz-content-sha256 (computed here, so S3 checks the body); path-style URLs.
+ *   - Signing: AWS Signature V4 computed here (sigv4.c) over exactly the headers sent: Host,
+ *     x-amz-content-sha256 (the payload's SHA-256, so S3 checks the body), x-amz-date and
+ *     x-amz-security-token; path-style URLs. Not libcurl's CURLOPT_AWS_SIGV4: before 8.3 it
+ *     signs a removed header ("Expect:", removed here to spare a round trip) that it then
+ *     does not send, and every verifying server refuses the request.
  *   - Objects up to s3_part_bytes: one PUT; larger: multipart upload with s3_parallel_parts
  *     threads, each PUTting parts read straight from the local file, then Complete (or Abort).
- *   - Retries with exponential backoff (+-25 % jitter) on 5xx, 429, connection failures,
- *     resets and timeouts; other 4xx fail at once with S3's own error code and message.
- *   - TLS verification stays on. Credentials go only to curl: no message, log line or URL
- *     ever contains them.
+ *   - Retries with exponential backoff (s3_retry_base_ms doubling up to s3_retry_max_ms,
+ *     +-25 % jitter) on 5xx, 429, connection failures,
+ *     resets and timeouts; other 4xx fail at once with S3's own error code and message
+ *     (from the XML error body, also for downloads).
+ *   - TLS verification stays on. The secret key only enters the signature: no message, log
+ *     line or URL ever contains it.
  * Keys: <prefix>/<step-dir>/<file>.
  */
 #include <errno.h>
@@ -32,103 +37,13 @@
 #define MOE_CHECK_CURL(call, status)                                                       \
     MOE_CHECK_GEN_MSG(CURLcode, call, rc_ == CURLE_OK, status, curl_easy_strerror, "%s", #call)
 
-/* ---- SHA-256 (FIPS 180-4) for x-amz-content-sha256 -------------------------------------- */
-
-typedef struct sha256 {
-    uint32_t h[8];
-    uint64_t len;
-    uint8_t buf[64];
-    size_t n;
-} sha256_t;
-
-static const uint32_t K256[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
-
-#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
-
-static void sha256_block(sha256_t *s, const uint8_t *p)
-{
-    uint32_t w[64], a, b, c, d, e, f, g, h;
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-               (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-    for (int i = 16; i < 64; i++) {
-        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
-        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3];
-    e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
-    for (int i = 0; i < 64; i++) {
-        uint32_t t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
-        uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        h = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
-    }
-    s->h[0] += a, s->h[1] += b, s->h[2] += c, s->h[3] += d;
-    s->h[4] += e, s->h[5] += f, s->h[6] += g, s->h[7] += h;
-}
-
-static void sha256_init(sha256_t *s)
-{
-    static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    memcpy(s->h, iv, sizeof iv);
-    s->len = 0;
-    s->n = 0;
-}
-
-static void sha256_update(sha256_t *s, const void *data, size_t len)
-{
-    const uint8_t *p = data;
-    s->len += len;
-    if (s->n) {
-        size_t take = 64 - s->n < len ? 64 - s->n : len;
-        memcpy(s->buf + s->n, p, take);
-        s->n += take, p += take, len -= take;
-        if (s->n < 64) return;
-        sha256_block(s, s->buf);
-        s->n = 0;
-    }
-    for (; len >= 64; p += 64, len -= 64) sha256_block(s, p);
-    memcpy(s->buf, p, len);
-    s->n = len;
-}
-
-static void sha256_final_hex(sha256_t *s, char out[65])
-{
-    uint64_t bits = s->len * 8;
-    uint8_t pad = 0x80, zero = 0, lenb[8];
-    sha256_update(s, &pad, 1);
-    while (s->n != 56) sha256_update(s, &zero, 1);
-    for (int i = 0; i < 8; i++) lenb[i] = (uint8_t)(bits >> (56 - 8 * i));
-    sha256_update(s, lenb, 8);
-    for (int i = 0; i < 8; i++) snprintf(out + 8 * i, 9, "%08x", s->h[i]);
-}
-
-void ck_sha256_hex(const void *data, size_t len, char out[65])
-{
-    sha256_t s;
-    sha256_init(&s);
-    sha256_update(&s, data, len);
-    sha256_final_hex(&s, out);
-}
-
 /* ---- the client -------------------------------------------------------------------------- */
 
 struct ck_s3 {
     char *endpoint, *bucket, *prefix, *region, *ak, *sk, *token;
-    char sigv4[96];
+    char *host;              /* the endpoint's authority: the Host header sent and signed */
     size_t part_bytes;
-    int parallel, max_retries, base_ms, timeout_ms;
+    int parallel, max_retries, base_ms, max_ms, timeout_ms;
     const moe_logger_t *log;
     atomic_int cancelled;
 };
@@ -142,7 +57,8 @@ typedef struct body {        /* request body: memory or a range of a file */
 typedef struct resp {
     char *data;
     size_t len, cap;
-    int fd;                  /* >= 0: the body goes to this file */
+    int fd;                  /* >= 0: a 2xx body goes to this file (an error body to data) */
+    CURL *curl;              /* the transfer, for its status in on_write */
     uint64_t written;
     bool write_failed;
     char etag[128];
@@ -188,6 +104,7 @@ moe_status_t ck_s3_create(const moe_ckpt_config_t *c, const moe_logger_t *log, c
     s->parallel = c->s3_parallel_parts;
     s->max_retries = c->s3_max_retries;
     s->base_ms = c->s3_retry_base_ms;
+    s->max_ms = c->s3_retry_max_ms;
     s->timeout_ms = c->s3_timeout_ms;
     if (!s->region || !s->bucket || !s->prefix || !s->endpoint) {
         ck_s3_destroy(s);
@@ -199,7 +116,15 @@ moe_status_t ck_s3_create(const moe_ckpt_config_t *c, const moe_logger_t *log, c
         ck_s3_destroy(s);
         return st;
     }
-    snprintf(s->sigv4, sizeof s->sigv4, "aws:amz:%s:s3", s->region);
+    const char *auth = strstr(s->endpoint, "://") + 3;
+    s->host = strndup(auth, strcspn(auth, "/?#"));
+    if (!s->host || !*s->host || strchr(s->host, '@')) {
+        moe_status_t st = s->host ? MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "s3_endpoint \"%s\" "
+                                             "needs a host (and no user name)", s->endpoint)
+                                  : MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "S3 client strings");
+        ck_s3_destroy(s);
+        return st;
+    }
     if (!s->ak || !s->sk)
         moe_log(log, MOE_LOG_WARN, "checkpoint: no S3 credentials (config or AWS_ACCESS_KEY_ID/"
                 "AWS_SECRET_ACCESS_KEY); requests are sent unsigned");
@@ -211,6 +136,7 @@ void ck_s3_destroy(ck_s3_t *s)
 {
     if (!s) return;
     free(s->endpoint);
+    free(s->host);
     free(s->bucket);
     free(s->prefix);
     free(s->region);
@@ -254,7 +180,9 @@ static size_t on_write(char *in, size_t size, size_t nmemb, void *ud)
 {
     resp_t *r = ud;
     size_t n = size * nmemb;
-    if (r->fd >= 0) {
+    long code = 0;
+    if (r->fd >= 0) curl_easy_getinfo(r->curl, CURLINFO_RESPONSE_CODE, &code);
+    if (r->fd >= 0 && code >= 200 && code < 300) {
         size_t done = 0;
         while (done < n) {
             ssize_t w = write(r->fd, in + done, n - done);
@@ -345,12 +273,62 @@ static void xml_value(const char *xml, const char *tag, char *out, size_t n)
 static void backoff_sleep(const ck_s3_t *s, int attempt, unsigned *seed)
 {
     double ms = (double)s->base_ms * (double)(1u << (attempt < 16 ? attempt : 16));
-    if (ms > 20000) ms = 20000;
+    if (ms > s->max_ms) ms = s->max_ms;
     ms *= 0.75 + 0.5 * ((double)rand_r(seed) / RAND_MAX);
     for (double left = ms; left > 0 && !atomic_load(&s->cancelled); left -= 50) {
         struct timespec ts = {0, (long)((left < 50 ? left : 50) * 1e6)};
         nanosleep(&ts, NULL);
     }
+}
+
+/* The headers of one attempt: Host, the payload hash, the date, the session token and their
+ * signature (when there are credentials), and no Expect (a round trip less per PUT). */
+static moe_status_t signed_headers(const ck_s3_t *s, const char *method, const char *path,
+                                   const char *query, const char *hash,
+                                   struct curl_slist **out)
+{
+    char date[32], h_host[600], h_hash[100], h_date[64], h_tok[4200], h_auth[1024];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm);
+    snprintf(h_host, sizeof h_host, "Host: %s", s->host);
+    snprintf(h_hash, sizeof h_hash, "x-amz-content-sha256: %s", hash);
+    snprintf(h_date, sizeof h_date, "x-amz-date: %s", date);
+    ck_sigv4_header_t signed_hdrs[4] = {{"host", s->host},
+                                        {"x-amz-content-sha256", hash},
+                                        {"x-amz-date", date},
+                                        {"x-amz-security-token", s->token}};
+    int nsigned = s->token ? 4 : 3;
+    h_auth[0] = 0;
+    if (s->ak && s->sk) {
+        char authz[900];
+        ck_sigv4_request_t req = {.method = method, .path = path, .query = query,
+                                  .headers = signed_hdrs, .nheaders = nsigned,
+                                  .payload_sha256 = hash, .amz_date = date,
+                                  .region = s->region, .service = "s3", .access_key = s->ak,
+                                  .secret_key = s->sk};
+        MOE_TRY(ck_sigv4_sign(&req, NULL, NULL, authz, sizeof authz));
+        snprintf(h_auth, sizeof h_auth, "Authorization: %s", authz);
+    }
+    const char *lines[6] = {h_host, h_hash, h_date, "Expect:", NULL, NULL};
+    int n = 4;
+    if (s->token) {
+        snprintf(h_tok, sizeof h_tok, "x-amz-security-token: %s", s->token);
+        lines[n++] = h_tok;
+    }
+    if (h_auth[0]) lines[n++] = h_auth;
+    struct curl_slist *l = NULL;
+    for (int i = 0; i < n; i++) {
+        struct curl_slist *t = curl_slist_append(l, lines[i]);
+        if (!t) {
+            curl_slist_free_all(l);
+            return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "request headers");
+        }
+        l = t;
+    }
+    *out = l;
+    return MOE_STATUS_SUCCESS;
 }
 
 /* method key [query] [body] -> response. `retries` < 0 uses the configured count. On failure
@@ -360,44 +338,25 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
 {
     if (retries < 0) retries = s->max_retries;
     char hash[65];
-    if (body) {
-        sha256_t h;
-        sha256_init(&h);
-        if (body->mem) {
-            sha256_update(&h, body->mem, (size_t)body->len);
-        } else {
-            char *buf = malloc(1 << 20);
-            if (!buf) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "hash buffer");
-            for (uint64_t p = 0; p < body->len;) {
-                size_t want = body->len - p < (1u << 20) ? (size_t)(body->len - p) : (1u << 20);
-                ssize_t n = pread(body->fd, buf, want, (off_t)(body->off + p));
-                if (n <= 0) {
-                    free(buf);
-                    return MOE_FAIL(MOE_STATUS_IO_ERROR, "reading %s for upload failed: %s", key,
-                                    n < 0 ? strerror(errno) : "unexpected end of file");
-                }
-                sha256_update(&h, buf, (size_t)n);
-                p += (uint64_t)n;
-            }
-            free(buf);
-        }
-        sha256_final_hex(&h, hash);
-    } else {
-        ck_sha256_hex("", 0, hash);
+    moe_status_t hst = !body          ? ck_sha256_hex("", 0, hash)
+                       : body->mem    ? ck_sha256_hex(body->mem, (size_t)body->len, hash)
+                                      : ck_sha256_fd_hex(body->fd, body->off, body->len, hash);
+    if (hst != MOE_STATUS_SUCCESS) return moe_error_wrap(hst, "hashing the body of %s", key);
+    size_t pl = strlen(s->bucket) + strlen(key) + 3;
+    char *path = malloc(pl);
+    if (!path) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "URL");
+    snprintf(path, pl, "/%s/%s", s->bucket, key);
+    char *epath = ck_uri_encode(path, true);
+    size_t ul = strlen(s->endpoint) + (epath ? strlen(epath) : 0) + (query ? strlen(query) : 0) + 4;
+    char *url = epath ? malloc(ul) : NULL;
+    if (!url) {
+        free(path);
+        free(epath);
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "URL");
     }
-    size_t ul = strlen(s->endpoint) + strlen(s->bucket) + strlen(key) + (query ? strlen(query) : 0) + 8;
-    char *url = malloc(ul);
-    if (!url) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "URL");
-    snprintf(url, ul, "%s/%s/%s%s%s", s->endpoint, s->bucket, key, query ? "?" : "",
-             query ? query : "");
-    char hdr_hash[100], hdr_tok[4096];
-    snprintf(hdr_hash, sizeof hdr_hash, "x-amz-content-sha256: %s", hash);
-    struct curl_slist *hdrs = curl_slist_append(NULL, hdr_hash);
-    hdrs = curl_slist_append(hdrs, "Expect:");
-    if (s->token) {
-        snprintf(hdr_tok, sizeof hdr_tok, "x-amz-security-token: %s", s->token);
-        hdrs = curl_slist_append(hdrs, hdr_tok);
-    }
+    snprintf(url, ul, "%s%s%s%s", s->endpoint, epath, query ? "?" : "", query ? query : "");
+    free(epath);
+    struct curl_slist *hdrs = NULL;
     unsigned seed = (unsigned)time(NULL) ^ (unsigned)(uintptr_t)r;
     moe_status_t st = MOE_STATUS_SUCCESS;
     char errbuf[CURL_ERROR_SIZE];
@@ -418,11 +377,16 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
             r->written = 0;
         }
         if (body) body->pos = 0;
+        curl_slist_free_all(hdrs); /* signed anew: the date is part of the signature */
+        hdrs = NULL;
+        st = signed_headers(s, method, path, query, hash, &hdrs);
+        if (st != MOE_STATUS_SUCCESS) break;
         CURL *c = curl_easy_init();
         if (!c) {
             st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "curl_easy_init failed");
             break;
         }
+        r->curl = c;
         errbuf[0] = 0;
         curl_easy_setopt(c, CURLOPT_URL, url);
         curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
@@ -439,11 +403,6 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
         curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
         curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
         curl_easy_setopt(c, CURLOPT_XFERINFODATA, s);
-        if (s->ak && s->sk) {
-            curl_easy_setopt(c, CURLOPT_AWS_SIGV4, s->sigv4);
-            curl_easy_setopt(c, CURLOPT_USERNAME, s->ak);
-            curl_easy_setopt(c, CURLOPT_PASSWORD, s->sk);
-        }
         if (!strcmp(method, "PUT")) {
             curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
             curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
@@ -462,6 +421,7 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
         long code = 0;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
         curl_easy_cleanup(c);
+        r->curl = NULL;
         bool last = attempt >= retries;
         if (rc == CURLE_ABORTED_BY_CALLBACK) {
             st = MOE_FAIL(MOE_STATUS_ABORTED, "S3 %s %s cancelled", method, key);
@@ -485,17 +445,17 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
             break;
         }
         if ((code >= 500 || code == 429) && !last) {
-            moe_log(s->log, MOE_LOG_WARN, "checkpoint: S3 %s %s: HTTP %ld; retry %d of %d",
-                    method, key, code, attempt + 1, retries);
+            char ecode[128] = "";
+            xml_value(r->data, "Code", ecode, sizeof ecode);
+            moe_log(s->log, MOE_LOG_WARN, "checkpoint: S3 %s %s: HTTP %ld%s%s; retry %d of %d",
+                    method, key, code, *ecode ? " " : "", ecode, attempt + 1, retries);
             backoff_sleep(s, attempt, &seed);
             continue;
         }
         if (code < 200 || code >= 300) {
             char ecode[128] = "", emsg[256] = "";
-            if (r->fd < 0) {
-                xml_value(r->data, "Code", ecode, sizeof ecode);
-                xml_value(r->data, "Message", emsg, sizeof emsg);
-            }
+            xml_value(r->data, "Code", ecode, sizeof ecode);
+            xml_value(r->data, "Message", emsg, sizeof emsg);
             moe_status_t kind = MOE_STATUS_REMOTE_ERROR;
             if (code == 404 && (!strcmp(ecode, "NoSuchKey") || (!*ecode && strcmp(method, "HEAD") == 0)))
                 kind = MOE_STATUS_NOT_FOUND;
@@ -524,6 +484,7 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
     }
     curl_slist_free_all(hdrs);
     free(url);
+    free(path);
     if (st != MOE_STATUS_SUCCESS) { /* the body served the message: callers may just return */
         free(r->data);
         r->data = NULL;
@@ -779,7 +740,10 @@ static void collect_step(const char *key, void *ud)
     memcpy(dir, key, l);
     dir[l] = 0;
     int64_t step;
+    char canonical[64];
     if (!ck_parse_step_dirname(dir, &step)) return;
+    ck_step_dirname(step, canonical, sizeof canonical);
+    if (strcmp(dir, canonical) != 0) return; /* only what a load can fetch is listed */
     if (a->n == a->cap) {
         int32_t cap = a->cap ? a->cap * 2 : 16;
         int64_t *v = realloc(a->v, sizeof *v * (size_t)cap);

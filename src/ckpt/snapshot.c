@@ -75,7 +75,7 @@ static void seg_release(void *vck, void *vseg)
 static moe_status_t save_checks(moe_ckpt_t *ck, int64_t step, const moe_ckpt_tensor_t *tensors,
                                 int32_t count, ckpt_job_t *j)
 {
-    MOE_TRY(ckpt_take_async_error(ck));
+    MOE_TRY(ckpt_take_async_error(ck, false)); /* local failures only: never the mirror's */
     MOE_CHECK_ARG(step >= 0, "step is %" PRId64 "; it must be >= 0", step);
     MOE_CHECK_ARG(step > ck->last_saved_step,
                   "step %" PRId64 " is not greater than the last saved step %" PRId64, step,
@@ -117,7 +117,8 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
     moe_error_clear();
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
     double t0 = moe_now_s();
-    MOE_TRY(ckpt_progress(ck, false, false, -1)); /* commit what every rank has made durable */
+    /* commit what every rank has made durable */
+    MOE_TRY(ckpt_progress(ck, false, false, -1, false));
     ckpt_job_t *j = calloc(1, sizeof *j);
     if (!j) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "save job");
     moe_status_t st = save_checks(ck, step, tensors, count, j);
@@ -318,7 +319,7 @@ moe_status_t ckpt_write_job(moe_ckpt_t *ck, ckpt_job_t *j, char *stepdir, char *
     if (st == MOE_STATUS_SUCCESS) st = ck_fsync_dir(stepdir);
     if (st != MOE_STATUS_SUCCESS && opened) unlink(tmp);
     if (st == MOE_STATUS_SUCCESS) {
-        *pieces_json = ck_pieces_to_json(j->pieces, j->npieces);
+        *pieces_json = ck_pieces_to_json(j->step, ck->cfg.chunk_bytes, j->pieces, j->npieces);
         if (!*pieces_json) st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "piece list");
     }
     return st;

@@ -1,10 +1,12 @@
-/* Blocking helpers over the communicator table, and dtype sizes. */
+/* Blocking helpers over the communicator table, dtype sizes, and the failure paths both
+ * implementations share (marking a communicator dead, naming the ranks, the watch). */
 #include "comm.h"
 
 #include "../core/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -21,18 +23,37 @@ size_t moe_comm_dtype_size(moe_comm_dtype_t dt)
     return 0;
 }
 
-void moe_comm_describe_members(moe_comm_t *c, const int *world_ranks)
+void moe_comm_format_ranks(char *out, size_t size, const int *ranks, int n)
 {
-    size_t len = (size_t)snprintf(c->members, sizeof c->members, "world ranks ");
-    for (int i = 0; i < c->size && len < sizeof c->members; i++) {
-        int room = (int)(sizeof c->members - len);
-        int w = snprintf(c->members + len, (size_t)room, "%s%d", i ? "," : "", world_ranks[i]);
+    size_t len = (size_t)snprintf(out, size, "world rank%s ", n == 1 ? "" : "s");
+    for (int i = 0; i < n && len < size; i++) {
+        int room = (int)(size - len);
+        int w = snprintf(out + len, (size_t)room, "%s%d", i ? "," : "", ranks[i]);
         if (w >= room) { /* truncated: end with an ellipsis */
-            strcpy(c->members + sizeof c->members - 4, "...");
+            if (size >= 4) strcpy(out + size - 4, "...");
             break;
         }
         len += (size_t)w;
     }
+}
+
+void moe_comm_describe_members(moe_comm_t *c)
+{
+    moe_comm_format_ranks(c->members, sizeof c->members, c->world_ranks, c->size);
+}
+
+int moe_comm_my_world_rank(const moe_comm_t *c)
+{
+    return c->world_ranks ? c->world_ranks[c->rank] : c->rank;
+}
+
+int moe_comm_late_members(const moe_comm_t *c, moe_comm_req_t *r, int *late, int max)
+{
+    (void)r;
+    int n = 0;
+    for (int i = 0; c->world_ranks && i < c->size && n < max; i++)
+        if (i != c->rank) late[n++] = c->world_ranks[i];
+    return n;
 }
 
 void moe_comm_backoff(unsigned spin)
@@ -54,13 +75,70 @@ bool moe_comm_mark_dead(moe_comm_t *c, const char *fmt, ...)
     return true;
 }
 
+bool moe_comm_is_dead(const moe_comm_t *c)
+{
+    return c->dead || (c->watch && moe_comm_watch_failure(c->watch, NULL) != MOE_STATUS_SUCCESS);
+}
+
 moe_status_t moe_comm_check_live(const moe_comm_t *c, const char *what)
 {
+    const char *cause = NULL;
+    if (c->watch && moe_comm_watch_failure(c->watch, &cause) != MOE_STATUS_SUCCESS)
+        return MOE_FAIL(MOE_STATUS_ABORTED,
+                        "%s on the %s communicator (%s): the mesh is unusable since %s", what,
+                        c->name, c->members, cause);
     if (c->dead)
         return MOE_FAIL(MOE_STATUS_ABORTED,
                         "%s on the %s communicator (%s): the communicator is unusable after %s",
                         what, c->name, c->members, c->dead_reason);
     return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_comm_poll_watch(moe_comm_t *c, const char *what)
+{
+    if (!c->watch) return MOE_STATUS_SUCCESS;
+    moe_comm_watch_poll(c->watch);
+    const char *cause = NULL;
+    if (moe_comm_watch_failure(c->watch, &cause) == MOE_STATUS_SUCCESS) return MOE_STATUS_SUCCESS;
+    moe_comm_mark_dead(c, "a failure elsewhere");
+    return MOE_FAIL(MOE_STATUS_ABORTED, "%s on the %s communicator (%s; this is world rank %d) "
+                    "stopped: %s", what, c->name, c->members, moe_comm_my_world_rank(c), cause);
+}
+
+moe_status_t moe_comm_timed_out(moe_comm_t *c, const char *what, int timeout_ms, const int *late,
+                                int nlate, const char *detail)
+{
+    char found[512] = "";
+    moe_comm_mark_dead(c, "a timeout in %s", what);
+    if (c->watch) {
+        moe_comm_watch_timed_out(c->watch, c, what, timeout_ms, late, nlate, found, sizeof found);
+    } else if (nlate > 0 && !(detail && *detail)) {
+        char ranks[128];
+        moe_comm_format_ranks(ranks, sizeof ranks, late, nlate);
+        snprintf(found, sizeof found, "waiting for %s: a peer is dead or stalled", ranks);
+    } else {
+        snprintf(found, sizeof found, "a peer is dead or stalled");
+    }
+    return MOE_FAIL(MOE_STATUS_TIMEOUT,
+                    "%s on the %s communicator (%s; this is world rank %d) did not complete "
+                    "within %d ms%s%s: %s", what, c->name, c->members, moe_comm_my_world_rank(c),
+                    timeout_ms, detail && *detail ? "; " : "", detail ? detail : "", found);
+}
+
+moe_status_t moe_comm_failed(moe_comm_t *c, moe_status_t status, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    moe_comm_mark_dead(c, "%s", msg);
+    if (c->watch) {
+        char cause[640];
+        snprintf(cause, sizeof cause, "world rank %d failed: %s", moe_comm_my_world_rank(c), msg);
+        moe_comm_watch_fail(c->watch, status, cause);
+    }
+    return MOE_FAIL(status, "%s", msg);
 }
 
 moe_status_t moe_comm_check_peer_tag(const moe_comm_t *c, const char *what, int peer, int tag)
@@ -99,7 +177,7 @@ moe_status_t moe_comm_allreduce(moe_comm_t *c, const void *send, void *recv, siz
 {
     moe_comm_req_t *req = NULL;
     MOE_TRY(c->ops->allreduce(c, send, recv, count, dt, op, &req));
-    return c->ops->wait(c, req);
+    return moe_comm_wait(c, req);
 }
 
 moe_status_t moe_comm_broadcast(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
@@ -107,7 +185,7 @@ moe_status_t moe_comm_broadcast(moe_comm_t *c, void *buf, size_t count, moe_comm
 {
     moe_comm_req_t *req = NULL;
     MOE_TRY(c->ops->broadcast(c, buf, count, dt, root, &req));
-    return c->ops->wait(c, req);
+    return moe_comm_wait(c, req);
 }
 
 moe_status_t moe_comm_alltoallv(moe_comm_t *c, const void *send, const size_t *send_counts,
@@ -117,7 +195,35 @@ moe_status_t moe_comm_alltoallv(moe_comm_t *c, const void *send, const size_t *s
     moe_comm_req_t *req = NULL;
     MOE_TRY(c->ops->alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
                               dt, &req));
-    return c->ops->wait(c, req);
+    return moe_comm_wait(c, req);
+}
+
+moe_status_t moe_comm_allreduce_copy(moe_comm_t *c, const void *send, void *recv, size_t count,
+                                     moe_comm_dtype_t dt, moe_reduce_op_t op)
+{
+    MOE_CHECK_ARG(!c->device_buffers, "allreduce_copy takes host buffers");
+    size_t bytes = count * moe_comm_dtype_size(dt);
+    void *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "allreduce of %zu bytes", bytes);
+    memcpy(tmp, send, bytes);
+    MOE_TRY(moe_comm_allreduce(c, tmp, tmp, count, dt, op)); /* tmp stays MPI's */
+    memcpy(recv, tmp, bytes);
+    free(tmp);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_comm_broadcast_copy(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
+                                     int root)
+{
+    MOE_CHECK_ARG(!c->device_buffers, "broadcast_copy takes host buffers");
+    size_t bytes = count * moe_comm_dtype_size(dt);
+    void *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "broadcast of %zu bytes", bytes);
+    memcpy(tmp, buf, bytes);
+    MOE_TRY(moe_comm_broadcast(c, tmp, count, dt, root)); /* tmp stays MPI's */
+    memcpy(buf, tmp, bytes);
+    free(tmp);
+    return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_comm_barrier(moe_comm_t *c) { return c->ops->barrier(c); }
@@ -132,7 +238,7 @@ moe_status_t moe_comm_send(moe_comm_t *c, const void *buf, size_t count, moe_com
 {
     moe_comm_req_t *req = NULL;
     MOE_TRY(c->ops->send(c, buf, count, dt, peer, tag, &req));
-    return c->ops->wait(c, req);
+    return moe_comm_wait(c, req);
 }
 
 moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
@@ -140,10 +246,18 @@ moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtyp
 {
     moe_comm_req_t *req = NULL;
     MOE_TRY(c->ops->recv(c, buf, count, dt, peer, tag, &req));
-    return c->ops->wait(c, req);
+    return moe_comm_wait(c, req);
 }
 
-moe_status_t moe_comm_wait(moe_comm_t *c, moe_comm_req_t *req) { return c->ops->wait(c, req); }
+moe_status_t moe_comm_wait(moe_comm_t *c, moe_comm_req_t *req)
+{
+    return c->ops->wait(c, req, c->timeout_ms);
+}
+
+moe_status_t moe_comm_wait_within(moe_comm_t *c, moe_comm_req_t *req, int timeout_ms)
+{
+    return c->ops->wait(c, req, timeout_ms);
+}
 
 moe_status_t moe_comm_test(moe_comm_t *c, moe_comm_req_t *req, bool *done)
 {
@@ -158,7 +272,16 @@ moe_status_t moe_comm_split(moe_comm_t *c, int color, int key, const char *name,
 
 void moe_comm_abort(moe_comm_t *c)
 {
-    if (c) c->ops->abort(c);
+    if (!c) return;
+    bool was_live = !moe_comm_is_dead(c);
+    c->ops->abort(c);
+    if (was_live && c->watch) {
+        char cause[640];
+        snprintf(cause, sizeof cause, "world rank %d aborted the %s communicator after: %s",
+                 moe_comm_my_world_rank(c), c->name,
+                 moe_last_error()[0] ? moe_last_error() : "a local failure");
+        moe_comm_watch_fail(c->watch, MOE_STATUS_ABORTED, cause);
+    }
 }
 
 /* ---- builds without a backend ------------------------------------------------------------- */
@@ -178,6 +301,8 @@ moe_status_t moe_comm_mpi_acquire(void)
     return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "libmoe was built without MPI");
 }
 void moe_comm_mpi_release(void) {}
+void moe_comm_mpi_abandon(void) {}
+bool moe_comm_mpi_release_finalizes(void) { return false; }
 bool moe_comm_mpi_ready(void) { return false; }
 bool moe_comm_mpi_threads_ok(void) { return false; }
 moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size)
@@ -186,6 +311,39 @@ moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size)
     *rank = 0;
     *size = 1;
     return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "libmoe was built without MPI");
+}
+#endif
+
+#ifndef MOE_HAVE_MPI
+/* Without MPI there is no mesh of several ranks, hence no watch. */
+moe_status_t moe_comm_watch_create(moe_comm_t *world, moe_comm_watch_t **out)
+{
+    (void)world;
+    *out = NULL;
+    return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "libmoe was built without MPI");
+}
+void moe_comm_watch_destroy(moe_comm_watch_t *w) { (void)w; }
+void moe_comm_watch_poll(moe_comm_watch_t *w) { (void)w; }
+void moe_comm_watch_waiting(moe_comm_watch_t *w, const moe_comm_t *c, moe_comm_req_t *r,
+                            moe_comm_late_fn late)
+{
+    (void)w, (void)c, (void)r, (void)late;
+}
+moe_status_t moe_comm_watch_failure(const moe_comm_watch_t *w, const char **cause)
+{
+    (void)w;
+    if (cause) *cause = "";
+    return MOE_STATUS_SUCCESS;
+}
+void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const char *what,
+                              int timeout_ms, const int *late, int nlate, char *text, size_t size)
+{
+    (void)w, (void)c, (void)what, (void)timeout_ms, (void)late, (void)nlate;
+    if (size) text[0] = '\0';
+}
+void moe_comm_watch_fail(moe_comm_watch_t *w, moe_status_t status, const char *cause)
+{
+    (void)w, (void)status, (void)cause;
 }
 #endif
 

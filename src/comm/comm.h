@@ -5,9 +5,12 @@
  *   nccl.c  device buffers, enqueued on the communicator's own stream.
  *
  * Every operation is started non-blocking and completed by moe_comm_wait, which fails with
- * MOE_STATUS_TIMEOUT (naming the communicator and its ranks) once the communicator's timeout
- * passes; after a timeout or an abort the communicator is unusable. Blocking helpers below
- * are start + wait. Collectives must be started in the same order on every member.
+ * MOE_STATUS_TIMEOUT (naming the operation, the axis, the members and the world ranks that
+ * did not deliver) once the communicator's timeout passes; after a timeout, a failed operation
+ * or an abort the communicator is unusable. The communicators of a mesh share a watch
+ * (watch.h): the first failure of any of them makes them all unusable and is told to the
+ * other ranks, whose waits then fail at once. Blocking helpers below are start + wait.
+ * Collectives must be started in the same order on every member.
  * Counts and displacements are in elements.
  */
 #ifndef MOE_COMM_H
@@ -21,6 +24,7 @@
 
 #include "../backend/backend.h"
 #include "../core/log.h"
+#include "watch.h"
 
 typedef enum moe_comm_dtype {
     MOE_COMM_F32 = 0,
@@ -39,7 +43,6 @@ typedef enum moe_reduce_op {
 
 size_t moe_comm_dtype_size(moe_comm_dtype_t dt);
 
-typedef struct moe_comm moe_comm_t;
 typedef struct moe_comm_req moe_comm_req_t; /* an operation in flight, owned by its comm */
 
 typedef struct moe_comm_ops {
@@ -56,8 +59,9 @@ typedef struct moe_comm_ops {
                          int peer, int tag, moe_comm_req_t **req);
     moe_status_t (*recv)(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt, int peer,
                          int tag, moe_comm_req_t **req);
-    /* complete (or with `test`, poll) an operation; the request is freed on completion */
-    moe_status_t (*wait)(moe_comm_t *c, moe_comm_req_t *req);
+    /* complete within timeout_ms (or with `test`, poll) an operation; the request is freed on
+     * completion */
+    moe_status_t (*wait)(moe_comm_t *c, moe_comm_req_t *req, int timeout_ms);
     moe_status_t (*test)(moe_comm_t *c, moe_comm_req_t *req, bool *done);
     moe_status_t (*barrier)(moe_comm_t *c);
     /* ranks with equal color form a new communicator ordered by key; collective */
@@ -79,12 +83,16 @@ struct moe_comm {
      * pinned host memory and copies; nccl.c orders each operation after the backend's
      * current stream (NULL: after the legacy default stream). */
     const moe_backend_t *backend;
-    /* "world ranks 0,2,4,6": the members, for messages (set by the implementation). */
+    /* [size] member i's rank in the world the communicator was made from (owned, set by
+     * the implementation), and "world ranks 0,2,4,6": the members, for messages. */
+    int *world_ranks;
     char members[96];
+    /* The mesh's failure detector (not owned; NULL outside a mesh), inherited by splits. */
+    moe_comm_watch_t *watch;
     /* After a timeout, a failed operation or an abort the communicator is dead: every later
      * call fails with ABORTED and names the first cause (moe_comm_mark_dead). */
     bool dead;
-    char dead_reason[160];
+    char dead_reason[256];
 };
 
 /* Tags of send/recv: 0 <= tag < MOE_COMM_MAX_TAG (larger ones are reserved for libmoe's
@@ -117,6 +125,11 @@ moe_status_t moe_comm_nccl_create(moe_comm_t *bootstrap, const char *name, moe_c
  * is the one piece of process-wide state, and MPI cannot be initialised twice). */
 moe_status_t moe_comm_mpi_acquire(void);
 void moe_comm_mpi_release(void);
+/* Release after a mesh lost a peer: MPI_Finalize would wait for it for ever, so MPI is left
+ * initialised for the rest of the process (no release finalises it any more). */
+void moe_comm_mpi_abandon(void);
+/* True when the next release would call MPI_Finalize. */
+bool moe_comm_mpi_release_finalizes(void);
 /* True when MPI is initialised and not finalised. */
 bool moe_comm_mpi_ready(void);
 /* True when MPI was initialised with at least MPI_THREAD_FUNNELED (other threads may exist
@@ -131,9 +144,30 @@ bool moe_comm_have_nccl(void);
 
 /* State both implementations keep the same way: record the first cause of death
  * (printf-style; returns whether c was live until now), and fail with ABORTED, naming `what`
- * and that cause, once c is dead. */
+ * and that cause, once c is dead or its watch has seen a failure. */
 bool moe_comm_mark_dead(moe_comm_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 moe_status_t moe_comm_check_live(const moe_comm_t *c, const char *what);
+/* Dead itself, or its watch has seen a failure: nothing more may be started or waited for. */
+bool moe_comm_is_dead(const moe_comm_t *c);
+/* This rank's world rank (c->world_ranks[c->rank]). */
+int moe_comm_my_world_rank(const moe_comm_t *c);
+/* Every other member's world rank, at most max of them (a moe_comm_late_fn for operations
+ * that cannot say which peers are missing). */
+int moe_comm_late_members(const moe_comm_t *c, moe_comm_req_t *r, int *late, int max);
+
+/* The failure paths both implementations share (the message is this thread's last error):
+ * - moe_comm_poll_watch: answer the watch between polls of an operation; fails with ABORTED
+ *   (c marked dead) once another rank reported a failure.
+ * - moe_comm_timed_out: `what` ran past timeout_ms waiting for the world ranks late[0..nlate)
+ *   (`detail`, e.g. "no rows yet from world ranks 3", may be ""); c is marked dead, the watch
+ *   names the ranks that do not answer and tells the others; returns TIMEOUT.
+ * - moe_comm_failed: an operation failed locally (status, printf-style message): c is marked
+ *   dead and the watch tells the others; returns status. */
+moe_status_t moe_comm_poll_watch(moe_comm_t *c, const char *what);
+moe_status_t moe_comm_timed_out(moe_comm_t *c, const char *what, int timeout_ms, const int *late,
+                                int nlate, const char *detail);
+moe_status_t moe_comm_failed(moe_comm_t *c, moe_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Argument checks both implementations make before starting an operation (one wording on
  * MPI and NCCL). `what` names the operation in the message. */
@@ -143,9 +177,11 @@ moe_status_t moe_comm_check_reduce_op(moe_reduce_op_t op);
 moe_status_t moe_comm_check_alltoallv(const size_t *send_counts, const size_t *send_displs,
                                       const size_t *recv_counts, const size_t *recv_displs);
 
-/* Write "world ranks a,b,..." (the communicator's members, world_ranks[0..size), truncated
- * with "..." when long) into c->members, for messages. */
-void moe_comm_describe_members(moe_comm_t *c, const int *world_ranks);
+/* Write "world ranks a,b,..." (c->world_ranks, truncated with "..." when long) into
+ * c->members, for messages. */
+void moe_comm_describe_members(moe_comm_t *c);
+/* "world rank 3" or "world ranks 1,3" for ranks[0..n), truncated with "..." to size. */
+void moe_comm_format_ranks(char *out, size_t size, const int *ranks, int n);
 /* Pause between polls of an operation in flight, growing with the poll count `spin`, so a
  * wait stops burning a core that the peers may need. */
 void moe_comm_backoff(unsigned spin);
@@ -164,12 +200,58 @@ moe_status_t moe_comm_send(moe_comm_t *c, const void *buf, size_t count, moe_com
 moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
                            int peer, int tag);
 
-/* Thin wrappers over the table (NULL-safe where noted). */
+/* The blocking all-reduce and broadcast for small host messages whose buffers may live on
+ * the caller's stack (flags, counts, headers): the operation runs on a heap copy that is
+ * copied back on success and left to MPI (leaked) when it fails, so that a peer arriving
+ * late never writes into a stack frame that is gone. Host buffers only. */
+moe_status_t moe_comm_allreduce_copy(moe_comm_t *c, const void *send, void *recv, size_t count,
+                                     moe_comm_dtype_t dt, moe_reduce_op_t op);
+moe_status_t moe_comm_broadcast_copy(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
+                                     int root);
+
+/* Thin wrappers over the table (NULL-safe where noted). wait uses the communicator's
+ * timeout, wait_within the given one. */
 moe_status_t moe_comm_wait(moe_comm_t *c, moe_comm_req_t *req);
+moe_status_t moe_comm_wait_within(moe_comm_t *c, moe_comm_req_t *req, int timeout_ms);
 moe_status_t moe_comm_test(moe_comm_t *c, moe_comm_req_t *req, bool *done);
 moe_status_t moe_comm_split(moe_comm_t *c, int color, int key, const char *name,
                             moe_comm_t **out);
-void moe_comm_abort(moe_comm_t *c);   /* NULL: no-op */
+/* NULL: no-op. The reason told to the other ranks is the calling thread's last error (the
+ * failure that made the caller give up). */
+void moe_comm_abort(moe_comm_t *c);
 void moe_comm_destroy(moe_comm_t *c); /* NULL: no-op */
+
+/* ---- agreement on a configuration (agree.c) ----------------------------------------------
+ * Ranks that must hold the same configuration compare it before they rely on it, so that a
+ * difference is an error naming the field on every rank, not a silent divergence, a
+ * mismatched collective (which Open MPI turns into a job abort) or a hang. */
+
+typedef enum moe_agree_kind {
+    MOE_AGREE_INT = 0, /* value is the integer */
+    MOE_AGREE_U64 = 1, /* value holds a uint64_t's bits */
+    MOE_AGREE_F32 = 2  /* value holds a float's bits (compared bitwise) */
+} moe_agree_kind_t;
+
+typedef struct moe_agree_field {
+    const char *name;
+    moe_agree_kind_t kind;
+    int64_t value;
+} moe_agree_field_t;
+
+moe_agree_field_t moe_agree_int(const char *name, int64_t value);
+moe_agree_field_t moe_agree_u64(const char *name, uint64_t value);
+moe_agree_field_t moe_agree_f32(const char *name, float value);
+
+/* Collective over c (MPI, host buffers): every member passes the same field names in the
+ * same order. `local` is this member's own verdict on its configuration: SUCCESS, or the
+ * status of the check that rejected it (its message is this thread's last error).
+ * Fails with INVALID_ARGUMENT on every other member when a member rejected its own
+ * configuration (naming the first such world rank and its message; that member returns
+ * `local` with its message unchanged), or on every member when a field differs (naming, for
+ * each differing field, a world rank holding the smallest and one holding the largest value,
+ * and both values). `what` names the configuration in messages ("the layer config"). One
+ * all-reduce when everything agrees. */
+moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_field_t *fields,
+                            int n, moe_status_t local);
 
 #endif /* MOE_COMM_H */

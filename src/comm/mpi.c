@@ -3,12 +3,13 @@
  * (the runtime backend's alloc_pinned + copy), so several ranks can share one GPU.
  *
  * Every operation is started non-blocking (MPI_I*) and completed by wait(), which polls
- * MPI_Testall against a deadline of timeout_ms: a dead or stalled peer ends in
- * MOE_STATUS_TIMEOUT naming the operation, the axis and its members, never in a hang.
- * After a timeout or abort the communicator is dead: every later call fails with ABORTED.
- * MPI cannot cancel a collective, so buffers of an operation that timed out may still be
- * written by MPI until the process finalises; staging buffers of such operations are leaked
- * on purpose (freeing them would let MPI write into freed memory).
+ * MPI_Testall (and the mesh's watch) against a deadline of timeout_ms: a dead or stalled peer
+ * ends in MOE_STATUS_TIMEOUT naming the operation, the axis, its members and the world ranks
+ * that did not deliver, never in a hang. After a timeout, an MPI error or an abort the
+ * communicator is dead: every later call fails with ABORTED. MPI cannot cancel a collective,
+ * so buffers of an operation that never completed may still be written by MPI until the
+ * process ends; staging buffers of such operations (and the communicator) are leaked on
+ * purpose (freeing them would let MPI write into freed memory).
  *
  * alltoallv is point-to-point (one Irecv and one Isend per peer, on a reserved tag): it lets
  * a timeout name the peers whose rows never arrived and lets a count mismatch be reported
@@ -29,12 +30,13 @@
 #include "../core/bf16.h"
 #include "../core/clock.h"
 #include "../core/error.h"
+#include "mpi_support.h"
 
 #define A2A_TAG (MOE_COMM_MAX_TAG + 1)
 
-/* ---- error translation ------------------------------------------------------------------- */
+/* ---- MPI helpers (mpi_support.h) ----------------------------------------------------------- */
 
-static const char *mpi_describe(int rc)
+const char *moe_mpi_describe(int rc)
 {
     static _Thread_local char buf[MPI_MAX_ERROR_STRING + 16];
     int len = 0;
@@ -42,10 +44,16 @@ static const char *mpi_describe(int rc)
     return buf;
 }
 
-#define MOE_MPI_CHECK(call)                                                                \
-    MOE_CHECK_GEN(int, call, rc_ == MPI_SUCCESS, MOE_STATUS_COMM_ERROR, mpi_describe)
-#define MOE_MPI_CHECK_GOTO(st, call)                                                       \
-    MOE_CHECK_GEN_GOTO(st, int, call, rc_ == MPI_SUCCESS, MOE_STATUS_COMM_ERROR, mpi_describe)
+int moe_mpi_testall(int n, MPI_Request *reqs, int *flag, MPI_Status *statuses)
+{
+    MPI_Errhandler prev = MPI_ERRHANDLER_NULL;
+    bool swapped = MPI_Comm_get_errhandler(MPI_COMM_WORLD, &prev) == MPI_SUCCESS &&
+                   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) == MPI_SUCCESS;
+    int rc = MPI_Testall(n, reqs, flag, statuses);
+    if (swapped) MPI_Comm_set_errhandler(MPI_COMM_WORLD, prev);
+    if (prev != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&prev);
+    return rc;
+}
 
 /* ---- state ----------------------------------------------------------------------------------- */
 
@@ -57,7 +65,6 @@ typedef struct pool_block {
 
 typedef struct mpi_impl {
     MPI_Comm comm;
-    int *world_ranks;          /* [size] member i's rank in the root communicator */
     MPI_Op bf16_op[3];         /* sum, max, min on bf16 (MPI has no bf16 type) */
     pool_block_t *pool;        /* pinned staging blocks (device buffers only), grown */
     int npool;
@@ -73,13 +80,15 @@ struct moe_comm_req {
     const char *what;
     int n;                     /* MPI requests */
     MPI_Request *reqs;
-    int *peer;                 /* alltoallv: peer of each request, -1 for non-receives */
+    int *peer;                 /* transfers: the peer of each request; NULL for collectives */
+    int nrecv;                 /* alltoallv: requests [0, nrecv) are the receives */
     size_t *expect;            /* alltoallv: bytes each receive must deliver */
     int stage[2];              /* pool slots in use (-1: none) */
     int nback;                 /* device copies to do on completion */
     stage_back_t *back;
     moe_comm_req_t *next;
     MPI_Request inline_reqs[2];
+    int inline_peer;
 };
 
 static bool staged(const moe_comm_t *c) { return c->device_buffers && c->backend; }
@@ -157,7 +166,10 @@ static void *pool_ptr(moe_comm_t *c, int slot) { return ((mpi_impl_t *)c->impl)-
 
 /* ---- requests -------------------------------------------------------------------------------- */
 
-static moe_status_t req_new(moe_comm_t *c, const char *what, int n, bool a2a, moe_comm_req_t **out)
+/* A request of n MPI requests; a2a adds the per-receive peer and byte tables, p2p the one
+ * peer. */
+static moe_status_t req_new(moe_comm_t *c, const char *what, int n, bool a2a, bool p2p,
+                            moe_comm_req_t **out)
 {
     moe_comm_req_t *r = calloc(1, sizeof *r);
     if (!r) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "request for %s", what);
@@ -168,10 +180,12 @@ static moe_status_t req_new(moe_comm_t *c, const char *what, int n, bool a2a, mo
     if (a2a) {
         r->peer = malloc((size_t)n * sizeof *r->peer);
         r->expect = malloc((size_t)n * sizeof *r->expect);
+    } else if (p2p) {
+        r->peer = &r->inline_peer;
     }
     if (!r->reqs || (a2a && (!r->peer || !r->expect))) {
         if (r->reqs != r->inline_reqs) free(r->reqs);
-        free(r->peer);
+        if (r->peer != &r->inline_peer) free(r->peer);
         free(r->expect);
         free(r);
         return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "request for %s", what);
@@ -189,7 +203,7 @@ static void req_free(moe_comm_t *c, moe_comm_req_t *r)
     for (int i = 0; i < 2; i++)
         if (r->stage[i] >= 0) m->pool[r->stage[i]].busy = false;
     if (r->reqs != r->inline_reqs) free(r->reqs);
-    free(r->peer);
+    if (r->peer != &r->inline_peer) free(r->peer);
     free(r->expect);
     free(r->back);
     free(r);
@@ -220,34 +234,38 @@ static bool is_inflight(moe_comm_t *c, moe_comm_req_t *r)
 }
 
 /* A start that failed after some MPI requests were posted cannot take them back: the
- * communicator is dead from then on and the request stays in flight (leaked with it). */
+ * communicator is dead from then on (the peers are told) and the request stays in flight
+ * (leaked with it). */
 static moe_status_t start_failed(moe_comm_t *c, moe_comm_req_t *r, moe_status_t st)
 {
     bool posted = false;
     for (int i = 0; i < r->n; i++) posted |= r->reqs[i] != MPI_REQUEST_NULL;
-    if (posted) {
-        moe_comm_mark_dead(c, "a failed %s", r->what);
-        inflight_add(c, r);
-    } else {
+    if (!posted) {
         req_free(c, r);
+        return st;
     }
-    return st;
+    inflight_add(c, r);
+    char msg[640];
+    snprintf(msg, sizeof msg, "%s", moe_last_error());
+    return moe_comm_failed(c, st, "%s on the %s communicator (%s) failed half-started: %s",
+                           r->what, c->name, c->members, msg);
 }
 
 /* Completion: check delivered byte counts, copy staged receives back to the device. */
 static moe_status_t finish(moe_comm_t *c, moe_comm_req_t *r, MPI_Status *statuses)
 {
     moe_status_t st = MOE_STATUS_SUCCESS;
-    if (r->peer) {
-        for (int i = 0; i < r->n; i++) {
+    if (r->expect) {
+        for (int i = 0; i < r->nrecv; i++) {
             if (r->peer[i] < 0) continue;
             int got = 0;
             MPI_Get_count(&statuses[i], MPI_BYTE, &got);
             if ((size_t)got != r->expect[i]) {
                 st = MOE_FAIL(MOE_STATUS_COMM_ERROR,
-                              "alltoallv on the %s communicator (%s): rank %d expected %zu bytes "
-                              "from rank %d and got %d; send and receive counts disagree",
-                              c->name, c->members, c->rank, r->expect[i], r->peer[i], got);
+                              "alltoallv on the %s communicator (%s): world rank %d expected %zu "
+                              "bytes from world rank %d and got %d; send and receive counts "
+                              "disagree", c->name, c->members, moe_comm_my_world_rank(c),
+                              r->expect[i], c->world_ranks[r->peer[i]], got);
                 break;
             }
         }
@@ -267,56 +285,116 @@ static moe_status_t mpi_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
     MOE_CHECK_ARG(r != NULL && is_inflight(c, r), "not an operation in flight on the %s communicator",
                   c->name);
     MOE_TRY(moe_comm_check_live(c, r->what));
+    const char *what = r->what;
     MPI_Status st_inline[2];
     MPI_Status *sts = r->n <= 2 ? st_inline : malloc((size_t)r->n * sizeof *sts);
     if (!sts) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "statuses");
     int flag = 0;
-    int rc = MPI_Testall(r->n, r->reqs, &flag, sts);
+    int rc = moe_mpi_testall(r->n, r->reqs, &flag, sts);
     moe_status_t st = MOE_STATUS_SUCCESS;
     if (rc != MPI_SUCCESS) {
-        moe_comm_mark_dead(c, "an MPI error in %s", r->what);
-        st = MOE_FAIL(MOE_STATUS_COMM_ERROR, "%s on the %s communicator (%s): MPI_Testall: %s",
-                      r->what, c->name, c->members, mpi_describe(rc));
+        /* MPI_ERR_IN_STATUS: the request's own error says what happened */
+        for (int i = 0; rc == MPI_ERR_IN_STATUS && i < r->n; i++)
+            if (sts[i].MPI_ERROR != MPI_SUCCESS && sts[i].MPI_ERROR != MPI_ERR_PENDING)
+                rc = sts[i].MPI_ERROR;
+        st = moe_comm_failed(c, MOE_STATUS_COMM_ERROR, "%s on the %s communicator (%s): %s",
+                             r->what, c->name, c->members, moe_mpi_describe(rc));
     } else if (flag) {
         *done = true;
         st = finish(c, r, sts);
     }
     if (sts != st_inline) free(sts);
+    /* answer pings either way; a failure reported by another rank stops an operation that is
+     * not done (one that is shows it on its next call) */
+    if (st == MOE_STATUS_SUCCESS && !*done) return moe_comm_poll_watch(c, what);
+    moe_comm_watch_poll(c->watch);
     return st;
 }
 
-static moe_status_t mpi_wait(moe_comm_t *c, moe_comm_req_t *r)
+/* The world ranks of the unfinished requests [lo, hi) of a transfer. */
+static int unfinished(const moe_comm_t *c, moe_comm_req_t *r, int lo, int hi, int *late)
 {
-    MOE_CHECK_ARG(r != NULL && is_inflight(c, r), "not an operation in flight on the %s communicator",
-                  c->name);
-    double deadline = moe_now_ms() + c->timeout_ms;
+    int n = 0;
+    for (int i = lo; i < hi; i++) {
+        int flag = 0;
+        if (r->peer[i] < 0 || r->reqs[i] == MPI_REQUEST_NULL) continue;
+        MPI_Request_get_status(r->reqs[i], &flag, MPI_STATUS_IGNORE);
+        if (!flag) late[n++] = c->world_ranks[r->peer[i]];
+    }
+    return n;
+}
+
+/* The world ranks a request still waits for: every other member for a collective; for an
+ * alltoallv the peers whose rows have not arrived, or when they all have, those that have not
+ * taken theirs (*sends set); the peer of a send or receive. */
+static int late_ranks(const moe_comm_t *c, moe_comm_req_t *r, int *late, bool *sends)
+{
+    *sends = false;
+    if (!r->peer) {
+        int n = 0;
+        for (int i = 0; i < c->size; i++)
+            if (i != c->rank) late[n++] = c->world_ranks[i];
+        return n;
+    }
+    if (!r->expect) return unfinished(c, r, 0, r->n, late);
+    int n = unfinished(c, r, 0, r->nrecv, late);
+    if (n == 0) {
+        n = unfinished(c, r, r->nrecv, r->n, late);
+        *sends = true;
+    }
+    return n;
+}
+
+/* late_ranks for the watch's answers, at most max of them. */
+static int mpi_late(const moe_comm_t *c, moe_comm_req_t *r, int *late, int max)
+{
+    int *all = malloc(sizeof *all * (size_t)(c->size > r->n ? c->size : r->n));
+    bool sends = false;
+    int n = all ? late_ranks(c, r, all, &sends) : 0;
+    if (n > max) n = max;
+    if (n > 0) memcpy(late, all, sizeof *late * (size_t)n);
+    free(all);
+    return n;
+}
+
+static moe_status_t wait_until(moe_comm_t *c, moe_comm_req_t *r, int timeout_ms)
+{
+    double deadline = moe_now_ms() + timeout_ms;
     for (unsigned spin = 0;; spin++) {
         bool done = false;
         const char *what = r->what;
         MOE_TRY(mpi_test(c, r, &done));
         if (done) return MOE_STATUS_SUCCESS;
         if (moe_now_ms() > deadline) {
-            char pending[160] = "";
-            if (r->peer) { /* alltoallv: name the ranks whose rows have not arrived */
-                size_t len = 0;
-                for (int i = 0; i < r->n && len < sizeof pending - 16; i++) {
-                    int flag = 0;
-                    if (r->peer[i] < 0 || r->reqs[i] == MPI_REQUEST_NULL) continue;
-                    MPI_Request_get_status(r->reqs[i], &flag, MPI_STATUS_IGNORE);
-                    if (!flag)
-                        len += (size_t)snprintf(pending + len, sizeof pending - len, "%s%d",
-                                                len ? "," : "; no rows yet from ranks ",
-                                                r->peer[i]);
-                }
+            int *late = malloc(sizeof *late * (size_t)(c->size > r->n ? c->size : r->n));
+            bool sends = false;
+            int nlate = late ? late_ranks(c, r, late, &sends) : 0;
+            char detail[160] = "";
+            if (r->expect && nlate > 0) { /* alltoallv: whose rows are missing */
+                char ranks[128];
+                moe_comm_format_ranks(ranks, sizeof ranks, late, nlate);
+                if (sends)
+                    snprintf(detail, sizeof detail, "%s %s not taken this rank's rows", ranks,
+                             nlate == 1 ? "has" : "have");
+                else
+                    snprintf(detail, sizeof detail, "no rows yet from %s", ranks);
             }
-            moe_comm_mark_dead(c, "a timeout in %s", what);
-            return MOE_FAIL(MOE_STATUS_TIMEOUT,
-                            "%s on the %s communicator (rank %d of %d; %s) did not complete "
-                            "within %d ms%s: a peer is dead or stalled",
-                            what, c->name, c->rank, c->size, c->members, c->timeout_ms, pending);
+            moe_status_t st = moe_comm_timed_out(c, what, timeout_ms, late, nlate, detail);
+            free(late);
+            return st;
         }
         moe_comm_backoff(spin);
     }
+}
+
+static moe_status_t mpi_wait(moe_comm_t *c, moe_comm_req_t *r, int timeout_ms)
+{
+    MOE_CHECK_ARG(r != NULL && is_inflight(c, r), "not an operation in flight on the %s communicator",
+                  c->name);
+    moe_comm_watch_waiting(c->watch, c, r, mpi_late);
+    moe_status_t st = wait_until(c, r, timeout_ms);
+    moe_comm_watch_waiting(c->watch, NULL, NULL, NULL);
+    return st;
 }
 
 /* ---- operations ------------------------------------------------------------------------------ */
@@ -358,7 +436,7 @@ static moe_status_t mpi_allreduce(moe_comm_t *c, const void *send, void *recv, s
     mpi_impl_t *m = c->impl;
     size_t bytes = count * moe_comm_dtype_size(dt);
     moe_comm_req_t *r;
-    MOE_TRY(req_new(c, "allreduce", 1, false, &r));
+    MOE_TRY(req_new(c, "allreduce", 1, false, false, &r));
     moe_status_t st = MOE_STATUS_SUCCESS;
     const void *s = send;
     void *d = recv;
@@ -385,7 +463,7 @@ static moe_status_t mpi_broadcast(moe_comm_t *c, void *buf, size_t count, moe_co
     mpi_impl_t *m = c->impl;
     size_t bytes = count * moe_comm_dtype_size(dt);
     moe_comm_req_t *r;
-    MOE_TRY(req_new(c, "broadcast", 1, false, &r));
+    MOE_TRY(req_new(c, "broadcast", 1, false, false, &r));
     moe_status_t st = MOE_STATUS_SUCCESS;
     void *d = buf;
     if (staged(c) && bytes) {
@@ -425,7 +503,7 @@ static moe_status_t mpi_alltoallv(moe_comm_t *c, const void *send, const size_t 
                   "expects %zu", c->name, me, send_counts[me], recv_counts[me]);
     MOE_CHECK_ARG((send || !send_end) && (recv || !recv_end), "alltoallv: buffer is NULL");
     moe_comm_req_t *r = NULL;
-    MOE_TRY(req_new(c, "alltoallv", 2 * (P - 1) > 0 ? 2 * (P - 1) : 1, true, &r));
+    MOE_TRY(req_new(c, "alltoallv", 2 * (P - 1) > 0 ? 2 * (P - 1) : 1, true, false, &r));
     moe_status_t st = MOE_STATUS_SUCCESS;
     const char *s = send;
     char *d = recv;
@@ -452,6 +530,7 @@ static moe_status_t mpi_alltoallv(moe_comm_t *c, const void *send, const size_t 
     for (int i = 0; i < r->n; i++) r->peer[i] = -1;
     /* receives first (from ranks after me, wrapping), then sends; the own block is a copy */
     int k = 0;
+    r->nrecv = P - 1;
     for (int j = 1; j < P; j++) {
         int p = (me + P - j) % P;
         r->peer[k] = p;
@@ -462,6 +541,7 @@ static moe_status_t mpi_alltoallv(moe_comm_t *c, const void *send, const size_t 
     }
     for (int j = 1; j < P; j++) {
         int p = (me + j) % P;
+        r->peer[k] = p;
         MOE_MPI_CHECK_GOTO(st, MPI_Isend(s + send_displs[p] * es, (int)(send_counts[p] * es),
                                          MPI_BYTE, p, A2A_TAG, m->comm, &r->reqs[k]));
         k++;
@@ -485,7 +565,8 @@ static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count, mo
     mpi_impl_t *m = c->impl;
     size_t bytes = count * moe_comm_dtype_size(dt);
     moe_comm_req_t *r;
-    MOE_TRY(req_new(c, what, 1, false, &r));
+    MOE_TRY(req_new(c, what, 1, false, true, &r));
+    r->peer[0] = peer;
     moe_status_t st = MOE_STATUS_SUCCESS;
     void *d = buf;
     if (staged(c) && bytes)
@@ -518,11 +599,11 @@ static moe_status_t mpi_barrier(moe_comm_t *c)
     MOE_TRY(moe_comm_check_live(c, "barrier"));
     mpi_impl_t *m = c->impl;
     moe_comm_req_t *r;
-    MOE_TRY(req_new(c, "barrier", 1, false, &r));
+    MOE_TRY(req_new(c, "barrier", 1, false, false, &r));
     moe_status_t st = MOE_STATUS_SUCCESS;
     MOE_MPI_CHECK_GOTO(st, MPI_Ibarrier(m->comm, &r->reqs[0]));
     inflight_add(c, r);
-    return mpi_wait(c, r);
+    return mpi_wait(c, r, c->timeout_ms);
 fail:
     return start_failed(c, r, st);
 }
@@ -539,6 +620,7 @@ static void mpi_abort(moe_comm_t *c)
 static void mpi_destroy(moe_comm_t *c)
 {
     mpi_impl_t *m = c->impl;
+    bool dead = moe_comm_is_dead(c);
     bool leak = m->inflight != NULL; /* MPI may still write into their staging blocks */
     if (leak)
         moe_log(c->logger, MOE_LOG_WARN,
@@ -546,7 +628,7 @@ static void mpi_destroy(moe_comm_t *c)
                 "buffers are leaked", c->name);
     for (moe_comm_req_t *r = m->inflight; r;) {
         moe_comm_req_t *next = r->next;
-        if (!c->dead) {
+        if (!dead) {
             /* completed or not, nobody will wait for them: detach what is safe */
             for (int i = 0; i < r->n; i++)
                 if (r->reqs[i] != MPI_REQUEST_NULL && r->peer) MPI_Request_free(&r->reqs[i]);
@@ -562,14 +644,15 @@ static void mpi_destroy(moe_comm_t *c)
     free(m->pool);
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) {
+    /* a dead communicator's world cannot finish anything: no more MPI calls on it */
+    if (!finalized && !dead) {
         for (int i = 0; i < 3; i++)
             if (m->bf16_op[i] != MPI_OP_NULL) MPI_Op_free(&m->bf16_op[i]);
         /* a collective that never completed would be progressed on a freed communicator
          * (Open MPI's libnbc crashes in MPI_Finalize): leak the communicator with it */
         if (m->comm != MPI_COMM_NULL && !leak) MPI_Comm_free(&m->comm);
     }
-    free(m->world_ranks);
+    free(c->world_ranks);
     free(m);
     free(c);
 }
@@ -591,10 +674,10 @@ static const moe_comm_ops_t mpi_ops = {
     .destroy = mpi_destroy,
 };
 
-/* Wrap an MPI communicator we own (errors set to return). */
+/* Wrap an MPI communicator we own (errors set to return); `watch` is the parent's. */
 static moe_status_t wrap(MPI_Comm comm, int *world_ranks, const char *name, int timeout_ms,
                          const moe_backend_t *backend, bool device_buffers,
-                         const moe_logger_t *logger, moe_comm_t **out)
+                         const moe_logger_t *logger, moe_comm_watch_t *watch, moe_comm_t **out)
 {
     moe_comm_t *c = calloc(1, sizeof *c);
     mpi_impl_t *m = calloc(1, sizeof *m);
@@ -608,7 +691,8 @@ static moe_status_t wrap(MPI_Comm comm, int *world_ranks, const char *name, int 
     c->ops = &mpi_ops;
     c->impl = m;
     m->comm = comm;
-    m->world_ranks = world_ranks;
+    c->world_ranks = world_ranks;
+    c->watch = watch;
     for (int i = 0; i < 3; i++) m->bf16_op[i] = MPI_OP_NULL;
     MPI_Comm_rank(comm, &c->rank);
     MPI_Comm_size(comm, &c->size);
@@ -617,7 +701,7 @@ static moe_status_t wrap(MPI_Comm comm, int *world_ranks, const char *name, int 
     c->backend = backend;
     c->device_buffers = device_buffers;
     c->logger = logger;
-    moe_comm_describe_members(c, world_ranks);
+    moe_comm_describe_members(c);
     moe_status_t st = MOE_STATUS_SUCCESS;
     MOE_MPI_CHECK_GOTO(st, MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     MOE_MPI_CHECK_GOTO(st, MPI_Op_create(bf16_sum, 1, &m->bf16_op[0]));
@@ -641,10 +725,7 @@ static moe_status_t parent_of(const void *mpi_comm, MPI_Comm *out)
     return MOE_STATUS_SUCCESS;
 }
 
-/* MPI_Comm_dup under the deadline, so that a rank that never comes (it failed before creating
- * its mesh) makes the others time out instead of hanging. After a timeout MPI may still write
- * the new handle: its slot is leaked. */
-static moe_status_t dup_within(MPI_Comm parent, int timeout_ms, MPI_Comm *out)
+moe_status_t moe_mpi_dup_within(MPI_Comm parent, int timeout_ms, MPI_Comm *out)
 {
     MPI_Comm *slot = malloc(sizeof *slot);
     if (!slot) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "communicator handle");
@@ -652,14 +733,14 @@ static moe_status_t dup_within(MPI_Comm parent, int timeout_ms, MPI_Comm *out)
     int rc = MPI_Comm_idup(parent, slot, &req);
     if (rc != MPI_SUCCESS) {
         free(slot);
-        return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_idup: %s", mpi_describe(rc));
+        return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_idup: %s", moe_mpi_describe(rc));
     }
     double deadline = moe_now_ms() + timeout_ms;
     for (unsigned spin = 0;; spin++) {
         int done = 0;
-        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        rc = moe_mpi_testall(1, &req, &done, MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS)
-            return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_idup: %s", mpi_describe(rc));
+            return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_idup: %s", moe_mpi_describe(rc));
         if (done) break;
         if (moe_now_ms() > deadline) {
             int size = 0;
@@ -673,8 +754,15 @@ static moe_status_t dup_within(MPI_Comm parent, int timeout_ms, MPI_Comm *out)
     }
     *out = *slot;
     free(slot);
+    rc = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+        MPI_Comm_free(out);
+        return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_set_errhandler: %s", moe_mpi_describe(rc));
+    }
     return MOE_STATUS_SUCCESS;
 }
+
+MPI_Comm moe_mpi_comm_of(const moe_comm_t *c) { return ((const mpi_impl_t *)c->impl)->comm; }
 
 moe_status_t moe_comm_mpi_create(const void *mpi_comm, const char *name, int timeout_ms,
                                  const moe_backend_t *backend, const moe_logger_t *logger,
@@ -691,7 +779,7 @@ moe_status_t moe_comm_mpi_create(const void *mpi_comm, const char *name, int tim
                         finalized ? "already finalised" : "not initialised");
     MPI_Comm parent, comm;
     MOE_TRY(parent_of(mpi_comm, &parent));
-    MOE_TRY(dup_within(parent, timeout_ms, &comm));
+    MOE_TRY(moe_mpi_dup_within(parent, timeout_ms, &comm));
     int size = 0;
     MPI_Comm_size(comm, &size);
     int *ranks = malloc((size_t)size * sizeof *ranks);
@@ -701,7 +789,7 @@ moe_status_t moe_comm_mpi_create(const void *mpi_comm, const char *name, int tim
     }
     for (int i = 0; i < size; i++) ranks[i] = i;
     bool dev = backend && backend->ops->device != MOE_DEVICE_HOST;
-    return wrap(comm, ranks, name, timeout_ms, backend, dev, logger, out);
+    return wrap(comm, ranks, name, timeout_ms, backend, dev, logger, NULL, out);
 }
 
 /* Split: an Iallgather of (color, key) under the deadline proves every member is present
@@ -725,18 +813,18 @@ static moe_status_t mpi_split(moe_comm_t *c, int color, int key, const char *nam
     }
     mine[0] = color;
     mine[1] = key;
-    MOE_TRY_GOTO(st, req_new(c, "split", 1, false, &r));
+    MOE_TRY_GOTO(st, req_new(c, "split", 1, false, false, &r));
     {
         int rc = MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, m->comm, &r->reqs[0]);
         if (rc != MPI_SUCCESS) {
             st = MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Iallgather in split of %s: %s", c->name,
-                          mpi_describe(rc));
+                          moe_mpi_describe(rc));
             req_free(c, r);
             goto fail;
         }
     }
     inflight_add(c, r);
-    st = mpi_wait(c, r);
+    st = mpi_wait(c, r, c->timeout_ms);
     if (st != MOE_STATUS_SUCCESS) {
         mine = NULL; /* still MPI's: leaked */
         goto fail;
@@ -752,17 +840,18 @@ static moe_status_t mpi_split(moe_comm_t *c, int color, int key, const char *nam
         }
         ranks[j] = i;
     }
-    for (int i = 0; i < n; i++) ranks[i] = m->world_ranks[ranks[i]];
+    for (int i = 0; i < n; i++) ranks[i] = c->world_ranks[ranks[i]];
     MPI_Comm nc;
     {
         int rc = MPI_Comm_split(m->comm, color, key, &nc);
         if (rc != MPI_SUCCESS) {
             st = MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_split of %s: %s", c->name,
-                          mpi_describe(rc));
+                          moe_mpi_describe(rc));
             goto fail;
         }
     }
-    st = wrap(nc, ranks, name, c->timeout_ms, c->backend, c->device_buffers, c->logger, out);
+    st = wrap(nc, ranks, name, c->timeout_ms, c->backend, c->device_buffers, c->logger, c->watch,
+              out);
     ranks = NULL; /* owned by the new communicator (or freed by wrap) */
 fail:
     free(mine);
@@ -776,6 +865,7 @@ bool moe_comm_have_mpi(void) { return true; }
 
 static atomic_int mpi_users;     /* acquires not yet released */
 static atomic_bool mpi_ours;     /* libmoe called MPI_Init */
+static atomic_bool mpi_lost;     /* a mesh lost a peer: MPI_Finalize could never return */
 
 moe_status_t moe_comm_mpi_acquire(void)
 {
@@ -797,11 +887,23 @@ moe_status_t moe_comm_mpi_acquire(void)
 
 void moe_comm_mpi_release(void)
 {
-    if (atomic_fetch_sub(&mpi_users, 1) == 1 && atomic_exchange(&mpi_ours, false)) {
+    if (atomic_fetch_sub(&mpi_users, 1) == 1 && !atomic_load(&mpi_lost) &&
+        atomic_exchange(&mpi_ours, false)) {
         int finalized = 0;
         MPI_Finalized(&finalized);
         if (!finalized) MPI_Finalize();
     }
+}
+
+void moe_comm_mpi_abandon(void)
+{
+    atomic_store(&mpi_lost, true);
+    atomic_fetch_sub(&mpi_users, 1);
+}
+
+bool moe_comm_mpi_release_finalizes(void)
+{
+    return atomic_load(&mpi_users) == 1 && atomic_load(&mpi_ours) && !atomic_load(&mpi_lost);
 }
 
 bool moe_comm_mpi_ready(void)

@@ -11,8 +11,9 @@
  * backend's current stream; without a backend, the legacy default stream) through an event
  * -- the GPU orders the two, the host does not wait -- then the operation is enqueued on the
  * NCCL stream and records a completion event.
- * wait() polls the event and the communicator's async error against the deadline: a dead or
- * hung peer ends in ncclCommAbort + TIMEOUT, never a hang. alltoallv is grouped
+ * wait() polls the event, the communicator's async error and the mesh's watch against the
+ * deadline: a dead or hung peer ends in ncclCommAbort + TIMEOUT (the watch names it), never a
+ * hang; a failure another rank reported aborts the communicator at once. alltoallv is grouped
  * ncclSend/ncclRecv (self included). NCCL has no tags: send/recv between two ranks match
  * in call order; count mismatches in alltoallv are not detected (NCCL receives what it is
  * told).
@@ -67,9 +68,19 @@ static ncclDataType_t nccl_type(moe_comm_dtype_t dt)
 static void mark_dead(moe_comm_t *c, const char *why)
 {
     nccl_impl_t *m = c->impl;
-    if (!moe_comm_mark_dead(c, "%s", why)) return;
+    moe_comm_mark_dead(c, "%s", why);
     if (m->comm) ncclCommAbort(m->comm); /* stops NCCL's kernels and proxy; peers time out */
     m->comm = NULL;
+}
+
+/* Refuse work once c or its mesh failed; the NCCL communicator is aborted then, so that no
+ * kernel keeps waiting for a peer that will never come. */
+static moe_status_t check_live(moe_comm_t *c, const char *what)
+{
+    moe_status_t st = moe_comm_check_live(c, what);
+    if (st != MOE_STATUS_SUCCESS && ((nccl_impl_t *)c->impl)->comm)
+        mark_dead(c, "a failure elsewhere");
+    return st;
 }
 
 /* Poll a non-blocking NCCL call (init, split, group end) until it settles. */
@@ -111,7 +122,7 @@ static moe_status_t settle(moe_comm_t *c, ncclComm_t comm, const char *what)
 /* Before enqueuing: order after the stream that produced the buffers. */
 static moe_status_t begin(moe_comm_t *c, const char *what)
 {
-    MOE_TRY(moe_comm_check_live(c, what));
+    MOE_TRY(check_live(c, what));
     nccl_impl_t *m = c->impl;
     cudaStream_t producer = c->backend ? (cudaStream_t)c->backend->ops->stream(c->backend->ctx)
                                        : NULL;
@@ -168,7 +179,7 @@ static moe_status_t nccl_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
     *done = false;
     MOE_CHECK_ARG(r && is_inflight(c, r), "not an operation in flight on the %s communicator",
                   c->name);
-    MOE_TRY(moe_comm_check_live(c, r->what));
+    MOE_TRY(check_live(c, r->what));
     nccl_impl_t *m = c->impl;
     cudaError_t q = cudaEventQuery(r->done);
     if (q == cudaSuccess) {
@@ -176,7 +187,13 @@ static moe_status_t nccl_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
         cudaEventDestroy(r->done);
         free(r);
         *done = true;
+        moe_comm_watch_poll(c->watch); /* answer pings; a failure shows on the next call */
         return MOE_STATUS_SUCCESS;
+    }
+    moe_status_t watched = moe_comm_poll_watch(c, r->what);
+    if (watched != MOE_STATUS_SUCCESS) {
+        mark_dead(c, "a failure elsewhere");
+        return watched;
     }
     if (q != cudaErrorNotReady)
         return MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "%s on the %s communicator: %s", r->what,
@@ -186,17 +203,15 @@ static moe_status_t nccl_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
     if (state != ncclSuccess && state != ncclInProgress) {
         const char *what = r->what;
         mark_dead(c, "an asynchronous NCCL error");
-        return MOE_FAIL(MOE_STATUS_COMM_ERROR, "%s on the %s communicator (%s): %s", what,
-                        c->name, c->members, ncclGetErrorString(state));
+        return moe_comm_failed(c, MOE_STATUS_COMM_ERROR, "%s on the %s communicator (%s): %s",
+                               what, c->name, c->members, ncclGetErrorString(state));
     }
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t nccl_wait(moe_comm_t *c, moe_comm_req_t *r)
+static moe_status_t wait_until(moe_comm_t *c, moe_comm_req_t *r, int timeout_ms)
 {
-    MOE_CHECK_ARG(r && is_inflight(c, r), "not an operation in flight on the %s communicator",
-                  c->name);
-    double deadline = moe_now_ms() + c->timeout_ms;
+    double deadline = moe_now_ms() + timeout_ms;
     const char *what = r->what;
     for (unsigned spin = 0;; spin++) {
         bool done = false;
@@ -206,13 +221,28 @@ static moe_status_t nccl_wait(moe_comm_t *c, moe_comm_req_t *r)
             char why[96];
             snprintf(why, sizeof why, "a timeout in %s", what);
             mark_dead(c, why);
-            return MOE_FAIL(MOE_STATUS_TIMEOUT,
-                            "%s on the %s communicator (rank %d of %d; %s) did not complete "
-                            "within %d ms: a peer is dead or stalled (ncclCommAbort called)",
-                            what, c->name, c->rank, c->size, c->members, c->timeout_ms);
+            /* NCCL cannot say who is missing: every other member is a suspect */
+            int *late = malloc(sizeof *late * (size_t)c->size);
+            int nlate = 0;
+            for (int i = 0; late && c->world_ranks && i < c->size; i++)
+                if (i != c->rank) late[nlate++] = c->world_ranks[i];
+            moe_status_t st = moe_comm_timed_out(c, what, timeout_ms, late, nlate,
+                                                 "ncclCommAbort called");
+            free(late);
+            return st;
         }
         moe_comm_backoff(spin);
     }
+}
+
+static moe_status_t nccl_wait(moe_comm_t *c, moe_comm_req_t *r, int timeout_ms)
+{
+    MOE_CHECK_ARG(r && is_inflight(c, r), "not an operation in flight on the %s communicator",
+                  c->name);
+    moe_comm_watch_waiting(c->watch, c, r, moe_comm_late_members);
+    moe_status_t st = wait_until(c, r, timeout_ms);
+    moe_comm_watch_waiting(c->watch, NULL, NULL, NULL);
+    return st;
 }
 
 /* ---- operations ---------------------------------------------------------------------------- */
@@ -310,7 +340,7 @@ static moe_status_t nccl_barrier(moe_comm_t *c)
     nccl_impl_t *m = c->impl;
     moe_comm_req_t *r = NULL;
     MOE_TRY(nccl_allreduce(c, m->dev_scratch, m->dev_scratch, 1, MOE_COMM_I32, MOE_REDUCE_SUM, &r));
-    return nccl_wait(c, r);
+    return nccl_wait(c, r, c->timeout_ms);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
@@ -328,7 +358,7 @@ static void nccl_destroy(moe_comm_t *c)
             r = next;
         }
         if (m->comm) {
-            if (c->dead) ncclCommAbort(m->comm);
+            if (moe_comm_is_dead(c)) ncclCommAbort(m->comm);
             else {
                 cudaStreamSynchronize(m->stream);
                 ncclCommDestroy(m->comm);
@@ -339,6 +369,7 @@ static void nccl_destroy(moe_comm_t *c)
         if (m->stream) cudaStreamDestroy(m->stream);
         free(m);
     }
+    free(c->world_ranks);
     free(c);
 }
 
@@ -382,6 +413,7 @@ static moe_status_t wrap(ncclComm_t comm, const moe_comm_t *like, int world_rank
     c->device_buffers = true;
     c->logger = like->logger;
     c->backend = like->backend;
+    c->watch = like->watch;
     ncclCommCount(comm, &c->size);
     ncclCommUserRank(comm, &c->rank);
     snprintf(c->members, sizeof c->members, "%d ranks", c->size);
@@ -416,15 +448,15 @@ static moe_status_t wrap(ncclComm_t comm, const moe_comm_t *like, int world_rank
             goto fail;
         }
         MOE_TRY_GOTO(st, finish_start(c, "allgather", &r));
-        MOE_TRY_GOTO(st, nccl_wait(c, r));
+        MOE_TRY_GOTO(st, nccl_wait(c, r, c->timeout_ms));
     }
     e = cudaMemcpy(host, m->dev_scratch, sizeof(int) * (size_t)c->size, cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) {
         st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "member table: %s", cudaGetErrorString(e));
         goto fail;
     }
-    moe_comm_describe_members(c, host);
-    free(host);
+    c->world_ranks = host;
+    moe_comm_describe_members(c);
     *out = c;
     return MOE_STATUS_SUCCESS;
 fail:

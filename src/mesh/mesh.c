@@ -1,7 +1,9 @@
 /*
  * The process mesh: validation, rank order, coordinates and the axis communicators.
  *
- * Creation is collective over the world and every rank runs the same sequence of splits, so
+ * Creation is collective over the world: the world's duplicate and its watch, then one
+ * agreement on the mesh config (so a rank with a different or invalid config makes every
+ * rank fail at once, naming it), then the same sequence of splits on every rank, so
  * communicator creation itself obeys the collective ordering rule (docs/mesh.md). A world of
  * one (no config, or 1 x 1 x 1 x 1 without a launcher) touches no MPI at all.
  */
@@ -14,7 +16,7 @@
 #include "../core/error.h"
 
 static const char *const axis_names[MOE_MESH_GROUPS] = {"tp", "ep", "dp", "pp", "edp", "world",
-                                                        "dense"};
+                                                        "dense", "stage"};
 
 moe_mesh_config_t moe_mesh_config_default(void)
 {
@@ -74,6 +76,8 @@ int32_t moe_mesh_group_size(const moe_mesh_t *m, int group)
 {
     if (group == MOE_AXIS_WORLD) return m->world_size;
     if (group == MOE_MESH_DENSE) return m->size[MOE_AXIS_EP] * m->size[MOE_AXIS_DP];
+    if (group == MOE_MESH_STAGE)
+        return m->size[MOE_AXIS_TP] * m->size[MOE_AXIS_EP] * m->size[MOE_AXIS_DP];
     return m->size[group];
 }
 
@@ -102,6 +106,13 @@ static void group_color_key(const moe_mesh_t *m, int group, int *color, int *key
         *key = c[MOE_AXIS_EP] + s[MOE_AXIS_EP] * c[MOE_AXIS_DP];
         return;
     }
+    case MOE_MESH_STAGE: {
+        int32_t other[4] = {0, 0, 0, c[MOE_AXIS_PP]};
+        *color = moe_mesh_rank_of(s, m->order, other);
+        *key = c[MOE_AXIS_TP] +
+               s[MOE_AXIS_TP] * (c[MOE_AXIS_EP] + s[MOE_AXIS_EP] * c[MOE_AXIS_DP]);
+        return;
+    }
     default:
         *color = 0;
         *key = m->world_rank;
@@ -111,11 +122,13 @@ static void group_color_key(const moe_mesh_t *m, int group, int *color, int *key
 /* ---- communicators ------------------------------------------------------------------------- */
 
 /* Split `root` into every group (collective over root, same order on every rank); groups of
- * size 1 stay NULL and the world is `root` itself when own_root. */
-static moe_status_t build_groups(moe_mesh_t *m, moe_comm_t *root, moe_comm_t *out[MOE_MESH_GROUPS])
+ * size 1 stay NULL, the world is `root` itself, and the stage group is made only with
+ * `host` (it carries control messages alone). */
+static moe_status_t build_groups(moe_mesh_t *m, moe_comm_t *root, bool host,
+                                 moe_comm_t *out[MOE_MESH_GROUPS])
 {
     for (int g = 0; g < MOE_MESH_GROUPS; g++) {
-        if (g == MOE_AXIS_WORLD) continue;
+        if (g == MOE_AXIS_WORLD || (g == MOE_MESH_STAGE && !host)) continue;
         int color, key;
         group_color_key(m, g, &color, &key);
         moe_comm_t *c = NULL;
@@ -207,7 +220,6 @@ static moe_status_t resolve_backend(moe_mesh_t *m, const moe_mesh_config_t *cfg,
 
 static moe_status_t validate(const moe_mesh_config_t *cfg, int32_t order[4])
 {
-    MOE_CHECK_STRUCT_SIZE(cfg, moe_mesh_config_t, sizeof(moe_mesh_config_t));
     MOE_CHECK_ARG(cfg->tp >= 1 && cfg->ep >= 1 && cfg->dp >= 1 && cfg->pp >= 1,
                   "mesh sizes must be >= 1 (tp=%d ep=%d dp=%d pp=%d)", cfg->tp, cfg->ep, cfg->dp,
                   cfg->pp);
@@ -236,24 +248,93 @@ static int launcher_world_size(void)
     return 1;
 }
 
+/* The mesh config every rank must hold alike. The rank order reads as its axes fastest first,
+ * one digit each (1 tp, 2 ep, 3 dp, 4 pp): "tp-ep-dp-pp" is 1234. */
+static moe_status_t agree_config(moe_mesh_t *m, const moe_mesh_config_t *cfg,
+                                 const int32_t order[4], moe_status_t local)
+{
+    int64_t order_code = 0;
+    for (int i = 0; i < 4; i++) order_code = order_code * 10 + order[i] + 1;
+    moe_agree_field_t f[] = {
+        moe_agree_int("tp", cfg->tp),
+        moe_agree_int("ep", cfg->ep),
+        moe_agree_int("dp", cfg->dp),
+        moe_agree_int("pp", cfg->pp),
+        moe_agree_int("rank_order (axes fastest first: 1 tp, 2 ep, 3 dp, 4 pp)", order_code),
+        moe_agree_int("comm", cfg->comm),
+        moe_agree_int("timeout_ms", cfg->timeout_ms),
+    };
+    return moe_comm_agree(m->host[MOE_AXIS_WORLD], "the mesh config", f,
+                          (int)(sizeof f / sizeof f[0]), local);
+}
+
+/* The world's host communicator, its watch, and the agreement on the config. A rank whose own
+ * config is invalid (`local`) still joins, so that the others learn it at once. */
+static moe_status_t join_world(moe_mesh_t *m, const moe_mesh_config_t *cfg, int32_t order[4],
+                               moe_status_t local, const moe_logger_t *logger, int64_t product)
+{
+    int wr = 0, ws = 1;
+    MOE_TRY(moe_comm_mpi_rank_size(cfg->mpi_comm, &wr, &ws));
+    m->world_rank = wr;
+    m->world_size = ws;
+    if (local == MOE_STATUS_SUCCESS && ws != product)
+        local = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
+                         "the mesh tp=%d x ep=%d x dp=%d x pp=%d = %lld ranks, but the world "
+                         "communicator has %d ranks", cfg->tp, cfg->ep, cfg->dp, cfg->pp,
+                         (long long)product, ws);
+    if (ws == 1) return local; /* a world of one under a launcher: nothing to compare */
+    /* the handshake needs a deadline even when this rank's own one is invalid */
+    int timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : moe_mesh_config_default().timeout_ms;
+    MOE_TRY(moe_comm_mpi_create(cfg->mpi_comm, "world", timeout, NULL, logger,
+                                &m->host[MOE_AXIS_WORLD]));
+    MOE_TRY(moe_comm_watch_create(m->host[MOE_AXIS_WORLD], &m->watch));
+    return agree_config(m, cfg, order, local);
+}
+
+/* Destroy the communicators and the watch (each leaks what MPI may still touch once the
+ * mesh failed), then release MPI, or abandon it when the mesh is `lost`. Sets no error. */
+static void release(moe_mesh_t *mesh, bool lost)
+{
+    for (int g = 0; g < MOE_MESH_GROUPS; g++) {
+        if (mesh->comm[g] != mesh->host[g]) moe_comm_destroy(mesh->comm[g]);
+        moe_comm_destroy(mesh->host[g]);
+    }
+    moe_comm_watch_destroy(mesh->watch);
+    if (mesh->mpi_initialised) {
+        if (lost)
+            moe_comm_mpi_abandon();
+        else
+            moe_comm_mpi_release();
+    }
+    free(mesh);
+}
+
 moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *backend,
                              int32_t device_index, const moe_logger_t *logger, moe_mesh_t **out)
 {
     *out = NULL;
     int32_t order[4] = {MOE_AXIS_TP, MOE_AXIS_EP, MOE_AXIS_DP, MOE_AXIS_PP};
-    if (cfg) MOE_TRY(validate(cfg, order));
+    moe_status_t local = MOE_STATUS_SUCCESS;
+    if (cfg) {
+        MOE_CHECK_STRUCT_SIZE(cfg, moe_mesh_config_t, sizeof(moe_mesh_config_t));
+        local = validate(cfg, order);
+    }
+    int64_t product = 1;
+    if (cfg && local == MOE_STATUS_SUCCESS) product = (int64_t)cfg->tp * cfg->ep * cfg->dp * cfg->pp;
+    bool need_mpi = cfg && (product > 1 || cfg->mpi_comm || launcher_world_size() > 1 ||
+                            moe_comm_mpi_ready());
+    if (!need_mpi) {
+        MOE_TRY(local);
+        if (cfg && cfg->comm == MOE_COMM_NCCL)
+            moe_log(logger, MOE_LOG_INFO, "mesh: a world of one needs no communicator");
+    }
     moe_mesh_t *m = calloc(1, sizeof *m);
     if (!m) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "mesh allocation");
     memcpy(m->order, order, sizeof order);
     for (int a = 0; a < 5; a++) m->size[a] = 1;
     m->world_size = 1;
     m->comm_backend = MOE_COMM_MPI;
-    int64_t product = cfg ? (int64_t)cfg->tp * cfg->ep * cfg->dp * cfg->pp : 1;
-    bool need_mpi = cfg && (product > 1 || cfg->mpi_comm || launcher_world_size() > 1 ||
-                            moe_comm_mpi_ready());
     if (!need_mpi) {
-        if (cfg && cfg->comm == MOE_COMM_NCCL)
-            moe_log(logger, MOE_LOG_INFO, "mesh: a world of one needs no communicator");
         *out = m;
         return MOE_STATUS_SUCCESS;
     }
@@ -267,17 +348,8 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
     }
     MOE_TRY_GOTO(st, moe_comm_mpi_acquire());
     m->mpi_initialised = true; /* balanced by a release in destroy */
-    int wr = 0, ws = 1;
-    MOE_TRY_GOTO(st, moe_comm_mpi_rank_size(cfg->mpi_comm, &wr, &ws));
-    if (ws != product) {
-        st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
-                      "the mesh tp=%d x ep=%d x dp=%d x pp=%d = %lld ranks, but the world "
-                      "communicator has %d ranks", cfg->tp, cfg->ep, cfg->dp, cfg->pp,
-                      (long long)product, ws);
-        goto fail;
-    }
-    m->world_rank = wr;
-    m->world_size = ws;
+    MOE_TRY_GOTO(st, join_world(m, cfg, order, local, logger, product));
+    int wr = m->world_rank, ws = m->world_size;
     m->size[MOE_AXIS_TP] = cfg->tp;
     m->size[MOE_AXIS_EP] = cfg->ep;
     m->size[MOE_AXIS_DP] = cfg->dp;
@@ -291,11 +363,8 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
     }
 
     /* host control groups, then the data groups on the chosen backend */
-    moe_comm_t *hworld = NULL;
-    MOE_TRY_GOTO(st, moe_comm_mpi_create(cfg->mpi_comm, "world", cfg->timeout_ms, NULL, logger,
-                                         &hworld));
-    m->host[MOE_AXIS_WORLD] = hworld;
-    MOE_TRY_GOTO(st, build_groups(m, hworld, m->host));
+    moe_comm_t *hworld = m->host[MOE_AXIS_WORLD];
+    MOE_TRY_GOTO(st, build_groups(m, hworld, true, m->host));
     MOE_TRY_GOTO(st, resolve_backend(m, cfg, backend, device_index, logger));
     bool device = backend && backend->ops->device != MOE_DEVICE_HOST;
     if (!device) {
@@ -308,9 +377,10 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
         } else {
             MOE_TRY_GOTO(st, moe_comm_mpi_create(cfg->mpi_comm, "world", cfg->timeout_ms,
                                                  backend, logger, &dworld));
+            dworld->watch = m->watch;
         }
         m->comm[MOE_AXIS_WORLD] = dworld;
-        MOE_TRY_GOTO(st, build_groups(m, dworld, m->comm));
+        MOE_TRY_GOTO(st, build_groups(m, dworld, false, m->comm));
     }
     moe_log(logger, MOE_LOG_INFO,
             "mesh: world rank %d of %d = (tp %d/%d, ep %d/%d, dp %d/%d, pp %d/%d), comm %s", wr,
@@ -319,17 +389,53 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
     *out = m;
     return MOE_STATUS_SUCCESS;
 fail:
-    moe_mesh_destroy(m);
+    /* an invalid, different or unsupported config fails on every rank alike (the ranks agreed
+     * on it); anything else (a rank that never came, an MPI error, memory) is this rank's
+     * alone and leaves the others unable to finish: they are told */
+    m->lost = st != MOE_STATUS_INVALID_ARGUMENT && st != MOE_STATUS_UNSUPPORTED;
+    if (m->lost && m->watch) {
+        char cause[768];
+        snprintf(cause, sizeof cause, "world rank %d could not create its mesh: %s",
+                 m->world_rank, moe_last_error());
+        moe_comm_watch_fail(m->watch, st, cause);
+    }
+    release(m, m->lost || moe_mesh_failure(m, NULL) != MOE_STATUS_SUCCESS);
     return st;
 }
 
-void moe_mesh_destroy(moe_mesh_t *mesh)
+moe_status_t moe_mesh_failure(const moe_mesh_t *mesh, const char **cause)
 {
-    if (!mesh) return;
-    for (int g = 0; g < MOE_MESH_GROUPS; g++) {
-        if (mesh->comm[g] != mesh->host[g]) moe_comm_destroy(mesh->comm[g]);
-        moe_comm_destroy(mesh->host[g]);
+    return moe_comm_watch_failure(mesh->watch, cause);
+}
+
+moe_status_t moe_mesh_agree(moe_mesh_t *mesh, int group, const char *what,
+                            const moe_agree_field_t *fields, int n, moe_status_t local)
+{
+    moe_comm_t *c = mesh->host[group];
+    if (!c) return local;
+    return moe_comm_agree(c, what, fields, n, local);
+}
+
+moe_status_t moe_mesh_destroy(moe_mesh_t *mesh)
+{
+    if (!mesh) return MOE_STATUS_SUCCESS;
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    const char *cause = NULL;
+    bool lost = mesh->lost || moe_mesh_failure(mesh, &cause) != MOE_STATUS_SUCCESS;
+    /* MPI_Finalize waits for every rank, for ever: meet them under the deadline first */
+    if (!lost && mesh->mpi_initialised && mesh->host[MOE_AXIS_WORLD] &&
+        moe_comm_mpi_release_finalizes()) {
+        st = moe_comm_barrier(mesh->host[MOE_AXIS_WORLD]);
+        if (st != MOE_STATUS_SUCCESS)
+            moe_error_wrap(st, "destroying the mesh (the ranks meet before MPI_Finalize)");
+        lost = st != MOE_STATUS_SUCCESS;
+    } else if (lost && cause && *cause) {
+        st = MOE_FAIL(MOE_STATUS_ABORTED, "the mesh lost a peer: %s; its communicators and "
+                      "buffers are leaked and MPI is left unfinalised (exit the process)", cause);
+    } else if (lost) {
+        st = MOE_FAIL(MOE_STATUS_ABORTED, "the mesh could not be completed; MPI is left "
+                      "unfinalised (exit the process)");
     }
-    if (mesh->mpi_initialised) moe_comm_mpi_release();
-    free(mesh);
+    release(mesh, lost);
+    return st;
 }

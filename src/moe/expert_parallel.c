@@ -7,6 +7,9 @@
  * E experts, El = E/ep local experts, K top-k, Fl = F/tp, P = ep.
  *
  * Forward, per microbatch:
+ *   0. inputs     with tp > 1, the tp ranks check they were fed the same tokens (their
+ *                 count; with MOE_CHECK_TP_INPUTS=1 also a hash of them), since the
+ *                 all-reduces over tp sum slices of the same rows
  *   1. router (local tokens) -> counts, score means, z/entropy to the host
  *   2. exchange   one all-reduce over the dense group of a table [D, 3+2E] (f64): every
  *                 rank's N, counts, N*P_e, N*z, N*entropy -> global counts, capacity
@@ -44,7 +47,8 @@
 
 typedef struct moe_dist {
     moe_comm_t *ep, *tp;             /* data (device buffers); NULL when the axis is 1 */
-    moe_comm_t *hep, *hdense;        /* host control */
+    moe_comm_t *hep, *htp, *hdense;  /* host control */
+    bool hash_tp_inputs;             /* MOE_CHECK_TP_INPUTS=1: compare the tokens' hash too */
     int32_t P, D, dense_rank;
     moe_comm_dtype_t act_dt;
     size_t act;                      /* bytes per activation element */
@@ -76,7 +80,10 @@ moe_status_t moe_dist_create(moe_layer_t *l)
     d->ep = m->comm[MOE_AXIS_EP];
     d->tp = m->comm[MOE_AXIS_TP];
     d->hep = m->host[MOE_AXIS_EP];
+    d->htp = m->host[MOE_AXIS_TP];
     d->hdense = m->host[MOE_MESH_DENSE];
+    const char *hash = getenv("MOE_CHECK_TP_INPUTS");
+    d->hash_tp_inputs = hash && strcmp(hash, "0") != 0;
     d->P = l->ep_size;
     d->D = D;
     d->dense_rank = m->coord[MOE_AXIS_EP] + m->size[MOE_AXIS_EP] * m->coord[MOE_AXIS_DP];
@@ -127,7 +134,7 @@ void moe_dist_slot_free(moe_layer_t *l, moe_slot_t *s)
     moe_dist_slot_t *ds = s->dist;
     if (!ds) return;
     free(ds->sc);
-    free(ds->cnt);
+    moe_layer_free_comm_host(l->rt, ds->cnt); /* the counts all-to-all's receive buffer */
     moe_layer_free_dev(l->rt, &ds->back);
     moe_layer_free_dev(l->rt, &ds->xr);
     moe_layer_free_dev(l->rt, &ds->hpre);
@@ -523,6 +530,42 @@ static moe_status_t exchange_counts(moe_layer_t *l, moe_slot_t *s, const int64_t
     return MOE_STATUS_SUCCESS;
 }
 
+/* FNV-1a over the bytes of x (brought to the host). */
+static moe_status_t hash_tokens(moe_layer_t *l, const moe_tensor_t *x, uint64_t *out)
+{
+    size_t bytes = (size_t)x->shape[0] * (size_t)l->h * l->dist->act;
+    unsigned char *host = malloc(bytes ? bytes : 1);
+    if (!host) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "tp input check of %zu bytes", bytes);
+    moe_status_t st = bytes ? MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), host, x->data, bytes)
+                            : MOE_STATUS_SUCCESS;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ host[i]) * 1099511628211ull;
+    free(host);
+    *out = h;
+    return st;
+}
+
+/* Step 0: the tp ranks compare what they were fed. A difference fails on every rank of the
+ * stage: on the tp group that found it, then over the dense group, whose other ranks would
+ * otherwise wait in the routing exchange for the ranks that stopped. */
+static moe_status_t check_tp_inputs(moe_layer_t *l, const moe_tensor_t *x)
+{
+    moe_dist_t *d = l->dist;
+    if (!d->htp) return MOE_STATUS_SUCCESS;
+    const char *what = "the forward's input over tp (tp ranks must be fed the same tokens)";
+    moe_agree_field_t f[2] = {moe_agree_int("tokens", x->shape[0])};
+    int n = 1;
+    moe_status_t local = MOE_STATUS_SUCCESS;
+    if (d->hash_tp_inputs) {
+        uint64_t h = 0;
+        local = hash_tokens(l, x, &h);
+        f[n++] = moe_agree_u64("their hash (MOE_CHECK_TP_INPUTS)", h);
+    }
+    moe_status_t st = moe_comm_agree(d->htp, what, f, n, local);
+    if (!d->hdense) return st;
+    return moe_comm_agree(d->hdense, what, NULL, 0, st);
+}
+
 moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
                               moe_tensor_t *y)
 {
@@ -539,7 +582,8 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     void *xs = NULL, *outr = NULL;
     moe_routing_parts_t routing = {0};
 
-    /* 1. router on the local tokens */
+    /* 0. the tp ranks' inputs, 1. router on the local tokens */
+    MOE_TRY_GOTO(st, check_tp_inputs(l, x));
     MOE_TRY_GOTO(st, moe_routing_forward(l, s, x));
     MOE_TRY_GOTO(st, moe_routing_fetch(l, s, &routing));
     MOE_TRY_GOTO(st, alloc_dist_slot(l, s));
@@ -584,9 +628,9 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
 fail:
     moe_layer_free_dev(l->rt, &xs);
     moe_layer_free_dev(l->rt, &outr);
-    free(table);
+    moe_layer_free_comm_host(l->rt, table);      /* the routing all-reduce's buffer */
+    moe_layer_free_comm_host(l->rt, kept_group); /* the counts all-to-all's send buffer */
     free(gbuf);
-    free(kept_group);
     return st;
 }
 

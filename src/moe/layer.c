@@ -278,6 +278,32 @@ static void layer_free(moe_layer_t *l)
     free(l);
 }
 
+/* The fields every rank of a pp stage must hold alike: they size the exchanges (H, F, E, K,
+ * chunks, placement), set the global capacity and loss terms, or initialise the replicated
+ * parameters. A rank whose own config is invalid (`local`) still joins, so the others learn. */
+static moe_status_t agree_config(moe_runtime_t *rt, const moe_layer_config_t *c,
+                                 moe_status_t local)
+{
+    moe_agree_field_t f[] = {
+        moe_agree_int("hidden", c->hidden),
+        moe_agree_int("ffn_hidden", c->ffn_hidden),
+        moe_agree_int("num_experts", c->num_experts),
+        moe_agree_int("top_k", c->top_k),
+        moe_agree_int("score_fn", c->score_fn),
+        moe_agree_int("renormalize", c->renormalize),
+        moe_agree_f32("capacity_factor", c->capacity_factor),
+        moe_agree_f32("aux_loss_coef", c->aux_loss_coef),
+        moe_agree_f32("z_loss_coef", c->z_loss_coef),
+        moe_agree_int("expert_bias", c->expert_bias),
+        moe_agree_f32("expert_bias_rate", c->expert_bias_rate),
+        moe_agree_int("placement", c->placement),
+        moe_agree_int("a2a_chunks", c->a2a_chunks),
+        moe_agree_f32("init_std", c->init_std),
+    };
+    return moe_mesh_agree(rt->mesh, MOE_MESH_STAGE, "the layer config", f,
+                          (int)(sizeof f / sizeof f[0]), local);
+}
+
 moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *config,
                               moe_layer_t **out)
 {
@@ -289,14 +315,16 @@ moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *confi
                                   "have no defaults; start from moe_layer_config_default())");
     MOE_CHECK_STRUCT_SIZE(config, moe_layer_config_t, sizeof(moe_layer_config_t));
     int32_t ep = rt->mesh->size[MOE_AXIS_EP], tp = rt->mesh->size[MOE_AXIS_TP];
-    MOE_TRY(validate_config(config, ep, tp));
+    moe_status_t local = validate_config(config, ep, tp);
     const moe_backend_ops_t *ops = MOE_OPS(rt);
-    if ((ops->max_experts && config->num_experts > ops->max_experts) ||
-        (ops->max_top_k && config->top_k > ops->max_top_k))
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED,
-                        "the %s backend's router serves E <= %d and K <= %d (E=%d K=%d)",
-                        ops->name, ops->max_experts, ops->max_top_k, config->num_experts,
-                        config->top_k);
+    if (local == MOE_STATUS_SUCCESS &&
+        ((ops->max_experts && config->num_experts > ops->max_experts) ||
+         (ops->max_top_k && config->top_k > ops->max_top_k)))
+        local = MOE_FAIL(MOE_STATUS_UNSUPPORTED,
+                         "the %s backend's router serves E <= %d and K <= %d (E=%d K=%d)",
+                         ops->name, ops->max_experts, ops->max_top_k, config->num_experts,
+                         config->top_k);
+    MOE_TRY(agree_config(rt, config, local));
 
     moe_layer_t *l = calloc(1, sizeof *l);
     if (!l) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "layer allocation");
@@ -322,6 +350,7 @@ moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *confi
     MOE_TRY_GOTO(st, create_params(l));
     MOE_TRY_GOTO(st, moe_dist_create(l)); /* ep, tp or dp > 1: the distributed path */
     l->magic = MOE_MAGIC_LAYER;
+    moe_runtime_adopt(rt, MOE_CHILD_LAYER);
     *out = l;
     return MOE_STATUS_SUCCESS;
 fail:
@@ -335,6 +364,7 @@ moe_status_t moe_layer_destroy(moe_layer_t *layer)
     if (!layer) return MOE_STATUS_SUCCESS;
     MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
     MOE_OPS(layer->rt)->synchronize(MOE_CTX(layer->rt));
+    moe_runtime_disown(layer->rt, MOE_CHILD_LAYER);
     layer_free(layer);
     return MOE_STATUS_SUCCESS;
 }

@@ -1,6 +1,11 @@
 /*
  * AdamW over layer and user parameters: fp32 masters and moments on the runtime's device,
  * gradients reduced over their data-parallel groups before each update (grad_sync.c).
+ *
+ * A reduction that fails (a peer timed out, or another rank reported a failure) ends the
+ * step at once with its own status and message; the reductions still pending stay with
+ * their communicators, which the failure made unusable (waiting for them would only repeat
+ * the failure, or wait a timeout more).
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -82,6 +87,7 @@ moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *confi
     opt->rt = rt;
     opt->cfg = c;
     opt->last_grad_norm = -1;
+    moe_runtime_adopt(rt, MOE_CHILD_OPTIMIZER);
     *out = opt;
     return MOE_STATUS_SUCCESS;
 }
@@ -104,6 +110,7 @@ moe_status_t moe_adamw_destroy(moe_adamw_t *opt)
     MOE_OPS(opt->rt)->synchronize(MOE_CTX(opt->rt));
     for (int32_t i = 0; i < opt->count; i++) param_free(opt->rt, &opt->params[i]);
     free(opt->params);
+    moe_runtime_disown(opt->rt, MOE_CHILD_OPTIMIZER);
     opt->magic = MOE_MAGIC_DEAD;
     free(opt);
     return MOE_STATUS_SUCCESS;
@@ -300,13 +307,11 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
     moe_runtime_t *rt = opt->rt;
     /* reductions not started during the backward start now, in registration order */
     MOE_TRY(start_grad_sync(opt, NULL));
-    moe_status_t st = MOE_STATUS_SUCCESS;
     for (int32_t i = 0; i < opt->count; i++) {
-        moe_status_t w = moe_grad_sync_wait(&opt->params[i].sync);
-        if (st == MOE_STATUS_SUCCESS) st = w;
+        moe_status_t st = moe_grad_sync_wait(&opt->params[i].sync);
         opt->params[i].sync_started = false;
+        MOE_TRY(st); /* the first failure is the one to report */
     }
-    MOE_TRY(st);
     float scale = grad_scale / (float)moe_grad_replicas(rt), clip;
     MOE_TRY(clip_factor(opt, scale, &clip));
     scale *= clip;

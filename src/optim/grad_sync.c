@@ -27,7 +27,7 @@ moe_status_t moe_grad_sync_start(moe_runtime_t *rt, moe_param_kind_t kind, float
 moe_status_t moe_grad_sync_wait(moe_grad_sync_t *sync)
 {
     if (!sync->comm) return MOE_STATUS_SUCCESS;
-    moe_status_t st = sync->comm->ops->wait(sync->comm, sync->req);
+    moe_status_t st = moe_comm_wait(sync->comm, sync->req);
     sync->comm = NULL;
     sync->req = NULL;
     return st;

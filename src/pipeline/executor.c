@@ -24,14 +24,13 @@
  * complete theirs.
  * A status exchange over the world then tells every rank, and nobody steps the optimizer.
  * A failing transfer leaves the communicator unusable: the rank aborts it and returns at once;
- * peers fail by their own transfer timeouts.
+ * the abort poisons the mesh and tells the peers, whose transfers then fail at once too.
  */
 #include "pipeline_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "../core/clock.h"
 #include "../core/error.h"
@@ -46,6 +45,7 @@ typedef struct pipe_buf {
 typedef struct pipe_send {
     moe_comm_req_t *req;
     int32_t buf;
+    const moe_pipeline_action_t *action; /* for messages */
 } pipe_send_t;
 
 struct moe_pipeline {
@@ -140,28 +140,14 @@ static void buf_release(moe_pipeline_t *pp, int32_t *idx)
     *idx = -1;
 }
 
-/* Wait for a transfer: the communicator's own wait, or polling with our own deadline. */
+/* Wait for a transfer within the pipeline's timeout (0: the communicator's); a timeout names
+ * the peer's world rank and whether it answers. */
 static moe_status_t wait_req(moe_pipeline_t *pp, moe_comm_req_t *req, const char *what,
                              int32_t mb)
 {
-    moe_status_t st;
     double t0 = moe_now_s();
-    if (pp->cfg.timeout_ms <= 0) {
-        st = pp->pp->ops->wait(pp->pp, req);
-    } else {
-        bool done = false;
-        double deadline = t0 + 1e-3 * pp->cfg.timeout_ms;
-        for (;;) {
-            st = pp->pp->ops->test(pp->pp, req, &done);
-            if (st != MOE_STATUS_SUCCESS || done) break;
-            if (moe_now_s() > deadline) {
-                st = MOE_FAIL(MOE_STATUS_TIMEOUT, "no progress in %d ms", pp->cfg.timeout_ms);
-                break;
-            }
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
-        }
-    }
+    moe_status_t st = pp->cfg.timeout_ms > 0 ? moe_comm_wait_within(pp->pp, req, pp->cfg.timeout_ms)
+                                             : moe_comm_wait(pp->pp, req);
     pp->stats.wait_seconds += moe_now_s() - t0;
     if (st != MOE_STATUS_SUCCESS)
         return moe_error_wrap(st, "pipeline stage %d/%d: %s of microbatch %d", pp->stage,
@@ -173,7 +159,7 @@ static moe_status_t wait_req(moe_pipeline_t *pp, moe_comm_req_t *req, const char
 static void mark_broken(moe_pipeline_t *pp)
 {
     pp->broken = true;
-    if (pp->pp) pp->pp->ops->abort(pp->pp);
+    moe_comm_abort(pp->pp);
     pp->nsends = 0;
     int32_t n = pp->sched->count;
     for (int32_t i = 0; i < n; i++) pp->recv_req[i] = NULL;
@@ -195,11 +181,14 @@ moe_pipeline_config_t moe_pipeline_config_default(void)
 static void pipeline_free(moe_pipeline_t *pp)
 {
     if (!pp) return;
+    /* after the mesh lost a peer, transfers that never completed may still write the pool's
+     * buffers and the status scratch: those are leaked */
+    bool leak = moe_runtime_poisoned(pp->rt);
     for (int32_t i = 0; i < pp->nbufs; i++) {
-        moe_tensor_free(pp->rt, &pp->bufs[i]->t);
+        if (!leak) moe_tensor_free(pp->rt, &pp->bufs[i]->t);
         free(pp->bufs[i]);
     }
-    if (pp->ctrl) MOE_OPS(pp->rt)->free(MOE_CTX(pp->rt), pp->ctrl);
+    if (pp->ctrl && !leak) MOE_OPS(pp->rt)->free(MOE_CTX(pp->rt), pp->ctrl);
     free(pp->bufs);
     free(pp->x_buf);
     free(pp->y_buf);
@@ -312,6 +301,7 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->stats.stages = p;
     pp->stats.microbatches = pp->m;
     pp->magic = MOE_MAGIC_PIPELINE;
+    moe_runtime_adopt(rt, MOE_CHILD_PIPELINE);
     *out = pp;
     moe_log(&rt->logger, MOE_LOG_DEBUG, "pipeline: stage %d of %d, %d microbatches, %zu bytes "
             "per boundary tensor", s, p, pp->m, pp->act_bytes);
@@ -326,6 +316,7 @@ moe_status_t moe_pipeline_destroy(moe_pipeline_t *pp)
     moe_error_clear();
     if (!pp) return MOE_STATUS_SUCCESS;
     MOE_CHECK_HANDLE(pp, MOE_MAGIC_PIPELINE, "pipeline");
+    moe_runtime_disown(pp->rt, MOE_CHILD_PIPELINE);
     pipeline_free(pp);
     return MOE_STATUS_SUCCESS;
 }
@@ -436,6 +427,7 @@ static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *
                               pp->stage, pp->stages, moe_pipeline_op_string(a->op),
                               a->microbatch);
     sd->buf = *buf;
+    sd->action = a;
     *buf = -1; /* owned by the send until it completes */
     pp->nsends++;
     return MOE_STATUS_SUCCESS;
@@ -479,12 +471,15 @@ static moe_status_t progress_sends(moe_pipeline_t *pp, bool all)
         pipe_send_t sd = pp->sends[i];
         bool done = false;
         if (all) {
-            MOE_TRY(wait_req(pp, sd.req, "send", -1));
+            MOE_TRY(wait_req(pp, sd.req, moe_pipeline_op_string(sd.action->op),
+                             sd.action->microbatch));
             done = true;
         } else {
-            moe_status_t st = pp->pp->ops->test(pp->pp, sd.req, &done);
+            moe_status_t st = moe_comm_test(pp->pp, sd.req, &done);
             if (st != MOE_STATUS_SUCCESS)
-                return moe_error_wrap(st, "pipeline stage %d/%d: send", pp->stage, pp->stages);
+                return moe_error_wrap(st, "pipeline stage %d/%d: %s of microbatch %d", pp->stage,
+                                      pp->stages, moe_pipeline_op_string(sd.action->op),
+                                      sd.action->microbatch);
         }
         if (done)
             buf_release(pp, &sd.buf);

@@ -202,7 +202,10 @@ moe_status_t moe_pipeline_schedule_info(const moe_pipeline_schedule_t *sc, int32
     if (stages) *stages = sc->stages;
     if (microbatches) *microbatches = sc->microbatches;
     if (stage) *stage = sc->stage;
-    if (warmup) *warmup = sc->warmup;
+    /* the steady phase opens with a forward, so one more than the warm-up precedes the first
+     * backward (all of them when the warm-up is every unit) */
+    int32_t units = sc->microbatches * sc->virtual_stages;
+    if (warmup) *warmup = sc->warmup < units ? sc->warmup + 1 : units;
     return MOE_STATUS_SUCCESS;
 }
 

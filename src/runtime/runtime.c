@@ -1,7 +1,9 @@
-/* Runtime lifecycle: resolve the backend, join the mesh, own logging. Also the tensor
- * allocation and copy entry points, which need the backend. */
+/* Runtime lifecycle: resolve the backend, join the mesh (the ranks agree on the seed, the
+ * determinism and the backend), own logging, count the objects made on it, report the mesh's
+ * failure. Also the tensor allocation and copy entry points, which need the backend. */
 #include "runtime.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +62,21 @@ static moe_status_t create_backend(const moe_runtime_config_t *c, moe_runtime_t 
     return moe_backend_cuda_create(&p, &rt->backend);
 }
 
+/* Settings that change every rank's numbers and must be the same on all of them: the seed
+ * initialises the replicated parameters, determinism picks the reduction order, the backend
+ * the activations' dtype on the wire. */
+static moe_status_t agree_config(moe_runtime_t *rt, const moe_runtime_config_t *c)
+{
+    if (rt->mesh->world_size == 1) return MOE_STATUS_SUCCESS;
+    moe_agree_field_t f[] = {
+        moe_agree_u64("seed", c->seed),
+        moe_agree_int("deterministic", c->deterministic != 0),
+        moe_agree_int("backend (1 host, 2 cuda)", rt->backend.ops->kind),
+    };
+    return moe_mesh_agree(rt->mesh, MOE_AXIS_WORLD, "the runtime config", f,
+                          (int)(sizeof f / sizeof f[0]), MOE_STATUS_SUCCESS);
+}
+
 moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_t **out)
 {
     moe_error_clear();
@@ -83,6 +100,11 @@ moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_
     MOE_TRY_GOTO(st, create_backend(&c, rt));
     MOE_TRY_GOTO(st, moe_mesh_create(c.mesh, &rt->backend, rt->device_index, &rt->logger,
                                      &rt->mesh));
+    st = agree_config(rt, &c);
+    if (st != MOE_STATUS_SUCCESS) {
+        moe_mesh_destroy(rt->mesh); /* the message stays the agreement's unless this fails */
+        goto fail;
+    }
     rt->magic = MOE_MAGIC_RUNTIME;
     moe_log(&rt->logger, MOE_LOG_INFO, "runtime: backend %s, world %d", rt->backend.ops->name,
             rt->mesh->world_size);
@@ -94,16 +116,54 @@ fail:
     return st;
 }
 
+void moe_runtime_adopt(moe_runtime_t *rt, moe_runtime_child_t kind) { rt->children[kind]++; }
+
+void moe_runtime_disown(moe_runtime_t *rt, moe_runtime_child_t kind) { rt->children[kind]--; }
+
+bool moe_runtime_poisoned(const moe_runtime_t *rt)
+{
+    return moe_mesh_failure(rt->mesh, NULL) != MOE_STATUS_SUCCESS;
+}
+
+/* INVALID_ARGUMENT naming what is still alive on the runtime, or SUCCESS. */
+static moe_status_t check_no_children(const moe_runtime_t *rt)
+{
+    static const char *const names[MOE_CHILD_KINDS][2] = {
+        {"layer", "layers"}, {"optimizer", "optimizers"}, {"pipeline", "pipelines"},
+        {"checkpointer", "checkpointers"}};
+    char alive[256] = "";
+    size_t len = 0;
+    for (int k = 0; k < MOE_CHILD_KINDS; k++)
+        if (rt->children[k] > 0)
+            len += (size_t)snprintf(alive + len, sizeof alive - len, "%s%d %s", len ? ", " : "",
+                                    rt->children[k], names[k][rt->children[k] != 1]);
+    MOE_CHECK_ARG(len == 0, "the runtime still has %s made on it; destroy them first (the "
+                  "runtime stays usable)", alive);
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_runtime_destroy(moe_runtime_t *rt)
 {
     moe_error_clear();
     if (!rt) return MOE_STATUS_SUCCESS;
     MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
-    moe_mesh_destroy(rt->mesh);
+    MOE_TRY(check_no_children(rt));
+    moe_status_t st = moe_mesh_destroy(rt->mesh);
     rt->backend.ops->destroy(rt->backend.ctx);
     rt->magic = MOE_MAGIC_DEAD;
     free(rt);
-    return MOE_STATUS_SUCCESS;
+    return st;
+}
+
+moe_status_t moe_runtime_get_async_error(moe_runtime_t *rt, char *message, size_t message_len)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    moe_comm_watch_poll(rt->mesh->watch);
+    const char *cause = "";
+    moe_status_t st = moe_mesh_failure(rt->mesh, &cause);
+    if (message && message_len) snprintf(message, message_len, "%s", cause);
+    return st;
 }
 
 moe_status_t moe_runtime_backend(const moe_runtime_t *rt, moe_backend_kind_t *out)

@@ -1,4 +1,5 @@
-/* s3rver on loopback for the checkpoint tests (see s3_fixture.h). */
+/* s3rver behind the signature-verifying front, on loopback, for the checkpoint tests (see
+ * s3_fixture.h). */
 #include "s3_fixture.h"
 
 #include <arpa/inet.h>
@@ -16,6 +17,9 @@
 
 #ifndef MOE_S3RVER_JS
 #define MOE_S3RVER_JS "tests/s3/node_modules/s3rver/bin/s3rver.js"
+#endif
+#ifndef MOE_S3_FRONT_PY
+#define MOE_S3_FRONT_PY "tests/s3/sigv4_front.py"
 #endif
 
 static int free_port(void)
@@ -42,40 +46,83 @@ static bool can_connect(int port)
     return ok;
 }
 
-static bool launch(s3_fixture_t *f, const char *bucket)
+/* The first of $MOE_TEST_PYTHON, python3, /usr/bin/python3 that imports botocore. */
+static const char *python_with_botocore(void)
 {
-    char port[16];
-    snprintf(port, sizeof port, "%d", f->port);
-    f->pid = fork();
-    if (f->pid < 0) return false;
-    if (f->pid == 0) {
+    static char found[256];
+    if (found[0]) return found;
+    const char *cand[3] = {getenv("MOE_TEST_PYTHON"), "python3", "/usr/bin/python3"};
+    for (int i = 0; i < 3; i++) {
+        if (!cand[i] || !*cand[i] || strchr(cand[i], '\'')) continue;
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "'%s' -c 'import botocore' > /dev/null 2>&1", cand[i]);
+        if (system(cmd) == 0) {
+            snprintf(found, sizeof found, "%s", cand[i]);
+            return found;
+        }
+    }
+    return NULL;
+}
+
+static void kill_child(pid_t *pid)
+{
+    if (*pid > 0) {
+        kill(-*pid, SIGKILL);
+        kill(*pid, SIGKILL);
+        waitpid(*pid, NULL, 0);
+    }
+    *pid = 0;
+}
+
+/* Fork argv[] in its own process group, dying with the test; wait until `port` accepts. */
+static bool spawn(char *const argv[], int port, pid_t *pid, const char *what)
+{
+    *pid = fork();
+    if (*pid < 0) return false;
+    if (*pid == 0) {
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
         if (!getenv("MOE_TEST_S3_VERBOSE")) {
             FILE *n = freopen("/dev/null", "w", stdout);
             (void)n;
         }
-        const char *quiet = getenv("MOE_TEST_S3_VERBOSE") ? "--no-vhost-buckets" : "--silent";
-        /* s3rver 3.7.1 makes ListObjectsV2 continuation tokens with DES, which OpenSSL 3
-         * (Node >= 17) only offers through its legacy provider */
-        execlp("node", "node", "--openssl-legacy-provider", MOE_S3RVER_JS, "-d", f->dir, "-a", "127.0.0.1", "-p", port,
-               quiet, "--configure-bucket", bucket, (char *)NULL);
-        fprintf(stderr, "s3 fixture: cannot run node: %s\n", strerror(errno));
+        execvp(argv[0], argv);
+        fprintf(stderr, "s3 fixture: cannot run %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
     for (int i = 0; i < 300; i++) { /* up to 15 s */
-        if (can_connect(f->port)) return true;
+        if (can_connect(port)) return true;
         int status;
-        if (waitpid(f->pid, &status, WNOHANG) == f->pid) {
-            fprintf(stderr, "s3 fixture: s3rver exited (status %d)\n", status);
-            f->pid = 0;
+        if (waitpid(*pid, &status, WNOHANG) == *pid) {
+            fprintf(stderr, "s3 fixture: %s exited (status %d)\n", what, status);
+            *pid = 0;
             return false;
         }
         struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    fprintf(stderr, "s3 fixture: s3rver did not listen on port %d\n", f->port);
-    s3_fixture_stop(f);
+    fprintf(stderr, "s3 fixture: %s did not listen on port %d\n", what, port);
+    kill_child(pid);
+    return false;
+}
+
+static bool launch(s3_fixture_t *f, const char *bucket)
+{
+    char port[16], up[16];
+    snprintf(port, sizeof port, "%d", f->port);
+    snprintf(up, sizeof up, "%d", f->s3rver_port);
+    /* s3rver 3.7.1 makes ListObjectsV2 continuation tokens with DES, which OpenSSL 3
+     * (Node >= 17) only offers through its legacy provider */
+    char *s3rver[] = {"node", "--openssl-legacy-provider", MOE_S3RVER_JS, "-d", f->dir, "-a",
+                      "127.0.0.1", "-p", up,
+                      getenv("MOE_TEST_S3_VERBOSE") ? "--no-vhost-buckets" : "--silent",
+                      "--configure-bucket", (char *)bucket, NULL};
+    char *front[] = {(char *)python_with_botocore(), MOE_S3_FRONT_PY, "--port", port,
+                     "--upstream-port", up, "--access-key", S3_FIXTURE_ACCESS_KEY,
+                     "--secret-key", S3_FIXTURE_SECRET_KEY, "--region", "us-east-1", NULL};
+    if (!spawn(s3rver, f->s3rver_port, &f->pid, "s3rver")) return false;
+    if (spawn(front, f->port, &f->front_pid, "the signature-verifying front")) return true;
+    kill_child(&f->pid);
     return false;
 }
 
@@ -87,24 +134,28 @@ bool s3_fixture_start(s3_fixture_t *f, const char *bucket)
                 MOE_S3RVER_JS);
         return false;
     }
+    if (!python_with_botocore()) {
+        fprintf(stderr, "s3 fixture: no Python with botocore (python3-botocore; run "
+                "scripts/setup-deps.sh --tests)\n");
+        return false;
+    }
     snprintf(f->dir, sizeof f->dir, "/tmp/moe-s3rver-XXXXXX");
     if (!mkdtemp(f->dir)) return false;
     for (int attempt = 0; attempt < 3; attempt++) {
         f->port = free_port();
+        f->s3rver_port = free_port();
         snprintf(f->endpoint, sizeof f->endpoint, "http://127.0.0.1:%d", f->port);
-        if (f->port > 0 && launch(f, bucket)) return true;
+        if (f->port > 0 && f->s3rver_port > 0 && f->port != f->s3rver_port &&
+            launch(f, bucket))
+            return true;
     }
     return false;
 }
 
 void s3_fixture_stop(s3_fixture_t *f)
 {
-    if (f->pid > 0) {
-        kill(-f->pid, SIGKILL);
-        kill(f->pid, SIGKILL);
-        waitpid(f->pid, NULL, 0);
-    }
-    f->pid = 0;
+    kill_child(&f->front_pid);
+    kill_child(&f->pid);
 }
 
 bool s3_fixture_restart(s3_fixture_t *f, const char *bucket) { return launch(f, bucket); }

@@ -1,25 +1,34 @@
-/* The S3 test server: s3rver (tests/s3/, installed by scripts/setup-deps.sh --tests) started
- * on 127.0.0.1 at a free port with a temporary directory, stopped (and restarted) on demand.
- * s3rver is only an S3-compatible store for the tests: passing tests say nothing about
- * authentication against real S3. */
+/* The S3 test server: s3rver (tests/s3/, installed by scripts/setup-deps.sh --tests) behind
+ * tests/s3/sigv4_front.py, a front that verifies every request's AWS Signature V4 with
+ * botocore (AWS's own signer) and forwards only correctly signed ones. Both listen on
+ * 127.0.0.1 at free ports, with a temporary directory; stopped (and restarted on the same
+ * ports) on demand. Clients use `endpoint` (the front) with S3_FIXTURE_ACCESS_KEY and
+ * S3_FIXTURE_SECRET_KEY: a request signed with anything else is refused with 403, as real S3
+ * refuses it. */
 #ifndef MOE_TEST_S3_FIXTURE_H
 #define MOE_TEST_S3_FIXTURE_H
 
 #include <stdbool.h>
 #include <sys/types.h>
 
+/* s3rver's one account; the secret is the front's (s3rver checks no signatures) */
+#define S3_FIXTURE_ACCESS_KEY "S3RVER"
+#define S3_FIXTURE_SECRET_KEY "moe/test+Secret=verified-by-the-front"
+
 typedef struct s3_fixture {
-    pid_t pid;
-    int port;
+    pid_t pid, front_pid;
+    int port;          /* the front's: the endpoint */
+    int s3rver_port;
     char dir[256];
     char endpoint[64];
 } s3_fixture_t;
 
-/* false (with a message on stderr) when node or s3rver is missing or it does not start. */
+/* false (with a message on stderr) when node, s3rver or Python with botocore is missing, or
+ * a server does not start. */
 bool s3_fixture_start(s3_fixture_t *f, const char *bucket);
-/* Stop the server (SIGKILL: like a crash), keep its directory. */
+/* Stop both servers (SIGKILL: like a crash; connections are then refused), keep the data. */
 void s3_fixture_stop(s3_fixture_t *f);
-/* Start it again on the same port and directory. */
+/* Start them again on the same ports and directory. */
 bool s3_fixture_restart(s3_fixture_t *f, const char *bucket);
 /* Stop and remove the directory. */
 void s3_fixture_destroy(s3_fixture_t *f);

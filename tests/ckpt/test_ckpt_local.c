@@ -3,10 +3,12 @@
  * caller overwrites its tensors as soon as save_async returns), expert reshard by global id,
  * dtype conversion, corruption (flipped byte, truncated file, path escape) detected and
  * fallen back from, retention, and bad inputs (unwritable directory, duplicate names, missing
- * tensors, mismatched shapes, disk full on a small tmpfs when the test may mount one). */
+ * tensors, mismatched shapes, disk full on a small tmpfs when the test may mount one); and
+ * what include/moe/ckpt.h promises about the step directory and MPI holds. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -469,6 +471,47 @@ static void test_poll_and_abort(void **st)
     ct_free(&s);
 }
 
+/* Every `rank-<R>.<ext>` the public header names is a file a save writes, the header names
+ * the thread level libmoe initialises MPI with (the checkpointer calls MPI on the calling
+ * thread only), and no stronger one. */
+static void test_header_matches_the_code(void **st)
+{
+    (void)st;
+    moe_ckpt_t *ck = open_ck(0);
+    ct_state_t s;
+    ct_init(&s);
+    save_steps(ck, &s, 1, 1);
+    TEST_OK(moe_ckpt_destroy(ck));
+    ct_free(&s);
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/step-000000000001", g_dir);
+    FILE *f = fopen(MOE_CKPT_HEADER, "r");
+    assert_non_null(f);
+    static char h[1 << 16];
+    size_t n = fread(h, 1, sizeof h - 1, f);
+    fclose(f);
+    h[n] = 0;
+    int named = 0;
+    for (const char *p = h; (p = strstr(p, "`rank-<R>.")) != NULL; p++) {
+        char ext[16] = "";
+        sscanf(p + 10, "%15[a-z]", ext);
+        bool found = false;
+        DIR *d = opendir(dir);
+        assert_non_null(d);
+        for (struct dirent *e; (e = readdir(d)) != NULL;) {
+            const char *dot = strrchr(e->d_name, '.');
+            if (!strncmp(e->d_name, "rank-", 5) && dot && !strcmp(dot + 1, ext)) found = true;
+        }
+        closedir(d);
+        if (!found)
+            fail_msg("include/moe/ckpt.h names rank-<R>.%s, which a save never writes", ext);
+        named++;
+    }
+    assert_true(named >= 1);
+    assert_non_null(strstr(h, "MPI_THREAD_SERIALIZED"));
+    assert_null(strstr(h, "MPI_THREAD_MULTIPLE"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -484,6 +527,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_full, setup, teardown),
         cmocka_unit_test_setup_teardown(test_poll_and_abort, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_header_matches_the_code, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -149,8 +149,8 @@ static void add_s3(moe_ckpt_config_t *c)
     c->s3_bucket = "mpi-bucket";
     c->s3_prefix = "reshard";
     c->s3_region = "us-east-1";
-    c->s3_access_key = "S3RVER";
-    c->s3_secret_key = "S3RVER";
+    c->s3_access_key = S3_FIXTURE_ACCESS_KEY;
+    c->s3_secret_key = S3_FIXTURE_SECRET_KEY;
 }
 
 static void load_and_compare(const char *dir, int ep, int dp, moe_expert_placement_t pl,

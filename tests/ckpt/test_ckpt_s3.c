@@ -1,6 +1,8 @@
-/* S3 tier against s3rver on 127.0.0.1 (an S3-compatible store: it does not check signatures
- * or payload hashes, so these tests say nothing about authentication; the SHA-256 used for
- * x-amz-content-sha256 is checked against the FIPS 180-4 test vectors instead).
+/* S3 tier against s3rver on 127.0.0.1 behind the fixture's signature-verifying front
+ * (botocore recomputes every request's SigV4 and payload hash; s3rver itself checks neither):
+ *   - signatures: a wrong secret or access key is refused with S3's own error code in the
+ *     message (SignatureDoesNotMatch, InvalidAccessKeyId), and so is a missing object on
+ *     download (NoSuchKey, NOT_FOUND);
  *   - mirror + multipart (a 12 MiB tensor in 5 MiB parts) + retention on S3, then restore
  *     bitwise into an empty local directory;
  *   - a corrupt local copy is replaced by the S3 copy of the same step;
@@ -16,10 +18,10 @@
 
 #include <cmocka.h>
 
+#include "ckpt/ckpt_internal.h"
 #include "ckpt_common.h"
 #include "s3_fixture.h"
 
-void ck_sha256_hex(const void *data, size_t len, char out[65]); /* internal (src/ckpt/s3.c) */
 
 #define BUCKET "moe-test"
 #define BIG_N (3 * (1 << 20)) /* 12 MiB of f32 */
@@ -67,8 +69,8 @@ static moe_ckpt_config_t s3_config(const char *dir, const char *prefix)
     c.s3_bucket = BUCKET;
     c.s3_prefix = prefix;
     c.s3_region = "us-east-1";
-    c.s3_access_key = "S3RVER";
-    c.s3_secret_key = "S3RVER";
+    c.s3_access_key = S3_FIXTURE_ACCESS_KEY;
+    c.s3_secret_key = S3_FIXTURE_SECRET_KEY;
     c.s3_part_bytes = 5 << 20;
     c.s3_parallel_parts = 2;
     c.s3_max_retries = 8;
@@ -96,24 +98,6 @@ static int teardown(void **st)
     moe_runtime_destroy(g_rt);
     ct_rmrf(g_dir);
     return 0;
-}
-
-static void test_sha256_vectors(void **st)
-{
-    (void)st;
-    char h[65];
-    ck_sha256_hex("", 0, h);
-    assert_string_equal(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-    ck_sha256_hex("abc", 3, h);
-    assert_string_equal(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-    ck_sha256_hex(m, strlen(m), h);
-    assert_string_equal(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-    char *a = malloc(1000000);
-    memset(a, 'a', 1000000);
-    ck_sha256_hex(a, 1000000, h);
-    free(a);
-    assert_string_equal(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
 static void test_mirror_multipart_retention_restore(void **st)
@@ -237,11 +221,39 @@ static void test_server_killed_mid_upload(void **st)
     ct_free(&x.s);
 }
 
+/* Requests the front refuses, and an error body of a download: S3's code reaches the message. */
+static void test_signatures_verified(void **st)
+{
+    (void)st;
+    moe_ckpt_config_t c = s3_config(g_dir, "run/e");
+    c.s3_secret_key = "not-the-secret";
+    moe_ckpt_t *ck = NULL;
+    assert_int_equal(moe_ckpt_create(g_rt, &c, &ck), MOE_STATUS_REMOTE_ERROR);
+    print_message("wrong secret: %s\n", moe_last_error());
+    assert_non_null(strstr(moe_last_error(), "HTTP 403 SignatureDoesNotMatch"));
+    assert_null(strstr(moe_last_error(), "not-the-secret"));
+    c = s3_config(g_dir, "run/e");
+    c.s3_access_key = "AKIDEXAMPLE";
+    assert_int_equal(moe_ckpt_create(g_rt, &c, &ck), MOE_STATUS_REMOTE_ERROR);
+    assert_non_null(strstr(moe_last_error(), "HTTP 403 InvalidAccessKeyId"));
+    /* a step on S3 whose manifest names an object that is not there */
+    c = s3_config(g_dir, "run/e");
+    ck_s3_t *s3 = NULL;
+    TEST_OK(ck_s3_create(&c, NULL, &s3));
+    char local[400];
+    snprintf(local, sizeof local, "%s/missing.bin", g_dir);
+    moe_status_t r = ck_s3_get_file(s3, "step-000000000009", "rank-00000.bin", local);
+    print_message("missing object: %s\n", moe_last_error());
+    assert_int_equal(r, MOE_STATUS_NOT_FOUND);
+    assert_non_null(strstr(moe_last_error(), "HTTP 404 NoSuchKey"));
+    ck_s3_destroy(s3);
+}
+
 static void test_wrong_bucket_and_secrets(void **st)
 {
     (void)st;
-    const char *secret = "wJalrXUtnFEMI-K7MDENG-SECRET-DO-NOT-LEAK";
-    setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1); /* the key id s3rver knows; it ignores the secret */
+    const char *secret = S3_FIXTURE_SECRET_KEY;
+    setenv("AWS_ACCESS_KEY_ID", S3_FIXTURE_ACCESS_KEY, 1);
     setenv("AWS_SECRET_ACCESS_KEY", secret, 1);
     moe_ckpt_config_t c = s3_config(g_dir, "run/d");
     c.s3_access_key = c.s3_secret_key = NULL; /* from the environment */
@@ -281,7 +293,10 @@ static void test_wrong_bucket_and_secrets(void **st)
     assert_int_equal(step, 2);
     assert_true(ct_check(&x.s, 2));
     assert_int_equal(moe_ckpt_wait(ck, 1, 60000), MOE_STATUS_TIMEOUT); /* reported here */
-    TEST_OK(moe_ckpt_destroy(ck));
+    /* destroy tries the newest step once more, and says that it is not on S3 */
+    assert_int_equal(moe_ckpt_destroy(ck), MOE_STATUS_TIMEOUT);
+    assert_non_null(strstr(moe_last_error(), "mirroring step 2 to S3"));
+    assert_null(strstr(moe_last_error(), secret));
     unsetenv("AWS_ACCESS_KEY_ID");
     unsetenv("AWS_SECRET_ACCESS_KEY");
     ct_free(&x.s);
@@ -292,7 +307,7 @@ int main(void)
     g_big = malloc(BIG_N * sizeof *g_big);
     g_have_s3 = s3_fixture_start(&g_s3, BUCKET);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sha256_vectors),
+        cmocka_unit_test_setup_teardown(test_signatures_verified, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mirror_multipart_retention_restore, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_local_uses_s3_copy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server_killed_mid_upload, setup, teardown),

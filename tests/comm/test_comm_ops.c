@@ -275,7 +275,7 @@ static void t_alltoallv_count_mismatch(void **state)
     moe_status_t st = moe_comm_alltoallv(c, s, sc, sd, r, rc, rd, MOE_COMM_F32);
     if (R == 1) {
         assert_int_equal(st, MOE_STATUS_COMM_ERROR);
-        assert_non_null(strstr(moe_last_error(), "expected 8 bytes from rank 0 and got 4"));
+        assert_non_null(strstr(moe_last_error(), "expected 8 bytes from world rank 0 and got 4"));
     } else {
         OK(st);
     }
@@ -361,7 +361,7 @@ static void t_split(void **state)
         assert_string_equal(s->name, "half");
         assert_int_equal(s->device_buffers, comms[v]->device_buffers);
         char want[96];
-        int n = snprintf(want, sizeof want, "world ranks ");
+        int n = snprintf(want, sizeof want, members == 1 ? "world rank " : "world ranks ");
         for (int r = P - 1, first = 1; r >= 0; r--)
             if (r % 2 == R % 2) {
                 n += snprintf(want + n, sizeof want - (size_t)n, "%s%d", first ? "" : ",", r);

@@ -12,7 +12,9 @@
  *          and matches the verdict rank 0 prints, since that launcher's exit code is 0)
  * The mesh-level check: a runtime's mesh with timeout_ms = 1000 gives its communicators that
  * timeout; with the victim absent, a mesh barrier (kill) and a layer forward (stall: its
- * routing all-reduce over the dense group) time out too.
+ * routing all-reduce over the dense group) fail too, naming the victim as the rank that does
+ * not answer: by their own timeout, or earlier (ABORTED) when the other survivor's notice comes
+ * first.
  */
 #include <signal.h>
 #include <stdlib.h>
@@ -69,6 +71,23 @@ static void expect_timeout(moe_status_t st, double t0, const char *what, const c
     fprintf(stderr, "rank %d: %s timed out after %.3f s: %s\n", R, what, dt, msg);
 }
 
+/* A mesh operation with the victim absent: TIMEOUT (this rank found it) or ABORTED (the other
+ * survivor's notice came first), never later than the timeout plus the watch's grace and some
+ * slack, naming the operation and the victim. */
+static void expect_victim_named(moe_status_t st, double t0, const char *what)
+{
+    double dt = now_s() - t0;
+    const char *msg = moe_last_error();
+    CHECK(st == MOE_STATUS_TIMEOUT || st == MOE_STATUS_ABORTED, "%s returned %s (%s)", what,
+          moe_status_string(st), msg);
+    CHECK(dt < TIMEOUT_MS * 1e-3 + 1.5, "%s took %.3f s", what, dt);
+    CHECK(strstr(msg, what) != NULL, "message lacks '%s': %s", what, msg);
+    char victim[64];
+    snprintf(victim, sizeof victim, "world rank %d does not answer", VICTIM);
+    CHECK(strstr(msg, victim) != NULL, "message lacks '%s': %s", victim, msg);
+    fprintf(stderr, "rank %d: %s failed after %.3f s: %s\n", R, what, dt, msg);
+}
+
 static void expect_dead(moe_comm_t *c)
 {
     float x = 1;
@@ -94,7 +113,7 @@ static void survivor_alltoallv(moe_comm_t *c)
     moe_comm_req_t *q = NULL;
     moe_status_t st = c->ops->alltoallv(c, s, sc, sd, r, rc, rd, MOE_COMM_F32, &q);
     if (st == MOE_STATUS_SUCCESS) st = moe_comm_wait(c, q);
-    expect_timeout(st, t0, "alltoallv", c->name, "no rows yet from ranks 2");
+    expect_timeout(st, t0, "alltoallv", c->name, "no rows yet from world rank 2");
 }
 
 static void survivor_barrier(moe_comm_t *c)
@@ -147,6 +166,11 @@ int main(int argc, char **argv)
     moe_runtime_t *rt = NULL;
     TEST_OK(moe_runtime_create(&rc, &rt));
     CHECK(rt->mesh->comm[MOE_AXIS_EP]->timeout_ms == TIMEOUT_MS, "mesh timeout not applied");
+    /* a layer (its creation is collective: the ranks compare configs) */
+    moe_layer_config_t lc = moe_layer_config_default();
+    lc.hidden = 4, lc.ffn_hidden = 4, lc.num_experts = 3, lc.top_k = 1;
+    moe_layer_t *layer = NULL;
+    TEST_OK(moe_layer_create(rt, &lc, &layer));
     MPI_Barrier(MPI_COMM_WORLD);
 
     if (R == VICTIM) {
@@ -157,7 +181,7 @@ int main(int argc, char **argv)
         survivor_allreduce(c[0]);
         survivor_recv(c[1]);
         double t0 = now_s();
-        expect_timeout(moe_comm_barrier(rt->mesh->comm[MOE_AXIS_EP]), t0, "barrier", "ep", NULL);
+        expect_victim_named(moe_comm_barrier(rt->mesh->comm[MOE_AXIS_EP]), t0, "barrier");
     } else {
         survivor_allreduce(c[0]);
         survivor_alltoallv(c[1]);
@@ -165,19 +189,15 @@ int main(int argc, char **argv)
         survivor_split(c[3]);
         /* the layer: its first collective (the routing table over the dense group) times out
          * and the forward returns TIMEOUT instead of hanging */
-        moe_layer_config_t lc = moe_layer_config_default();
-        lc.hidden = 4, lc.ffn_hidden = 4, lc.num_experts = 3, lc.top_k = 1;
-        moe_layer_t *layer = NULL;
-        TEST_OK(moe_layer_create(rt, &lc, &layer));
         float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
         int64_t sh[2] = {2, 4};
         moe_tensor_t tx, ty;
         TEST_OK(moe_tensor_view(x, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &tx));
         TEST_OK(moe_tensor_view(y, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, sh, &ty));
         double t0 = now_s();
-        expect_timeout(moe_layer_forward(layer, 0, &tx, &ty), t0, "allreduce", "dense", NULL);
-        moe_layer_destroy(layer);
+        expect_victim_named(moe_layer_forward(layer, 0, &tx, &ty), t0, "allreduce");
     }
+    moe_layer_destroy(layer);
     /* The victim never joined: the survivors' operations stay unmatched in MPI, which is
      * why the communicators leak their buffers on destroy. */
     moe_runtime_destroy(rt);

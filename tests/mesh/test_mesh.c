@@ -83,7 +83,8 @@ static void check_mesh(int tp, int ep, int dp, int pp, bool reversed)
         assert_int_equal(rank, want_rank);
         assert_int_equal(size, want_size);
     }
-    /* groups: axes 0..3, edp (4), world (5), dense (6) */
+    /* groups: axes 0..3, edp (4), world (5), dense (6), stage (7; host only, which is also
+     * comm[] on the host backend) */
     for (int g = 0; g < MOE_MESH_GROUPS; g++) {
         int64_t expect = 0;
         int want_rank = 0, count = 0;
@@ -99,6 +100,8 @@ static void check_mesh(int tp, int ep, int dp, int pp, bool reversed)
                 same = c[0] == mine[0] && c[1] == mine[1] && c[3] == mine[3];
             } else if (g == MOE_AXIS_WORLD) {
                 same = true;
+            } else if (g == MOE_MESH_STAGE) {
+                same = c[3] == mine[3];
             } else {
                 same = c[0] == mine[0] && c[3] == mine[3];
             }
@@ -107,8 +110,11 @@ static void check_mesh(int tp, int ep, int dp, int pp, bool reversed)
                 count++;
             }
         }
-        want_rank = g < 4 ? mine[g] : g == MOE_AXIS_EDP ? mine[2] : g == MOE_AXIS_WORLD ? R
-                                                                    : mine[1] + ep * mine[2];
+        want_rank = g < 4                 ? mine[g]
+                    : g == MOE_AXIS_EDP   ? mine[2]
+                    : g == MOE_AXIS_WORLD ? R
+                    : g == MOE_MESH_STAGE ? mine[0] + tp * (mine[1] + ep * mine[2])
+                                          : mine[1] + ep * mine[2];
         for (int h = 0; h < 2; h++) {
             moe_comm_t *c = h ? m->host[g] : m->comm[g];
             if (count == 1) {

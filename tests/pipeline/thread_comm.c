@@ -187,11 +187,11 @@ static void unlink_req(tc_world_t *w, moe_comm_req_t *r)
         }
 }
 
-static moe_status_t tc_wait(moe_comm_t *c, moe_comm_req_t *r)
+static moe_status_t tc_wait(moe_comm_t *c, moe_comm_req_t *r, int timeout_ms)
 {
     tc_impl_t *im = c->impl;
     tc_world_t *w = im->w;
-    struct timespec dl = deadline_after(c->timeout_ms);
+    struct timespec dl = deadline_after(timeout_ms);
     pthread_mutex_lock(&w->mu);
     int rc = 0;
     while (!r->done && !im->aborted && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&w->cv, &w->mu, &dl);
@@ -202,7 +202,7 @@ static moe_status_t tc_wait(moe_comm_t *c, moe_comm_req_t *r)
     if (done) return MOE_STATUS_SUCCESS;
     if (im->aborted) return MOE_FAIL(MOE_STATUS_COMM_ERROR, "%s: communicator aborted", c->name);
     return MOE_FAIL(MOE_STATUS_TIMEOUT, "%s rank %d: no peer within %d ms", c->name, c->rank,
-                    c->timeout_ms);
+                    timeout_ms);
 }
 
 static moe_status_t tc_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
