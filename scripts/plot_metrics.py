@@ -56,7 +56,7 @@ def main():
         fig.colorbar(im, ax=ax, label="load share")
     axes[-1][0].set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=80)
     last = rows[-1]
     bpb = last.get("val_bpb") or last["train_bpb"]
     print(f"{out}: {len(rows)} steps, last {bpb:.3f} bpb "
