@@ -142,8 +142,8 @@ elif a.mode == "train":
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     metrics = os.path.join(d, "metrics.jsonl")
-    r = mpirun(4, ["--config", a.example_config, "--steps", str(a.steps), "--metrics", metrics],
-               capture=False)
+    mpirun(4, ["--config", a.example_config, "--steps", str(a.steps), "--metrics", metrics],
+           capture=False)
     last = [json.loads(l) for l in open(metrics)][-1]
     ratio = last["val_bpb"] / last["unigram_bpb"]
     print(f"  validation {last['val_bpb']:.4f} bpb = {100 * ratio:.1f}% of the unigram "
