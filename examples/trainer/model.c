@@ -198,8 +198,8 @@ static int block_create(model_t *m, block_t *b, int64_t index, const trainer_con
     lc.z_loss_coef = (float)c->z_loss_coef;
     lc.init_std = (float)c->init_std;
     lc.max_microbatches = m->microbatches;
-    lc.init_stream = (uint64_t)index + 1; /* each block its own experts and router */
-    moe_status_t st = moe_layer_create(m->rt, &lc, &b->moe);
+    /* each block its own stream of initial values: its own experts and router */
+    moe_status_t st = moe_layer_create_seeded(m->rt, &lc, (uint64_t)index + 1, &b->moe);
     if (st != MOE_STATUS_SUCCESS) {
         fprintf(stderr, "moe_train: block %lld: moe_layer_create: %s\n", (long long)index,
                 moe_last_error());

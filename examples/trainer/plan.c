@@ -175,15 +175,17 @@ static int make_optimizer(trainer_t *t)
     ac.beta2 = (float)c->beta2;
     ac.eps = (float)c->eps;
     ac.weight_decay = (float)c->weight_decay;
-    ac.max_grad_norm = c->grad_clip > 0 ? (float)c->grad_clip : INFINITY; /* always measured */
-    ac.schedule.warmup_steps = c->warmup_steps;
-    ac.schedule.decay_steps = c->steps;
-    ac.schedule.min_lr_ratio = (float)c->min_lr_ratio;
-    ac.schedule.decay = !strcmp(c->decay, "cosine")   ? MOE_LR_COSINE
-                        : !strcmp(c->decay, "linear") ? MOE_LR_LINEAR
-                                                      : MOE_LR_CONSTANT;
     if (moe_adamw_create(t->rt, &ac, &t->opt) != MOE_STATUS_SUCCESS)
         return report("moe_adamw_create");
+    moe_lr_schedule_t ls = {.warmup_steps = c->warmup_steps, .decay_steps = c->steps,
+                            .min_lr_ratio = (float)c->min_lr_ratio};
+    ls.decay = !strcmp(c->decay, "cosine")   ? MOE_LR_COSINE
+               : !strcmp(c->decay, "linear") ? MOE_LR_LINEAR
+                                             : MOE_LR_CONSTANT;
+    float clip = c->grad_clip > 0 ? (float)c->grad_clip : INFINITY; /* always measured */
+    if (moe_adamw_set_lr_schedule(t->opt, &ls) != MOE_STATUS_SUCCESS ||
+        moe_adamw_set_grad_clip(t->opt, clip) != MOE_STATUS_SUCCESS)
+        return report("optimizer schedule and clipping");
     model_t *m = t->model;
     for (int32_t i = 0; i < m->nparams; i++) {
         dense_param_t *p = m->params[i];

@@ -58,18 +58,23 @@ typedef struct moe_adamw_config {
     float beta2;         /* default 0.999 */
     float eps;           /* default 1e-8 */
     float weight_decay;  /* default 0.01 (decoupled) */
-    /* Global gradient-norm clipping: > 0 scales the gradient so that its norm over the whole
-     * model is at most this (INFINITY measures the norm without clipping); 0 (default) neither
-     * measures nor clips. The norm counts each replicated parameter once and each expert or
-     * tp shard once, over every pp stage: moe_adamw_step is then collective over the world. */
-    float max_grad_norm;
-    moe_lr_schedule_t schedule;  /* applied when moe_adamw_step gets MOE_ADAMW_LR_CONFIGURED */
 } moe_adamw_config_t;
 
 MOE_API moe_adamw_config_t moe_adamw_config_default(void);
 MOE_API moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *config,
                                       moe_adamw_t **out);
 MOE_API moe_status_t moe_adamw_destroy(moe_adamw_t *opt);
+
+/* Global gradient-norm clipping: max_grad_norm > 0 scales each step's gradient so that its
+ * norm over the whole model is at most this (INFINITY measures the norm without clipping); 0
+ * (the default) neither measures nor clips. The norm counts each replicated parameter once and
+ * each expert or tp shard once, over every pp stage: moe_adamw_step is then collective over
+ * the world. Not collective itself; every rank sets the same value. */
+MOE_API moe_status_t moe_adamw_set_grad_clip(moe_adamw_t *opt, float max_grad_norm);
+/* The schedule moe_adamw_step applies to the configured rate when given
+ * MOE_ADAMW_LR_CONFIGURED (default: constant, no warm-up). [in] schedule, copied. */
+MOE_API moe_status_t moe_adamw_set_lr_schedule(moe_adamw_t *opt,
+                                               const moe_lr_schedule_t *schedule);
 
 /* Register every trainable parameter of a layer (buffers are skipped) under the name
  * prefix + parameter name (e.g. prefix "layers.3." gives "layers.3.router.weight"); prefix may

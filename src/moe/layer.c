@@ -113,7 +113,7 @@ static uint64_t global_index(const moe_layer_t *l, const moe_param_info_t *p, in
  * used), a mix of the seed and the stream otherwise. */
 static uint64_t init_seed(const moe_layer_t *l)
 {
-    uint64_t stream = l->cfg.init_stream;
+    uint64_t stream = l->init_stream;
     return stream == 0 ? l->rt->seed : mix64(l->rt->seed ^ mix64(stream * 0x9e3779b97f4a7c15ull));
 }
 
@@ -307,6 +307,12 @@ static moe_status_t agree_config(moe_runtime_t *rt, const moe_layer_config_t *c,
 moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *config,
                               moe_layer_t **out)
 {
+    return moe_layer_create_seeded(rt, config, 0, out);
+}
+
+moe_status_t moe_layer_create_seeded(moe_runtime_t *rt, const moe_layer_config_t *config,
+                                     uint64_t init_stream, moe_layer_t **out)
+{
     moe_error_clear();
     MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(out != NULL, "out is NULL");
@@ -331,6 +337,7 @@ moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *confi
     l->rt = rt;
     l->cfg = *config;
     l->cfg.struct_size = sizeof l->cfg;
+    l->init_stream = init_stream;
     l->h = config->hidden;
     l->e = config->num_experts;
     l->k = config->top_k;

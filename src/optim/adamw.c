@@ -36,6 +36,8 @@ struct moe_adamw {
     adamw_param_t *params;
     int32_t count, capacity;
     int64_t steps;
+    float max_grad_norm;         /* 0: no clipping (moe_adamw_set_grad_clip) */
+    moe_lr_schedule_t schedule;  /* moe_adamw_set_lr_schedule; constant by default */
     float last_lr;           /* the rate of the last step */
     double last_grad_norm;   /* its global gradient norm before clipping; -1: not measured */
     bool warned_lr_zero;     /* the lr = 0 compatibility note is logged once */
@@ -44,9 +46,7 @@ struct moe_adamw {
 moe_adamw_config_t moe_adamw_config_default(void)
 {
     moe_adamw_config_t c = {.struct_size = sizeof c, .lr = 1e-3f, .beta1 = 0.9f,
-                            .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
-                            .max_grad_norm = 0.0f,
-                            .schedule = {.decay = MOE_LR_CONSTANT, .min_lr_ratio = 0.0f}};
+                            .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
     return c;
 }
 
@@ -57,14 +57,6 @@ static moe_status_t validate(const moe_adamw_config_t *c)
     MOE_CHECK_ARG(c->beta2 >= 0 && c->beta2 < 1, "beta2 is %g; must be in [0, 1)", c->beta2);
     MOE_CHECK_ARG(c->eps > 0, "eps is %g; must be > 0", c->eps);
     MOE_CHECK_ARG(c->weight_decay >= 0, "weight_decay is %g; must be >= 0", c->weight_decay);
-    MOE_CHECK_ARG(c->max_grad_norm >= 0, "max_grad_norm is %g; must be >= 0 (0: no clipping)",
-                  c->max_grad_norm);
-    MOE_CHECK_ARG(moe_lr_schedule_rate(&c->schedule, c->lr, 1) >= 0,
-                  "schedule (decay %d, warmup_steps %lld, decay_steps %lld, min_lr_ratio %g) "
-                  "is invalid: decay CONSTANT, LINEAR or COSINE, warmup_steps >= 0, "
-                  "decay_steps > warmup_steps when decaying, min_lr_ratio in [0, 1]",
-                  (int)c->schedule.decay, (long long)c->schedule.warmup_steps,
-                  (long long)c->schedule.decay_steps, c->schedule.min_lr_ratio);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -89,6 +81,31 @@ moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *confi
     opt->last_grad_norm = -1;
     moe_runtime_adopt(rt, MOE_CHILD_OPTIMIZER);
     *out = opt;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_set_grad_clip(moe_adamw_t *opt, float max_grad_norm)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(max_grad_norm >= 0, "max_grad_norm is %g; must be >= 0 (0: no clipping)",
+                  max_grad_norm);
+    opt->max_grad_norm = max_grad_norm;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_set_lr_schedule(moe_adamw_t *opt, const moe_lr_schedule_t *s)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(s != NULL, "schedule is NULL");
+    MOE_CHECK_ARG(moe_lr_schedule_rate(s, opt->cfg.lr, 1) >= 0,
+                  "schedule (decay %d, warmup_steps %lld, decay_steps %lld, min_lr_ratio %g) "
+                  "is invalid: decay CONSTANT, LINEAR or COSINE, warmup_steps >= 0, "
+                  "decay_steps > warmup_steps when decaying, min_lr_ratio in [0, 1]",
+                  (int)s->decay, (long long)s->warmup_steps, (long long)s->decay_steps,
+                  s->min_lr_ratio);
+    opt->schedule = *s;
     return MOE_STATUS_SUCCESS;
 }
 
@@ -272,7 +289,7 @@ static moe_status_t step_rate(moe_adamw_t *opt, float lr, float *rate)
     }
     MOE_CHECK_ARG(lr > 0 || lr == 0.0f || lr == MOE_ADAMW_LR_CONFIGURED,
                   "lr is %g; must be > 0 or MOE_ADAMW_LR_CONFIGURED", lr);
-    *rate = lr > 0 ? lr : moe_lr_schedule_rate(&opt->cfg.schedule, opt->cfg.lr, opt->steps + 1);
+    *rate = lr > 0 ? lr : moe_lr_schedule_rate(&opt->schedule, opt->cfg.lr, opt->steps + 1);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -281,7 +298,7 @@ static moe_status_t clip_factor(moe_adamw_t *opt, float scale, float *factor)
 {
     *factor = 1.0f;
     opt->last_grad_norm = -1;
-    if (opt->cfg.max_grad_norm <= 0) return MOE_STATUS_SUCCESS;
+    if (opt->max_grad_norm <= 0) return MOE_STATUS_SUCCESS;
     double share = 0;
     for (int32_t i = 0; i < opt->count; i++) {
         double sq;
@@ -292,7 +309,7 @@ static moe_status_t clip_factor(moe_adamw_t *opt, float scale, float *factor)
     MOE_TRY(moe_grad_norm_reduce(opt->rt, share, &norm));
     norm *= scale;
     opt->last_grad_norm = norm;
-    if (norm > opt->cfg.max_grad_norm) *factor = (float)(opt->cfg.max_grad_norm / norm);
+    if (norm > opt->max_grad_norm) *factor = (float)(opt->max_grad_norm / norm);
     return MOE_STATUS_SUCCESS;
 }
 

@@ -59,7 +59,9 @@ def trial(args, n, rng):
     d = os.path.join(args.workdir, f"trial{n:02d}")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    wrapper = '"$0" "$@"; echo $? > "$3/rc.$OMPI_COMM_WORLD_RANK"'
+    # the status lands by rename: the file the harness sees is never empty
+    wrapper = ('"$0" "$@"; echo $? > "$3/rc.$OMPI_COMM_WORLD_RANK.tmp" && '
+               'mv "$3/rc.$OMPI_COMM_WORLD_RANK.tmp" "$3/rc.$OMPI_COMM_WORLD_RANK"')
     cmd = [args.mpirun, "-np", str(NP), "--oversubscribe", "--enable-recovery", "sh", "-c",
            wrapper, args.rank, mesh, str(args.timeout_ms), d]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",

@@ -2,8 +2,8 @@
  * The optimizer's controls on the host backend, world of one: learning-rate schedules
  * against their formula (include/moe/optim.h), MOE_ADAMW_LR_CONFIGURED and the values lr may
  * take, global gradient-norm clipping (the update with clipping equals the update of the
- * scaled-down gradient), and the layer's init_stream (stream 0 keeps the runtime seed's values,
- * other streams give other values).
+ * scaled-down gradient), and moe_layer_create_seeded (stream 0 is moe_layer_create's
+ * values, other streams give other values).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -32,13 +32,14 @@ static void test_schedule_formula(void **state)
     s.decay = MOE_LR_COSINE;
     s.decay_steps = 10; /* not past the warm-up */
     assert_true(moe_lr_schedule_rate(&s, 1.0f, 20) < 0);
-    moe_adamw_config_t c = moe_adamw_config_default();
-    c.schedule = s;
     moe_runtime_t *rt;
     TEST_OK(moe_runtime_create(NULL, &rt));
     moe_adamw_t *opt = NULL;
-    assert_int_equal(moe_adamw_create(rt, &c, &opt), MOE_STATUS_INVALID_ARGUMENT);
+    TEST_OK(moe_adamw_create(rt, NULL, &opt));
+    assert_int_equal(moe_adamw_set_lr_schedule(opt, &s), MOE_STATUS_INVALID_ARGUMENT);
     assert_non_null(strstr(moe_last_error(), "schedule"));
+    assert_int_equal(moe_adamw_set_grad_clip(opt, -1.0f), MOE_STATUS_INVALID_ARGUMENT);
+    TEST_OK(moe_adamw_destroy(opt));
     TEST_OK(moe_runtime_destroy(rt));
 }
 
@@ -49,13 +50,16 @@ typedef struct one_param {
     float p[4], g[4];
 } one_param_t;
 
-static void one_param_init(one_param_t *o, const moe_adamw_config_t *c)
+static void one_param_init(one_param_t *o, const moe_adamw_config_t *c, float clip,
+                           const moe_lr_schedule_t *schedule)
 {
     moe_runtime_config_t rc = moe_runtime_config_default();
     rc.backend = MOE_BACKEND_HOST;
     rc.log_level = MOE_LOG_ERROR; /* the lr 0 note is a warning */
     TEST_OK(moe_runtime_create(&rc, &o->rt));
     TEST_OK(moe_adamw_create(o->rt, c, &o->opt));
+    TEST_OK(moe_adamw_set_grad_clip(o->opt, clip));
+    if (schedule) TEST_OK(moe_adamw_set_lr_schedule(o->opt, schedule));
     const float p0[4] = {1, -2, 3, 0.5f}, g0[4] = {3, 0, -4, 0}; /* |g| = 5 */
     memcpy(o->p, p0, sizeof p0);
     memcpy(o->g, g0, sizeof g0);
@@ -77,9 +81,9 @@ static void test_lr_values(void **state)
     (void)state;
     moe_adamw_config_t c = moe_adamw_config_default();
     c.lr = 0.25f;
-    c.schedule = (moe_lr_schedule_t){.decay = MOE_LR_CONSTANT, .warmup_steps = 4};
+    moe_lr_schedule_t warmup = {.decay = MOE_LR_CONSTANT, .warmup_steps = 4};
     one_param_t o;
-    one_param_init(&o, &c);
+    one_param_init(&o, &c, 0, &warmup);
     float lr;
     double norm;
     TEST_OK(moe_adamw_step(o.opt, MOE_ADAMW_LR_CONFIGURED, 1.0f));
@@ -101,11 +105,9 @@ static void test_clipping(void **state)
 {
     (void)state;
     moe_adamw_config_t c = moe_adamw_config_default();
-    c.max_grad_norm = 1.0f;
     one_param_t clipped, ref;
-    one_param_init(&clipped, &c);
-    c.max_grad_norm = 0;
-    one_param_init(&ref, &c);
+    one_param_init(&clipped, &c, 1.0f, NULL);
+    one_param_init(&ref, &c, 0, NULL);
     for (int i = 0; i < 4; i++) ref.g[i] /= 5; /* the gradient clipping makes of g */
     TEST_OK(moe_adamw_step(clipped.opt, MOE_ADAMW_LR_CONFIGURED, 1.0f));
     TEST_OK(moe_adamw_step(ref.opt, MOE_ADAMW_LR_CONFIGURED, 1.0f));
@@ -128,9 +130,9 @@ static void layer_router(uint64_t stream, float *out)
     lc.ffn_hidden = 4;
     lc.num_experts = 2;
     lc.top_k = 1;
-    lc.init_stream = stream;
     moe_layer_t *l;
-    TEST_OK(moe_layer_create(rt, &lc, &l));
+    if (stream == 0) TEST_OK(moe_layer_create(rt, &lc, &l));
+    else TEST_OK(moe_layer_create_seeded(rt, &lc, stream, &l));
     moe_param_info_t info = {.struct_size = sizeof info};
     TEST_OK(moe_layer_param(l, 0, &info));
     memcpy(out, info.value.data, sizeof(float) * 8);
@@ -142,9 +144,9 @@ static void test_init_stream(void **state)
 {
     (void)state;
     float a[8], b[8], c[8];
-    layer_router(0, a);
+    layer_router(0, a); /* moe_layer_create */
     layer_router(0, b);
-    layer_router(3, c);
+    layer_router(3, c); /* moe_layer_create_seeded, stream 3 */
     assert_memory_equal(a, b, sizeof a);
     assert_memory_not_equal(a, c, sizeof a);
 }

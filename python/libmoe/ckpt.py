@@ -1,0 +1,190 @@
+"""The asynchronous tiered checkpointer (include/moe/ckpt.h): save_async snapshots named, sharded
+tensors and returns; background threads write them (and mirror them to S3); load_* restore the
+newest (or a given) complete checkpoint, resharding when the mesh changed."""
+import ctypes as C
+import dataclasses
+
+from . import _native
+from . import _structs as S
+from ._config import fill, record, record_type
+from ._handle import Handle
+from .enums import CkptTier, ParamKind, Status, to_enum
+from .errors import Error
+from .tensor import as_tensor
+
+CkptStatus = record_type(
+    "CkptStatus", S.CkptStatus,
+    doc="Progress of the background work (moe_ckpt_status_t): state, last_committed_step, "
+        "last_uploaded_step, pending_saves, pending_uploads, bytes_written, bytes_uploaded, "
+        "last_stall_s, last_durable_s, direct_io, uploads_superseded, upload_failures, "
+        "last_upload_error.")
+
+
+@dataclasses.dataclass
+class Entry:
+    """One named tensor, or this rank's shard of it (moe_ckpt_tensor_t). global_shape None: not
+    sharded; offset: where the shard starts, per dimension; expert_ids: the global expert of
+    each index along expert_dim (None: contiguous from offset[expert_dim])."""
+    name: str
+    tensor: object
+    global_shape: tuple = None
+    offset: tuple = None
+    expert_dim: int = -1
+    expert_ids: tuple = None
+
+    @classmethod
+    def of_param(cls, param, prefix=""):
+        """The entry of a layer or optimizer Param shard (its global shape and offsets)."""
+        return cls(prefix + param.name, param.value, param.global_shape, param.shard_offset,
+                   param.expert_dim, param.expert_ids or None)
+
+
+def _entries(tensors, writable):
+    """A ctypes array of moe_ckpt_tensor_t and the objects keeping it valid."""
+    if isinstance(tensors, dict):
+        tensors = [t if isinstance(t, Entry) else Entry(name, t) for name, t in tensors.items()]
+    tensors = list(tensors)
+    arr = (S.CkptTensor * max(len(tensors), 1))()
+    keep = []
+    for slot, e in zip(arr, tensors):
+        desc, k = as_tensor(e.tensor, e.name, writable=writable)
+        keep.append(k)
+        slot.name = e.name.encode()
+        slot.tensor = desc
+        for i, n in enumerate(e.global_shape or ()):
+            slot.global_shape[i] = n
+        for i, n in enumerate(e.offset or ()):
+            slot.offset[i] = n
+        slot.expert_dim = e.expert_dim
+        if e.expert_ids is not None:
+            ids = (C.c_int32 * len(e.expert_ids))(*e.expert_ids)
+            keep.append(ids)
+            slot.expert_ids = ids
+    return arr, len(tensors), keep
+
+
+class TrainState(Handle):
+    """A run's whole training state (moe/train_state.h): layers, optimizers and user tensors,
+    saved and loaded in one call by Checkpointer.save_train_state / load_train_state. What is
+    added stays alive while the set lives."""
+
+    kind = "training state"
+
+    def __init__(self):
+        lib = _native.lib()
+        ptr = C.c_void_p()
+        lib.moe_train_state_create(C.byref(ptr))
+        super().__init__(ptr.value, lib.moe_train_state_destroy)
+        self._lib = lib
+        self._keep = []
+
+    def add_layer(self, layer, prefix=None):
+        self._lib.moe_train_state_add_layer(self.ptr, layer.ptr,
+                                            None if prefix is None else prefix.encode())
+        self._keep.append(layer)
+
+    def add_adamw(self, optimizer, prefix=None):
+        self._lib.moe_train_state_add_adamw(self.ptr, optimizer.ptr,
+                                            None if prefix is None else prefix.encode())
+        self._keep.append(optimizer)
+
+    def add_tensor(self, entry, kind="dense"):
+        """entry: an Entry over writable memory (loading writes into it)."""
+        arr, _, keep = _entries([entry], writable=True)
+        self._lib.moe_train_state_add_tensor(self.ptr, arr, int(to_enum(ParamKind, kind)))
+        self._keep.append((arr, keep))
+
+
+class Checkpointer(Handle):
+    """A checkpointer writing to dir. Keyword arguments are moe_ckpt_config_t fields with the
+    C defaults (keep_last, chunk_bytes, pinned_budget_bytes, queue_depth, io_block_bytes,
+    use_direct_io, s3_endpoint, s3_bucket, ...). Creating it is collective over the world;
+    close() waits for queued saves and raises the first unreported background error."""
+
+    kind = "checkpointer"
+
+    def __init__(self, runtime, dir, **config):
+        lib = _native.lib()
+        cfg = fill(lib.moe_ckpt_config_default(), dict(dir=dir, **config), "Checkpointer")
+        ptr = C.c_void_p()
+        lib.moe_ckpt_create(runtime.ptr, C.byref(cfg), C.byref(ptr))
+        super().__init__(ptr.value, lib.moe_ckpt_destroy, parent=runtime, keep=(cfg,))
+        self._lib = lib
+        self.dir = dir
+
+    def save_async(self, step, tensors):
+        """Snapshot tensors (a dict name -> array, or Entry objects) as checkpoint step and
+        return once they are copied; the write continues in the background. Collective."""
+        arr, count, keep = _entries(tensors, writable=False)
+        self._lib.moe_ckpt_save_async(self.ptr, step, arr, count)
+        del keep
+
+    def save_train_state(self, step, state):
+        """Save a TrainState as step (asynchronous, collective)."""
+        self._lib.moe_ckpt_save_train_state(self.ptr, step, state.ptr)
+
+    def load_train_state(self, state, step=-1):
+        """Load a TrainState from step (-1: the newest); returns the step loaded. Collective."""
+        got = C.c_int64(step)
+        self._lib.moe_ckpt_load_train_state(self.ptr, step, state.ptr, C.byref(got))
+        return got.value
+
+    def poll(self, include_uploads=False):
+        """True when every queued save is committed (and mirrored, with include_uploads), False
+        while work remains; raises the first unreported background error."""
+        return self._answer(self._lib.moe_ckpt_poll(self.ptr, int(include_uploads)),
+                            "moe_ckpt_poll")
+
+    def wait(self, include_uploads=False, timeout=None):
+        """Block until done (True) or timeout seconds pass (False); None waits for ever.
+        Collective with several ranks."""
+        ms = -1 if timeout is None else int(timeout * 1000)
+        return self._answer(self._lib.moe_ckpt_wait(self.ptr, int(include_uploads), ms),
+                            "moe_ckpt_wait")
+
+    def _answer(self, status, call):
+        if status == Status.SUCCESS:
+            return True
+        if status in (Status.IN_PROGRESS, Status.TIMEOUT):
+            return False
+        raise Error(status, self._lib.last_error(), call)
+
+    def status(self):
+        st = S.CkptStatus(struct_size=C.sizeof(S.CkptStatus))
+        self._lib.moe_ckpt_status(self.ptr, C.byref(st))
+        return record(CkptStatus, st)
+
+    def async_error(self):
+        """(Status, message) of the first unreported background error, without clearing it;
+        (Status.SUCCESS, "") when there is none."""
+        buf = C.create_string_buffer(1024)
+        status = self._lib.moe_ckpt_get_async_error(self.ptr, buf, len(buf))
+        return status, buf.value.decode(errors="replace")
+
+    def load_latest(self, tensors):
+        """Load the newest complete checkpoint into tensors (written in place); returns its
+        step. Raises Error(NOT_FOUND) when there is none. Collective."""
+        arr, count, keep = _entries(tensors, writable=True)
+        step = C.c_int64(-1)
+        self._lib.moe_ckpt_load_latest(self.ptr, arr, count, C.byref(step))
+        del keep
+        return step.value
+
+    def load_step(self, step, tensors):
+        arr, count, keep = _entries(tensors, writable=True)
+        self._lib.moe_ckpt_load_step(self.ptr, step, arr, count)
+        del keep
+
+    def list(self, tier="local"):
+        """The steps of the complete checkpoints on a tier ("local" or "s3"), ascending."""
+        tier = int(to_enum(CkptTier, tier))
+        count = C.c_int32()
+        self._lib.moe_ckpt_list(self.ptr, tier, None, 0, C.byref(count))
+        steps = (C.c_int64 * max(count.value, 1))()
+        self._lib.moe_ckpt_list(self.ptr, tier, steps, count.value, C.byref(count))
+        return list(steps[:count.value])
+
+    def abort(self):
+        """Stop background work as soon as possible and free the checkpointer (not
+        collective); abandoned writes are never committed."""
+        self._close_with(self._lib.moe_ckpt_abort)

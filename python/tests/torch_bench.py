@@ -1,0 +1,220 @@
+"""What the Python wrapper costs on the GPU: one training step of the MoE layer (gradients
+discarded, forward, backward with dx) through libmoe.Layer (ctypes, torch tensors in and out)
+and through libmoe.torch.MoELayer (autograd; libmoe's gradients, then PyTorch's, which adds
+their bf16 conversion), beside the same step from C (step_bench, and bench_moe's layer figure)
+and PyTorch's eager layer of bench/torch_moe.py, in the same call.
+
+Timing, as step_bench.c and bench_moe: ms is the median of 10 steps between CUDA events on the
+stream (after 2 warm-up steps); wall_ms the host time of 20 back-to-back steps over 20, the
+stream synchronised at both ends (where the per-call host cost shows).
+
+Usage: torch_bench.py OUT_MD C_JSONL...  (device_check.sh passes step_bench's and bench_moe's
+JSON lines). Prints JSON lines and writes OUT_MD, the results file for bench/results/ffi.md.
+Shapes: N tokens, H hidden, F expert FFN width, E experts, K top-k.
+"""
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import libmoe
+from libmoe.torch import MoELayer
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import torch_moe  # noqa: E402  (bench/torch_moe.py: PyTorch's layer and its timing)
+
+LAYER_SHAPES = [(16384, 4096, 1408, 64, 2), (16384, 2048, 8192, 8, 2),
+                (32768, 4096, 14336, 8, 2)]  # bench_moe's layer shapes
+SMALL_SHAPES = [(512, 256, 512, 16, 2), (2048, 1024, 1408, 64, 2)]
+SHAPES = SMALL_SHAPES + LAYER_SHAPES
+WARM, ITERS, WALL = 2, 10, 20
+GPU = torch.cuda.get_device_name(0)
+TODAY = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def shape_name(n, h, f, e, k):
+    return f"N={n} H={h} F={f} E={e} K={k}"
+
+
+def emit(impl, shape, variant, ms, wall_ms, bench="ffi_layer_step"):
+    rec = {"impl": impl, "bench": bench, "shape": shape, "variant": variant,
+           "ms": round(ms, 4), "wall_ms": round(wall_ms, 4), "gpu": GPU, "date": TODAY}
+    print(json.dumps(rec), flush=True)
+    return rec
+
+
+def timed(step):
+    """(median event ms, wall ms per step) of step() on the current stream."""
+    for _ in range(WARM):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(ITERS):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        step()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(WALL):
+        step()
+    torch.cuda.synchronize()
+    return statistics.median(times), (time.perf_counter() - t0) * 1e3 / WALL
+
+
+def bench_shape(n, h, f, e, k):
+    name = shape_name(n, h, f, e, k)
+    recs = []
+    m = MoELayer(h, f, e, k, grads="libmoe")
+    layer = m.layer
+    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    m.runtime.set_stream(torch.cuda.current_stream())
+
+    def ctypes_step():
+        layer.discard_grad()
+        layer.forward(x, y)
+        layer.backward(dy, dx)
+
+    recs.append(emit("libmoe python", name, "libmoe.Layer (ctypes)", *timed(ctypes_step)))
+    xg = x.clone().requires_grad_(True)
+
+    def module_step():
+        m.zero_grad(set_to_none=True)
+        xg.grad = None
+        m(xg).backward(dy)
+
+    recs.append(emit("libmoe python", name, "MoELayer, libmoe grads", *timed(module_step)))
+    m.grads = "torch"  # the same layer, gradients handed to autograd as bf16
+    recs.append(emit("libmoe python", name, "MoELayer, torch grads", *timed(module_step)))
+    m.zero_grad(set_to_none=True)
+    m.runtime.close()  # frees the layer's GPU memory now, not when the collector finds it
+    del m, layer, xg, y, dx
+    torch.cuda.empty_cache()
+
+    tm = torch_moe.TorchMoE(h, f, e, k)
+    xt = x.clone().requires_grad_(True)
+
+    def torch_step():
+        tm.zero_grad(set_to_none=True)
+        xt.grad = None
+        out, loss = tm(xt)
+        torch.autograd.backward([out, loss], [dy, torch.ones_like(loss)])
+
+    recs.append(emit("torch " + torch.__version__, name, "eager (bench/torch_moe.py)",
+                     *timed(torch_step)))
+    del tm, xt, x, dy
+    torch.cuda.empty_cache()
+    return recs
+
+
+def read_c(paths):
+    """step_bench's lines by shape, and bench_moe's layer_fwd_bwd (variant auto) by shape."""
+    c_api, bench_moe = {}, {}
+    for path in paths:
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("impl") == "libmoe C":
+                    c_api[r["shape"]] = r
+                elif r.get("impl") == "libmoe" and r.get("bench") == "layer_fwd_bwd" \
+                        and r.get("variant") == "auto":
+                    bench_moe[r["shape"]] = r
+    return c_api, bench_moe
+
+
+def commit():
+    if os.environ.get("MOE_COMMIT"):
+        return os.environ["MOE_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty",
+                               "--abbrev=7"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def summarise(recs, c_api, bench_moe, out_md):
+    rows = []
+    for shape in (shape_name(*s) for s in SHAPES):
+        c = c_api.get(shape)
+        mine = {r["variant"]: r for r in recs if r["shape"] == shape}
+        py = mine.get("libmoe.Layer (ctypes)")
+        mod = mine.get("MoELayer, libmoe grads")
+        tgrad = mine.get("MoELayer, torch grads")
+        eager = mine.get("eager (bench/torch_moe.py)")
+        bm = bench_moe.get(shape)
+        if not (c and py and mod):
+            continue
+        over = {"bench": "ffi_overhead", "shape": shape,
+                "ctypes_pct": round(100 * (py["ms"] / c["ms"] - 1), 2),
+                "module_pct": round(100 * (mod["ms"] / c["ms"] - 1), 2),
+                "ctypes_us_per_step": round(1e3 * (py["wall_ms"] - c["wall_ms"]), 1),
+                "module_us_per_step": round(1e3 * (mod["wall_ms"] - c["wall_ms"]), 1)}
+        print(json.dumps(over), flush=True)
+        rows.append((shape, c, py, mod, tgrad, bm, eager, over))
+
+    def f(v, digits=3):
+        return "—" if v is None else f"{v:.{digits}f}"
+
+    lines = [
+        "# Python wrapper overhead (libmoe.Layer, libmoe.torch.MoELayer)", "",
+        "One training step of the MoE layer on one GPU: gradients discarded, forward, backward "
+        "with dx, random bf16 inputs. The C API (`python/tests/step_bench.c`) and the Python "
+        "wrapper run the same calls on the same shapes, timed the same way; bench_moe's layer "
+        "step (`layer.md`, expert GEMM mode auto) and PyTorch's eager layer "
+        "(`bench/torch_moe.py`) are from the same call.", "",
+        f"- command: `bash python/tests/device_check.sh` (build, `step_bench`, "
+        f"`MOE_CUDA_EXPERT_GEMM=auto bench_moe layer`, `python/tests/torch_bench.py`)",
+        f"- date: {TODAY[:10]}; GPU: {GPU}; commit: {commit()}",
+        f"- software: PyTorch {torch.__version__}, CUDA {torch.version.cuda}, libmoe "
+        f"{libmoe.version()}", "",
+        "ms: median of 10 steps between CUDA events on the stream, after 2 warm-up steps. "
+        "wall: host time of 20 back-to-back steps / 20 (stream synchronised at both ends): "
+        "where the wrapper's per-call host cost shows when the GPU work is short.", "",
+        "| shape | C API ms | libmoe.Layer ms | MoELayer ms | overhead (Layer / MoELayer) | "
+        "C wall ms | MoELayer wall ms | host cost µs/step (Layer / MoELayer) | MoELayer, torch "
+        "grads ms | bench_moe ms | PyTorch eager ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for shape, c, py, mod, tgrad, bm, eager, over in rows:
+        lines.append(
+            f"| {shape} | {f(c['ms'])} | {f(py['ms'])} | {f(mod['ms'])} | "
+            f"{over['ctypes_pct']:+.1f}% / {over['module_pct']:+.1f}% | {f(c['wall_ms'])} | "
+            f"{f(mod['wall_ms'])} | {over['ctypes_us_per_step']:.0f} / "
+            f"{over['module_us_per_step']:.0f} | {f(tgrad and tgrad['ms'])} | "
+            f"{f(bm and bm['ms'])} | {f(eager and eager['ms'])} |")
+    lines += ["", "The first two shapes are small (where the per-call cost matters); the last "
+              "three are bench_moe's layer shapes. \"torch grads\" adds the conversion of "
+              "libmoe's f32 gradients to the bf16 gradients PyTorch's optimizers take.", ""]
+    with open(out_md, "w") as fh:
+        fh.write("\n".join(lines))
+
+
+def main():
+    out_md, c_paths = sys.argv[1], sys.argv[2:]
+    recs = []
+    for shape in SHAPES:
+        try:
+            recs += bench_shape(*shape)
+        except Exception as exc:  # report and go on: one failure must not hide the rest
+            print(json.dumps({"bench": "ffi_layer_step", "shape": shape_name(*shape),
+                              "error": repr(exc)}), flush=True)
+            torch.cuda.empty_cache()
+    c_api, bench_moe = read_c(c_paths)
+    summarise(recs, c_api, bench_moe, out_md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The checkpointer from Python: save_async, wait/poll, status, list, load_latest / load_step
+into other buffers, a layer's parameters through Entry.of_param, errors and abort."""
+import array
+import os
+import tempfile
+import unittest
+
+import libmoe
+
+
+class CheckpointTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.rt = libmoe.Runtime("host", seed=4)
+        # small chunks and buffered writes: tmpfs refuses O_DIRECT
+        self.opts = dict(chunk_bytes=1 << 16, pinned_budget_bytes=1 << 17, use_direct_io=0)
+
+    def tearDown(self):
+        self.rt.close()
+        self.tmp.cleanup()
+
+    def test_save_wait_load(self):
+        a = array.array("f", [float(i) for i in range(100)])
+        b = array.array("H", [0x3f80 + i for i in range(10)])
+        with libmoe.Checkpointer(self.rt, self.tmp.name, keep_last=2, **self.opts) as ck:
+            for step in (1, 2, 3):
+                a[0] = step
+                ck.save_async(step, {"a": a, "b": b})
+            self.assertTrue(ck.wait(timeout=30))
+            self.assertTrue(ck.poll())
+            st = ck.status()
+            self.assertIsInstance(st, libmoe.CkptStatus)
+            self.assertEqual((st.state, st.last_committed_step, st.pending_saves),
+                             (libmoe.CkptState.IDLE, 3, 0))
+            self.assertEqual(ck.list(), [2, 3])
+            with self.assertRaises(libmoe.Error) as cm:
+                ck.list("s3")
+            self.assertEqual(cm.exception.status, libmoe.Status.UNSUPPORTED)
+            self.assertEqual(ck.async_error(), (libmoe.Status.SUCCESS, ""))
+            a2, b2 = array.array("f", bytes(400)), array.array("H", bytes(20))
+            self.assertEqual(ck.load_latest({"a": a2, "b": b2}), 3)
+            self.assertEqual((list(a2[1:]), a2[0], list(b2)), (list(a[1:]), 3.0, list(b)))
+            ck.load_step(2, [libmoe.Entry("a", a2)])
+            self.assertEqual(a2[0], 2.0)
+            with self.assertRaises(libmoe.Error) as cm:
+                ck.load_step(9, {"a": a2})
+            self.assertEqual(cm.exception.status, libmoe.Status.NOT_FOUND)
+            with self.assertRaises(libmoe.Error) as cm:
+                ck.load_latest({"missing": a2})
+            self.assertEqual(cm.exception.status, libmoe.Status.INVALID_ARGUMENT)
+            with self.assertRaisesRegex(libmoe.Error, "step"):
+                ck.save_async(3, {"a": a})  # not after the last step
+
+    def test_layer_parameters_round_trip(self):
+        cfg = dict(hidden=6, ffn_hidden=4, num_experts=4, top_k=2)
+        layer = libmoe.Layer(self.rt, **cfg)
+        with libmoe.Checkpointer(self.rt, self.tmp.name, **self.opts) as ck:
+            ck.save_async(10, [libmoe.Entry.of_param(p, "l0.") for p in layer.params.values()])
+            ck.wait()
+            with libmoe.Runtime("host", seed=99) as other:
+                fresh = libmoe.Layer(other, **cfg)
+                before = fresh.param("experts.w2").tolist()
+                self.assertNotEqual(before, layer.param("experts.w2").tolist())
+                ck.load_latest([libmoe.Entry.of_param(p, "l0.")
+                                for p in fresh.params.values()])
+                for name in layer.params:
+                    self.assertEqual(fresh.param(name).tolist(), layer.param(name).tolist())
+
+    def test_bad_directory_and_abort(self):
+        blocker = os.path.join(self.tmp.name, "file")
+        open(blocker, "w").close()
+        with self.assertRaises(libmoe.Error) as cm:
+            libmoe.Checkpointer(self.rt, os.path.join(blocker, "sub"), **self.opts)
+        self.assertEqual(cm.exception.status, libmoe.Status.IO_ERROR)
+        ck = libmoe.Checkpointer(self.rt, self.tmp.name, **self.opts)
+        ck.save_async(1, {"a": array.array("f", [1.0] * 1000)})
+        ck.abort()
+        self.assertTrue(ck.closed)
+        ck.abort()  # a second abort is a no-op
+        with self.assertRaisesRegex(TypeError, "no option 'bucket'"):
+            libmoe.Checkpointer(self.rt, self.tmp.name, bucket="x")
+
+
+if __name__ == "__main__":
+    unittest.main()
