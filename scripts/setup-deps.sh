@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install libmoe's build dependencies on Debian/Ubuntu (idempotent, non-interactive).
 #   scripts/setup-deps.sh           build + example trainer
-#   scripts/setup-deps.sh --tests   also what the tests need (CMocka, Python with botocore, the
-#                                   S3 test server)
+#   scripts/setup-deps.sh --tests   also what the tests need (CMocka, Python with botocore and
+#                                   matplotlib, the S3 test server)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 with_tests=0
@@ -10,8 +10,9 @@ with_tests=0
 
 pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin liburing-dev libcjson-dev
       libcurl4-openssl-dev libssl-dev libxxhash-dev)
-# python3-botocore: AWS's own SigV4 signer, in the signature-verifying front of the S3 tests
-[ $with_tests = 1 ] && pkgs+=(libcmocka-dev python3 python3-botocore)
+# python3-botocore: AWS's own SigV4 signer, in the signature-verifying front of the S3 tests;
+# python3-matplotlib: scripts/plot_metrics.py, run by test_trainer_train when present
+[ $with_tests = 1 ] && pkgs+=(libcmocka-dev python3 python3-botocore python3-matplotlib)
 # the Python package's offline `pip install ./python` test, and the ABI check (libabigail)
 [ $with_tests = 1 ] && pkgs+=(python3-pip python3-setuptools python3-wheel abigail-tools)
 # Node.js may come from elsewhere (NodeSource bundles npm, and then conflicts with Debian's

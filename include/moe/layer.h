@@ -95,6 +95,11 @@ MOE_API moe_layer_config_t moe_layer_config_default(void);
  * CPUs, or MOE_INIT_THREADS (at most 32); the values are the same for any count. */
 MOE_API moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *config,
                                       moe_layer_t **out);
+/* moe_layer_create with the initial values drawn from stream `init_stream` of the runtime
+ * seed: the layers of one model give each its own stream (e.g. its index in the model + 1) so
+ * that they start different; moe_layer_create is stream 0. Collective like it. */
+MOE_API moe_status_t moe_layer_create_seeded(moe_runtime_t *rt, const moe_layer_config_t *config,
+                                             uint64_t init_stream, moe_layer_t **out);
 MOE_API moe_status_t moe_layer_destroy(moe_layer_t *layer);
 
 /* [in] x [N,H] on the runtime's device in its compute dtype, N >= 0 (N may differ by rank,

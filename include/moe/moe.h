@@ -12,6 +12,8 @@
  *   moe_ckpt_*                asynchronous tiered checkpoints: pinned snapshot, O_DIRECT
  *                             NVMe writes through io_uring, S3 mirror; reshardable on load
  *                             (moe/ckpt.h).
+ *   moe_train_state_*         a run's whole state (layers, optimizers, user tensors) saved
+ *                             and loaded in one call (moe/train_state.h).
  *
  * Every call returns moe_status_t; moe_last_error() says what went wrong on this thread.
  * See each header for ownership, collectivity and streams.
@@ -21,6 +23,7 @@
 
 #include "core.h"
 #include "ckpt.h"
+#include "train_state.h"
 #include "layer.h"
 #include "mesh.h"
 #include "optim.h"

@@ -15,12 +15,12 @@ from ._handle import live_handles
 from ._native import ENV_VAR, Library, load
 from ._native import lib as _lib
 from ._version import __version__
-from .ckpt import Checkpointer, CkptStatus, Entry
+from .ckpt import Checkpointer, CkptStatus, Entry, TrainState
 from .enums import (Axis, Backend, CkptState, CkptTier, CommBackend, Device, DType, LogLevel,
-                    ParamKind, PipeIssue, PipeOp, Placement, ScoreFn, Status)
+                    LrDecay, ParamKind, PipeIssue, PipeOp, Placement, ScoreFn, Status)
 from .errors import ArgumentError, Error, LibraryNotFound
 from .layer import Layer, LayerStats, Param
-from .optim import AdamW
+from .optim import AdamW, lr_schedule_rate
 from .pipeline import Action, Pipeline, PipelineStats, Schedule, ScheduleInfo, op_string
 from .runtime import EXIT_PEER_LOST, Runtime
 from .tensor import Tensor, as_tensor
@@ -44,8 +44,10 @@ __all__ = [
     "AdamW", "Action", "ArgumentError", "Axis", "Backend", "Checkpointer", "CkptState",
     "CkptStatus", "CkptTier", "CommBackend", "DType", "Device", "ENV_VAR", "EXIT_PEER_LOST",
     "Entry", "Error",
-    "Layer", "LayerStats", "Library", "LibraryNotFound", "LogLevel", "Param", "ParamKind",
+    "Layer", "LayerStats", "Library", "LibraryNotFound", "LogLevel", "LrDecay", "Param",
+    "ParamKind",
     "PipeIssue", "PipeOp", "Pipeline", "PipelineStats", "Placement", "Runtime", "Schedule",
-    "ScheduleInfo", "ScoreFn", "Status", "Tensor", "__version__", "as_tensor", "library",
-    "live_handles", "load", "op_string", "status_string", "version",
+    "ScheduleInfo", "ScoreFn", "Status", "Tensor", "TrainState", "__version__", "as_tensor",
+    "library", "live_handles", "load", "lr_schedule_rate", "op_string", "status_string",
+    "version",
 ]

@@ -60,6 +60,7 @@ SIGNATURES = {
     # layer.h
     "moe_layer_config_default": (S.LayerConfig, []),
     "moe_layer_create": (STATUS, [_vp, C.POINTER(S.LayerConfig), _pvp]),
+    "moe_layer_create_seeded": (STATUS, [_vp, C.POINTER(S.LayerConfig), C.c_uint64, _pvp]),
     "moe_layer_destroy": (STATUS, [_vp]),
     "moe_layer_forward": (STATUS, [_vp, _i32, _pT, _pT]),
     "moe_layer_backward": (STATUS, [_vp, _i32, _pT, _pT]),
@@ -82,6 +83,11 @@ SIGNATURES = {
     "moe_adamw_state": (STATUS, [_vp, _i32, C.POINTER(S.ParamInfo)]),
     "moe_adamw_step_count": (STATUS, [_vp, _pi64]),
     "moe_adamw_set_step_count": (STATUS, [_vp, _i64]),
+    "moe_adamw_set_grad_clip": (STATUS, [_vp, C.c_float]),
+    "moe_adamw_set_lr_schedule": (STATUS, [_vp, C.POINTER(S.LrSchedule)]),
+    "moe_adamw_last_step": (STATUS, [_vp, C.POINTER(C.c_float), C.POINTER(C.c_double)]),
+    "moe_adamw_state_owner": (STATUS, [_vp, _i32, _pe, _pvp]),
+    "moe_lr_schedule_rate": (C.c_float, [C.POINTER(S.LrSchedule), C.c_float, _i64]),
     # ckpt.h
     "moe_ckpt_config_default": (S.CkptConfig, []),
     "moe_ckpt_tensor_whole": (S.CkptTensor, [_str, _pT]),
@@ -96,6 +102,14 @@ SIGNATURES = {
     "moe_ckpt_load_latest": (STATUS, [_vp, _pCT, _i32, _pi64]),
     "moe_ckpt_load_step": (STATUS, [_vp, _i64, _pCT, _i32]),
     "moe_ckpt_list": (STATUS, [_vp, _e, _pi64, _i32, _pi32]),
+    # train_state.h
+    "moe_train_state_create": (STATUS, [_pvp]),
+    "moe_train_state_destroy": (STATUS, [_vp]),
+    "moe_train_state_add_layer": (STATUS, [_vp, _vp, _str]),
+    "moe_train_state_add_adamw": (STATUS, [_vp, _vp, _str]),
+    "moe_train_state_add_tensor": (STATUS, [_vp, _pCT, _e]),
+    "moe_ckpt_save_train_state": (STATUS, [_vp, _i64, _vp]),
+    "moe_ckpt_load_train_state": (STATUS, [_vp, _i64, _vp, _pi64]),
     # pipeline.h
     "moe_pipeline_schedule_create": (STATUS, [_i32, _i32, _i32, _pvp]),
     "moe_pipeline_schedule_create_interleaved": (STATUS, [_i32, _i32, _i32, _i32, _pvp]),

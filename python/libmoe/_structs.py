@@ -60,6 +60,11 @@ class AdamWConfig(C.Structure):
                 ("beta2", C.c_float), ("eps", C.c_float), ("weight_decay", C.c_float)]
 
 
+class LrSchedule(C.Structure):
+    _fields_ = [("decay", enum_t), ("warmup_steps", C.c_int64), ("decay_steps", C.c_int64),
+                ("min_lr_ratio", C.c_float)]
+
+
 class CkptConfig(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("dir", C.c_char_p), ("keep_last", C.c_int32),
                 ("chunk_bytes", C.c_size_t), ("pinned_budget_bytes", C.c_size_t),
@@ -130,7 +135,8 @@ C_NAMES = {
     "moe_tensor_t": Tensor, "moe_mesh_config_t": MeshConfig,
     "moe_runtime_config_t": RuntimeConfig, "moe_layer_config_t": LayerConfig,
     "moe_param_info_t": ParamInfo, "moe_layer_stats_t": LayerStats,
-    "moe_adamw_config_t": AdamWConfig, "moe_ckpt_config_t": CkptConfig,
+    "moe_adamw_config_t": AdamWConfig, "moe_lr_schedule_t": LrSchedule,
+    "moe_ckpt_config_t": CkptConfig,
     "moe_ckpt_tensor_t": CkptTensor, "moe_ckpt_status_t": CkptStatus,
     "moe_pipeline_action_t": PipelineAction, "moe_pipeline_callbacks_t": PipelineCallbacks,
     "moe_pipeline_config_t": PipelineConfig, "moe_pipeline_stats_t": PipelineStats,

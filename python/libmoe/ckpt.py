@@ -8,7 +8,7 @@ from . import _native
 from . import _structs as S
 from ._config import fill, record, record_type
 from ._handle import Handle
-from .enums import CkptTier, Status, to_enum
+from .enums import CkptTier, ParamKind, Status, to_enum
 from .errors import Error
 from .tensor import as_tensor
 
@@ -63,6 +63,38 @@ def _entries(tensors, writable):
     return arr, len(tensors), keep
 
 
+class TrainState(Handle):
+    """A run's whole training state (moe/train_state.h): layers, optimizers and user tensors,
+    saved and loaded in one call by Checkpointer.save_train_state / load_train_state. What is
+    added stays alive while the set lives."""
+
+    kind = "training state"
+
+    def __init__(self):
+        lib = _native.lib()
+        ptr = C.c_void_p()
+        lib.moe_train_state_create(C.byref(ptr))
+        super().__init__(ptr.value, lib.moe_train_state_destroy)
+        self._lib = lib
+        self._keep = []
+
+    def add_layer(self, layer, prefix=None):
+        self._lib.moe_train_state_add_layer(self.ptr, layer.ptr,
+                                            None if prefix is None else prefix.encode())
+        self._keep.append(layer)
+
+    def add_adamw(self, optimizer, prefix=None):
+        self._lib.moe_train_state_add_adamw(self.ptr, optimizer.ptr,
+                                            None if prefix is None else prefix.encode())
+        self._keep.append(optimizer)
+
+    def add_tensor(self, entry, kind="dense"):
+        """entry: an Entry over writable memory (loading writes into it)."""
+        arr, _, keep = _entries([entry], writable=True)
+        self._lib.moe_train_state_add_tensor(self.ptr, arr, int(to_enum(ParamKind, kind)))
+        self._keep.append((arr, keep))
+
+
 class Checkpointer(Handle):
     """A checkpointer writing to dir. Keyword arguments are moe_ckpt_config_t fields with the
     C defaults (keep_last, chunk_bytes, pinned_budget_bytes, queue_depth, io_block_bytes,
@@ -86,6 +118,16 @@ class Checkpointer(Handle):
         arr, count, keep = _entries(tensors, writable=False)
         self._lib.moe_ckpt_save_async(self.ptr, step, arr, count)
         del keep
+
+    def save_train_state(self, step, state):
+        """Save a TrainState as step (asynchronous, collective)."""
+        self._lib.moe_ckpt_save_train_state(self.ptr, step, state.ptr)
+
+    def load_train_state(self, state, step=-1):
+        """Load a TrainState from step (-1: the newest); returns the step loaded. Collective."""
+        got = C.c_int64(step)
+        self._lib.moe_ckpt_load_train_state(self.ptr, step, state.ptr, C.byref(got))
+        return got.value
 
     def poll(self, include_uploads=False):
         """True when every queued save is committed (and mirrored, with include_uploads), False

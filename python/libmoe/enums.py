@@ -88,6 +88,12 @@ class ParamKind(enum.IntEnum):
     BUFFER = 2
 
 
+class LrDecay(enum.IntEnum):
+    CONSTANT = 0
+    LINEAR = 1
+    COSINE = 2
+
+
 class CkptState(enum.IntEnum):
     IDLE = 0
     WRITING = 1

@@ -57,11 +57,14 @@ class Layer(Handle):
 
     kind = "layer"
 
-    def __init__(self, runtime, **config):
+    def __init__(self, runtime, init_stream=0, **config):
         lib = _native.lib()
         cfg = fill(lib.moe_layer_config_default(), config, "Layer")
         ptr = C.c_void_p()
-        lib.moe_layer_create(runtime.ptr, C.byref(cfg), C.byref(ptr))
+        if init_stream:  # its own initial values (moe_layer_create_seeded)
+            lib.moe_layer_create_seeded(runtime.ptr, C.byref(cfg), init_stream, C.byref(ptr))
+        else:
+            lib.moe_layer_create(runtime.ptr, C.byref(cfg), C.byref(ptr))
         super().__init__(ptr.value, lib.moe_layer_destroy, parent=runtime)
         self._lib = lib
         self.runtime = runtime

@@ -6,11 +6,23 @@ from . import _native
 from . import _structs as S
 from ._config import fill
 from ._handle import Handle
-from .enums import ParamKind, to_enum
+from .enums import LrDecay, ParamKind, to_enum
 from .layer import param_from_info
 from .tensor import as_tensor, check
 
-LR_CONFIGURED = -1.0  # moe_adamw_step's lr for the configured rate (any lr <= 0 reads so)
+LR_CONFIGURED = -1.0  # MOE_ADAMW_LR_CONFIGURED: the configured rate through the schedule
+
+
+def _schedule(decay, warmup_steps, decay_steps, min_lr_ratio):
+    return S.LrSchedule(decay=int(to_enum(LrDecay, decay)), warmup_steps=warmup_steps,
+                        decay_steps=decay_steps, min_lr_ratio=min_lr_ratio)
+
+
+def lr_schedule_rate(lr, step, decay="constant", warmup_steps=0, decay_steps=0,
+                     min_lr_ratio=0.0):
+    """The rate of step (1-based) under a schedule (moe_lr_schedule_rate); -1 when invalid."""
+    s = _schedule(decay, warmup_steps, decay_steps, min_lr_ratio)
+    return _native.lib().moe_lr_schedule_rate(C.byref(s), lr, step)
 
 
 class AdamW(Handle):
@@ -71,6 +83,27 @@ class AdamW(Handle):
     @step_count.setter
     def step_count(self, steps):
         self._lib.moe_adamw_set_step_count(self.ptr, steps)
+
+    def set_grad_clip(self, max_grad_norm):
+        """Clip the global gradient norm to max_grad_norm (inf: measure only; 0: off)."""
+        self._lib.moe_adamw_set_grad_clip(self.ptr, max_grad_norm)
+
+    def set_lr_schedule(self, decay="constant", warmup_steps=0, decay_steps=0, min_lr_ratio=0.0):
+        """Warm-up, then constant, linear or cosine decay of the configured rate."""
+        s = _schedule(decay, warmup_steps, decay_steps, min_lr_ratio)
+        self._lib.moe_adamw_set_lr_schedule(self.ptr, C.byref(s))
+
+    def last_step(self):
+        """(lr, grad_norm) of the last step; grad_norm -1 when not measured."""
+        lr, norm = C.c_float(), C.c_double()
+        self._lib.moe_adamw_last_step(self.ptr, C.byref(lr), C.byref(norm))
+        return lr.value, norm.value
+
+    def state_owner(self, index):
+        """(ParamKind, whether it belongs to a layer) of optimizer state index."""
+        kind, layer = S.enum_t(), C.c_void_p()
+        self._lib.moe_adamw_state_owner(self.ptr, index, C.byref(kind), C.byref(layer))
+        return ParamKind(kind.value), layer.value is not None
 
     def states(self):
         """The optimizer state for checkpoints: a Param per "<name>.master", ".exp_avg",

@@ -1,8 +1,9 @@
 # The checkpointer: manifest + layout, io_uring writer, SigV4 signing, S3 client, load/reshard
 # (the components); the handle and public API, snapshot, commit + retention, S3 mirror, restore
-# (the handle's files).
+# (the handle's files); train_state.c: a run's whole training state (layers, optimizers, user
+# tensors) as one set of entries.
 list(APPEND MOE_SOURCES src/ckpt/manifest.c src/ckpt/writer.c src/ckpt/sigv4.c src/ckpt/s3.c
      src/ckpt/load.c src/ckpt/ckpt.c src/ckpt/snapshot.c src/ckpt/commit.c src/ckpt/mirror.c
-     src/ckpt/restore.c)
+     src/ckpt/restore.c src/ckpt/train_state.c)
 list(APPEND MOE_PRIVATE_LIBS PkgConfig::MOE_URING PkgConfig::MOE_CJSON PkgConfig::MOE_XXHASH
      PkgConfig::MOE_CRYPTO CURL::libcurl)

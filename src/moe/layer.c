@@ -109,6 +109,14 @@ static uint64_t global_index(const moe_layer_t *l, const moe_param_info_t *p, in
     return g;
 }
 
+/* The runtime seed for stream 0 (so a layer's values do not change when streams are not
+ * used), a mix of the seed and the stream otherwise. */
+static uint64_t init_seed(const moe_layer_t *l)
+{
+    uint64_t stream = l->init_stream;
+    return stream == 0 ? l->rt->seed : mix64(l->rt->seed ^ mix64(stream * 0x9e3779b97f4a7c15ull));
+}
+
 /* Elements [lo, hi) of one tensor's initial values, for one thread. */
 typedef struct init_range {
     const moe_layer_t *l;
@@ -122,8 +130,8 @@ static void *init_range_fill(void *arg)
 {
     const init_range_t *r = arg;
     for (int64_t i = r->lo; i < r->hi; i++)
-        r->out[i] = init_value(r->l->rt->seed, (uint64_t)r->tensor_id, global_index(r->l, r->p, i),
-                               r->l->cfg.init_std);
+        r->out[i] = init_value(init_seed(r->l), (uint64_t)r->tensor_id,
+                               global_index(r->l, r->p, i), r->l->cfg.init_std);
     return NULL;
 }
 
@@ -299,6 +307,12 @@ static moe_status_t agree_config(moe_runtime_t *rt, const moe_layer_config_t *c,
 moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *config,
                               moe_layer_t **out)
 {
+    return moe_layer_create_seeded(rt, config, 0, out);
+}
+
+moe_status_t moe_layer_create_seeded(moe_runtime_t *rt, const moe_layer_config_t *config,
+                                     uint64_t init_stream, moe_layer_t **out)
+{
     moe_error_clear();
     MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(out != NULL, "out is NULL");
@@ -323,6 +337,7 @@ moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *confi
     l->rt = rt;
     l->cfg = *config;
     l->cfg.struct_size = sizeof l->cfg;
+    l->init_stream = init_stream;
     l->h = config->hidden;
     l->e = config->num_experts;
     l->k = config->top_k;

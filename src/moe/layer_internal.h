@@ -43,6 +43,7 @@ struct moe_layer {
     uint64_t magic;
     moe_runtime_t *rt;
     moe_layer_config_t cfg;
+    uint64_t init_stream;      /* the stream of the runtime seed its initial values come from */
     int64_t h, f_local;
     int32_t e, el, k;
     int32_t ep_rank, ep_size, tp_rank, tp_size;

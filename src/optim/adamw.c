@@ -16,6 +16,7 @@
 #include "../core/error.h"
 #include "../core/tensor.h"
 #include "../runtime/runtime.h"
+#include "clip.h"
 #include "grad_sync.h"
 
 typedef struct adamw_param {
@@ -35,6 +36,11 @@ struct moe_adamw {
     adamw_param_t *params;
     int32_t count, capacity;
     int64_t steps;
+    float max_grad_norm;         /* 0: no clipping (moe_adamw_set_grad_clip) */
+    moe_lr_schedule_t schedule;  /* moe_adamw_set_lr_schedule; constant by default */
+    float last_lr;           /* the rate of the last step */
+    double last_grad_norm;   /* its global gradient norm before clipping; -1: not measured */
+    bool warned_lr_zero;     /* the lr = 0 compatibility note is logged once */
 };
 
 moe_adamw_config_t moe_adamw_config_default(void)
@@ -72,8 +78,34 @@ moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *confi
     opt->magic = MOE_MAGIC_ADAMW;
     opt->rt = rt;
     opt->cfg = c;
+    opt->last_grad_norm = -1;
     moe_runtime_adopt(rt, MOE_CHILD_OPTIMIZER);
     *out = opt;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_set_grad_clip(moe_adamw_t *opt, float max_grad_norm)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(max_grad_norm >= 0, "max_grad_norm is %g; must be >= 0 (0: no clipping)",
+                  max_grad_norm);
+    opt->max_grad_norm = max_grad_norm;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_set_lr_schedule(moe_adamw_t *opt, const moe_lr_schedule_t *s)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(s != NULL, "schedule is NULL");
+    MOE_CHECK_ARG(moe_lr_schedule_rate(s, opt->cfg.lr, 1) >= 0,
+                  "schedule (decay %d, warmup_steps %lld, decay_steps %lld, min_lr_ratio %g) "
+                  "is invalid: decay CONSTANT, LINEAR or COSINE, warmup_steps >= 0, "
+                  "decay_steps > warmup_steps when decaying, min_lr_ratio in [0, 1]",
+                  (int)s->decay, (long long)s->warmup_steps, (long long)s->decay_steps,
+                  s->min_lr_ratio);
+    opt->schedule = *s;
     return MOE_STATUS_SUCCESS;
 }
 
@@ -246,12 +278,49 @@ moe_status_t moe_adamw_start_grad_sync(moe_adamw_t *opt, moe_layer_t *layer)
     return start_grad_sync(opt, layer);
 }
 
+/* The rate of the coming step: an explicit one, or the configured rate through the schedule. */
+static moe_status_t step_rate(moe_adamw_t *opt, float lr, float *rate)
+{
+    if (lr == 0.0f && !opt->warned_lr_zero) {
+        moe_log(&opt->rt->logger, MOE_LOG_WARN,
+                "moe_adamw_step: lr 0 is taken as MOE_ADAMW_LR_CONFIGURED (the configured "
+                "rate); pass the constant to say so");
+        opt->warned_lr_zero = true;
+    }
+    MOE_CHECK_ARG(lr > 0 || lr == 0.0f || lr == MOE_ADAMW_LR_CONFIGURED,
+                  "lr is %g; must be > 0 or MOE_ADAMW_LR_CONFIGURED", lr);
+    *rate = lr > 0 ? lr : moe_lr_schedule_rate(&opt->schedule, opt->cfg.lr, opt->steps + 1);
+    return MOE_STATUS_SUCCESS;
+}
+
+/* The clipping factor for this step's averaged gradient (grad * scale), 1 without clipping. */
+static moe_status_t clip_factor(moe_adamw_t *opt, float scale, float *factor)
+{
+    *factor = 1.0f;
+    opt->last_grad_norm = -1;
+    if (opt->max_grad_norm <= 0) return MOE_STATUS_SUCCESS;
+    double share = 0;
+    for (int32_t i = 0; i < opt->count; i++) {
+        double sq;
+        MOE_TRY(moe_grad_sq_share(opt->rt, &opt->params[i].info, &sq));
+        share += sq;
+    }
+    double norm;
+    MOE_TRY(moe_grad_norm_reduce(opt->rt, share, &norm));
+    norm *= scale;
+    opt->last_grad_norm = norm;
+    if (norm > opt->max_grad_norm) *factor = (float)(opt->max_grad_norm / norm);
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
 {
     moe_error_clear();
     MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(grad_scale > 0 && grad_scale == grad_scale, "grad_scale is %g; must be > 0",
                   grad_scale);
+    float rate = 0;
+    MOE_TRY(step_rate(opt, lr, &rate));
     moe_runtime_t *rt = opt->rt;
     /* reductions not started during the backward start now, in registration order */
     MOE_TRY(start_grad_sync(opt, NULL));
@@ -260,12 +329,15 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
         opt->params[i].sync_started = false;
         MOE_TRY(st); /* the first failure is the one to report */
     }
+    float scale = grad_scale / (float)moe_grad_replicas(rt), clip;
+    MOE_TRY(clip_factor(opt, scale, &clip));
+    scale *= clip;
     opt->steps++;
-    float scale = grad_scale / (float)moe_grad_replicas(rt);
+    opt->last_lr = rate;
     for (int32_t i = 0; i < opt->count; i++) {
         adamw_param_t *p = &opt->params[i];
         moe_adamw_update_t u = {
-            .n = moe_tensor_numel(&p->info.value), .lr = lr > 0 ? lr : opt->cfg.lr,
+            .n = moe_tensor_numel(&p->info.value), .lr = rate,
             .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2, .eps = opt->cfg.eps,
             .weight_decay = opt->cfg.weight_decay, .grad_scale = scale, .step = opt->steps,
             .master = p->state[0], .m = p->state[1], .v = p->state[2],
@@ -304,6 +376,18 @@ moe_status_t moe_adamw_state(const moe_adamw_t *opt, int32_t index, moe_param_in
     return MOE_STATUS_SUCCESS;
 }
 
+moe_status_t moe_adamw_state_owner(const moe_adamw_t *opt, int32_t index, moe_param_kind_t *kind,
+                                   const moe_layer_t **layer)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_CHECK_ARG(index >= 0 && index < opt->count * 3, "index %d is out of range 0..%d", index,
+                  opt->count * 3 - 1);
+    if (kind) *kind = opt->params[index / 3].info.kind;
+    if (layer) *layer = opt->params[index / 3].layer;
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_adamw_step_count(const moe_adamw_t *opt, int64_t *steps)
 {
     moe_error_clear();
@@ -319,5 +403,14 @@ moe_status_t moe_adamw_set_step_count(moe_adamw_t *opt, int64_t steps)
     MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(steps >= 0, "steps is %lld; must be >= 0", (long long)steps);
     opt->steps = steps;
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_adamw_last_step(const moe_adamw_t *opt, float *lr, double *grad_norm)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    if (lr) *lr = opt->last_lr;
+    if (grad_norm) *grad_norm = opt->last_grad_norm;
     return MOE_STATUS_SUCCESS;
 }

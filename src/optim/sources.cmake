@@ -1,1 +1,2 @@
-list(APPEND MOE_SOURCES src/optim/adamw.c src/optim/grad_sync.c)
+list(APPEND MOE_SOURCES src/optim/adamw.c src/optim/grad_sync.c src/optim/clip.c
+     src/optim/schedule.c)

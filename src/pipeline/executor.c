@@ -698,7 +698,8 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
             return moe_error_wrap(st, "pipeline stage %d/%d: step callback", pp->stage,
                                   pp->stages);
     } else if (pp->cfg.optimizer) {
-        st = moe_adamw_step(pp->cfg.optimizer, pp->cfg.lr, scale);
+        float lr = pp->cfg.lr > 0 ? pp->cfg.lr : MOE_ADAMW_LR_CONFIGURED;
+        st = moe_adamw_step(pp->cfg.optimizer, lr, scale);
         if (st != MOE_STATUS_SUCCESS)
             return moe_error_wrap(st, "pipeline stage %d/%d: optimizer step", pp->stage,
                                   pp->stages);

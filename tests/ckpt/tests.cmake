@@ -9,6 +9,7 @@ target_compile_definitions(test_ckpt_local PRIVATE
   MOE_CKPT_HEADER="${PROJECT_SOURCE_DIR}/include/moe/ckpt.h")
 moe_add_test(test_ckpt_damage SOURCES ${_ckpt_dir}/test_ckpt_damage.c LABELS ckpt TIMEOUT 120)
 moe_add_test(test_ckpt_resume SOURCES ${_ckpt_dir}/test_ckpt_resume.c LABELS ckpt TIMEOUT 60)
+moe_add_test(test_train_state SOURCES ${_ckpt_dir}/test_train_state.c LABELS ckpt TIMEOUT 60)
 # The expert-bias variant: a loaded bias must survive the next forward (regression test).
 add_test(NAME test_ckpt_resume_expert_bias COMMAND test_ckpt_resume bias)
 set_tests_properties(test_ckpt_resume_expert_bias PROPERTIES LABELS ckpt TIMEOUT 60)

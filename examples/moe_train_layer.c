@@ -1,5 +1,5 @@
 /*
- * moe_train: train one MoE layer on an embedded synthetic task, no download needed.
+ * moe_train_layer: train one MoE layer on an embedded synthetic task, no download needed.
  *
  * The data: C clusters in R^H. A token of cluster c is x = center_c + noise, and its target
  * is a cluster-specific vector t_c plus a cluster-specific linear response to the noise.
@@ -10,9 +10,10 @@
  * terms to the gradients itself). Prints one line per step:
  *   step, loss, tokens/s, max/mean expert load, dropped-slot ratio.
  *
- * Usage: moe_train [--steps S] [--tokens N] [--seed X] [--backend auto|host|cuda] [--check]
+ * Usage: moe_train_layer [--steps S] [--tokens N] [--seed X] [--backend auto|host|cuda] [--check]
  *   --check exits with status 1 unless the final loss is below 20% of the first.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,7 +27,7 @@
     do {                                                                                   \
         moe_status_t s_ = (call);                                                          \
         if (s_ != MOE_STATUS_SUCCESS) {                                                    \
-            fprintf(stderr, "moe_train: %s failed: %s\n", #call, moe_last_error());        \
+            fprintf(stderr, "moe_train_layer: %s failed: %s\n", #call, moe_last_error());        \
             return 2;                                                                      \
         }                                                                                  \
     } while (0)
@@ -56,33 +57,67 @@ static float rng_normal(uint64_t *s)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+/* A whole-string unsigned number; "3x", "" and "foo" are refused. */
+static int parse_number(const char *flag, const char *v, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    *out = strtoull(v, &end, 0);
+    if (errno || end == v || *end || v[0] == '-') {
+        fprintf(stderr, "moe_train_layer: %s: \"%s\" is not a non-negative integer\n", flag, v);
+        return -1;
+    }
+    return 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: moe_train_layer [--steps S] [--tokens N] [--seed X] "
+               "[--backend auto|host|cuda] [--check] [--help]\n");
+}
+
+/* Returns 0 to run, 1 after --help, -1 on a bad argument (named in the message). */
 static int parse(int argc, char **argv, options_t *o)
 {
     *o = (options_t){.steps = 300, .tokens = 512, .seed = 7, .backend = MOE_BACKEND_AUTO};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--check")) {
+        unsigned long long n = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "--check")) {
             o->check = 1;
-        } else if (v && !strcmp(a, "--steps")) {
-            o->steps = atoi(v), i++;
-        } else if (v && !strcmp(a, "--tokens")) {
-            o->tokens = atoll(v), i++;
-        } else if (v && !strcmp(a, "--seed")) {
-            o->seed = strtoull(v, NULL, 0), i++;
-        } else if (v && !strcmp(a, "--backend")) {
-            o->backend = !strcmp(v, "host") ? MOE_BACKEND_HOST
-                         : !strcmp(v, "cuda") ? MOE_BACKEND_CUDA
-                                              : MOE_BACKEND_AUTO;
+        } else if (!strcmp(a, "--steps") || !strcmp(a, "--tokens") || !strcmp(a, "--seed") ||
+                   !strcmp(a, "--backend")) {
+            if (!v) {
+                fprintf(stderr, "moe_train_layer: %s needs a value\n", a);
+                return -1;
+            }
             i++;
+            if (!strcmp(a, "--backend")) {
+                if (!strcmp(v, "host")) o->backend = MOE_BACKEND_HOST;
+                else if (!strcmp(v, "cuda")) o->backend = MOE_BACKEND_CUDA;
+                else if (!strcmp(v, "auto")) o->backend = MOE_BACKEND_AUTO;
+                else {
+                    fprintf(stderr, "moe_train_layer: --backend: \"%s\" is not auto, host or "
+                            "cuda\n", v);
+                    return -1;
+                }
+                continue;
+            }
+            if (parse_number(a, v, &n)) return -1;
+            if (!strcmp(a, "--seed")) o->seed = n;
+            else if (n < 1 || n > (1ull << 30)) {
+                fprintf(stderr, "moe_train_layer: %s: %s is not in 1..2^30\n", a, v);
+                return -1;
+            } else if (!strcmp(a, "--steps")) o->steps = (int)n;
+            else o->tokens = (int64_t)n;
         } else {
-            fprintf(stderr, "usage: moe_train [--steps S] [--tokens N] [--seed X] "
-                            "[--backend auto|host|cuda] [--check]\n");
+            fprintf(stderr, "moe_train_layer: %s: unknown argument\n", a);
+            usage(stderr);
             return -1;
         }
-    }
-    if (o->steps < 1 || o->tokens < 1) {
-        fprintf(stderr, "moe_train: --steps and --tokens must be >= 1\n");
-        return -1;
     }
     return 0;
 }
@@ -130,7 +165,8 @@ static double now_s(void)
 int main(int argc, char **argv)
 {
     options_t o;
-    if (parse(argc, argv, &o)) return 2;
+    int parsed = parse(argc, argv, &o);
+    if (parsed) return parsed > 0 ? 0 : 2;
 
     moe_runtime_config_t rc = moe_runtime_config_default();
     rc.backend = o.backend;
@@ -175,7 +211,7 @@ int main(int argc, char **argv)
     task_t task;
     make_task(&task, o.seed);
     uint64_t data_rng = o.seed ^ 0x5eed;
-    printf("moe_train: backend %s, %lld tokens/step, H=%d F=%d E=%d K=%d, %d steps\n",
+    printf("moe_train_layer: backend %s, %lld tokens/step, H=%d F=%d E=%d K=%d, %d steps\n",
            backend == MOE_BACKEND_CUDA ? "cuda" : "host", (long long)n, HIDDEN, FFN, EXPERTS,
            TOP_K, o.steps);
     double first = 0, last = 0;
@@ -199,7 +235,7 @@ int main(int argc, char **argv)
         loss /= (double)n;
         CHECK(moe_tensor_copy(rt, &dg_, &hdy));
         CHECK(moe_layer_backward(layer, 0, &dg_, NULL));
-        CHECK(moe_adamw_step(opt, 0, 1.0f));
+        CHECK(moe_adamw_step(opt, MOE_ADAMW_LR_CONFIGURED, 1.0f));
         CHECK(moe_runtime_synchronize(rt));
         double dt = now_s() - t0;
         moe_layer_stats_t st = {.struct_size = sizeof st};
@@ -210,7 +246,7 @@ int main(int argc, char **argv)
                step, loss, (double)n / dt, st.mean_load > 0 ? st.max_load / st.mean_load : 0.0,
                st.dropped_ratio, st.aux_loss);
     }
-    printf("moe_train: loss %.5f -> %.5f (%.1f%% of the first step)\n", first, last,
+    printf("moe_train_layer: loss %.5f -> %.5f (%.1f%% of the first step)\n", first, last,
            100.0 * last / first);
 
     free(target);
@@ -220,7 +256,7 @@ int main(int argc, char **argv)
     CHECK(moe_layer_destroy(layer));
     CHECK(moe_runtime_destroy(rt));
     if (o.check && !(last < 0.2 * first)) {
-        fprintf(stderr, "moe_train: the loss did not fall below 20%% of its start\n");
+        fprintf(stderr, "moe_train_layer: the loss did not fall below 20%% of its start\n");
         return 1;
     }
     return 0;

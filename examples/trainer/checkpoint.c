@@ -1,0 +1,101 @@
+/* The trainer's checkpoints (checkpoint.h). */
+#include "checkpoint.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static int report(const char *what)
+{
+    fprintf(stderr, "moe_train: %s: %s\n", what, moe_last_error());
+    return -1;
+}
+
+static int add_dense(moe_train_state_t *s, dense_param_t *p)
+{
+    moe_tensor_t v;
+    moe_tensor_view(p->value, MOE_DTYPE_F32, MOE_DEVICE_HOST, p->ndim, p->shape, &v);
+    moe_ckpt_tensor_t e = moe_ckpt_tensor_whole(p->name, &v);
+    return moe_train_state_add_tensor(s, &e, MOE_PARAM_DENSE) == MOE_STATUS_SUCCESS ? 0 : -1;
+}
+
+int trainer_ckpt_open(trainer_ckpt_t *k, trainer_t *t, const char *dir)
+{
+    memset(k, 0, sizeof *k);
+    const trainer_config_t *c = t->cfg;
+    moe_ckpt_config_t cc = moe_ckpt_config_default();
+    cc.dir = dir;
+    cc.keep_last = (int32_t)c->keep_last;
+    cc.chunk_bytes = 1 << 20; /* small states: small staging segments */
+    cc.pinned_budget_bytes = 64u << 20;
+    if (c->s3_bucket[0]) {
+        cc.s3_bucket = c->s3_bucket;
+        cc.s3_endpoint = c->s3_endpoint[0] ? c->s3_endpoint : NULL;
+        cc.s3_prefix = c->s3_prefix;
+    }
+    if (moe_ckpt_create(t->rt, &cc, &k->ck) != MOE_STATUS_SUCCESS) return report("moe_ckpt_create");
+    if (moe_train_state_create(&k->state) != MOE_STATUS_SUCCESS)
+        return report("moe_train_state_create");
+    model_t *m = t->model;
+    for (int32_t i = 0; i < m->nparams; i++)
+        if (add_dense(k->state, m->params[i])) return report(m->params[i]->name);
+    for (int64_t i = 0; i < m->chunks * m->blocks_per_chunk; i++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "blocks.%lld.moe.", (long long)m->blocks[i].index);
+        if (moe_train_state_add_layer(k->state, m->blocks[i].moe, prefix) != MOE_STATUS_SUCCESS)
+            return report(prefix);
+    }
+    if (moe_train_state_add_adamw(k->state, t->opt, "optim.") != MOE_STATUS_SUCCESS)
+        return report("optimizer state");
+    int64_t shape[1] = {4};
+    moe_tensor_t d;
+    moe_tensor_view(k->data, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, shape, &d);
+    moe_ckpt_tensor_t e = moe_ckpt_tensor_whole("trainer.data", &d);
+    if (moe_train_state_add_tensor(k->state, &e, MOE_PARAM_BUFFER) != MOE_STATUS_SUCCESS)
+        return report("trainer.data");
+    return 0;
+}
+
+static void seed_limbs(uint64_t seed, float *out)
+{
+    for (int i = 0; i < 4; i++) out[i] = (float)(seed >> (16 * i) & 0xffffu);
+}
+
+int trainer_ckpt_save(trainer_ckpt_t *k, trainer_t *t, int64_t step)
+{
+    seed_limbs((uint64_t)t->cfg->seed, k->data);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    moe_status_t st = moe_ckpt_save_train_state(k->ck, step, k->state);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    k->last_stall_s = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    return st == MOE_STATUS_SUCCESS ? 0 : report("checkpoint save");
+}
+
+int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)
+{
+    int64_t step = -1;
+    moe_status_t st = moe_ckpt_load_train_state(k->ck, -1, k->state, &step);
+    if (st == MOE_STATUS_NOT_FOUND) return 1;
+    if (st != MOE_STATUS_SUCCESS) return report("resume");
+    float want[4];
+    seed_limbs((uint64_t)t->cfg->seed, want);
+    if (memcmp(want, k->data, sizeof want) != 0) {
+        fprintf(stderr, "moe_train: resume: the checkpoint of step %lld was written with "
+                "another train.seed; pass the same seed to continue its batches\n",
+                (long long)step);
+        return -1;
+    }
+    t->step = step;
+    return 0;
+}
+
+int trainer_ckpt_close(trainer_ckpt_t *k)
+{
+    int rc = 0;
+    if (k->ck && moe_ckpt_wait(k->ck, 1, -1) != MOE_STATUS_SUCCESS) rc = report("checkpoint wait");
+    if (moe_ckpt_destroy(k->ck) != MOE_STATUS_SUCCESS && rc == 0) rc = report("checkpoint close");
+    moe_train_state_destroy(k->state);
+    memset(k, 0, sizeof *k);
+    return rc;
+}

@@ -1,0 +1,33 @@
+/*
+ * The trainer's checkpoints through libmoe's checkpointer and its one-call training state
+ * (moe/train_state.h): every MoE layer, the optimizer (masters, moments, step count), the dense
+ * parameters, and "trainer.data" (the seed; the data position is the step count, since
+ * batches are a pure function of seed and step). A checkpoint written at one mesh resumes at
+ * any other (libmoe reshards the experts).
+ */
+#ifndef TRAINER_CHECKPOINT_H
+#define TRAINER_CHECKPOINT_H
+
+#include <moe/moe.h>
+
+#include "plan.h"
+
+typedef struct trainer_ckpt {
+    moe_ckpt_t *ck;
+    moe_train_state_t *state;
+    float data[4];       /* the seed in 16-bit limbs */
+    double last_stall_s; /* time the last save held training */
+} trainer_ckpt_t;
+
+/* Open the checkpointer on dir (with the config's S3 mirror) and list the trainer's state.
+ * Collective. Returns 0 on success. */
+int trainer_ckpt_open(trainer_ckpt_t *k, trainer_t *t, const char *dir);
+/* Save the state as `step` (asynchronous). Collective. */
+int trainer_ckpt_save(trainer_ckpt_t *k, trainer_t *t, int64_t step);
+/* Load the newest complete checkpoint; t->step becomes its step. Returns 0 when loaded, 1 when
+ * there is none, -1 on failure. Collective. */
+int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t);
+/* Wait for queued saves and close. Collective. Returns 0 when every save is durable. */
+int trainer_ckpt_close(trainer_ckpt_t *k);
+
+#endif /* TRAINER_CHECKPOINT_H */

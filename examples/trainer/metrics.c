@@ -1,0 +1,110 @@
+/* The trainer's progress lines and JSON-lines metrics (metrics.h). */
+#include "metrics.h"
+
+#include <math.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#define HOST_PEAK_TFLOPS 0.05
+
+int metrics_open(metrics_t *mx, const trainer_t *t, double unigram_bits)
+{
+    const trainer_config_t *c = t->cfg;
+    memset(mx, 0, sizeof *mx);
+    double peak = c->peak_tflops > 0 ? c->peak_tflops : HOST_PEAK_TFLOPS;
+    mx->peak_flops = peak * 1e12 * t->plan.world;
+    mx->flops_per_token = model_flops_per_token(c);
+    mx->tokens_per_step = (double)(c->batch * c->context);
+    mx->unigram_bits = unigram_bits;
+    if (t->plan.world_rank != 0 || !c->metrics[0]) return 0;
+    mx->jsonl = fopen(c->metrics, c->resume ? "a" : "w");
+    if (!mx->jsonl) {
+        perror(c->metrics);
+        return -1;
+    }
+    return 0;
+}
+
+static double bits(double nats) { return nats / log(2.0); }
+
+/* Max and mean of a layer's expert loads (accepted slots). */
+static void load_balance(const double *counts, int64_t E, double *max, double *mean)
+{
+    double sum = 0, mx = 0;
+    for (int64_t e = 0; e < E; e++) {
+        sum += counts[e];
+        if (counts[e] > mx) mx = counts[e];
+    }
+    *max = mx;
+    *mean = sum / (double)E;
+}
+
+static void write_json(metrics_t *mx, const trainer_t *t, const step_report_t *r, double tps,
+                       double mfu)
+{
+    const trainer_config_t *c = t->cfg;
+    FILE *f = mx->jsonl;
+    fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"train_bpb\":%.6f,", (long long)r->step, r->loss,
+            bits(r->loss));
+    if (r->val_loss >= 0) fprintf(f, "\"val_loss\":%.17g,\"val_bpb\":%.6f,", r->val_loss,
+                                  bits(r->val_loss));
+    else fprintf(f, "\"val_loss\":null,\"val_bpb\":null,");
+    fprintf(f, "\"unigram_bpb\":%.6f,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
+            "\"mfu\":%.6g,\"step_s\":%.6f,", mx->unigram_bits, r->lr, r->grad_norm, tps, mfu,
+            r->step_s);
+    const phase_times_t *p = &r->times;
+    fprintf(f, "\"phases_rank0_s\":{\"forward\":%.6f,\"backward\":%.6f,\"loss\":%.6f,"
+            "\"optimizer\":%.6f,\"pipeline_wait\":%.6f,\"checkpoint_stall\":%.6f},",
+            p->forward, p->backward, p->loss, p->optimizer, p->pipeline_wait, r->ckpt_stall_s);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(f, "\"max_rss_mb_rank0\":%.1f,\"layers\":[", (double)ru.ru_maxrss / 1024.0);
+    int64_t E = c->experts;
+    for (int64_t l = 0; l < c->layers; l++) {
+        const double *counts = t->stats.counts + l * E;
+        double max, mean;
+        load_balance(counts, E, &max, &mean);
+        fprintf(f, "%s{\"layer\":%lld,\"tokens_per_expert\":[", l ? "," : "", (long long)l);
+        for (int64_t e = 0; e < E; e++) fprintf(f, "%s%.0f", e ? "," : "", counts[e]);
+        double slots = t->stats.slots[l];
+        fprintf(f, "],\"max_load\":%.0f,\"mean_load\":%.3f,\"max_over_mean\":%.4f,"
+                "\"entropy\":%.6f,\"dropped_ratio\":%.6f,\"aux\":%.6g,\"z\":%.6g}",
+                max, mean, mean > 0 ? max / mean : 0, t->stats.entropy[l],
+                slots > 0 ? t->stats.dropped[l] / slots : 0, t->stats.aux[l], t->stats.z[l]);
+    }
+    fprintf(f, "]}\n");
+    fflush(f);
+}
+
+void metrics_step(metrics_t *mx, const trainer_t *t, const step_report_t *r)
+{
+    if (t->plan.world_rank != 0) return;
+    const trainer_config_t *c = t->cfg;
+    double tps = r->step_s > 0 ? mx->tokens_per_step / r->step_s : 0;
+    double mfu = r->step_s > 0 ? mx->flops_per_token * mx->tokens_per_step / r->step_s /
+                                     mx->peak_flops : 0;
+    if (mx->jsonl) write_json(mx, t, r, tps, mfu);
+    if (r->step % c->progress_every != 0 && r->val_loss < 0 && r->step != c->steps) return;
+    /* the worst layer's balance and the overall drop ratio */
+    double worst = 0, dropped = 0, slots = 0;
+    for (int64_t l = 0; l < c->layers; l++) {
+        double max, mean;
+        load_balance(t->stats.counts + l * c->experts, c->experts, &max, &mean);
+        if (mean > 0 && max / mean > worst) worst = max / mean;
+        dropped += t->stats.dropped[l];
+        slots += t->stats.slots[l];
+    }
+    char val[48] = "";
+    if (r->val_loss >= 0) snprintf(val, sizeof val, " | val %.3f bpb", bits(r->val_loss));
+    printf("step %5lld/%lld  loss %.4f (%.3f bpb)%s | %.0f tok/s  mfu %.2f%% | load max/mean "
+           "%.2f  dropped %.3f | %.0f ms\n", (long long)r->step, (long long)c->steps, r->loss,
+           bits(r->loss), val, tps, 100 * mfu, worst, slots > 0 ? dropped / slots : 0,
+           1e3 * r->step_s);
+    fflush(stdout);
+}
+
+void metrics_close(metrics_t *mx)
+{
+    if (mx->jsonl) fclose(mx->jsonl);
+    mx->jsonl = NULL;
+}

@@ -1,0 +1,23 @@
+/*
+ * The global gradient norm over a mesh, for clipping: every parameter is counted once however
+ * many ranks hold it. After the data-parallel reduction the replicas of a parameter hold equal
+ * gradients, so only one of them adds its square:
+ *   dense (replicated over tp, ep and dp)      the rank with tp = ep = dp = 0 of its pp stage
+ *   expert (sharded over ep, replicated over dp) the ranks with dp = 0, and tp = 0 unless the
+ *                                              tensor is split over tp (tp_dim >= 0)
+ * and one sum over the world adds the pp stages and the shards.
+ */
+#ifndef MOE_OPTIM_CLIP_H
+#define MOE_OPTIM_CLIP_H
+
+#include <moe/layer.h>
+
+#include "../runtime/runtime.h"
+
+/* This rank's share of the squared norm of one parameter's gradient (0 where another replica
+ * counts it). Reads the gradient on the host (a copy from the device on CUDA). */
+moe_status_t moe_grad_sq_share(moe_runtime_t *rt, const moe_param_info_t *info, double *sq);
+/* sqrt of the sum of every rank's share. Collective over the world. */
+moe_status_t moe_grad_norm_reduce(moe_runtime_t *rt, double share, double *norm);
+
+#endif /* MOE_OPTIM_CLIP_H */

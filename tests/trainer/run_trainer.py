@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""The bundled trainer under mpirun (host backend), as CTest runs it.
+
+  run_trainer.py MODE --mpirun MPIEXEC --trainer moe_train --compare compare_checkpoints
+                 --config tiny.json --work DIR [--example-config FILE --steps N]
+
+MODE:
+  equivalence  the same config and seed on meshes of 1, 2, 4, 8 and 16 ranks (ep, dp, pp,
+               tp, interleaved pp, and tp=2,ep=2,dp=2,pp=2 using all four axes) give the
+               losses of the 1-rank run for 3 steps and its parameters and optimizer state
+               after them (compare_checkpoints), within 1e-5 relative.
+  resume       6 steps straight vs 3 steps, checkpoint, --resume to 6 on the same mesh
+               (ep=2): losses of steps 4..6 and the final state bitwise equal; the step-3
+               checkpoint resumed on another mesh (dp=2, pp=2): the first loss within 1e-5 of
+               the uninterrupted run's step 4.
+  flags        bad flags, values, keys and meshes fail naming them (exit 2); --help exits 0;
+               --print-config prints JSON that reads back to the same config.
+  train        the example config (--example-config) for --steps steps on 4 ranks
+               (pp=2, ep=2): the final validation bits per byte <= 80% of the unigram baseline;
+               then scripts/plot_metrics.py draws the metrics when matplotlib is present.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+p = argparse.ArgumentParser()
+p.add_argument("mode", choices=["equivalence", "resume", "flags", "train"])
+p.add_argument("--mpirun", required=True)
+p.add_argument("--trainer", required=True)
+p.add_argument("--compare", required=True)
+p.add_argument("--config", required=True)
+p.add_argument("--work", required=True)
+p.add_argument("--example-config")
+p.add_argument("--steps", type=int, default=0)
+a = p.parse_args()
+failures = []
+
+
+def mpirun(np, args, expect=0, capture=True):
+    cmd = [a.mpirun, "-np", str(np), "--oversubscribe", a.trainer] + args
+    r = subprocess.run(cmd, capture_output=capture, text=True, timeout=600)
+    if expect is not None and r.returncode != expect:
+        print(r.stdout, r.stderr)
+        raise SystemExit(f"FAIL: {' '.join(cmd)} exited {r.returncode}, expected {expect}")
+    return r
+
+
+def run(name, np, mesh, extra=()):
+    """Train with the test config; returns (metrics rows, checkpoint dir)."""
+    d = os.path.join(a.work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    metrics = os.path.join(d, "metrics.jsonl")
+    mpirun(np, ["--config", a.config, "--mesh", mesh, "--ckpt-dir", os.path.join(d, "ckpt"),
+                "--ckpt-every", "3", "--metrics", metrics] + list(extra))
+    return [json.loads(l) for l in open(metrics)], os.path.join(d, "ckpt")
+
+
+def compare(dir_a, dir_b, tol):
+    cmd = [a.mpirun, "-np", "1", a.compare, dir_a, dir_b, repr(tol), "--config", a.config]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    print("   ", r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr)
+    if r.returncode != 0:
+        failures.append(f"compare {dir_a} {dir_b}: {r.stdout}{r.stderr}")
+
+
+def rel(x, ref):
+    return abs(x - ref) / abs(ref)
+
+
+def check_losses(name, rows, ref_rows, steps, tol):
+    for r, q in zip(rows[:steps], ref_rows[:steps]):
+        e = rel(r["loss"], q["loss"])
+        ok = e == 0 if tol == 0 else e <= tol
+        print(f"  {name} step {r['step']}: loss {r['loss']:.10f} vs {q['loss']:.10f} "
+              f"(rel {e:.2e}) {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(f"{name}: step {r['step']} loss {r['loss']!r} vs {q['loss']!r}")
+
+
+if a.mode == "equivalence":
+    ref, ref_ck = run("mesh-1", 1, "tp=1,ep=1,dp=1,pp=1")
+    meshes = [("ep2", 2, "ep=2", []), ("dp2", 2, "dp=2", []), ("pp2", 2, "pp=2", []),
+              ("tp2", 2, "tp=2", []),
+              ("pp2-interleaved", 2, "pp=2", ["--train.virtual_stages", "2"]),
+              ("tp2-ep2-pp2", 8, "tp=2,ep=2,pp=2", []),
+              ("tp2-ep2-dp2-pp2", 16, "tp=2,ep=2,dp=2,pp=2", [])]
+    for name, np, mesh, extra in meshes:
+        rows, ck = run(name, np, mesh, extra)
+        check_losses(name, rows, ref, 3, 1e-5)
+        compare(ck, ref_ck, 1e-5)
+
+elif a.mode == "resume":
+    straight, straight_ck = run("straight", 2, "ep=2", ["--steps", "6"])
+    first, first_ck = run("first", 2, "ep=2", ["--steps", "3"])
+    moved = os.path.join(a.work, "moved-ckpt")
+    shutil.rmtree(moved, ignore_errors=True)
+    shutil.copytree(first_ck, moved)
+    metrics = os.path.join(a.work, "first", "metrics.jsonl")
+    mpirun(2, ["--config", a.config, "--mesh", "ep=2", "--ckpt-dir", first_ck,
+               "--ckpt-every", "3", "--metrics", metrics, "--steps", "6", "--resume"])
+    resumed = [json.loads(l) for l in open(metrics)]
+    check_losses("same mesh", resumed[3:], straight[3:], 3, 0)
+    compare(first_ck, straight_ck, 0)
+    other = os.path.join(a.work, "other-mesh.jsonl")
+    mpirun(4, ["--config", a.config, "--mesh", "dp=2,pp=2", "--ckpt-dir", moved, "--metrics",
+               other, "--steps", "4", "--resume"])
+    rows = [json.loads(l) for l in open(other)]
+    check_losses("ep=2 -> dp=2,pp=2", rows, straight[3:], 1, 1e-5)
+
+elif a.mode == "flags":
+    bad_key = os.path.join(a.work, "bad-key.json")
+    os.makedirs(a.work, exist_ok=True)
+    json.dump({"model": {"hiden": 8}}, open(bad_key, "w"))
+    cases = [(["--backend", "gpu"], "train.backend"), (["--seed", "foo"], "--seed"),
+             (["--steps", "3x"], "--steps"), (["--model.heads", "3"], "model.heads"),
+             (["--frobnicate"], "--frobnicate"), (["--mesh", "ep=3"], "mpirun started 1"),
+             (["--mesh", "xp=2"], "xp"), (["--config", bad_key], "model.hiden")]
+    for args, named in cases:
+        r = mpirun(1, ["--config", a.config] + args, expect=2)
+        ok = named in r.stderr
+        print(f"  {' '.join(args)}: exit 2, {r.stderr.strip().splitlines()[0]!r} "
+              f"{'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(f"{args}: message does not name {named!r}: {r.stderr!r}")
+    r = mpirun(1, ["--help"])
+    if "usage:" not in r.stdout:
+        failures.append("--help printed no usage")
+    printed = mpirun(1, ["--config", a.config, "--print-config", "--model.hidden", "24"]).stdout
+    again_path = os.path.join(a.work, "printed.json")
+    open(again_path, "w").write(printed)
+    again = mpirun(1, ["--config", again_path, "--print-config"]).stdout
+    if json.loads(printed) != json.loads(again) or json.loads(printed)["model"]["hidden"] != 24:
+        failures.append("--print-config does not read back to the same config")
+    print("  --help, --print-config round trip checked")
+
+elif a.mode == "train":
+    d = os.path.join(a.work, "train")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    metrics = os.path.join(d, "metrics.jsonl")
+    mpirun(4, ["--config", a.example_config, "--steps", str(a.steps), "--metrics", metrics],
+           capture=False)
+    last = [json.loads(l) for l in open(metrics)][-1]
+    ratio = last["val_bpb"] / last["unigram_bpb"]
+    print(f"  validation {last['val_bpb']:.4f} bpb = {100 * ratio:.1f}% of the unigram "
+          f"baseline {last['unigram_bpb']:.4f}")
+    if not ratio <= 0.8:
+        failures.append(f"validation bpb {last['val_bpb']:.4f} is above 80% of the unigram "
+                        f"baseline {last['unigram_bpb']:.4f}")
+    # the plot is optional: only where this Python has matplotlib
+    import importlib.util
+    if importlib.util.find_spec("matplotlib"):
+        plot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                            "plot_metrics.py")
+        r = subprocess.run([sys.executable, plot, metrics, os.path.join(d, "metrics.png")],
+                           capture_output=True, text=True, timeout=300)
+        print("  plot:", (r.stdout + r.stderr).strip())
+        if r.returncode != 0:
+            failures.append("plot_metrics.py failed")
+    else:
+        print("  plot: skipped (no matplotlib in this Python)")
+
+for f in failures:
+    print("FAIL:", f)
+sys.exit(1 if failures else 0)
