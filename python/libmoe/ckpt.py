@@ -66,7 +66,8 @@ def _entries(tensors, writable):
 class TrainState(Handle):
     """A run's whole training state (moe/train_state.h): layers, optimizers and user tensors,
     saved and loaded in one call by Checkpointer.save_train_state / load_train_state. What is
-    added stays alive while the set lives."""
+    added stays alive while the set lives, and closing an added layer or optimizer closes the
+    set first (libmoe's set points into them)."""
 
     kind = "training state"
 
@@ -74,25 +75,33 @@ class TrainState(Handle):
         lib = _native.lib()
         ptr = C.c_void_p()
         lib.moe_train_state_create(C.byref(ptr))
-        super().__init__(ptr.value, lib.moe_train_state_destroy)
-        self._lib = lib
         self._keep = []
+        super().__init__(ptr.value, lib.moe_train_state_destroy, keep=(self._keep,))
+        self._lib = lib
 
     def add_layer(self, layer, prefix=None):
+        """Every parameter and buffer of layer, as prefix + name."""
         self._lib.moe_train_state_add_layer(self.ptr, layer.ptr,
                                             None if prefix is None else prefix.encode())
-        self._keep.append(layer)
+        self._hold(layer)
 
     def add_adamw(self, optimizer, prefix=None):
+        """Every optimizer state as prefix + its name, and the step count as prefix + "step"."""
         self._lib.moe_train_state_add_adamw(self.ptr, optimizer.ptr,
                                             None if prefix is None else prefix.encode())
-        self._keep.append(optimizer)
+        self._hold(optimizer)
 
     def add_tensor(self, entry, kind="dense"):
-        """entry: an Entry over writable memory (loading writes into it)."""
+        """entry: an Entry over writable memory (loading writes into it); kind "dense" or
+        "buffer" for a tensor replicated over tp, ep and dp, "expert" for one that differs over
+        ep."""
         arr, _, keep = _entries([entry], writable=True)
         self._lib.moe_train_state_add_tensor(self.ptr, arr, int(to_enum(ParamKind, kind)))
         self._keep.append((arr, keep))
+
+    def _hold(self, handle):
+        self._keep.append(handle)
+        handle._adopt(self._finalizer)
 
 
 class Checkpointer(Handle):

@@ -6,7 +6,8 @@ from . import _native
 from . import _structs as S
 from ._config import fill
 from ._handle import Handle
-from .enums import LrDecay, ParamKind, to_enum
+from .enums import LrDecay, ParamKind, Status, to_enum
+from .errors import Error
 from .layer import param_from_info
 from .tensor import as_tensor, check
 
@@ -20,9 +21,15 @@ def _schedule(decay, warmup_steps, decay_steps, min_lr_ratio):
 
 def lr_schedule_rate(lr, step, decay="constant", warmup_steps=0, decay_steps=0,
                      min_lr_ratio=0.0):
-    """The rate of step (1-based) under a schedule (moe_lr_schedule_rate); -1 when invalid."""
+    """The rate of step (1-based) under a schedule (moe_lr_schedule_rate); raises
+    Error(INVALID_ARGUMENT) for an invalid schedule, rate or step."""
     s = _schedule(decay, warmup_steps, decay_steps, min_lr_ratio)
-    return _native.lib().moe_lr_schedule_rate(C.byref(s), lr, step)
+    rate = _native.lib().moe_lr_schedule_rate(C.byref(s), lr, step)
+    if rate < 0:
+        raise Error(Status.INVALID_ARGUMENT, f"lr {lr} at step {step} under {decay} decay "
+                    f"(warmup {warmup_steps}, decay {decay_steps}, min ratio {min_lr_ratio}) "
+                    "is invalid: optim.h gives the rules", "moe_lr_schedule_rate")
+    return rate
 
 
 class AdamW(Handle):
@@ -38,6 +45,7 @@ class AdamW(Handle):
         ptr = C.c_void_p()
         lib.moe_adamw_create(runtime.ptr, C.byref(cfg), C.byref(ptr))
         self._registered = []  # what libmoe keeps pointers into
+        self._layers = {}      # C handle -> registered Layer, for state_owner
         super().__init__(ptr.value, lib.moe_adamw_destroy, parent=runtime,
                          keep=(self._registered,))
         self._lib = lib
@@ -49,6 +57,7 @@ class AdamW(Handle):
         self._lib.moe_adamw_add_layer(self.ptr, layer.ptr,
                                       None if prefix is None else prefix.encode())
         self._registered.append(layer)
+        self._layers[layer.ptr] = layer
         layer._adopt(self._finalizer)  # destroyed before the layer
 
     def add_param(self, name, value, grad, kind="dense"):
@@ -94,16 +103,18 @@ class AdamW(Handle):
         self._lib.moe_adamw_set_lr_schedule(self.ptr, C.byref(s))
 
     def last_step(self):
-        """(lr, grad_norm) of the last step; grad_norm -1 when not measured."""
+        """(lr, grad_norm) of the last step: the rate it used (0 before the first) and the
+        global gradient norm before clipping (None when not measured: no grad clip set)."""
         lr, norm = C.c_float(), C.c_double()
         self._lib.moe_adamw_last_step(self.ptr, C.byref(lr), C.byref(norm))
-        return lr.value, norm.value
+        return lr.value, None if norm.value < 0 else norm.value
 
     def state_owner(self, index):
-        """(ParamKind, whether it belongs to a layer) of optimizer state index."""
+        """(kind, layer) of optimizer state index: DENSE or EXPERT, and the registered Layer
+        it belongs to (None for a parameter from add_param)."""
         kind, layer = S.enum_t(), C.c_void_p()
         self._lib.moe_adamw_state_owner(self.ptr, index, C.byref(kind), C.byref(layer))
-        return ParamKind(kind.value), layer.value is not None
+        return ParamKind(kind.value), self._layers.get(layer.value)
 
     def states(self):
         """The optimizer state for checkpoints: a Param per "<name>.master", ".exp_avg",

@@ -44,7 +44,7 @@ if has build; then
   fi
   cuda=$(dirname "$(dirname "$(command -v nvcc)")")
   cc -O2 -Wall -Wextra -I include -I "$cuda/include" python/tests/step_bench.c -o "$B/step_bench" \
-    -L "$B" -lmoe -L "$cuda/lib64" -lcudart -Wl,-rpath,"$B" -Wl,-rpath,"$cuda/lib64" \
+    -L "$B" -lmoe -L "$cuda/lib64" -lcudart -lm -Wl,-rpath,"$B" -Wl,-rpath,"$cuda/lib64" \
     >> "$log" 2>&1 ||
     { mark "step_bench: build failed"; status=1; }
 fi

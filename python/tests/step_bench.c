@@ -1,15 +1,20 @@
 /*
  * One training step of the MoE layer from C through the public API alone, timed the way
  * python/tests/torch_bench.py times the Python wrapper, so the two differ only by the wrapper:
- * a step is discard_grad, forward, backward (with dx) on the CUDA backend, random bf16 x and dy.
- *   ms       median over 10 steps of CUDA events around each step on the runtime's stream
- *            (after 2 warm-up steps), as bench_moe times its layer
+ * a step is discard_grad, forward, backward (with dx) on the CUDA backend, x and dy drawn from
+ * N(0, 1) as torch.randn draws them (the routing, and so the experts' load, depends on the
+ * inputs' scale: max_load in the output shows it).
+ *   ms       median over 10 steps of CUDA events around each step on the runtime's stream,
+ *            after warm-up steps (at least 2, and at least WARM_S seconds of them: an idle GPU
+ *            starts at a low clock), as bench_moe times its layer
  *   wall_ms  host time of 20 back-to-back steps divided by 20, the stream synchronised at both
  *            ends: the per-call host cost shows here when the GPU work is short
  * Prints one JSON line per shape. Shapes: N tokens, H hidden, F expert width, E experts, K
  * top-k. Usage: step_bench N H F E K [N H F E K ...]
  * Built by python/tests/device_check.sh against the build's libmoe.so and cudart.
  */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -60,13 +65,24 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* x or dy: uniform [-1, 1) drawn on the host, converted to bf16 by moe_tensor_copy */
-static void fill(moe_runtime_t *rt, moe_tensor_t *dst, unsigned seed)
+/* A uniform draw in (0, 1) from a splitmix64 sequence. */
+static double uniform(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return ((double)((z ^ (z >> 31)) >> 11) + 0.5) * 0x1.0p-53;
+}
+
+/* x or dy: N(0, 1) drawn on the host (Box-Muller), converted to bf16 by moe_tensor_copy */
+static void fill(moe_runtime_t *rt, moe_tensor_t *dst, uint64_t seed)
 {
     int64_t n = moe_tensor_numel(dst);
     float *host = malloc(sizeof(float) * (size_t)n);
-    srand(seed);
-    for (int64_t i = 0; i < n; i++) host[i] = 2.0f * (float)rand() / (float)RAND_MAX - 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        double u1 = uniform(&seed), u2 = uniform(&seed);
+        host[i] = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
     moe_tensor_t src;
     CK(moe_tensor_view(host, MOE_DTYPE_F32, MOE_DEVICE_HOST, dst->ndim, dst->shape, &src));
     CK(moe_tensor_copy(rt, dst, &src));
@@ -96,7 +112,12 @@ static void bench_shape(cudaStream_t stream, int64_t n, int64_t h, int64_t f, in
     fill(rt, &s.dy, 2);
 
     enum { WARM = 2, ITERS = 10, WALL = 20 };
-    for (int i = 0; i < WARM; i++) run_step(&s);
+    const double WARM_S = 0.5;
+    double w0 = now_s();
+    for (int i = 0; i < WARM || now_s() - w0 < WARM_S; i++) {
+        run_step(&s);
+        CU(cudaStreamSynchronize(stream));
+    }
     cudaEvent_t ev[2 * ITERS];
     for (int i = 0; i < 2 * ITERS; i++) CU(cudaEventCreate(&ev[i]));
     CU(cudaStreamSynchronize(stream));
@@ -113,10 +134,14 @@ static void bench_shape(cudaStream_t stream, int64_t n, int64_t h, int64_t f, in
     for (int i = 0; i < WALL; i++) run_step(&s);
     CU(cudaStreamSynchronize(stream));
     double wall_ms = (now_s() - t0) * 1e3 / WALL;
+    moe_layer_stats_t st = {.struct_size = sizeof st};
+    CK(moe_layer_stats(s.layer, &st, NULL));
     double median = 0.5 * (ms[ITERS / 2 - 1] + ms[ITERS / 2]);
     printf("{\"impl\":\"libmoe C\",\"bench\":\"ffi_layer_step\",\"shape\":\"N=%lld H=%lld F=%lld "
-           "E=%d K=%d\",\"variant\":\"C API\",\"ms\":%.4f,\"wall_ms\":%.4f}\n",
-           (long long)n, (long long)h, (long long)f, e, k, median, wall_ms);
+           "E=%d K=%d\",\"variant\":\"C API\",\"ms\":%.4f,\"wall_ms\":%.4f,"
+           "\"max_load\":%.0f,\"mean_load\":%.1f}\n",
+           (long long)n, (long long)h, (long long)f, e, k, median, wall_ms, st.max_load,
+           st.mean_load);
     fflush(stdout);
     for (int i = 0; i < 2 * ITERS; i++) cudaEventDestroy(ev[i]);
     for (int i = 0; i < 4; i++) CK(moe_tensor_free(rt, ts[i]));

@@ -4,9 +4,11 @@ and through libmoe.torch.MoELayer (autograd; libmoe's gradients, then PyTorch's,
 their bf16 conversion), beside the same step from C (step_bench, and bench_moe's layer figure)
 and PyTorch's eager layer of bench/torch_moe.py, in the same call.
 
-Timing, as step_bench.c and bench_moe: ms is the median of 10 steps between CUDA events on the
-stream (after 2 warm-up steps); wall_ms the host time of 20 back-to-back steps over 20, the
-stream synchronised at both ends (where the per-call host cost shows).
+Timing, as step_bench.c: ms is the median of 10 steps between CUDA events on the stream, after
+warm-up steps (at least 2 and at least WARM_S seconds of them); wall_ms the host time of 20
+back-to-back steps over 20, the stream synchronised at both ends (where the per-call host cost
+shows). Inputs are torch.randn, as step_bench draws them; max_load (the layer's busiest expert
+in the last step) shows that both routed alike.
 
 Usage: torch_bench.py OUT_MD C_JSONL...  (device_check.sh passes step_bench's and bench_moe's
 JSON lines). Prints JSON lines and writes OUT_MD, the results file for bench/results/ffi.md.
@@ -33,7 +35,7 @@ LAYER_SHAPES = [(16384, 4096, 1408, 64, 2), (16384, 2048, 8192, 8, 2),
                 (32768, 4096, 14336, 8, 2)]  # bench_moe's layer shapes
 SMALL_SHAPES = [(512, 256, 512, 16, 2), (2048, 1024, 1408, 64, 2)]
 SHAPES = SMALL_SHAPES + LAYER_SHAPES
-WARM, ITERS, WALL = 2, 10, 20
+WARM, WARM_S, ITERS, WALL = 2, 0.5, 10, 20
 GPU = torch.cuda.get_device_name(0)
 TODAY = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 
@@ -42,18 +44,20 @@ def shape_name(n, h, f, e, k):
     return f"N={n} H={h} F={f} E={e} K={k}"
 
 
-def emit(impl, shape, variant, ms, wall_ms, bench="ffi_layer_step"):
+def emit(impl, shape, variant, ms, wall_ms, bench="ffi_layer_step", **extra):
     rec = {"impl": impl, "bench": bench, "shape": shape, "variant": variant,
-           "ms": round(ms, 4), "wall_ms": round(wall_ms, 4), "gpu": GPU, "date": TODAY}
+           "ms": round(ms, 4), "wall_ms": round(wall_ms, 4), "gpu": GPU, "date": TODAY, **extra}
     print(json.dumps(rec), flush=True)
     return rec
 
 
 def timed(step):
     """(median event ms, wall ms per step) of step() on the current stream."""
-    for _ in range(WARM):
+    start, done = time.perf_counter(), 0
+    while done < WARM or time.perf_counter() - start < WARM_S:  # an idle GPU starts slow
         step()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        done += 1
     times = []
     for _ in range(ITERS):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -85,7 +89,8 @@ def bench_shape(n, h, f, e, k):
         layer.forward(x, y)
         layer.backward(dy, dx)
 
-    recs.append(emit("libmoe python", name, "libmoe.Layer (ctypes)", *timed(ctypes_step)))
+    recs.append(emit("libmoe python", name, "libmoe.Layer (ctypes)", *timed(ctypes_step),
+                     max_load=layer.stats().max_load))
     xg = x.clone().requires_grad_(True)
 
     def module_step():
@@ -181,20 +186,22 @@ def summarise(recs, c_api, bench_moe, out_md):
         f"- date: {TODAY[:10]}; GPU: {GPU}; commit: {commit()}",
         f"- software: PyTorch {torch.__version__}, CUDA {torch.version.cuda}, libmoe "
         f"{libmoe.version()}", "",
-        "ms: median of 10 steps between CUDA events on the stream, after 2 warm-up steps. "
+        "ms: median of 10 steps between CUDA events on the stream, after at least 2 and "
+        f"{WARM_S} s of warm-up steps; inputs drawn from N(0, 1) on both sides. "
         "wall: host time of 20 back-to-back steps / 20 (stream synchronised at both ends): "
         "where the wrapper's per-call host cost shows when the GPU work is short.", "",
         "| shape | C API ms | libmoe.Layer ms | MoELayer ms | overhead (Layer / MoELayer) | "
         "C wall ms | MoELayer wall ms | host cost µs/step (Layer / MoELayer) | MoELayer, torch "
-        "grads ms | bench_moe ms | PyTorch eager ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
+        "grads ms | bench_moe ms | PyTorch eager ms | max load (C / Layer) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for shape, c, py, mod, tgrad, bm, eager, over in rows:
         lines.append(
             f"| {shape} | {f(c['ms'])} | {f(py['ms'])} | {f(mod['ms'])} | "
             f"{over['ctypes_pct']:+.1f}% / {over['module_pct']:+.1f}% | {f(c['wall_ms'])} | "
             f"{f(mod['wall_ms'])} | {over['ctypes_us_per_step']:.0f} / "
             f"{over['module_us_per_step']:.0f} | {f(tgrad and tgrad['ms'])} | "
-            f"{f(bm and bm['ms'])} | {f(eager and eager['ms'])} |")
+            f"{f(bm and bm['ms'])} | {f(eager and eager['ms'])} | "
+            f"{c.get('max_load', '—')} / {py.get('max_load', '—')} |")
     lines += ["", "The first two shapes are small (where the per-call cost matters); the last "
               "three are bench_moe's layer shapes. \"torch grads\" adds the conversion of "
               "libmoe's f32 gradients to the bf16 gradients PyTorch's optimizers take.", ""]

@@ -1,5 +1,6 @@
 """The checkpointer from Python: save_async, wait/poll, status, list, load_latest / load_step
-into other buffers, a layer's parameters through Entry.of_param, errors and abort."""
+into other buffers, a layer's parameters through Entry.of_param, a whole training state
+(TrainState), errors and abort."""
 import array
 import os
 import tempfile
@@ -65,6 +66,38 @@ class CheckpointTest(unittest.TestCase):
                                 for p in fresh.params.values()])
                 for name in layer.params:
                     self.assertEqual(fresh.param(name).tolist(), layer.param(name).tolist())
+
+    def test_train_state(self):
+        cfg = dict(hidden=6, ffn_hidden=4, num_experts=4, top_k=2)
+        layer = libmoe.Layer(self.rt, **cfg)
+        opt = libmoe.AdamW(self.rt)
+        opt.add_layer(layer)
+        layer.forward(array.array("f", [0.3] * 24))
+        layer.backward(array.array("f", [1.0] * 24), need_dx=False)
+        opt.step()
+        position = array.array("f", [42.0])
+        with libmoe.Checkpointer(self.rt, self.tmp.name, **self.opts) as ck:
+            state = libmoe.TrainState()
+            state.add_layer(layer, "moe.")
+            state.add_adamw(opt, "optim.")
+            state.add_tensor(libmoe.Entry("data.position", position), kind="buffer")
+            ck.save_train_state(5, state)
+            ck.wait()
+            with libmoe.Runtime("host", seed=8) as other:
+                layer2 = libmoe.Layer(other, **cfg)
+                opt2 = libmoe.AdamW(other)
+                opt2.add_layer(layer2)
+                position2 = array.array("f", [0.0])
+                state2 = libmoe.TrainState()
+                state2.add_layer(layer2, "moe.")
+                state2.add_adamw(opt2, "optim.")
+                state2.add_tensor(libmoe.Entry("data.position", position2), kind="buffer")
+                self.assertEqual(ck.load_train_state(state2), 5)
+                self.assertEqual((position2[0], opt2.step_count), (42.0, 1))
+                for name in layer.params:
+                    self.assertEqual(layer2.param(name).tolist(), layer.param(name).tolist())
+                layer2.close()  # the set and the optimizer point into it: they close first
+                self.assertTrue(state2.closed and opt2.closed)
 
     def test_bad_directory_and_abort(self):
         blocker = os.path.join(self.tmp.name, "file")
