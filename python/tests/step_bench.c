@@ -2,9 +2,10 @@
  * One training step of the MoE layer from C through the public API alone, timed the way
  * python/tests/torch_bench.py times the Python wrapper, so the two differ only by the wrapper:
  * a step is discard_grad, forward, backward (with dx) on the CUDA backend, x and dy drawn from
- * N(0, 1) as torch.randn draws them (the routing, and so the experts' load, depends on the
- * inputs' scale: max_load in the output shows it).
- *   ms       median over 10 steps of CUDA events around each step on the runtime's stream,
+ * N(0, 1) by fill() below, which torch_bench.py reproduces draw for draw: with the runtime's
+ * default seed on both sides the two layers route the same tokens alike (max_load shows it).
+ *   ms       median over 10 back-to-back steps of CUDA events around each step on the
+ *            runtime's stream,
  *            after warm-up steps (at least 2, and at least WARM_S seconds of them: an idle GPU
  *            starts at a low clock), as bench_moe times its layer
  *   wall_ms  host time of 20 back-to-back steps divided by 20, the stream synchronised at both

@@ -4,11 +4,14 @@ and through libmoe.torch.MoELayer (autograd; libmoe's gradients, then PyTorch's,
 their bf16 conversion), beside the same step from C (step_bench, and bench_moe's layer figure)
 and PyTorch's eager layer of bench/torch_moe.py, in the same call.
 
-Timing, as step_bench.c: ms is the median of 10 steps between CUDA events on the stream, after
+Timing, as step_bench.c: ms is the median of 10 back-to-back steps between CUDA events on the
+stream (recorded without waiting in between, as a training loop issues its steps), after
 warm-up steps (at least 2 and at least WARM_S seconds of them); wall_ms the host time of 20
 back-to-back steps over 20, the stream synchronised at both ends (where the per-call host cost
-shows). Inputs are torch.randn, as step_bench draws them; max_load (the layer's busiest expert
-in the last step) shows that both routed alike.
+shows). Inputs are step_bench's own draws (splitmix64 + Box-Muller, seeds 1 and 2), and both
+layers start from the runtime's default seed, so both sides route the same tokens to the same
+experts: max_load (the layer's busiest expert in the last step) shows it. Each shape runs on a
+stream of its own (non-blocking, as step_bench's), not on PyTorch's legacy default stream.
 
 Usage: torch_bench.py OUT_MD C_JSONL...  (device_check.sh passes step_bench's and bench_moe's
 JSON lines). Prints JSON lines and writes OUT_MD, the results file for bench/results/ffi.md.
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import time
 
+import numpy
 import torch
 
 import libmoe
@@ -58,15 +62,14 @@ def timed(step):
         step()
         torch.cuda.synchronize()
         done += 1
-    times = []
-    for _ in range(ITERS):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(ITERS)]
+    for s, e in events:
         s.record()
         step()
         e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
     torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in events]
     t0 = time.perf_counter()
     for _ in range(WALL):
         step()
@@ -74,13 +77,33 @@ def timed(step):
     return statistics.median(times), (time.perf_counter() - t0) * 1e3 / WALL
 
 
+def step_bench_normal(rows, cols, seed):
+    """step_bench.c's fill(): element i is Box-Muller of the splitmix64 draws 2i and 2i + 1 of
+    `seed`, as float32, then rounded to bf16 on the GPU."""
+    n = rows * cols
+    golden = numpy.uint64(0x9E3779B97F4A7C15)
+
+    def uniform(draw):  # draw: the 0-based index of each draw in the sequence
+        z = numpy.uint64(seed) + (draw + numpy.uint64(1)) * golden
+        z = (z ^ (z >> numpy.uint64(30))) * numpy.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> numpy.uint64(27))) * numpy.uint64(0x94D049BB133111EB)
+        bits = (z ^ (z >> numpy.uint64(31))) >> numpy.uint64(11)
+        return (bits.astype(numpy.float64) + 0.5) * 2.0 ** -53
+
+    draws = numpy.arange(n, dtype=numpy.uint64) * numpy.uint64(2)
+    u1 = uniform(draws)
+    u2 = uniform(draws + numpy.uint64(1))
+    values = numpy.sqrt(-2.0 * numpy.log(u1)) * numpy.cos(6.283185307179586 * u2)
+    host = torch.from_numpy(values.astype(numpy.float32).reshape(rows, cols))
+    return host.to(device="cuda").to(torch.bfloat16)
+
+
 def bench_shape(n, h, f, e, k):
     name = shape_name(n, h, f, e, k)
     recs = []
     m = MoELayer(h, f, e, k, grads="libmoe")
     layer = m.layer
-    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn_like(x)
+    x, dy = step_bench_normal(n, h, 1), step_bench_normal(n, h, 2)
     y, dx = torch.empty_like(x), torch.empty_like(x)
     m.runtime.set_stream(torch.cuda.current_stream())
 
@@ -186,8 +209,10 @@ def summarise(recs, c_api, bench_moe, out_md):
         f"- date: {TODAY[:10]}; GPU: {GPU}; commit: {commit()}",
         f"- software: PyTorch {torch.__version__}, CUDA {torch.version.cuda}, libmoe "
         f"{libmoe.version()}", "",
-        "ms: median of 10 steps between CUDA events on the stream, after at least 2 and "
-        f"{WARM_S} s of warm-up steps; inputs drawn from N(0, 1) on both sides. "
+        "ms: median of 10 back-to-back steps between CUDA events on the stream, after at "
+        f"least 2 and {WARM_S} s of warm-up steps; the same inputs and initial weights on both "
+        "sides (step_bench's draws, the runtime's default seed), so both route alike: max load "
+        "shows it. "
         "wall: host time of 20 back-to-back steps / 20 (stream synchronised at both ends): "
         "where the wrapper's per-call host cost shows when the GPU work is short.", "",
         "| shape | C API ms | libmoe.Layer ms | MoELayer ms | overhead (Layer / MoELayer) | "
@@ -214,7 +239,9 @@ def main():
     recs = []
     for shape in SHAPES:
         try:
-            recs += bench_shape(*shape)
+            # a stream of its own, as step_bench's (both non-blocking): like for like
+            with torch.cuda.stream(torch.cuda.Stream()):
+                recs += bench_shape(*shape)
         except Exception as exc:  # report and go on: one failure must not hide the rest
             print(json.dumps({"bench": "ffi_layer_step", "shape": shape_name(*shape),
                               "error": repr(exc)}), flush=True)
