@@ -24,6 +24,8 @@
  *
  * Shape legend: N tokens, H hidden, E experts (E <= 64), K top-k (K <= 8).
  */
+#include <atomic>
+
 #include "ptx.cuh"
 #include "router_common.cuh"
 #include "sm90.cuh"
@@ -455,14 +457,18 @@ static cudaError_t launch_fused(int dev, const void *x, const void *wg, const fl
     constexpr int BM = fused_tile_tokens(SPLIT);
     auto kernel = router_fused<BM, LANES, SPLIT>;
     using C = fused::cfg<BM, SPLIT>;
-    /* the shared-memory limit is per device: raise it once on each (idempotent) */
-    static bool sized[64];
-    if (dev >= 64 || !sized[dev]) {
+    /* The shared-memory limit is a property of the kernel on each device: raise it once on
+     * each. A process-wide cache, the one in the kernels, because the attribute itself is
+     * process-wide; atomic, since runtimes on several threads may launch at once (setting it
+     * twice is harmless). */
+    static std::atomic<uint64_t> sized{0};
+    uint64_t bit = dev < 64 ? 1ull << dev : 0;
+    if (!bit || !(sized.load(std::memory_order_acquire) & bit)) {
         int most = (int)(fused::SMEM_ALIGN + C::MAIN + select_smem(fused::NWARPS, fused::EP));
         cudaError_t rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               most);
         if (rc != cudaSuccess) return rc;
-        if (dev < 64) sized[dev] = true;
+        sized.fetch_or(bit, std::memory_order_release);
     }
     int64_t nb = fused_tiles(n, BM) * SPLIT;
     /* programmatic dependent launch (see cudaGridDependencySynchronize in the kernel) */
