@@ -271,12 +271,27 @@ static void run_experts_bwd(void *p, int i)
 
 static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
 {
-    /* the issue's three, and the experts of the first two layer shapes */
-    const int64_t shapes[][4] = {{8, 4096, 4096, 14336}, {16, 2048, 2048, 8192}, {64, 512, 2048, 1408},
-                                 {64, 512, 4096, 1408}, {8, 4096, 2048, 8192}};
+    /* issue 31's five (fine-grained E=64, DeepSeek-V3-like at ep = 8, Qwen3-MoE-like, a few
+     * large experts), and the experts of the second and third layer shapes; bench/torch_moe.py
+     * has the same list */
+    const int64_t shapes[][4] = {{64, 512, 2048, 1408}, {64, 512, 4096, 1408},
+                                 {32, 1024, 7168, 2048}, {128, 256, 2048, 768},
+                                 {8, 4096, 4096, 14336}, {16, 2048, 2048, 8192},
+                                 {8, 4096, 2048, 8192}};
     cuda_ctx_t *c = be.ctx;
     const char *forced = getenv("MOE_CUDA_EXPERT_GEMM");
-    /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs */
+    /* the modes, then (on Hopper, no mode forced) auto and grouped with the opt-in SwiGLU
+     * GEMMs */
+    typedef struct variant {
+        const char *name;
+        cuda_gemm_mode_t mode;
+        bool swiglu_gemm;
+    } variant_t;
+    const variant_t variants[] = {
+        {"auto", CUDA_GEMM_AUTO, false},          {"loop", CUDA_GEMM_LOOP, false},
+        {"streams", CUDA_GEMM_STREAMS, false},    {"batched", CUDA_GEMM_BATCHED, false},
+        {"grouped", CUDA_GEMM_GROUPED, false},    {"auto, SwiGLU GEMMs", CUDA_GEMM_AUTO, true},
+        {"grouped, SwiGLU GEMMs", CUDA_GEMM_GROUPED, true}};
     bool as_set = c->swiglu_gemm;
     bool extra = !as_set && !(forced && *forced) && moe_cuda_swiglu_gemm_supported(c->device);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -298,9 +313,6 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
         CU(bench_fill_bf16((void *)a.x.d_out, r * h, 14, 1.0f, stream));
         CU(bench_fill_f32(a.x.dw1, el * h * 2 * f, 15, 0.0f, stream));
         CU(bench_fill_f32(a.x.dw2, el * f * h, 16, 0.0f, stream));
-        const char *names[] = {"auto", "loop", "streams", "batched"};
-        const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
-                                          CUDA_GEMM_BATCHED};
         const char *dist_names[] = {"", " routed", " uneven"};
         for (int dist = 0; dist < 3; dist++) {
             /* routed: T + 2.5 sqrt(T) x [-1, 1), about the spread of random top-k routing
@@ -319,13 +331,13 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
             snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
                      (long long)h, (long long)f, dist_names[dist]);
             double flops = 6.0 * r * h * f;
-            for (int m = 0; m < 4 + extra; m++) {
-                int mi = m % 4;
-                if (dist > 0 && modes[mi] == CUDA_GEMM_BATCHED) continue;
-                if (forced && *forced && strcmp(forced, names[mi]) != 0) continue;
-                c->gemm_mode = modes[mi];
-                c->swiglu_gemm = as_set || m == 4;
-                const char *v = m < 4 ? names[mi] : "auto, SwiGLU GEMMs";
+            for (size_t m = 0; m < sizeof variants / sizeof variants[0]; m++) {
+                if (dist > 0 && variants[m].mode == CUDA_GEMM_BATCHED) continue;
+                if (variants[m].swiglu_gemm && !extra) continue;
+                if (forced && *forced && strcmp(forced, variants[m].name) != 0) continue;
+                c->gemm_mode = variants[m].mode;
+                c->swiglu_gemm = as_set || variants[m].swiglu_gemm;
+                const char *v = variants[m].name;
                 double ms = time_median(stream, run_experts_fwd, &a, 3, 20);
                 emit("experts_fwd", shape, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
                 ms = time_median(stream, run_experts_bwd, &a, 3, 10);

@@ -242,21 +242,20 @@ def experts_body(series, recs):
     if not series.libmoe_shapes("experts_fwd"):
         return None
     out = []
-    for bench, title, torch_col in (("experts_fwd", "Forward", True),
-                                    ("experts_bwd", "Backward", False)):
+    for bench, title, torch_head in (
+            ("experts_fwd", "Forward", "torch._grouped_mm ms (TFLOP/s)"),
+            ("experts_bwd", "Backward", "torch._grouped_mm (fwd+bwd − fwd) ms (TFLOP/s)")):
         variants = series.variant_list(bench)
         rows = []
         for s in series.libmoe_shapes(bench):
             row = [s] + [ms_tflops(series, ("libmoe", bench, s, v)) for v in variants]
             row.append(series.floor_cell(bench, s))
-            if torch_col:
-                first = list(series.variants[(bench, s)])[0]
-                row += [ms_tflops(series, series.torch_key(bench, s)),
-                        ratio(series.torch(bench, s), series.get("libmoe", bench, s, first))]
+            first = list(series.variants[(bench, s)])[0]
+            row += [ms_tflops(series, series.torch_key(bench, s)),
+                    ratio(series.torch(bench, s), series.get("libmoe", bench, s, first))]
             rows.append(row)
         head = ["shape"] + [f"{v} ms (TFLOP/s)" for v in variants] + ["floor ms"]
-        if torch_col:
-            head += ["torch._grouped_mm ms (TFLOP/s)", "PyTorch / " + variants[0]]
+        head += [torch_head, "PyTorch / " + variants[0]]
         out.append(f"## {title}\n\n{table(head, rows)}\n")
     return f"""\
 The SwiGLU expert FFN of one GPU's experts on the CUDA backend, rows already grouped by expert:
@@ -264,11 +263,13 @@ out = (silu(x·W1g) * (x·W1u))·W2 for E experts of T rows each (TFLOP/s = 6·E
 both GEMMs, SwiGLU included in the time); backward: 4 GEMMs and SwiGLU's derivative (twice the
 FLOPs). Each GEMM issue mode is a column (auto: the mode the backend picks; loop: one cuBLAS
 call per expert; streams: the same on side streams; batched: one strided-batched call, equal
-rows only; "auto, SwiGLU GEMMs": auto with the opt-in `MOE_CUDA_SWIGLU_GEMM=1`, on Hopper).
+rows only; grouped: one `cublasGemmGroupedBatchedEx` a GEMM kind over the real row counts;
+"…, SwiGLU GEMMs": that mode with the opt-in `MOE_CUDA_SWIGLU_GEMM=1`, on Hopper).
 Loads: equal rows; "routed", T + 2.5·sqrt(T)·[-1, 1) rows, about the spread of random top-k
 routing; "uneven", [0.25, 1.75)·T rows; the same total rows. Median of 20 (forward) or 10
-(backward) runs after 3 warm-up runs, CUDA events. PyTorch in the same run: two
-`torch._grouped_mm` calls with SwiGLU between them, forward, equal rows only.
+(backward) runs after 3 warm-up runs, CUDA events. PyTorch in the same run on the same row
+counts: two `torch._grouped_mm` calls with SwiGLU between them; its backward is autograd's
+forward + backward less the forward (median of 10 and of 20).
 {FLOORS}{remarks(series, recs, ("experts_fwd",))}
 
 {out[0]}

@@ -136,6 +136,13 @@ cudaError_t moe_cuda_adamw(float *master, float *m, float *v, void *param, const
                            float weight_decay, float grad_scale, float inv_bc1,
                            float inv_sqrt_bc2, cudaStream_t stream);
 
+/* ---- pointer arrays (pointer_upload.cu) ---- */
+
+/* dst[0..n) = src[0..n) (host-computed device pointers), written by kernels enqueued on
+ * `stream`: src may be reused as soon as this returns. */
+cudaError_t moe_cuda_upload_pointers(const void **dst, const void *const *src, int64_t n,
+                                     cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

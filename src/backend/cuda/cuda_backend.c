@@ -220,6 +220,7 @@ static cuda_gemm_mode_t gemm_mode_from_env(const moe_logger_t *logger)
     cuda_gemm_mode_t m = strcmp(v, "loop") == 0      ? CUDA_GEMM_LOOP
                          : strcmp(v, "streams") == 0 ? CUDA_GEMM_STREAMS
                          : strcmp(v, "batched") == 0 ? CUDA_GEMM_BATCHED
+                         : strcmp(v, "grouped") == 0 ? CUDA_GEMM_GROUPED
                                                      : CUDA_GEMM_AUTO;
     moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_EXPERT_GEMM=%s: expert GEMM mode %d", v, (int)m);
     return m;

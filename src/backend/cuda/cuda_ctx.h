@@ -22,7 +22,8 @@ typedef enum cuda_gemm_mode {
     CUDA_GEMM_AUTO = 0,
     CUDA_GEMM_LOOP,      /* one cublasGemmEx per expert on the current stream */
     CUDA_GEMM_STREAMS,   /* the loop spread round-robin over the side streams */
-    CUDA_GEMM_BATCHED    /* cublasGemmStridedBatchedEx when every expert has the same rows */
+    CUDA_GEMM_BATCHED,   /* cublasGemmStridedBatchedEx when every expert has the same rows */
+    CUDA_GEMM_GROUPED    /* one cublasGemmGroupedBatchedEx a GEMM kind, real row counts */
 } cuda_gemm_mode_t;
 
 /* How router_forward runs (MOE_CUDA_ROUTER=gemm|fused overrides AUTO). */
