@@ -192,9 +192,23 @@ class TorchMoE(torch.nn.Module):
         return y, 0.01 * aux + 0.001 * z
 
 
+def skew_routing(m, x, alpha):
+    """bench_moe's skewed routing: a constant last feature of x and router weights in its row
+    of -alpha * tau * ln(1 + e), tau = 0.02 sqrt(H) the spread of the other logits (x and the
+    weights N(0, 1) and N(0, 0.02^2)); returns the busiest expert's load over the mean."""
+    h, e = m.wg.shape
+    tau = 0.02 * h**0.5
+    with torch.no_grad():
+        m.wg[h - 1] = (-alpha * tau * torch.log1p(torch.arange(e, device=DEV))).to(BF)
+        x[:, h - 1] = 1.0
+        counts = router_fwd(x, m.wg, m.k)[3].float()
+    return (counts.max() / counts.mean()).item()
+
+
 def bench_layer():
-    for n, h, f, e, k in [(16384, 4096, 1408, 64, 2), (16384, 2048, 8192, 8, 2),
-                          (32768, 4096, 14336, 8, 2)]:
+    # the skew's alpha a shape, as bench_moe's
+    for (n, h, f, e, k), alpha in zip([(16384, 4096, 1408, 64, 2), (16384, 2048, 8192, 8, 2),
+                                       (32768, 4096, 14336, 8, 2)], [0.08, 0.4, 0.4]):
         shape = f"N={n} H={h} F={f} E={e} K={k}"
         m = TorchMoE(h, f, e, k)
         x = torch.randn(n, h, device=DEV, dtype=BF, requires_grad=True)
@@ -214,6 +228,12 @@ def bench_layer():
         # again after SUSTAIN_MS of steps, at the clock the power cap holds the GPU to (bench_moe)
         ms = median_ms(step, int(SUSTAIN_MS / ms) + 2, 20)
         emit("layer_fwd_bwd_sustained", shape, "eager", ms)
+        ratio = skew_routing(m, x, alpha)
+        ms = median_ms(step, 2, 10)
+        emit("layer_fwd_bwd", shape + " skewed", "eager", ms, max_over_mean=round(ratio, 2))
+        with torch.no_grad():
+            ms_fwd = median_ms(lambda i: m(x), 2, 10)
+        emit("layer_fwd", shape + " skewed", "eager", ms_fwd, max_over_mean=round(ratio, 2))
         del m, x, dy
         torch.cuda.empty_cache()
 

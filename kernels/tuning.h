@@ -122,4 +122,15 @@
 #define MOE_TUNE_STREAMS_MIN_EXPERTS 4              /* side streams from these experts */
 #define MOE_TUNE_STREAMS_MAX_MEAN_ROWS 2048         /* ... below these mean rows each */
 
+/* Uneven rows on Hopper, where the grouped sm_90a kernels fit: those kernels (one launch a
+ * GEMM kind over the real row counts) for the GEMMs whose M is n_e, from
+ * MOE_TUNE_HOPPER_MIN_EXPERTS experts under MOE_TUNE_HOPPER_MAX_MEAN_ROWS rows each on
+ * average; their dW GEMMs on cuBLAS's grouped GEMM from MOE_TUNE_GROUPED_DW_MIN_EXPERTS
+ * experts under MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS rows each, else per expert as above
+ * (measured: docs/cuda-backend.md). */
+#define MOE_TUNE_HOPPER_MIN_EXPERTS 16              /* grouped kernels from these experts */
+#define MOE_TUNE_HOPPER_MAX_MEAN_ROWS 1024          /* ... below these mean rows each */
+#define MOE_TUNE_GROUPED_DW_MIN_EXPERTS 128         /* cuBLAS grouped dW from these experts */
+#define MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS 512       /* ... below these mean rows each */
+
 #endif /* MOE_KERNELS_TUNING_H */

@@ -557,7 +557,7 @@ static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *ro
     assert_true(cc->swiglu_gemm == (hopper && strcmp(fused, "1") == 0));
     fprintf(stderr, "experts El=%d H=%lld F=%lld mode=%s swiglu_gemm=%d rows:", el, (long long)h,
             (long long)f, mode, cc->swiglu_gemm && moe_cuda_swiglu_gemm_fits(el, h, f));
-    int64_t off[65] = {0};
+    int64_t off[129] = {0};
     for (int32_t e = 0; e < el; e++) {
         off[e + 1] = off[e] + rows_per[e];
         fprintf(stderr, " %lld", (long long)rows_per[e]);
@@ -679,6 +679,27 @@ static void test_experts_grouped(void **state)
         run_experts_case(5, 200, 256, ragged, "grouped", fused ? "1" : "0", &rng);
 }
 
+/* The grouped Hopper kernels for all four GEMMs whose M is n_e (elsewhere the mode falls back
+ * to auto's choice, also checked): the same loads, M tiles cut by expert ends and by R, H not
+ * a multiple of the 256-wide N tile nor of the 64-wide K step; and auto on many small uneven
+ * experts, where it takes these kernels with cuBLAS's grouped dW GEMMs. */
+static void test_experts_hopper(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed + 6};
+    const int64_t balanced[] = {130, 130, 130, 130}, routed[] = {60, 52, 45, 49, 55, 47, 50, 42};
+    const int64_t ragged[] = {300, 0, 129, 1, 128}, zeros[] = {0, 0, 70, 0};
+    const int64_t hot[] = {1, 0, 400, 2, 1};
+    run_experts_case(4, 200, 256, balanced, "hopper", "0", &rng);
+    run_experts_case(8, 136, 128, routed, "hopper", "0", &rng);
+    run_experts_case(5, 200, 256, ragged, "hopper", "0", &rng);
+    run_experts_case(4, 64, 128, zeros, "hopper", "0", &rng);
+    run_experts_case(5, 264, 384, hot, "hopper", "0", &rng);
+    int64_t many[128];
+    for (int e = 0; e < 128; e++) many[e] = (e * 7) % 13 * 3; /* 0..36 rows, some none */
+    run_experts_case(128, 64, 128, many, "auto", "0", &rng);
+}
+
 /* ---- element-wise ------------------------------------------------------------------------ */
 
 static void test_elementwise(void **state)
@@ -741,6 +762,7 @@ int main(void)
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_experts),
         cmocka_unit_test(test_experts_grouped),
+        cmocka_unit_test(test_experts_hopper),
         cmocka_unit_test(test_elementwise),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,14 +17,17 @@
  *   STREAMS  uneven n_e and many experts: the loop round-robin over side streams, each with
  *            its own cuBLAS handle and workspace, joined back with events.
  *   LOOP     few large experts: one cublasGemmEx after the other on the current stream.
- *   GROUPED  uneven n_e: one cublasGemmGroupedBatchedEx per GEMM kind over the experts with
- *            rows, each a group of one problem with its real n_e (no padding, one launch).
+ *   GROUPED  one cublasGemmGroupedBatchedEx per GEMM kind over the experts with rows, each a
+ *            group of one problem with its real n_e (no padding, one launch).
+ *   HOPPER   uneven n_e on Hopper: the four GEMMs whose M is n_e (hpre + SwiGLU, out, d_act +
+ *            SwiGLU', d_xp) as grouped sm_90a kernels (kernels/expert_gemm_sm90.cu), one
+ *            launch each over the real row counts; the two dW GEMMs, whose K is n_e, on cuBLAS
+ *            (dw_mode).
  * Every GEMM writes a disjoint output, so each mode's results are the same from run to run;
  * the first three give bitwise-identical results (the same cuBLAS kernel per expert).
  *
  * With MOE_CUDA_SWIGLU_GEMM=1 on Hopper, GEMM1 + SwiGLU forward and d_act + SwiGLU backward
- * run instead as one grouped launch each with SwiGLU in the epilogue
- * (kernels/swiglu_gemm_sm90.cu), whatever the mode; the other GEMMs are issued as above.
+ * run as those grouped kernels whatever the mode; the other GEMMs are issued as above.
  */
 #include <stdlib.h>
 
@@ -219,17 +222,38 @@ static cuda_gemm_mode_t per_expert_mode(const moe_experts_t *x)
                : CUDA_GEMM_LOOP;
 }
 
+/* HOPPER's mode for the dW GEMMs: cuBLAS's grouped GEMM for many experts of few rows (where
+ * the per-expert launches dominate), else the per-expert mode. */
+static cuda_gemm_mode_t dw_mode(const moe_experts_t *x)
+{
+    int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
+    return x->el >= MOE_TUNE_GROUPED_DW_MIN_EXPERTS && mean_rows < MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS
+               ? CUDA_GEMM_GROUPED
+               : per_expert_mode(x);
+}
+
+static bool hopper_fits(const cuda_ctx_t *c, const moe_experts_t *x)
+{
+    return c->sm90_kernels && moe_cuda_swiglu_gemm_fits(x->el, x->h, x->f);
+}
+
 static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
 {
     int64_t uni = uniform_rows(x);
     cuda_gemm_mode_t m = c->gemm_mode;
-    if (m == CUDA_GEMM_BATCHED && uni < 0) m = CUDA_GEMM_AUTO; /* not applicable: fall back */
+    /* not applicable: fall back */
+    if ((m == CUDA_GEMM_BATCHED && uni < 0) || (m == CUDA_GEMM_HOPPER && !hopper_fits(c, x)))
+        m = CUDA_GEMM_AUTO;
     if (m != CUDA_GEMM_AUTO) return m;
     /* Measured on the H200 (docs/cuda-backend.md; the thresholds: kernels/tuning.h): the loop
      * wins for a few large experts, strided batched whenever sizes are equal and experts are
-     * small, side streams for uneven small ones. */
+     * small, the grouped Hopper kernels for uneven small ones, else side streams. */
     if (uni > 0 && (x->el >= MOE_TUNE_BATCHED_MIN_EXPERTS || uni < MOE_TUNE_BATCHED_MAX_ROWS))
         return CUDA_GEMM_BATCHED;
+    int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
+    if (hopper_fits(c, x) && x->el >= MOE_TUNE_HOPPER_MIN_EXPERTS &&
+        mean_rows < MOE_TUNE_HOPPER_MAX_MEAN_ROWS)
+        return CUDA_GEMM_HOPPER;
     return per_expert_mode(x);
 }
 
@@ -283,6 +307,13 @@ moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a)
     if (total == 0) return MOE_STATUS_SUCCESS;
     cuda_gemm_mode_t mode = choose_mode(c, a);
     static const gemm_kind_t k1[] = {FWD1}, k2[] = {FWD2};
+    if (mode == CUDA_GEMM_HOPPER) {
+        MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_forward(a->hpre, a->act, a->xp, a->w1, a->host_offsets,
+                                                    a->el, a->h, a->f, c->stream));
+        MOE_CUDA_CHECK(moe_cuda_grouped_gemm(a->out, a->act, a->w2, false, a->host_offsets, a->el,
+                                             a->f, a->h, c->stream));
+        return MOE_STATUS_SUCCESS;
+    }
     if (fused_swiglu(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_forward(a->hpre, a->act, a->xp, a->w1, a->host_offsets,
                                                     a->el, a->h, a->f, c->stream));
@@ -310,6 +341,17 @@ moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a)
     static const gemm_kind_t k1[] = {BWD_DACT, BWD_DW2}, k2[] = {BWD_DXP, BWD_DW1},
                              k_dw2[] = {BWD_DW2};
     uint16_t *d_act = a->scratch, *d_hpre = d_act + total * a->f;
+    if (mode == CUDA_GEMM_HOPPER) {
+        static const gemm_kind_t k_dw1[] = {BWD_DW1};
+        cuda_gemm_mode_t dw = dw_mode(a);
+        MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_backward(d_hpre, a->d_out, a->w2, a->hpre,
+                                                     a->host_offsets, a->el, a->h, a->f,
+                                                     c->stream));
+        MOE_TRY(run_experts(c, a, dw, k_dw2, 1));
+        MOE_CUDA_CHECK(moe_cuda_grouped_gemm(a->d_xp, d_hpre, a->w1, true, a->host_offsets, a->el,
+                                             2 * a->f, a->h, c->stream));
+        return run_experts(c, a, dw, k_dw1, 1);
+    }
     if (fused_swiglu(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_backward(d_hpre, a->d_out, a->w2, a->hpre,
                                                      a->host_offsets, a->el, a->h, a->f,
