@@ -61,7 +61,10 @@ struct groups_t {
 /* What a launch computes (see the opening comment). */
 enum kind_t { SWIGLU_FWD, SWIGLU_BWD, PLAIN_N_MAJOR_B, PLAIN_K_MAJOR_B };
 
-__host__ __device__ constexpr bool n_major_b(int kind) { return kind == SWIGLU_FWD || kind == PLAIN_N_MAJOR_B; }
+__host__ __device__ constexpr bool n_major_b(int kind)
+{
+    return kind == SWIGLU_FWD || kind == PLAIN_N_MAJOR_B;
+}
 
 struct tile_t {
     int32_t expert, row0, row_end, n_tile;
@@ -189,8 +192,9 @@ struct drain_t {
                 int64_t r, c;
                 locate(i, &row, &chunk, &r, &c);
                 if (valid(r, c, width)) {
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(hpre + r * 2 * width + c));
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(hpre + r * 2 * width + width + c));
+                    const __nv_bfloat16 *gate = hpre + r * 2 * width + c;
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(gate));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(gate + width));
                 }
             }
             load(hpre, width);
@@ -281,7 +285,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 mbar_expect_tx(&full[s], STAGE_BYTES);
                 uint8_t *a = ring + s * STAGE_BYTES, *b = a + A_TILE_BYTES;
                 tma_load_2d(a, &map_a, kt * BK, tile.row0, &full[s]);
-                if (KIND == SWIGLU_FWD) { /* gate columns 128n.., then the same up columns F + 128n.. */
+                if (KIND == SWIGLU_FWD) { /* gate columns 128n.., then the same up F + 128n.. */
                     int32_t gate = tile.n_tile * 128;
                     for (int q = 0; q < 4; q++)
                         tma_load_3d(b + q * 8192, &map_b,
@@ -455,7 +459,8 @@ extern "C" cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void 
     CUtensorMap ma, mb;
     cudaError_t err = map_rows(&ma, a, offsets[el], k);
     if (err == cudaSuccess)
-        err = b_k_major ? map_weights(&mb, b, el, k, n, false) : map_weights(&mb, b, el, n, k, true);
+        err = b_k_major ? map_weights(&mb, b, el, k, n, false)
+                        : map_weights(&mb, b, el, n, k, true);
     if (err != cudaSuccess) return err;
     return b_k_major ? launch<PLAIN_K_MAJOR_B>(ma, mb, g, k, n, NULL, c, stream)
                      : launch<PLAIN_N_MAJOR_B>(ma, mb, g, k, n, NULL, c, stream);

@@ -129,7 +129,8 @@ static moe_status_t run_grouped(cuda_ctx_t *c, const moe_experts_t *x, gemm_kind
     size_t bytes = (2 * sizeof(cublasOperation_t) + 7 * sizeof(int) + 2 * sizeof(float) +
                     3 * sizeof(void *)) * (size_t)el;
     char *mem = malloc(bytes);
-    if (!mem) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "grouped GEMM arguments of %zu bytes", bytes);
+    if (!mem)
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "grouped GEMM arguments of %zu bytes", bytes);
     grouped_args_t g;
     g.ptr = (const void **)mem;
     g.ta = (cublasOperation_t *)(g.ptr + 3 * el);
@@ -159,7 +160,8 @@ static moe_status_t run_grouped(cuda_ctx_t *c, const moe_experts_t *x, gemm_kind
     }
     moe_status_t st = MOE_STATUS_SUCCESS;
     void *dev = NULL;
-    if (!*unsupported && groups > 0) st = moe_cuda_workspace(c, 3 * sizeof(void *) * (size_t)el, &dev);
+    if (!*unsupported && groups > 0)
+        st = moe_cuda_workspace(c, 3 * sizeof(void *) * (size_t)el, &dev);
     if (!*unsupported && groups > 0 && st == MOE_STATUS_SUCCESS) {
         const void **d_ptr = dev;
         cudaError_t rc = moe_cuda_upload_pointers(d_ptr, g.ptr, 3 * (int64_t)el, c->stream);
@@ -227,7 +229,8 @@ static cuda_gemm_mode_t per_expert_mode(const moe_experts_t *x)
 static cuda_gemm_mode_t dw_mode(const moe_experts_t *x)
 {
     int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
-    return x->el >= MOE_TUNE_GROUPED_DW_MIN_EXPERTS && mean_rows < MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS
+    return x->el >= MOE_TUNE_GROUPED_DW_MIN_EXPERTS &&
+                   mean_rows < MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS
                ? CUDA_GEMM_GROUPED
                : per_expert_mode(x);
 }
