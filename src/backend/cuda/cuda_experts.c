@@ -120,7 +120,7 @@ typedef struct grouped_args {
 /* GROUPED for one kind: a group for each expert with rows. Its pointer arrays reach the device
  * through moe_cuda_upload_pointers on the stream the GEMM runs on, into the backend's
  * workspace. *unsupported: cuBLAS's grouped GEMM lacks this kind's types (NOT_SUPPORTED), or a
- * size is over int's range; nothing was enqueued and the caller issues it per expert. */
+ * size is over int's range; no product was computed and the caller issues it per expert. */
 static moe_status_t run_grouped(cuda_ctx_t *c, const moe_experts_t *x, gemm_kind_t kind,
                                 bool *unsupported)
 {
