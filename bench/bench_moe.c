@@ -271,12 +271,26 @@ static void run_experts_bwd(void *p, int i)
 
 static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
 {
-    /* the issue's three, and the experts of the first two layer shapes */
-    const int64_t shapes[][4] = {{8, 4096, 4096, 14336}, {16, 2048, 2048, 8192}, {64, 512, 2048, 1408},
-                                 {64, 512, 4096, 1408}, {8, 4096, 2048, 8192}};
+    /* issue 31's five (fine-grained E=64, DeepSeek-V3-like at ep = 8, Qwen3-MoE-like, a few
+     * large experts), and the experts of the second and third layer shapes; bench/torch_moe.py
+     * has the same list */
+    const int64_t shapes[][4] = {{64, 512, 2048, 1408}, {64, 512, 4096, 1408},
+                                 {32, 1024, 7168, 2048}, {128, 256, 2048, 768},
+                                 {8, 4096, 4096, 14336}, {16, 2048, 2048, 8192},
+                                 {8, 4096, 2048, 8192}};
     cuda_ctx_t *c = be.ctx;
     const char *forced = getenv("MOE_CUDA_EXPERT_GEMM");
     /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs */
+    typedef struct variant {
+        const char *name;
+        cuda_gemm_mode_t mode;
+        bool swiglu_gemm;
+    } variant_t;
+    const variant_t variants[] = {
+        {"auto", CUDA_GEMM_AUTO, false},          {"loop", CUDA_GEMM_LOOP, false},
+        {"streams", CUDA_GEMM_STREAMS, false},    {"batched", CUDA_GEMM_BATCHED, false},
+        {"grouped", CUDA_GEMM_GROUPED, false},    {"hopper", CUDA_GEMM_HOPPER, false},
+        {"auto, SwiGLU GEMMs", CUDA_GEMM_AUTO, true}};
     bool as_set = c->swiglu_gemm;
     bool extra = !as_set && !(forced && *forced) && moe_cuda_swiglu_gemm_supported(c->device);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -298,9 +312,6 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
         CU(bench_fill_bf16((void *)a.x.d_out, r * h, 14, 1.0f, stream));
         CU(bench_fill_f32(a.x.dw1, el * h * 2 * f, 15, 0.0f, stream));
         CU(bench_fill_f32(a.x.dw2, el * f * h, 16, 0.0f, stream));
-        const char *names[] = {"auto", "loop", "streams", "batched"};
-        const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
-                                          CUDA_GEMM_BATCHED};
         const char *dist_names[] = {"", " routed", " uneven"};
         for (int dist = 0; dist < 3; dist++) {
             /* routed: T + 2.5 sqrt(T) x [-1, 1), about the spread of random top-k routing
@@ -319,13 +330,13 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
             snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
                      (long long)h, (long long)f, dist_names[dist]);
             double flops = 6.0 * r * h * f;
-            for (int m = 0; m < 4 + extra; m++) {
-                int mi = m % 4;
-                if (dist > 0 && modes[mi] == CUDA_GEMM_BATCHED) continue;
-                if (forced && *forced && strcmp(forced, names[mi]) != 0) continue;
-                c->gemm_mode = modes[mi];
-                c->swiglu_gemm = as_set || m == 4;
-                const char *v = m < 4 ? names[mi] : "auto, SwiGLU GEMMs";
+            for (size_t m = 0; m < sizeof variants / sizeof variants[0]; m++) {
+                if (dist > 0 && variants[m].mode == CUDA_GEMM_BATCHED) continue;
+                if (variants[m].swiglu_gemm && !extra) continue;
+                if (forced && *forced && strcmp(forced, variants[m].name) != 0) continue;
+                c->gemm_mode = variants[m].mode;
+                c->swiglu_gemm = as_set || variants[m].swiglu_gemm;
+                const char *v = variants[m].name;
                 double ms = time_median(stream, run_experts_fwd, &a, 3, 20);
                 emit("experts_fwd", shape, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
                 ms = time_median(stream, run_experts_bwd, &a, 3, 10);
@@ -371,14 +382,46 @@ static void run_layer_fwd(void *p, int i)
 
 #define SUSTAIN_MS 3000.0 /* of layer steps before the sustained figure is timed */
 
+/* Skewed routing, as early training produces (expert popularity Zipf-like): a constant last
+ * feature of x (1) and router weights in its row of -alpha * tau * ln(1 + e) for expert e,
+ * tau = 0.02 sqrt(H / 3) the spread of the other logits (x uniform in [-1, 1), weights
+ * N(0, 0.02^2)), so each logit gets a shift of alpha * ln(1 + e) noise widths.
+ * bench/torch_moe.py builds its layer's the same way. */
+static void skew_routing(moe_layer_t *layer, moe_tensor_t *x, int64_t n, int64_t h, int64_t e,
+                         double alpha)
+{
+    moe_param_info_t wg = {.struct_size = sizeof wg};
+    CK(moe_layer_param(layer, 0, &wg));
+    double tau = 0.02 * sqrt((double)h / 3.0);
+    uint16_t *row = malloc(sizeof(uint16_t) * (size_t)e), *ones = malloc(sizeof(uint16_t) * (size_t)n);
+    if (!row || !ones) exit(1);
+    for (int64_t t = 0; t < n; t++) ones[t] = 0x3F80; /* bf16 1.0 */
+    for (int64_t i = 0; i < e; i++) {
+        float v = (float)(-alpha * tau * log1p((double)i));
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        row[i] = (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16); /* round to nearest even */
+    }
+    CU(cudaMemcpy((uint16_t *)wg.value.data + (h - 1) * e, row, sizeof(uint16_t) * (size_t)e,
+                  cudaMemcpyHostToDevice));
+    CU(cudaMemcpy2D((uint16_t *)x->data + (h - 1), sizeof(uint16_t) * (size_t)h, ones,
+                    sizeof(uint16_t), sizeof(uint16_t), (size_t)n, cudaMemcpyHostToDevice));
+    free(row);
+    free(ones);
+}
+
 static void bench_layer(cudaStream_t stream, int only, bool profile)
 {
     const int64_t shapes[][5] = {{16384, 4096, 1408, 64, 2}, {16384, 2048, 8192, 8, 2},
                                  {32768, 4096, 14336, 8, 2}};
-    const char *names[] = {"auto", "loop", "streams"};
-    const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS};
+    /* the skew's alpha a shape: the busiest expert gets ~1.75 x the mean load (a simulation of
+     * top-2 over Gaussian logits; the run prints the measured ratio) */
+    const double skew_alpha[] = {0.08, 0.4, 0.4};
+    const char *names[] = {"auto", "loop", "streams", "hopper"};
+    const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
+                                      CUDA_GEMM_HOPPER};
     const char *forced = getenv("MOE_CUDA_EXPERT_GEMM");
-    int nmodes = forced && *forced ? 1 : 3;
+    int nmodes = forced && *forced ? 1 : 4;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         if (only >= 0 && (size_t)only != s) continue;
         int64_t n = shapes[s][0], h = shapes[s][1], f = shapes[s][2], e = shapes[s][3], k = shapes[s][4];
@@ -415,30 +458,44 @@ static void bench_layer(cudaStream_t stream, int only, bool profile)
             CU(cudaStreamSynchronize(stream));
             CU(cudaProfilerStop());
         } else {
-            /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs */
+            /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs;
+             * again with skewed routing */
             bool as_set = c->swiglu_gemm;
             bool extra = !as_set && nmodes > 1 && moe_cuda_swiglu_gemm_supported(c->device);
-            double first_ms = 0;
-            for (int m = 0; m < nmodes + extra; m++) {
-                bool fused = m == nmodes; /* the extra run */
-                const char *v = fused ? "auto, SwiGLU GEMMs" : forced && *forced ? forced : names[m];
-                if (nmodes > 1) c->gemm_mode = fused ? CUDA_GEMM_AUTO : modes[m];
-                c->swiglu_gemm = as_set || fused;
-                double ms = time_median(stream, run_layer, &a, 2, 10);
-                emit("layer_fwd_bwd", sh, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
-                if (m == 0) first_ms = ms;
-                ms = time_median(stream, run_layer_fwd, &a, 2, 10);
-                emit("layer_fwd", sh, v, ms, flops / 3 / TC_FLOPS * 1e3, "tc",
-                     flops / 3 / ms * 1e-9);
+            for (int skewed = 0; skewed < 2; skewed++) {
+                char name[128];
+                snprintf(name, sizeof name, "%s%s", sh, skewed ? " skewed" : "");
+                if (skewed) {
+                    skew_routing(a.layer, &a.x, n, h, e, skew_alpha[s]);
+                    run_layer_fwd(&a, 0);
+                    moe_layer_stats_t st = {.struct_size = sizeof st};
+                    CK(moe_layer_stats(a.layer, &st, NULL));
+                    fprintf(stderr, "%s: busiest expert %.2f x the mean load\n", name,
+                            st.max_load / st.mean_load);
+                }
+                double first_ms = 0;
+                for (int m = 0; m < nmodes + extra; m++) {
+                    bool fused = m == nmodes; /* the extra run */
+                    const char *v = fused ? "auto, SwiGLU GEMMs" : forced && *forced ? forced : names[m];
+                    if (nmodes > 1) c->gemm_mode = fused ? CUDA_GEMM_AUTO : modes[m];
+                    c->swiglu_gemm = as_set || fused;
+                    double ms = time_median(stream, run_layer, &a, 2, 10);
+                    emit("layer_fwd_bwd", name, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
+                    if (m == 0) first_ms = ms;
+                    ms = time_median(stream, run_layer_fwd, &a, 2, 10);
+                    emit("layer_fwd", name, v, ms, flops / 3 / TC_FLOPS * 1e3, "tc",
+                         flops / 3 / ms * 1e-9);
+                }
+                if (nmodes > 1) c->gemm_mode = modes[0];
+                c->swiglu_gemm = as_set;
+                if (skewed) continue;
+                /* The first variant again, timed after SUSTAIN_MS of steps: at the smaller
+                 * shapes the 12 steps above end before the GPU's power cap has lowered the
+                 * clock all the way, and a training job runs at the lowered clock */
+                double ms = time_median(stream, run_layer, &a, (int)(SUSTAIN_MS / first_ms) + 2, 20);
+                emit("layer_fwd_bwd_sustained", sh, forced && *forced ? forced : names[0], ms,
+                     flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
             }
-            /* The first variant again, timed after SUSTAIN_MS of steps: at the smaller shapes the
-             * 12 steps above end before the GPU's power cap has lowered the clock all the way,
-             * and a training job runs at the lowered clock */
-            if (nmodes > 1) c->gemm_mode = modes[0];
-            c->swiglu_gemm = as_set;
-            double ms = time_median(stream, run_layer, &a, (int)(SUSTAIN_MS / first_ms) + 2, 20);
-            emit("layer_fwd_bwd_sustained", sh, forced && *forced ? forced : names[0], ms,
-                 flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
         }
         for (int i = 0; i < 4; i++) CK(moe_tensor_free(rt, ts[i]));
         CK(moe_layer_destroy(a.layer));

@@ -9,6 +9,7 @@ Shape legend: N tokens, H hidden, E experts, K top-k, T tokens per expert, F exp
 """
 import datetime
 import json
+import math
 import sys
 
 import torch
@@ -115,18 +116,52 @@ def grouped_swiglu(xp, w1, w2, offs):
     return torch._grouped_mm(act, w2.transpose(-2, -1), offs=offs)
 
 
+EXPERT_SHAPES = [(64, 512, 2048, 1408), (64, 512, 4096, 1408), (32, 1024, 7168, 2048),
+                 (128, 256, 2048, 768), (8, 4096, 4096, 14336), (16, 2048, 2048, 8192),
+                 (8, 4096, 2048, 8192)]
+
+
+def expert_rows(el, t, dist):
+    """bench_moe's loads: "" every expert T rows; " routed" T + 2.5 sqrt(T) x [-1, 1), about
+    the spread of random top-k routing; " uneven" [0.25, 1.75) x T; the same total rows."""
+    rows, acc = [], 0
+    for e in range(el):
+        u = ((e * 37 % el) + 0.5) / el
+        n = (int(t + 2.5 * math.sqrt(t) * (2 * u - 1)) if dist == " routed"
+             else int(t * (0.25 + 1.5 * u)) if dist == " uneven" else t)
+        n = el * t - acc if e == el - 1 else n
+        rows.append(n)
+        acc += n
+    return rows
+
+
 def bench_experts():
-    for el, t, h, f in [(8, 4096, 4096, 14336), (16, 2048, 2048, 8192), (64, 512, 2048, 1408)]:
-        shape = f"E={el} T={t} H={h} F={f}"
+    """Forward, and backward as (forward + backward) - forward through autograd, on bench_moe's
+    shapes and loads (the same row counts)."""
+    for el, t, h, f in EXPERT_SHAPES:
         xp = torch.randn(el * t, h, device=DEV, dtype=BF)
         w1 = (torch.randn(el, 2 * f, h, device=DEV, dtype=BF) / h**0.5)
         w2 = (torch.randn(el, h, f, device=DEV, dtype=BF) / f**0.5)
-        offs = torch.arange(1, el + 1, device=DEV, dtype=torch.int32) * t
+        dy = torch.randn(el * t, h, device=DEV, dtype=BF)
+        xg, w1g, w2g = (v.clone().requires_grad_(True) for v in (xp, w1, w2))
         flops = 6.0 * el * t * h * f
-        with torch.no_grad():
-            ms = median_ms(lambda i: grouped_swiglu(xp, w1, w2, offs), 3, 20)
-        emit("experts_fwd", shape, "torch._grouped_mm", ms, tflops=round(flops / ms * 1e-9, 1))
-        del xp, w1, w2
+        for dist in ("", " routed", " uneven"):
+            shape = f"E={el} T={t} H={h} F={f}{dist}"
+            offs = torch.tensor(expert_rows(el, t, dist), device=DEV).cumsum(0).to(torch.int32)
+            with torch.no_grad():
+                ms = median_ms(lambda i: grouped_swiglu(xp, w1, w2, offs), 3, 20)
+            emit("experts_fwd", shape, "torch._grouped_mm", ms,
+                 tflops=round(flops / ms * 1e-9, 1))
+
+            def step(i):
+                xg.grad = w1g.grad = w2g.grad = None
+                grouped_swiglu(xg, w1g, w2g, offs).backward(dy)
+
+            ms_all = median_ms(step, 3, 10)
+            emit("experts_bwd", shape, "torch._grouped_mm (fwd+bwd - fwd)", ms_all - ms,
+                 tflops=round(2 * flops / (ms_all - ms) * 1e-9, 1))
+        del xp, w1, w2, dy, xg, w1g, w2g
+        torch.cuda.empty_cache()
 
 
 # ---- layer ---------------------------------------------------------------------------------
@@ -157,9 +192,23 @@ class TorchMoE(torch.nn.Module):
         return y, 0.01 * aux + 0.001 * z
 
 
+def skew_routing(m, x, alpha):
+    """bench_moe's skewed routing: a constant last feature of x and router weights in its row
+    of -alpha * tau * ln(1 + e), tau = 0.02 sqrt(H) the spread of the other logits (x and the
+    weights N(0, 1) and N(0, 0.02^2)); returns the busiest expert's load over the mean."""
+    h, e = m.wg.shape
+    tau = 0.02 * h**0.5
+    with torch.no_grad():
+        m.wg[h - 1] = (-alpha * tau * torch.log1p(torch.arange(e, device=DEV))).to(BF)
+        x[:, h - 1] = 1.0
+        counts = router_fwd(x, m.wg, m.k)[3].float()
+    return (counts.max() / counts.mean()).item()
+
+
 def bench_layer():
-    for n, h, f, e, k in [(16384, 4096, 1408, 64, 2), (16384, 2048, 8192, 8, 2),
-                          (32768, 4096, 14336, 8, 2)]:
+    # the skew's alpha a shape, as bench_moe's
+    for (n, h, f, e, k), alpha in zip([(16384, 4096, 1408, 64, 2), (16384, 2048, 8192, 8, 2),
+                                       (32768, 4096, 14336, 8, 2)], [0.08, 0.4, 0.4]):
         shape = f"N={n} H={h} F={f} E={e} K={k}"
         m = TorchMoE(h, f, e, k)
         x = torch.randn(n, h, device=DEV, dtype=BF, requires_grad=True)
@@ -179,6 +228,12 @@ def bench_layer():
         # again after SUSTAIN_MS of steps, at the clock the power cap holds the GPU to (bench_moe)
         ms = median_ms(step, int(SUSTAIN_MS / ms) + 2, 20)
         emit("layer_fwd_bwd_sustained", shape, "eager", ms)
+        ratio = skew_routing(m, x, alpha)
+        ms = median_ms(step, 2, 10)
+        emit("layer_fwd_bwd", shape + " skewed", "eager", ms, max_over_mean=round(ratio, 2))
+        with torch.no_grad():
+            ms_fwd = median_ms(lambda i: m(x), 2, 10)
+        emit("layer_fwd", shape + " skewed", "eager", ms_fwd, max_over_mean=round(ratio, 2))
         del m, x, dy
         torch.cuda.empty_cache()
 

@@ -242,21 +242,20 @@ def experts_body(series, recs):
     if not series.libmoe_shapes("experts_fwd"):
         return None
     out = []
-    for bench, title, torch_col in (("experts_fwd", "Forward", True),
-                                    ("experts_bwd", "Backward", False)):
+    for bench, title, torch_head in (
+            ("experts_fwd", "Forward", "torch._grouped_mm ms (TFLOP/s)"),
+            ("experts_bwd", "Backward", "torch._grouped_mm (fwd+bwd − fwd) ms (TFLOP/s)")):
         variants = series.variant_list(bench)
         rows = []
         for s in series.libmoe_shapes(bench):
             row = [s] + [ms_tflops(series, ("libmoe", bench, s, v)) for v in variants]
             row.append(series.floor_cell(bench, s))
-            if torch_col:
-                first = list(series.variants[(bench, s)])[0]
-                row += [ms_tflops(series, series.torch_key(bench, s)),
-                        ratio(series.torch(bench, s), series.get("libmoe", bench, s, first))]
+            first = list(series.variants[(bench, s)])[0]
+            row += [ms_tflops(series, series.torch_key(bench, s)),
+                    ratio(series.torch(bench, s), series.get("libmoe", bench, s, first))]
             rows.append(row)
         head = ["shape"] + [f"{v} ms (TFLOP/s)" for v in variants] + ["floor ms"]
-        if torch_col:
-            head += ["torch._grouped_mm ms (TFLOP/s)", "PyTorch / " + variants[0]]
+        head += [torch_head, "PyTorch / " + variants[0]]
         out.append(f"## {title}\n\n{table(head, rows)}\n")
     return f"""\
 The SwiGLU expert FFN of one GPU's experts on the CUDA backend, rows already grouped by expert:
@@ -264,11 +263,14 @@ out = (silu(x·W1g) * (x·W1u))·W2 for E experts of T rows each (TFLOP/s = 6·E
 both GEMMs, SwiGLU included in the time); backward: 4 GEMMs and SwiGLU's derivative (twice the
 FLOPs). Each GEMM issue mode is a column (auto: the mode the backend picks; loop: one cuBLAS
 call per expert; streams: the same on side streams; batched: one strided-batched call, equal
-rows only; "auto, SwiGLU GEMMs": auto with the opt-in `MOE_CUDA_SWIGLU_GEMM=1`, on Hopper).
+rows only; grouped: one `cublasGemmGroupedBatchedEx` a GEMM kind over the real row counts;
+hopper: the grouped sm_90a kernels for the four GEMMs whose M is the expert's rows, the dW GEMMs
+on cuBLAS; "auto, SwiGLU GEMMs": auto with the opt-in `MOE_CUDA_SWIGLU_GEMM=1`, on Hopper).
 Loads: equal rows; "routed", T + 2.5·sqrt(T)·[-1, 1) rows, about the spread of random top-k
 routing; "uneven", [0.25, 1.75)·T rows; the same total rows. Median of 20 (forward) or 10
-(backward) runs after 3 warm-up runs, CUDA events. PyTorch in the same run: two
-`torch._grouped_mm` calls with SwiGLU between them, forward, equal rows only.
+(backward) runs after 3 warm-up runs, CUDA events. PyTorch in the same run on the same row
+counts: two `torch._grouped_mm` calls with SwiGLU between them; its backward is autograd's
+forward + backward less the forward (median of 10 and of 20).
 {FLOORS}{remarks(series, recs, ("experts_fwd",))}
 
 {out[0]}
@@ -296,9 +298,12 @@ One MoE layer on one GPU (CUDA backend, the public API): router, permute, SwiGLU
 combine; "forward + backward" is one training step's share of the layer
 (`moe_layer_discard_grad`, forward, backward), "forward alone" the forward and the release of
 its saved state. Each expert GEMM issue mode is a column (auto: the mode the backend picks;
-"auto, SwiGLU GEMMs": auto with the opt-in `MOE_CUDA_SWIGLU_GEMM=1`, on Hopper). Median of 10
-steps after 2 warm-up steps, CUDA events, random bf16 x and dy; real top-k routing gives the
-experts uneven row counts. PyTorch in the same run: the same math in eager mode (router,
+hopper: the grouped sm_90a expert kernels, without padding; "auto, SwiGLU GEMMs": auto with the
+opt-in `MOE_CUDA_SWIGLU_GEMM=1`, on Hopper). Median of 10 steps after 2 warm-up steps, CUDA
+events, random bf16 x and dy; real top-k routing gives the experts uneven row counts. The
+"skewed" rows make expert popularity Zipf-like, as early training does: x gets a constant last
+feature and the router weights in its row -alpha·tau·ln(1 + e) for expert e (tau the spread of
+the other logits), in both implementations alike. PyTorch in the same run: the same math in eager mode (router,
 stable argsort permute, `torch._grouped_mm` SwiGLU, `index_add_` combine, autograd for the
 backward; `zero_grad(set_to_none=True)` and `x.grad = None` per step). The sustained figure
 (after 3 s of steps, at the clock the power cap holds the card to) is in layer-sustained.md.

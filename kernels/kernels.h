@@ -108,7 +108,7 @@ cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, i
 cudaError_t moe_cuda_swiglu_backward(void *d_hpre, const void *d_act, const void *hpre,
                                      int64_t rows, int64_t f, cudaStream_t stream);
 
-/* ---- the expert GEMMs with SwiGLU in their epilogue, Hopper only (swiglu_gemm_sm90.cu) ---- */
+/* ---- the grouped expert GEMMs, SwiGLU in the epilogue or not, Hopper only (expert_gemm_sm90.cu) */
 
 #define MOE_SWIGLU_GEMM_MAX_EXPERTS 256
 
@@ -125,6 +125,12 @@ cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const void *xp, 
 cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d_out, const void *w2,
                                           const void *hpre, const int64_t *offsets, int32_t el,
                                           int64_t h, int64_t f, cudaStream_t stream);
+/* c [R,N] = a [R,K] . b[e] for the same rows, bf16 out: b holds El row-major [K,N] matrices
+ * (b_k_major false) or El row-major [N,K] ones (true: their transposes); where the SwiGLU
+ * kernels fit, with K and N each one of H, F, 2F. */
+cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void *b, bool b_k_major,
+                                  const int64_t *offsets, int32_t el, int64_t k, int64_t n,
+                                  cudaStream_t stream);
 
 /* ---- element-wise (elementwise.cu) ---- */
 
@@ -135,6 +141,13 @@ cudaError_t moe_cuda_adamw(float *master, float *m, float *v, void *param, const
                            int64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, float grad_scale, float inv_bc1,
                            float inv_sqrt_bc2, cudaStream_t stream);
+
+/* ---- pointer arrays (pointer_upload.cu) ---- */
+
+/* dst[0..n) = src[0..n) (host-computed device pointers), written by kernels enqueued on
+ * `stream`: src may be reused as soon as this returns. */
+cudaError_t moe_cuda_upload_pointers(const void **dst, const void *const *src, int64_t n,
+                                     cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /*
- * Hopper (sm_90a) building blocks of the TMA + wgmma kernels (swiglu_gemm_sm90.cu, and the
+ * Hopper (sm_90a) building blocks of the TMA + wgmma kernels (expert_gemm_sm90.cu, and the
  * fused router's walk in router_fused.cu's sm_90a image): mbarriers, TMA tensor loads, wgmma
  * descriptors and the m64n256k16 and m64n64k16 products, the host's tensor-map encoding and
  * the check that a device runs an sm_90a image. Device code here only compiles for sm_90a: a

@@ -3,7 +3,7 @@
  * swiglu.cuh). Shape legend: R rows, F expert FFN width; hpre [R,2,F] holds gate (index 0)
  * and up (1). bf16 in and out, fp32 math; 16-byte accesses when F % 8 == 0. Memory-bound:
  * forward moves 6 bytes per output element, backward 10. With MOE_CUDA_SWIGLU_GEMM=1 on
- * Hopper the expert GEMMs carry this math in their epilogue instead (swiglu_gemm_sm90.cu).
+ * Hopper the expert GEMMs carry this math in their epilogue instead (expert_gemm_sm90.cu).
  */
 #include <cuda_bf16.h>
 

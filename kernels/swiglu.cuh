@@ -1,6 +1,6 @@
 /*
  * SwiGLU's element math, shared by the stand-alone kernels (swiglu.cu) and the GEMM epilogues
- * that fuse it (swiglu_gemm_sm90.cu), so both round and approximate alike:
+ * that fuse it (expert_gemm_sm90.cu), so both round and approximate alike:
  *   act = silu(g) * u,  silu(g) = g sigma(g)
  *   d_g = d_act * u * sigma(g) (1 + g (1 - sigma(g))),  d_u = d_act * silu(g)
  * fp32 math on bf16 values, on the SFU: __expf (relative error ~2^-21) and the approximate

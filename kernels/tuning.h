@@ -122,4 +122,20 @@
 #define MOE_TUNE_STREAMS_MIN_EXPERTS 4              /* side streams from these experts */
 #define MOE_TUNE_STREAMS_MAX_MEAN_ROWS 2048         /* ... below these mean rows each */
 
+/* Uneven rows on Hopper, where the grouped sm_90a kernels fit: those kernels (one launch a
+ * GEMM kind over the real row counts) for the GEMMs whose M is n_e, from
+ * MOE_TUNE_HOPPER_MIN_EXPERTS experts under MOE_TUNE_HOPPER_MAX_MEAN_ROWS rows each on
+ * average. Forward ms, kernels vs side streams: 64 x 512 x 2048 x 1408 uneven 0.96 vs 1.77,
+ * 128 x 256 x 2048 x 768 routed 0.64 vs 3.26; at T = 1024 they lose (32 x 1024 x 7168 x 2048
+ * routed 4.97 vs 4.75), at T >= 2048 they tie or lose by up to 5%. Their dW GEMMs on cuBLAS's
+ * grouped GEMM from MOE_TUNE_GROUPED_DW_MIN_EXPERTS experts under
+ * MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS rows each, else per expert as above. Backward ms with
+ * every GEMM on cuBLAS's grouped GEMM (mode grouped) against side streams: 128 x 256 x 2048 x
+ * 768 routed 3.11 vs 6.03, 64 x 512 x 2048 x 1408 routed 3.98 vs 3.14. docs/cuda-backend.md
+ * has the tables. */
+#define MOE_TUNE_HOPPER_MIN_EXPERTS 16              /* grouped kernels from these experts */
+#define MOE_TUNE_HOPPER_MAX_MEAN_ROWS 1024          /* ... below these mean rows each */
+#define MOE_TUNE_GROUPED_DW_MIN_EXPERTS 128         /* cuBLAS grouped dW from these experts */
+#define MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS 512       /* ... below these mean rows each */
+
 #endif /* MOE_KERNELS_TUNING_H */

@@ -557,7 +557,7 @@ static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *ro
     assert_true(cc->swiglu_gemm == (hopper && strcmp(fused, "1") == 0));
     fprintf(stderr, "experts El=%d H=%lld F=%lld mode=%s swiglu_gemm=%d rows:", el, (long long)h,
             (long long)f, mode, cc->swiglu_gemm && moe_cuda_swiglu_gemm_fits(el, h, f));
-    int64_t off[65] = {0};
+    int64_t off[129] = {0};
     for (int32_t e = 0; e < el; e++) {
         off[e + 1] = off[e] + rows_per[e];
         fprintf(stderr, " %lld", (long long)rows_per[e]);
@@ -605,6 +605,30 @@ static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *ro
     check_close("dw1 (+=)", got, ha.dw1, el * h * 2 * f, 1e-2);
     gpu_down_f32(&Q, got, ga.dw2, el * f * h);
     check_close("dw2 (+=)", got, ha.dw2, el * f * h, 1e-2);
+    /* a second run from the same inputs (gradients re-uploaded) gives the same bits: every
+     * mode's grid and reduction order depend on the shape and row counts alone */
+    int64_t n_all = r * 2 * f + r * f + 2 * r * h + el * h * 2 * f + el * f * h;
+    float *runs[2] = {malloc(4 * n_all), malloc(4 * n_all)};
+    for (int run = 0; run < 2; run++) {
+        if (run == 1) {
+            gpu_free(&Q, ga.dw1);
+            gpu_free(&Q, ga.dw2);
+            ga.dw1 = gpu_up_f32(&Q, dw1, el * h * 2 * f);
+            ga.dw2 = gpu_up_f32(&Q, dw2, el * f * h);
+            TEST_OK(Q.cuda.ops->experts_forward(Q.cuda.ctx, &ga));
+            TEST_OK(Q.cuda.ops->experts_backward(Q.cuda.ctx, &ga));
+        }
+        float *at = runs[run];
+        gpu_down_bf16(&Q, at, ga.hpre, r * 2 * f);
+        gpu_down_bf16(&Q, at += r * 2 * f, ga.act, r * f);
+        gpu_down_bf16(&Q, at += r * f, ga.out, r * h);
+        gpu_down_bf16(&Q, at += r * h, ga.d_xp, r * h);
+        gpu_down_f32(&Q, at += r * h, ga.dw1, el * h * 2 * f);
+        gpu_down_f32(&Q, at + el * h * 2 * f, ga.dw2, el * f * h);
+    }
+    assert_memory_equal(runs[0], runs[1], 4 * n_all);
+    free(runs[0]);
+    free(runs[1]);
     void *dev[] = {(void *)ga.w1, (void *)ga.w2, (void *)ga.xp, (void *)ga.d_out, ga.dw1, ga.dw2,
                    ga.hpre, ga.act, ga.out, ga.d_xp, ga.scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(&Q, dev[i]);
@@ -634,6 +658,46 @@ static void test_experts(void **state)
         run_experts_case(5, 200, 256, ragged, "auto", fused ? "1" : "0", &rng);
         run_experts_case(3, 64, 384, three, "loop", fused ? "1" : "0", &rng);
     }
+}
+
+/* The grouped mode (one cuBLAS grouped GEMM a kind, real row counts) on the loads it is for:
+ * balanced, routed (a few rows either side of the mean), uneven, experts without rows, a
+ * single hot expert; alone and beside the SwiGLU GEMMs. */
+static void test_experts_grouped(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed + 5};
+    const int64_t balanced[] = {48, 48, 48, 48}, routed[] = {60, 52, 45, 49, 55, 47, 50, 42};
+    const int64_t uneven[] = {37, 0, 130, 5, 64, 1}, zeros[] = {0, 0, 70, 0};
+    const int64_t hot[] = {1, 0, 250, 2, 1}, ragged[] = {300, 0, 129, 1, 128};
+    run_experts_case(4, 64, 96, balanced, "grouped", "0", &rng);
+    run_experts_case(8, 64, 96, routed, "grouped", "0", &rng);
+    run_experts_case(6, 64, 96, uneven, "grouped", "0", &rng);
+    run_experts_case(4, 64, 96, zeros, "grouped", "0", &rng);
+    run_experts_case(5, 72, 40, hot, "grouped", "0", &rng);
+    for (int fused = 1; fused >= 0; fused--)
+        run_experts_case(5, 200, 256, ragged, "grouped", fused ? "1" : "0", &rng);
+}
+
+/* The grouped Hopper kernels for all four GEMMs whose M is n_e (elsewhere the mode falls back
+ * to auto's choice, also checked): the same loads, M tiles cut by expert ends and by R, H not
+ * a multiple of the 256-wide N tile nor of the 64-wide K step; and auto on many small uneven
+ * experts, where it takes these kernels with cuBLAS's grouped dW GEMMs. */
+static void test_experts_hopper(void **state)
+{
+    (void)state;
+    test_rng_t rng = {seed + 6};
+    const int64_t balanced[] = {130, 130, 130, 130}, routed[] = {60, 52, 45, 49, 55, 47, 50, 42};
+    const int64_t ragged[] = {300, 0, 129, 1, 128}, zeros[] = {0, 0, 70, 0};
+    const int64_t hot[] = {1, 0, 400, 2, 1};
+    run_experts_case(4, 200, 256, balanced, "hopper", "0", &rng);
+    run_experts_case(8, 136, 128, routed, "hopper", "0", &rng);
+    run_experts_case(5, 200, 256, ragged, "hopper", "0", &rng);
+    run_experts_case(4, 64, 128, zeros, "hopper", "0", &rng);
+    run_experts_case(5, 264, 384, hot, "hopper", "0", &rng);
+    int64_t many[128];
+    for (int e = 0; e < 128; e++) many[e] = (e * 7) % 13 * 3; /* 0..36 rows, some none */
+    run_experts_case(128, 64, 128, many, "auto", "0", &rng);
 }
 
 /* ---- element-wise ------------------------------------------------------------------------ */
@@ -697,6 +761,8 @@ int main(void)
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_experts),
+        cmocka_unit_test(test_experts_grouped),
+        cmocka_unit_test(test_experts_hopper),
         cmocka_unit_test(test_elementwise),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -220,6 +220,8 @@ static cuda_gemm_mode_t gemm_mode_from_env(const moe_logger_t *logger)
     cuda_gemm_mode_t m = strcmp(v, "loop") == 0      ? CUDA_GEMM_LOOP
                          : strcmp(v, "streams") == 0 ? CUDA_GEMM_STREAMS
                          : strcmp(v, "batched") == 0 ? CUDA_GEMM_BATCHED
+                         : strcmp(v, "grouped") == 0 ? CUDA_GEMM_GROUPED
+                         : strcmp(v, "hopper") == 0  ? CUDA_GEMM_HOPPER
                                                      : CUDA_GEMM_AUTO;
     moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_EXPERT_GEMM=%s: expert GEMM mode %d", v, (int)m);
     return m;
@@ -277,6 +279,7 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     c->gemm_mode = gemm_mode_from_env(p->logger);
     c->router_mode = router_mode_from_env(p->logger);
     c->swiglu_gemm = swiglu_gemm_from_env(c->device, p->logger);
+    c->sm90_kernels = moe_cuda_swiglu_gemm_supported(c->device);
     out->ops = &cuda_ops;
     out->ctx = c;
     return MOE_STATUS_SUCCESS;

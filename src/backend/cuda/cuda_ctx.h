@@ -22,7 +22,9 @@ typedef enum cuda_gemm_mode {
     CUDA_GEMM_AUTO = 0,
     CUDA_GEMM_LOOP,      /* one cublasGemmEx per expert on the current stream */
     CUDA_GEMM_STREAMS,   /* the loop spread round-robin over the side streams */
-    CUDA_GEMM_BATCHED    /* cublasGemmStridedBatchedEx when every expert has the same rows */
+    CUDA_GEMM_BATCHED,   /* cublasGemmStridedBatchedEx when every expert has the same rows */
+    CUDA_GEMM_GROUPED,   /* one cublasGemmGroupedBatchedEx a GEMM kind, real row counts */
+    CUDA_GEMM_HOPPER     /* the grouped sm_90a kernels for the GEMMs whose M is n_e */
 } cuda_gemm_mode_t;
 
 /* How router_forward runs (MOE_CUDA_ROUTER=gemm|fused overrides AUTO). */
@@ -47,6 +49,8 @@ typedef struct cuda_ctx {
     /* the expert GEMMs next to SwiGLU carry it in their epilogue (Hopper, MOE_CUDA_SWIGLU_GEMM=1;
      * off by default: no faster, docs/cuda-backend.md) */
     bool swiglu_gemm;
+    /* the device runs the grouped sm_90a expert kernels (kernels/expert_gemm_sm90.cu) */
+    bool sm90_kernels;
     /* this backend's stream-ordered pool; it keeps freed memory (no release at each sync),
      * so the layer's per-call buffers cost no page mapping after the first step */
     cudaMemPool_t pool;

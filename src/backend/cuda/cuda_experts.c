@@ -17,12 +17,20 @@
  *   STREAMS  uneven n_e and many experts: the loop round-robin over side streams, each with
  *            its own cuBLAS handle and workspace, joined back with events.
  *   LOOP     few large experts: one cublasGemmEx after the other on the current stream.
- * Every GEMM writes a disjoint output, so all three give bitwise-identical results.
+ *   GROUPED  one cublasGemmGroupedBatchedEx per GEMM kind over the experts with rows, each a
+ *            group of one problem with its real n_e (no padding, one launch).
+ *   HOPPER   uneven n_e on Hopper: the four GEMMs whose M is n_e (hpre + SwiGLU, out, d_act +
+ *            SwiGLU', d_xp) as grouped sm_90a kernels (kernels/expert_gemm_sm90.cu), one
+ *            launch each over the real row counts; the two dW GEMMs, whose K is n_e, on cuBLAS
+ *            (dw_mode).
+ * Every GEMM writes a disjoint output, so each mode's results are the same from run to run;
+ * the first three give bitwise-identical results (the same cuBLAS kernel per expert).
  *
  * With MOE_CUDA_SWIGLU_GEMM=1 on Hopper, GEMM1 + SwiGLU forward and d_act + SwiGLU backward
- * run instead as one grouped launch each with SwiGLU in the epilogue
- * (kernels/swiglu_gemm_sm90.cu), whatever the mode; the other GEMMs are issued as above.
+ * run as those grouped kernels whatever the mode; the other GEMMs are issued as above.
  */
+#include <stdlib.h>
+
 #include "cuda_ctx.h"
 #include "../../../kernels/kernels.h"
 #include "../../../kernels/tuning.h"
@@ -101,6 +109,81 @@ static moe_status_t run_batched(cublasHandle_t h, const gemm_desc_t *g, int32_t 
     return MOE_STATUS_SUCCESS;
 }
 
+/* The pointer arrays and per-group arguments of one grouped call, on the host. */
+typedef struct grouped_args {
+    cublasOperation_t *ta, *tb;
+    int *m, *n, *k, *lda, *ldb, *ldc, *size;
+    float *alpha, *beta;
+    const void **ptr; /* A of each group, then B, then C */
+} grouped_args_t;
+
+/* GROUPED for one kind: a group for each expert with rows. Its pointer arrays reach the device
+ * through moe_cuda_upload_pointers on the stream the GEMM runs on, into the backend's
+ * workspace. *unsupported: cuBLAS's grouped GEMM lacks this kind's types (NOT_SUPPORTED), or a
+ * size is over int's range; no product was computed and the caller issues it per expert. */
+static moe_status_t run_grouped(cuda_ctx_t *c, const moe_experts_t *x, gemm_kind_t kind,
+                                bool *unsupported)
+{
+    int32_t el = x->el;
+    *unsupported = false;
+    size_t bytes = (2 * sizeof(cublasOperation_t) + 7 * sizeof(int) + 2 * sizeof(float) +
+                    3 * sizeof(void *)) * (size_t)el;
+    char *mem = malloc(bytes);
+    if (!mem)
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "grouped GEMM arguments of %zu bytes", bytes);
+    grouped_args_t g;
+    g.ptr = (const void **)mem;
+    g.ta = (cublasOperation_t *)(g.ptr + 3 * el);
+    g.tb = g.ta + el;
+    g.m = (int *)(g.tb + el);
+    g.n = g.m + el, g.k = g.n + el, g.lda = g.k + el, g.ldb = g.lda + el, g.ldc = g.ldb + el;
+    g.size = g.ldc + el;
+    g.alpha = (float *)(g.size + el);
+    g.beta = g.alpha + el;
+    int32_t groups = 0;
+    for (int32_t e = 0; e < el; e++) {
+        int64_t r0 = x->host_offsets[e], rows = x->host_offsets[e + 1] - r0;
+        if (rows == 0) continue;
+        gemm_desc_t d = describe(kind, x, e, r0, rows);
+        if (d.m > INT32_MAX || d.n > INT32_MAX || d.k > INT32_MAX || d.lda > INT32_MAX ||
+            d.ldb > INT32_MAX || d.ldc > INT32_MAX)
+            *unsupported = true;
+        g.ta[groups] = d.ta, g.tb[groups] = d.tb;
+        g.m[groups] = (int)d.m, g.n[groups] = (int)d.n, g.k[groups] = (int)d.k;
+        g.lda[groups] = (int)d.lda, g.ldb[groups] = (int)d.ldb, g.ldc[groups] = (int)d.ldc;
+        g.size[groups] = 1;
+        g.alpha[groups] = 1.0f, g.beta[groups] = d.beta;
+        g.ptr[groups] = d.a;
+        g.ptr[el + groups] = d.b;
+        g.ptr[2 * el + groups] = d.c;
+        groups++;
+    }
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    void *dev = NULL;
+    if (!*unsupported && groups > 0)
+        st = moe_cuda_workspace(c, 3 * sizeof(void *) * (size_t)el, &dev);
+    if (!*unsupported && groups > 0 && st == MOE_STATUS_SUCCESS) {
+        const void **d_ptr = dev;
+        cudaError_t rc = moe_cuda_upload_pointers(d_ptr, g.ptr, 3 * (int64_t)el, c->stream);
+        if (rc != cudaSuccess) {
+            st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "grouped GEMM pointers: %s",
+                          cudaGetErrorString(rc));
+        } else {
+            cudaDataType_t ctype = describe(kind, x, 0, 0, 1).ctype;
+            cublasStatus_t cs = cublasGemmGroupedBatchedEx(
+                c->cublas, g.ta, g.tb, g.m, g.n, g.k, g.alpha, d_ptr, CUDA_R_16BF, g.lda,
+                d_ptr + el, CUDA_R_16BF, g.ldb, g.beta, (void *const *)(d_ptr + 2 * el), ctype,
+                g.ldc, groups, g.size, CUBLAS_COMPUTE_32F);
+            if (cs == CUBLAS_STATUS_NOT_SUPPORTED) *unsupported = true;
+            else if (cs != CUBLAS_STATUS_SUCCESS)
+                st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "cublasGemmGroupedBatchedEx: %s",
+                              cublasGetStatusString(cs));
+        }
+    }
+    free(mem);
+    return st;
+}
+
 /* The rows every expert has, or -1 when they differ (or some expert has none). */
 static int64_t uniform_rows(const moe_experts_t *x)
 {
@@ -132,21 +215,49 @@ int64_t moe_cuda_expert_row_stride(void *ctx, int32_t el, const int64_t *kept)
                : 0;
 }
 
+/* The per-expert mode for uneven loads: side streams for many small experts, else the loop. */
+static cuda_gemm_mode_t per_expert_mode(const moe_experts_t *x)
+{
+    int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
+    return x->el >= MOE_TUNE_STREAMS_MIN_EXPERTS && mean_rows < MOE_TUNE_STREAMS_MAX_MEAN_ROWS
+               ? CUDA_GEMM_STREAMS
+               : CUDA_GEMM_LOOP;
+}
+
+/* HOPPER's mode for the dW GEMMs: cuBLAS's grouped GEMM for many experts of few rows (where
+ * the per-expert launches dominate), else the per-expert mode. */
+static cuda_gemm_mode_t dw_mode(const moe_experts_t *x)
+{
+    int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
+    return x->el >= MOE_TUNE_GROUPED_DW_MIN_EXPERTS &&
+                   mean_rows < MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS
+               ? CUDA_GEMM_GROUPED
+               : per_expert_mode(x);
+}
+
+static bool hopper_fits(const cuda_ctx_t *c, const moe_experts_t *x)
+{
+    return c->sm90_kernels && moe_cuda_swiglu_gemm_fits(x->el, x->h, x->f);
+}
+
 static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
 {
     int64_t uni = uniform_rows(x);
     cuda_gemm_mode_t m = c->gemm_mode;
-    if (m == CUDA_GEMM_BATCHED && uni < 0) m = CUDA_GEMM_AUTO; /* not applicable: fall back */
+    /* not applicable: fall back */
+    if ((m == CUDA_GEMM_BATCHED && uni < 0) || (m == CUDA_GEMM_HOPPER && !hopper_fits(c, x)))
+        m = CUDA_GEMM_AUTO;
     if (m != CUDA_GEMM_AUTO) return m;
-    int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
     /* Measured on the H200 (docs/cuda-backend.md; the thresholds: kernels/tuning.h): the loop
      * wins for a few large experts, strided batched whenever sizes are equal and experts are
-     * small, side streams for uneven small ones. */
+     * small, the grouped Hopper kernels for uneven small ones, else side streams. */
     if (uni > 0 && (x->el >= MOE_TUNE_BATCHED_MIN_EXPERTS || uni < MOE_TUNE_BATCHED_MAX_ROWS))
         return CUDA_GEMM_BATCHED;
-    if (x->el >= MOE_TUNE_STREAMS_MIN_EXPERTS && mean_rows < MOE_TUNE_STREAMS_MAX_MEAN_ROWS)
-        return CUDA_GEMM_STREAMS;
-    return CUDA_GEMM_LOOP;
+    int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
+    if (hopper_fits(c, x) && x->el >= MOE_TUNE_HOPPER_MIN_EXPERTS &&
+        mean_rows < MOE_TUNE_HOPPER_MAX_MEAN_ROWS)
+        return CUDA_GEMM_HOPPER;
+    return per_expert_mode(x);
 }
 
 /* Issue the GEMM kinds kinds[0..nk) for every expert with rows, in the given mode. Within one
@@ -159,6 +270,14 @@ static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm
         for (int i = 0; i < nk; i++) {
             gemm_desc_t g = describe(kinds[i], x, 0, 0, rows);
             MOE_TRY(run_batched(c->cublas, &g, x->el));
+        }
+        return MOE_STATUS_SUCCESS;
+    }
+    if (mode == CUDA_GEMM_GROUPED) {
+        for (int i = 0; i < nk; i++) {
+            bool unsupported;
+            MOE_TRY(run_grouped(c, x, kinds[i], &unsupported));
+            if (unsupported) MOE_TRY(run_experts(c, x, per_expert_mode(x), &kinds[i], 1));
         }
         return MOE_STATUS_SUCCESS;
     }
@@ -191,6 +310,13 @@ moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a)
     if (total == 0) return MOE_STATUS_SUCCESS;
     cuda_gemm_mode_t mode = choose_mode(c, a);
     static const gemm_kind_t k1[] = {FWD1}, k2[] = {FWD2};
+    if (mode == CUDA_GEMM_HOPPER) {
+        MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_forward(a->hpre, a->act, a->xp, a->w1, a->host_offsets,
+                                                    a->el, a->h, a->f, c->stream));
+        MOE_CUDA_CHECK(moe_cuda_grouped_gemm(a->out, a->act, a->w2, false, a->host_offsets, a->el,
+                                             a->f, a->h, c->stream));
+        return MOE_STATUS_SUCCESS;
+    }
     if (fused_swiglu(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_forward(a->hpre, a->act, a->xp, a->w1, a->host_offsets,
                                                     a->el, a->h, a->f, c->stream));
@@ -218,6 +344,17 @@ moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a)
     static const gemm_kind_t k1[] = {BWD_DACT, BWD_DW2}, k2[] = {BWD_DXP, BWD_DW1},
                              k_dw2[] = {BWD_DW2};
     uint16_t *d_act = a->scratch, *d_hpre = d_act + total * a->f;
+    if (mode == CUDA_GEMM_HOPPER) {
+        static const gemm_kind_t k_dw1[] = {BWD_DW1};
+        cuda_gemm_mode_t dw = dw_mode(a);
+        MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_backward(d_hpre, a->d_out, a->w2, a->hpre,
+                                                     a->host_offsets, a->el, a->h, a->f,
+                                                     c->stream));
+        MOE_TRY(run_experts(c, a, dw, k_dw2, 1));
+        MOE_CUDA_CHECK(moe_cuda_grouped_gemm(a->d_xp, d_hpre, a->w1, true, a->host_offsets, a->el,
+                                             2 * a->f, a->h, c->stream));
+        return run_experts(c, a, dw, k_dw1, 1);
+    }
     if (fused_swiglu(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_backward(d_hpre, a->d_out, a->w2, a->hpre,
                                                      a->host_offsets, a->el, a->h, a->f,

@@ -1,13 +1,17 @@
 /*
- * The two expert GEMMs that touch SwiGLU, with SwiGLU in their epilogue, for Hopper (sm_90a:
- * TMA bulk tensor copies and wgmma). Per local expert e with rows [o_e, o_e + n_e):
- *   forward   hpre = xp . w1[e]  and  act = silu(gate) * up       (one kernel)
- *   backward  d_act = d_out . w2[e]^T,  d_hpre = swiglu'(hpre, d_act)   (d_act never stored)
- * This saves the stand-alone SwiGLU kernels' passes over hpre (forward: read 2F, write F per
- * row; backward: read 3F, write 2F), which at (16384, 2048, 8192, 8, 2) cost 1.05 ms a step at
- * full memory bandwidth. Opt-in (MOE_CUDA_SWIGLU_GEMM=1): its products run at ~700 TFLOP/s
- * (forward) and ~560 (backward) where cuBLAS reaches ~770, which eats the saving, so a layer
- * step is no faster (measurements and the variants measured: docs/cuda-backend.md).
+ * Grouped expert GEMMs for Hopper (sm_90a: TMA bulk tensor copies and wgmma), one launch over
+ * every local expert with its real row count. Per local expert e with rows [o_e, o_e + n_e):
+ *   SwiGLU forward   hpre = xp . w1[e]  and  act = silu(gate) * up       (one kernel)
+ *   SwiGLU backward  d_act = d_out . w2[e]^T,  d_hpre = swiglu'(hpre, d_act)   (d_act never
+ *                    stored)
+ *   plain            C = A . B[e] with a bf16 epilogue: out = act . w2[e] (B N-major) and
+ *                    d_xp = d_hpre . w1[e]^T (B K-major), the other two GEMMs whose M is n_e
+ * The SwiGLU kinds save the stand-alone SwiGLU kernels' passes over hpre (forward: read 2F,
+ * write F per row; backward: read 3F, write 2F), which at (16384, 2048, 8192, 8, 2) cost
+ * 1.05 ms a step at full memory bandwidth; their products run at ~700 TFLOP/s (forward) and
+ * ~560 (backward) where cuBLAS reaches ~770 on equal loads. Under uneven loads, where cuBLAS
+ * runs one launch per expert, the grouped launch is what pays (kernels/tuning.h says where
+ * the backend takes it; measurements: docs/cuda-backend.md).
  *
  * One grouped launch covers every expert: the tiles of all experts are numbered in one list
  * (expert-major, then N tile, then M tile, so CTAs running together share B panels in L2) and a
@@ -15,17 +19,20 @@
  * issuing TMA loads into a 3-stage ring of 128 x 64 A and 256 x 64 B tiles (128-byte
  * swizzled), and two consumer warpgroups, each computing 64 rows x 256 columns with
  * wgmma m64n256k16 (bf16 in, f32 accumulators in registers). At the end of a tile each
- * consumer rounds its accumulators to bf16 (the values written to hpre / the d_act the unfused
- * path would store) into its staging buffer in shared memory and goes on to the next tile; the
- * staged tile goes out one 16-byte unit per thread between the next tile's k steps, through
- * swiglu.cuh's math. Rows past the expert's end are never written (a tile may read into the
- * next expert's rows, or past R, which TMA fills with zeros). The staging buffers (64 KiB)
- * leave room for three stages, not four.
+ * consumer rounds its accumulators to bf16 (the values the unfused path would store) into its
+ * staging buffer in shared memory and goes on to the next tile; the staged tile goes out one
+ * 16-byte unit per thread between the next tile's k steps (through swiglu.cuh's math for the
+ * SwiGLU kinds). Rows past the expert's end are never written (a tile may read into the next
+ * expert's rows, or past R, which TMA fills with zeros, as it fills K past its end). The
+ * staging buffers (64 KiB) leave room for three stages, not four.
  *
- * Forward tiles hold 128 gate columns and the same 128 up columns (w1 is [H, 2F] row-major,
- * so B is N-major: four 64 x 64 TMA boxes per stage, wgmma's transposed-B form). Backward tiles
- * are 256 columns of d_act (w2 is [F, H] row-major: B is K-major, one 256 x 64 box per stage).
- * Shape legend: R rows, H hidden (the K of both GEMMs), F expert width, El local experts.
+ * B's layout: w1 is [H, 2F] and w2 [F, H] row-major. SwiGLU forward tiles hold 128 gate
+ * columns and the same 128 up columns of w1 (N-major: four 64 x 64 TMA boxes per stage,
+ * wgmma's transposed-B form); the plain N-major kind (w2 for out) loads 256 contiguous columns
+ * the same way. SwiGLU backward (w2 for d_act) and the plain K-major kind (w1 for d_xp) load
+ * one 256 x 64 box of K-contiguous rows.
+ * Shape legend: R rows, H hidden, F expert width, El local experts; K and N of the plain
+ * kinds: the product's inner and output widths.
  */
 #include "kernels.h"
 #include "sm90.cuh"
@@ -50,6 +57,14 @@ struct groups_t {
     int32_t tile_start[MOE_SWIGLU_GEMM_MAX_EXPERTS + 1];
     int32_t row_start[MOE_SWIGLU_GEMM_MAX_EXPERTS + 1];
 };
+
+/* What a launch computes (see the opening comment). */
+enum kind_t { SWIGLU_FWD, SWIGLU_BWD, PLAIN_N_MAJOR_B, PLAIN_K_MAJOR_B };
+
+__host__ __device__ constexpr bool n_major_b(int kind)
+{
+    return kind == SWIGLU_FWD || kind == PLAIN_N_MAJOR_B;
+}
 
 struct tile_t {
     int32_t expert, row0, row_end, n_tile;
@@ -122,16 +137,19 @@ __device__ __forceinline__ void stage_tile(uint8_t *staging, const float (&acc)[
 /* The staged tile of one consumer warpgroup goes out one unit per thread at a time while the
  * next tile's products run, so that the epilogue's memory traffic, which every CTA reaches at
  * about the same moment, is spread over the main loop instead of stalling it (measured:
- * docs/cuda-backend.md). Forward unit: 8 gate and the same 8 up columns of a row -> hpre, act;
- * backward unit: 8 d_act columns of a row with hpre's gate and up there -> d_hpre. */
-template <bool FORWARD>
+ * docs/cuda-backend.md). SwiGLU forward unit: 8 gate and the same 8 up columns of a row ->
+ * hpre, act; SwiGLU backward unit: 8 d_act columns of a row with hpre's gate and up there ->
+ * d_hpre; plain unit: 8 columns of a row -> C. `width`: F for the SwiGLU kinds, N for the
+ * plain ones. */
+template <int KIND>
 struct drain_t {
+    static constexpr bool FORWARD = KIND == SWIGLU_FWD;
     static constexpr int UNITS = FORWARD ? 8 : 16; /* 64 rows x 16 or 32 chunks, / 128 threads */
     const uint8_t *staging;
     int64_t row_base, col0;
     int32_t row_end;
     int tid, next; /* next unit to write; UNITS: none pending */
-    uint4 g, u;    /* backward: hpre's gate and up of unit `next`, loaded one unit ahead */
+    uint4 g, u;    /* SwiGLU backward: hpre's gate and up of unit `next`, loaded one unit ahead */
 
     __device__ __forceinline__ void locate(int i, int *row, int *chunk, int64_t *r,
                                            int64_t *c) const
@@ -143,9 +161,9 @@ struct drain_t {
         *c = col0 + *chunk * 8;
     }
 
-    __device__ __forceinline__ bool valid(int64_t r, int64_t c, int64_t f) const
+    __device__ __forceinline__ bool valid(int64_t r, int64_t c, int64_t width) const
     {
-        return r < row_end && c < f;
+        return r < row_end && c < width;
     }
 
     __device__ __forceinline__ void load(const __nv_bfloat16 *hpre, int64_t f)
@@ -159,34 +177,37 @@ struct drain_t {
         }
     }
 
-    /* A finished tile is staged: its units are next; backward has L2 fetch their hpre now. */
+    /* A finished tile is staged: its units are next; SwiGLU backward has L2 fetch their hpre
+     * now. */
     __device__ __forceinline__ void start(int64_t base, int32_t end, int64_t column0,
-                                          const __nv_bfloat16 *hpre, int64_t f)
+                                          const __nv_bfloat16 *hpre, int64_t width)
     {
         row_base = base;
         row_end = end;
         col0 = column0;
         next = 0;
-        if constexpr (!FORWARD) {
+        if constexpr (KIND == SWIGLU_BWD) {
             for (int i = 0; i < UNITS; i++) {
                 int row, chunk;
                 int64_t r, c;
                 locate(i, &row, &chunk, &r, &c);
-                if (valid(r, c, f)) {
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(hpre + r * 2 * f + c));
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(hpre + r * 2 * f + f + c));
+                if (valid(r, c, width)) {
+                    const __nv_bfloat16 *gate = hpre + r * 2 * width + c;
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(gate));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(gate + width));
                 }
             }
-            load(hpre, f);
+            load(hpre, width);
         }
     }
 
-    __device__ __forceinline__ void step(__nv_bfloat16 *hpre, __nv_bfloat16 *out, int64_t f)
+    __device__ __forceinline__ void step(__nv_bfloat16 *hpre, __nv_bfloat16 *out, int64_t width)
     {
         int row, chunk;
         int64_t r, c;
         locate(next, &row, &chunk, &r, &c);
         if constexpr (FORWARD) {
+            int64_t f = width;
             if (valid(r, c, f)) {
                 uint4 gate = *(const uint4 *)(staging + staging_offset(row, chunk));
                 uint4 up = *(const uint4 *)(staging + staging_offset(row, 16 + chunk));
@@ -200,7 +221,8 @@ struct drain_t {
                 *(uint4 *)(out + r * f + c) = act;
             }
             next++;
-        } else {
+        } else if constexpr (KIND == SWIGLU_BWD) {
+            int64_t f = width;
             uint4 gate = g, up = u, dg, du;
             bool ok = valid(r, c, f);
             if (++next < UNITS) load(hpre, f); /* in flight while this unit computes */
@@ -213,21 +235,26 @@ struct drain_t {
                 *(uint4 *)(out + r * 2 * f + c) = dg;
                 *(uint4 *)(out + r * 2 * f + f + c) = du;
             }
+        } else {
+            if (valid(r, c, width))
+                *(uint4 *)(out + r * width + c) =
+                    *(const uint4 *)(staging + staging_offset(row, chunk));
+            next++;
         }
     }
 
-    __device__ __forceinline__ void finish(__nv_bfloat16 *hpre, __nv_bfloat16 *out, int64_t f)
+    __device__ __forceinline__ void finish(__nv_bfloat16 *hpre, __nv_bfloat16 *out, int64_t width)
     {
-        while (next < UNITS) step(hpre, out, f);
+        while (next < UNITS) step(hpre, out, width);
     }
 };
 
-template <bool FORWARD>
+template <int KIND>
 __global__ void __launch_bounds__(THREADS, 1)
-    swiglu_gemm(const __grid_constant__ CUtensorMap map_a,
+    expert_gemm(const __grid_constant__ CUtensorMap map_a,
                 const __grid_constant__ CUtensorMap map_b, const __grid_constant__ groups_t groups,
-                int32_t k_tiles, int64_t f, __nv_bfloat16 *__restrict__ hpre,
-                __nv_bfloat16 *__restrict__ act_or_dhpre)
+                int32_t k_tiles, int64_t width, __nv_bfloat16 *__restrict__ hpre,
+                __nv_bfloat16 *__restrict__ out)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) /* the only image built (CMakeLists.txt) */
     extern __shared__ uint8_t smem_raw[];
@@ -258,11 +285,15 @@ __global__ void __launch_bounds__(THREADS, 1)
                 mbar_expect_tx(&full[s], STAGE_BYTES);
                 uint8_t *a = ring + s * STAGE_BYTES, *b = a + A_TILE_BYTES;
                 tma_load_2d(a, &map_a, kt * BK, tile.row0, &full[s]);
-                if (FORWARD) { /* gate columns 128n.., then the same up columns F + 128n.. */
+                if (KIND == SWIGLU_FWD) { /* gate columns 128n.., then the same up F + 128n.. */
                     int32_t gate = tile.n_tile * 128;
                     for (int q = 0; q < 4; q++)
                         tma_load_3d(b + q * 8192, &map_b,
-                                    (q < 2 ? gate : (int32_t)f + gate) + (q & 1) * 64, kt * BK,
+                                    (q < 2 ? gate : (int32_t)width + gate) + (q & 1) * 64,
+                                    kt * BK, tile.expert, &full[s]);
+                } else if (KIND == PLAIN_N_MAJOR_B) { /* columns 256n.. in four 64-wide boxes */
+                    for (int q = 0; q < 4; q++)
+                        tma_load_3d(b + q * 8192, &map_b, tile.n_tile * BN + q * 64, kt * BK,
                                     tile.expert, &full[s]);
                 } else {
                     tma_load_3d(b, &map_b, kt * BK, tile.n_tile * BN, tile.expert, &full[s]);
@@ -274,10 +305,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         int cw = warpgroup - 1, tid = threadIdx.x - 128 * warpgroup, bar = 1 + cw;
         uint8_t *stage_buf = staging + cw * STAGING_BYTES;
-        drain_t<FORWARD> drain;
+        drain_t<KIND> drain;
         drain.staging = stage_buf;
         drain.tid = tid;
-        drain.next = drain_t<FORWARD>::UNITS;
+        drain.next = drain_t<KIND>::UNITS;
         float acc[128];
         int s = 0;
         uint32_t phase = 0;
@@ -292,9 +323,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; kk++) {
                     uint64_t da = smem_desc(a + kk * 32, 16, 1024);
-                    uint64_t db = FORWARD ? smem_desc(b + kk * 2048, 8192, 1024)
-                                          : smem_desc(b + kk * 32, 16, 1024);
-                    wgmma_m64n256k16<FORWARD ? 1 : 0>(acc, da, db, kt > 0 || kk > 0);
+                    uint64_t db = n_major_b(KIND) ? smem_desc(b + kk * 2048, 8192, 1024)
+                                                  : smem_desc(b + kk * 32, 16, 1024);
+                    wgmma_m64n256k16<n_major_b(KIND) ? 1 : 0>(acc, da, db, kt > 0 || kk > 0);
                 }
                 wgmma_commit();
                 if (kt > 0) { /* the previous stage's products are done: hand it back */
@@ -303,21 +334,21 @@ __global__ void __launch_bounds__(THREADS, 1)
                 }
                 /* then a unit of the staged tile, while this stage's products run (after the
                  * hand-back, so a store or load that waits does not hold the producer back) */
-                if (drain.next < drain_t<FORWARD>::UNITS) drain.step(hpre, act_or_dhpre, f);
+                if (drain.next < drain_t<KIND>::UNITS) drain.step(hpre, out, width);
                 prev = s;
                 if (++s == STAGES) { s = 0; phase ^= 1; }
             }
             wgmma_wait<0>();
             fence_acc(acc);
             if (tid % 32 == 0) mbar_arrive(&empty[prev]);
-            drain.finish(hpre, act_or_dhpre, f); /* main loops shorter than the drain */
+            drain.finish(hpre, out, width);      /* main loops shorter than the drain */
             warpgroup_bar(bar);                  /* the staging buffer is free */
             stage_tile(stage_buf, acc, tid / 32, tid % 32);
             warpgroup_bar(bar);                  /* and holds this tile */
             drain.start((int64_t)tile.row0 + 64 * cw, tile.row_end,
-                        (int64_t)tile.n_tile * (FORWARD ? 128 : BN), hpre, f);
+                        (int64_t)tile.n_tile * (KIND == SWIGLU_FWD ? 128 : BN), hpre, width);
         }
-        drain.finish(hpre, act_or_dhpre, f);
+        drain.finish(hpre, out, width);
     }
 #endif
 }
@@ -339,9 +370,29 @@ bool make_groups(groups_t *g, const int64_t *offsets, int32_t el, int32_t n_tile
     return true;
 }
 
-template <bool FORWARD>
-cudaError_t launch(const CUtensorMap &ma, const CUtensorMap &mb, const groups_t &g, int64_t h,
-                   int64_t f, void *hpre, void *out, cudaStream_t stream)
+/* The A map of R rows of K (row-major [R, K]), A_BOX-sized boxes. */
+cudaError_t map_rows(CUtensorMap *m, const void *a, int64_t rows, int64_t k)
+{
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)(rows > 0 ? rows : 1)};
+    const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {BK, BM};
+    return encode_map(m, a, 2, dims, strides, box);
+}
+
+/* The B map of El row-major [inner, outer] matrices: boxes of 64 x BK (N-major B: inner is
+ * N) or BK x BN (K-major B: inner is K). */
+cudaError_t map_weights(CUtensorMap *m, const void *b, int32_t el, int64_t inner, int64_t outer,
+                        bool n_major)
+{
+    const cuuint64_t dims[3] = {(cuuint64_t)inner, (cuuint64_t)outer, (cuuint64_t)el};
+    const cuuint64_t strides[2] = {(cuuint64_t)inner * 2, (cuuint64_t)inner * outer * 2};
+    const cuuint32_t box_n[3] = {64, BK, 1}, box_k[3] = {BK, BN, 1};
+    return encode_map(m, b, 3, dims, strides, n_major ? box_n : box_k);
+}
+
+template <int KIND>
+cudaError_t launch(const CUtensorMap &ma, const CUtensorMap &mb, const groups_t &g, int64_t k,
+                   int64_t width, void *hpre, void *out, cudaStream_t stream)
 {
     int32_t total = g.tile_start[g.count];
     if (total == 0) return cudaSuccess;
@@ -350,11 +401,12 @@ cudaError_t launch(const CUtensorMap &ma, const CUtensorMap &mb, const groups_t 
     if (err == cudaSuccess)
         err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(swiglu_gemm<FORWARD>,
+        err = cudaFuncSetAttribute(expert_gemm<KIND>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (err != cudaSuccess) return err;
-    swiglu_gemm<FORWARD><<<total < sms ? total : sms, THREADS, SMEM_BYTES, stream>>>(
-        ma, mb, g, (int32_t)((h + BK - 1) / BK), f, (__nv_bfloat16 *)hpre, (__nv_bfloat16 *)out);
+    expert_gemm<KIND><<<total < sms ? total : sms, THREADS, SMEM_BYTES, stream>>>(
+        ma, mb, g, (int32_t)((k + BK - 1) / BK), width, (__nv_bfloat16 *)hpre,
+        (__nv_bfloat16 *)out);
     return cudaGetLastError();
 }
 
@@ -362,7 +414,7 @@ cudaError_t launch(const CUtensorMap &ma, const CUtensorMap &mb, const groups_t 
 
 extern "C" bool moe_cuda_swiglu_gemm_supported(int device)
 {
-    return image_runs((const void *)swiglu_gemm<true>, device, SMEM_BYTES);
+    return image_runs((const void *)expert_gemm<SWIGLU_FWD>, device, SMEM_BYTES);
 }
 
 extern "C" bool moe_cuda_swiglu_gemm_fits(int32_t el, int64_t h, int64_t f)
@@ -378,16 +430,10 @@ extern "C" cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const
     groups_t g;
     if (!make_groups(&g, offsets, el, (int32_t)(f / 128))) return cudaErrorInvalidValue;
     CUtensorMap ma, mb;
-    const cuuint64_t da[2] = {(cuuint64_t)h, (cuuint64_t)(offsets[el] > 0 ? offsets[el] : 1)};
-    const cuuint64_t sa[1] = {(cuuint64_t)h * 2};
-    const cuuint32_t ba[2] = {BK, BM};
-    const cuuint64_t db[3] = {(cuuint64_t)(2 * f), (cuuint64_t)h, (cuuint64_t)el};
-    const cuuint64_t sb[2] = {(cuuint64_t)(2 * f) * 2, (cuuint64_t)(2 * f) * h * 2};
-    const cuuint32_t bb[3] = {64, BK, 1};
-    cudaError_t err = encode_map(&ma, xp, 2, da, sa, ba);
-    if (err == cudaSuccess) err = encode_map(&mb, w1, 3, db, sb, bb);
+    cudaError_t err = map_rows(&ma, xp, offsets[el], h);
+    if (err == cudaSuccess) err = map_weights(&mb, w1, el, 2 * f, h, true);
     if (err != cudaSuccess) return err;
-    return launch<true>(ma, mb, g, h, f, hpre, act, stream);
+    return launch<SWIGLU_FWD>(ma, mb, g, h, f, hpre, act, stream);
 }
 
 extern "C" cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d_out,
@@ -398,14 +444,24 @@ extern "C" cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d
     groups_t g;
     if (!make_groups(&g, offsets, el, (int32_t)((f + BN - 1) / BN))) return cudaErrorInvalidValue;
     CUtensorMap ma, mb;
-    const cuuint64_t da[2] = {(cuuint64_t)h, (cuuint64_t)(offsets[el] > 0 ? offsets[el] : 1)};
-    const cuuint64_t sa[1] = {(cuuint64_t)h * 2};
-    const cuuint32_t ba[2] = {BK, BM};
-    const cuuint64_t db[3] = {(cuuint64_t)h, (cuuint64_t)f, (cuuint64_t)el};
-    const cuuint64_t sb[2] = {(cuuint64_t)h * 2, (cuuint64_t)f * h * 2};
-    const cuuint32_t bb[3] = {BK, BN, 1};
-    cudaError_t err = encode_map(&ma, d_out, 2, da, sa, ba);
-    if (err == cudaSuccess) err = encode_map(&mb, w2, 3, db, sb, bb);
+    cudaError_t err = map_rows(&ma, d_out, offsets[el], h);
+    if (err == cudaSuccess) err = map_weights(&mb, w2, el, h, f, false);
     if (err != cudaSuccess) return err;
-    return launch<false>(ma, mb, g, h, f, (void *)hpre, d_hpre, stream);
+    return launch<SWIGLU_BWD>(ma, mb, g, h, f, (void *)hpre, d_hpre, stream);
+}
+
+extern "C" cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void *b,
+                                             bool b_k_major, const int64_t *offsets, int32_t el,
+                                             int64_t k, int64_t n, cudaStream_t stream)
+{
+    groups_t g;
+    if (!make_groups(&g, offsets, el, (int32_t)((n + BN - 1) / BN))) return cudaErrorInvalidValue;
+    CUtensorMap ma, mb;
+    cudaError_t err = map_rows(&ma, a, offsets[el], k);
+    if (err == cudaSuccess)
+        err = b_k_major ? map_weights(&mb, b, el, k, n, false)
+                        : map_weights(&mb, b, el, n, k, true);
+    if (err != cudaSuccess) return err;
+    return b_k_major ? launch<PLAIN_K_MAJOR_B>(ma, mb, g, k, n, NULL, c, stream)
+                     : launch<PLAIN_N_MAJOR_B>(ma, mb, g, k, n, NULL, c, stream);
 }
