@@ -6,12 +6,15 @@
 #include <sys/resource.h>
 
 #define HOST_PEAK_TFLOPS 0.05
+#define CUDA_PEAK_TFLOPS 774.0 /* the H200's measured bf16 GEMM rate (bench/results) */
 
 int metrics_open(metrics_t *mx, const trainer_t *t, double unigram_bits)
 {
     const trainer_config_t *c = t->cfg;
     memset(mx, 0, sizeof *mx);
-    double peak = c->peak_tflops > 0 ? c->peak_tflops : HOST_PEAK_TFLOPS;
+    double peak = c->peak_tflops > 0             ? c->peak_tflops
+                  : !strcmp(c->backend, "cuda") ? CUDA_PEAK_TFLOPS
+                                                : HOST_PEAK_TFLOPS;
     mx->peak_flops = peak * 1e12 * t->plan.world;
     mx->flops_per_token = model_flops_per_token(c);
     mx->tokens_per_step = (double)(c->batch * c->context);
