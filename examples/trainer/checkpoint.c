@@ -15,6 +15,7 @@ static int add_dense(moe_train_state_t *s, const model_t *m, dense_param_t *p)
 {
     moe_tensor_t v;
     moe_tensor_view(p->value, m->dtype, m->device, p->ndim, p->shape, &v);
+    v.device_index = m->device_index;
     moe_ckpt_tensor_t e = moe_ckpt_tensor_whole(p->name, &v);
     return moe_train_state_add_tensor(s, &e, MOE_PARAM_DENSE) == MOE_STATUS_SUCCESS ? 0 : -1;
 }

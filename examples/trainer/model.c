@@ -167,7 +167,7 @@ int model_create(moe_runtime_t *rt, const trainer_config_t *c, int32_t stage, in
     m->rt = rt;
     if (!(m->ops = backend_ops(rt))) return -1;
     if (moe_runtime_compute_dtype(rt, &m->dtype) != MOE_STATUS_SUCCESS ||
-        moe_runtime_device(rt, &m->device, NULL) != MOE_STATUS_SUCCESS)
+        moe_runtime_device(rt, &m->device, &m->device_index) != MOE_STATUS_SUCCESS)
         return report("runtime", "query");
     m->S = S;
     m->T = c->context;

@@ -57,6 +57,7 @@ typedef struct model {
     void *impl;                         /* the backend's state: scratch, workspaces */
     moe_dtype_t dtype;                  /* parameters and activations: F32 host, BF16 CUDA */
     moe_device_kind_t device;
+    int32_t device_index;               /* CUDA ordinal (0 on the host) */
     int64_t S, T, H, heads, N;
     int32_t microbatches, chunks;       /* chunks: virtual stages on this rank */
     int64_t blocks_per_chunk;

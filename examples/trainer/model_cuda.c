@@ -28,15 +28,14 @@
     } while (0)
 
 typedef struct cuda_act {
-    const void *in;                          /* block input [N,H] */
+    const void *in;                                      /* block input [N,H] */
     void *a, *qkvh, *probs, *o, *h1, *b, *moe_out, *out; /* bf16 */
-    float *r1, *r2;                          /* 1/rms of the two norms' inputs [N] */
+    float *r1, *r2;                                      /* 1/rms of the two norms' inputs [N] */
 } cuda_act_t;
 
 typedef struct cuda_state {
     cublasHandle_t blas;
     cudaStream_t stream;
-    int32_t device_index;
     void **owned;                 /* every device allocation, freed by destroy */
     int32_t nowned;
     attention_scratch_t att;
@@ -87,7 +86,7 @@ static moe_status_t device_tensor(const model_t *m, const void *data, moe_tensor
 {
     int64_t shape[2] = {m->N, m->H};
     TRY(moe_tensor_view((void *)data, MOE_DTYPE_BF16, MOE_DEVICE_CUDA, 2, shape, t));
-    t->device_index = ((const cuda_state_t *)m->impl)->device_index;
+    t->device_index = m->device_index;
     return MOE_STATUS_SUCCESS;
 }
 
@@ -112,12 +111,14 @@ static moe_status_t block_forward(model_t *m, block_t *b, int32_t mb, const void
     cuda_act_t *a = &((cuda_act_t *)b->act)[mb];
     attention_shape_t as = {m->S, m->T, H, m->heads};
     a->in = x;
-    TRAINER_CUDA_CHECK(dk_rmsnorm_forward(x, b->norm1.value, a->a, a->r1, N, H, NORM_EPS, cs->stream));
+    TRAINER_CUDA_CHECK(
+        dk_rmsnorm_forward(x, b->norm1.value, a->a, a->r1, N, H, NORM_EPS, cs->stream));
     TRY(gemm(m, N, 3 * H, H, op(a->a, BF, 0), op(b->wqkv.value, BF, 0), 0, cs->qkv, BF));
     TRY(attention_cuda_forward(cs->blas, &as, &cs->att, cs->qkv, a->qkvh, a->probs, a->o));
     TRY(gemm(m, N, H, H, op(a->o, BF, 0), op(b->wo.value, BF, 0), 0, a->h1, BF));
     TRAINER_CUDA_CHECK(dk_add(a->h1, x, a->h1, N * H, cs->stream));
-    TRAINER_CUDA_CHECK(dk_rmsnorm_forward(a->h1, b->norm2.value, a->b, a->r2, N, H, NORM_EPS, cs->stream));
+    TRAINER_CUDA_CHECK(
+        dk_rmsnorm_forward(a->h1, b->norm2.value, a->b, a->r2, N, H, NORM_EPS, cs->stream));
     moe_tensor_t tb, tm;
     TRY(device_tensor(m, a->b, &tb));
     TRY(device_tensor(m, a->moe_out, &tm));
@@ -138,16 +139,20 @@ static moe_status_t block_backward(model_t *m, block_t *b, int32_t mb, const voi
     TRY(device_tensor(m, cs->db, &tdb));
     TRY(moe_layer_backward(b->moe, mb, &tdy, &tdb));
     /* dh1 = dout + the second norm's backward of db */
-    TRAINER_CUDA_CHECK(dk_rmsnorm_backward(a->h1, b->norm2.value, a->r2, cs->db, dout, cs->dh1, N, H, cs->stream));
-    TRAINER_CUDA_CHECK(dk_rmsnorm_gain_grad(a->h1, a->r2, cs->db, cs->gain_partial, b->norm2.grad, N, H, cs->stream));
+    TRAINER_CUDA_CHECK(
+        dk_rmsnorm_backward(a->h1, b->norm2.value, a->r2, cs->db, dout, cs->dh1, N, H, cs->stream));
+    TRAINER_CUDA_CHECK(dk_rmsnorm_gain_grad(a->h1, a->r2, cs->db, cs->gain_partial, b->norm2.grad,
+                                            N, H, cs->stream));
     TRY(gemm(m, H, H, N, op(a->o, BF, 1), op(cs->dh1, BF, 0), 1, b->wo.grad, F32));
     TRY(gemm(m, N, H, H, op(cs->dh1, BF, 0), op(b->wo.value, BF, 1), 0, cs->d_o, BF));
     TRY(attention_cuda_backward(cs->blas, &as, &cs->att, a->qkvh, a->probs, cs->d_o, cs->qkv));
     TRY(gemm(m, H, 3 * H, N, op(a->a, BF, 1), op(cs->qkv, BF, 0), 1, b->wqkv.grad, F32));
     TRY(gemm(m, N, H, 3 * H, op(cs->qkv, BF, 0), op(b->wqkv.value, BF, 1), 0, cs->da, BF));
     /* dx = dh1 + the first norm's backward of da */
-    TRAINER_CUDA_CHECK(dk_rmsnorm_backward(a->in, b->norm1.value, a->r1, cs->da, cs->dh1, dx, N, H, cs->stream));
-    TRAINER_CUDA_CHECK(dk_rmsnorm_gain_grad(a->in, a->r1, cs->da, cs->gain_partial, b->norm1.grad, N, H, cs->stream));
+    TRAINER_CUDA_CHECK(
+        dk_rmsnorm_backward(a->in, b->norm1.value, a->r1, cs->da, cs->dh1, dx, N, H, cs->stream));
+    TRAINER_CUDA_CHECK(dk_rmsnorm_gain_grad(a->in, a->r1, cs->da, cs->gain_partial, b->norm1.grad,
+                                            N, H, cs->stream));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -177,13 +182,11 @@ static int cuda_create(model_t *m)
     size_t nh_bytes = sizeof(uint16_t) * (size_t)(N * H); /* one bf16 [N,H] */
     cuda_state_t *cs = calloc(1, sizeof *cs);
     if (!(m->impl = cs)) return -1;
-    moe_device_kind_t kind;
-    if (moe_runtime_device(m->rt, &kind, &cs->device_index) != MOE_STATUS_SUCCESS ||
-        cudaSetDevice(cs->device_index) != cudaSuccess ||
+    if (cudaSetDevice(m->device_index) != cudaSuccess ||
         cublasCreate(&cs->blas) != CUBLAS_STATUS_SUCCESS ||
         on_runtime_stream(m) != MOE_STATUS_SUCCESS) {
         fprintf(stderr, "moe_train: the CUDA model's cuBLAS handle on device %d failed\n",
-                cs->device_index);
+                m->device_index);
         return -1;
     }
     for (int64_t i = 0; i < m->chunks * m->blocks_per_chunk; i++) {
@@ -260,10 +263,13 @@ static moe_status_t cuda_forward(model_t *m, int32_t chunk, int32_t mb, const ui
         void *e = (char *)cs->embedded + (size_t)mb * sizeof(uint16_t) * (size_t)(N * H);
         sort_by_token(tokens, N, cs->order_host);
         /* from pageable memory: the copies return once the host buffers are read */
-        TRAINER_CUDA_CHECK(cudaMemcpyAsync(tok, tokens, (size_t)N, cudaMemcpyHostToDevice, cs->stream));
-        TRAINER_CUDA_CHECK(cudaMemcpyAsync(order, cs->order_host, sizeof(int32_t) * (size_t)(N + V + 1),
+        TRAINER_CUDA_CHECK(
+            cudaMemcpyAsync(tok, tokens, (size_t)N, cudaMemcpyHostToDevice, cs->stream));
+        TRAINER_CUDA_CHECK(cudaMemcpyAsync(order, cs->order_host,
+                                           sizeof(int32_t) * (size_t)(N + V + 1),
                                            cudaMemcpyHostToDevice, cs->stream));
-        TRAINER_CUDA_CHECK(dk_embed_forward(tok, m->embed.value, m->pos_embed.value, e, N, m->T, H, cs->stream));
+        TRAINER_CUDA_CHECK(
+            dk_embed_forward(tok, m->embed.value, m->pos_embed.value, e, N, m->T, H, cs->stream));
         x = e;
     }
     block_t *b = &m->blocks[(int64_t)chunk * m->blocks_per_chunk];
@@ -287,7 +293,8 @@ static moe_status_t cuda_backward(model_t *m, int32_t chunk, int32_t mb, const v
     void *next = dx ? dx : cs->next;
     for (int64_t j = m->blocks_per_chunk - 1; j >= 0; j--) {
         TRY(block_backward(m, &b[j], mb, cs->cur, next));
-        TRAINER_CUDA_CHECK(cudaMemcpyAsync(cs->cur, next, bytes, cudaMemcpyDeviceToDevice, cs->stream));
+        TRAINER_CUDA_CHECK(
+            cudaMemcpyAsync(cs->cur, next, bytes, cudaMemcpyDeviceToDevice, cs->stream));
     }
     if (!dx) {
         const int32_t *order = cs->order + (int64_t)mb * (N + V + 1);
@@ -303,16 +310,21 @@ static moe_status_t cuda_loss(model_t *m, const void *y, const uint8_t *targets,
     int64_t N = m->N, H = m->H, V = MODEL_VOCAB;
     TRY(on_runtime_stream(m));
     cuda_state_t *cs = m->impl;
-    TRAINER_CUDA_CHECK(cudaMemcpyAsync(cs->targets, targets, (size_t)N, cudaMemcpyHostToDevice, cs->stream));
-    TRAINER_CUDA_CHECK(dk_rmsnorm_forward(y, m->norm_f.value, cs->f, cs->r, N, H, NORM_EPS, cs->stream));
+    TRAINER_CUDA_CHECK(
+        cudaMemcpyAsync(cs->targets, targets, (size_t)N, cudaMemcpyHostToDevice, cs->stream));
+    TRAINER_CUDA_CHECK(
+        dk_rmsnorm_forward(y, m->norm_f.value, cs->f, cs->r, N, H, NORM_EPS, cs->stream));
     TRY(gemm(m, N, V, H, op(cs->f, BF, 0), op(m->head.value, BF, 0), 0, cs->logits, F32));
-    TRAINER_CUDA_CHECK(dk_cross_entropy(cs->logits, cs->targets, cs->row_loss, dy ? cs->dlogits : NULL,
-                                        weight / (float)N, N, V, cs->stream));
+    TRAINER_CUDA_CHECK(dk_cross_entropy(cs->logits, cs->targets, cs->row_loss,
+                                        dy ? cs->dlogits : NULL, weight / (float)N, N, V,
+                                        cs->stream));
     if (dy) {
         TRY(gemm(m, H, V, N, op(cs->f, BF, 1), op(cs->dlogits, BF, 0), 1, m->head.grad, F32));
         TRY(gemm(m, N, H, V, op(cs->dlogits, BF, 0), op(m->head.value, BF, 1), 0, cs->da, BF));
-        TRAINER_CUDA_CHECK(dk_rmsnorm_backward(y, m->norm_f.value, cs->r, cs->da, NULL, dy, N, H, cs->stream));
-        TRAINER_CUDA_CHECK(dk_rmsnorm_gain_grad(y, cs->r, cs->da, cs->gain_partial, m->norm_f.grad, N, H, cs->stream));
+        TRAINER_CUDA_CHECK(
+            dk_rmsnorm_backward(y, m->norm_f.value, cs->r, cs->da, NULL, dy, N, H, cs->stream));
+        TRAINER_CUDA_CHECK(dk_rmsnorm_gain_grad(y, cs->r, cs->da, cs->gain_partial, m->norm_f.grad,
+                                                N, H, cs->stream));
     }
     TRAINER_CUDA_CHECK(cudaMemcpyAsync(cs->row_loss_host, cs->row_loss, sizeof(float) * (size_t)N,
                                        cudaMemcpyDeviceToHost, cs->stream));
@@ -327,7 +339,8 @@ static moe_status_t cuda_clear(model_t *m, void *act)
 {
     TRY(on_runtime_stream(m));
     cuda_state_t *cs = m->impl;
-    TRAINER_CUDA_CHECK(cudaMemsetAsync(act, 0, sizeof(uint16_t) * (size_t)(m->N * m->H), cs->stream));
+    TRAINER_CUDA_CHECK(
+        cudaMemsetAsync(act, 0, sizeof(uint16_t) * (size_t)(m->N * m->H), cs->stream));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -337,8 +350,8 @@ static moe_status_t cuda_zero_dense_grads(model_t *m)
     cuda_state_t *cs = m->impl;
     for (int32_t i = 0; i < m->nparams; i++) {
         const dense_param_t *p = m->params[i];
-        TRAINER_CUDA_CHECK(cudaMemsetAsync(p->grad, 0, sizeof(float) * (size_t)(p->shape[0] * p->shape[1]),
-                                           cs->stream));
+        TRAINER_CUDA_CHECK(cudaMemsetAsync(
+            p->grad, 0, sizeof(float) * (size_t)(p->shape[0] * p->shape[1]), cs->stream));
     }
     return MOE_STATUS_SUCCESS;
 }

@@ -199,6 +199,7 @@ static int make_optimizer(trainer_t *t)
         moe_tensor_t v, g;
         moe_tensor_view(p->value, m->dtype, m->device, p->ndim, p->shape, &v);
         moe_tensor_view(p->grad, MOE_DTYPE_F32, m->device, p->ndim, p->shape, &g);
+        v.device_index = g.device_index = m->device_index;
         if (moe_adamw_add_param(t->opt, p->name, MOE_PARAM_DENSE, &v, &g) != MOE_STATUS_SUCCESS)
             return report(p->name);
     }
