@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The bundled trainer on the CUDA backend, in one call: build, the CUDA model against the host
-# model (test_trainer_cuda, then under compute-sanitizer memcheck), moe_train on one rank with
-# bench/trainer.json (MoE layers dominate: L=4 H=1024 E=32 K=2 F=2048 T=256, 32 sequences a
-# step), the same on 2 ranks sharing the GPU through MPI (ep=2), and bench/torch_trainer.py on
-# the same model and batch; $OUT/results/trainer.md from them (bench/write_results.py).
+# model (test_trainer_cuda), moe_train on one rank with bench/trainer.json (MoE layers
+# dominate: L=4 H=1024 E=32 K=2 F=2048 T=256, 32 sequences a step), the same on 2 ranks sharing
+# the GPU through MPI (ep=2), bench/torch_trainer.py on the same model and batch, and
+# test_trainer_cuda under compute-sanitizer memcheck; $OUT/results/trainer.md from the runs
+# (bench/write_results.py).
 # Usage (from the repository root, deps unpacked): bash scripts/gpu-machine/trainer.sh [phases]
-#   phases: build test sanitize one two torch (default: all)
+#   phases: build test one two torch sanitize (default: all, in this order)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 source scripts/gpu-machine/env.sh
-phases=${*:-build test sanitize one two torch}
+phases=${*:-build test one two torch sanitize}
 has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }
 status=0
 cfg=bench/trainer.json
@@ -36,15 +37,6 @@ if has test; then
   echo "test_trainer_cuda: rc=$rc"
   grep -E "step|grad rel|PASSED|FAILED|ERROR|seed" /tmp/test_trainer_cuda.log | head -40
   [ $rc -eq 0 ] || status=1
-fi
-
-if has sanitize; then
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 99 "$B/tests/test_trainer_cuda" \
-    >/tmp/sanitize_trainer.log 2>&1
-  rc=$?
-  { echo "== memcheck test_trainer_cuda rc=$rc"; cat /tmp/sanitize_trainer.log; } >>"$OUT/trainer.log"
-  echo "compute-sanitizer memcheck test_trainer_cuda: rc=$rc $(grep 'ERROR SUMMARY' /tmp/sanitize_trainer.log | tail -1)"
-  [ $rc -eq 0 ] || { status=1; grep -m5 -A8 -E "Invalid|Error" /tmp/sanitize_trainer.log; }
 fi
 
 # run_trainer <variant> <ranks> <config>: moe_train for the config's steps, its metrics'
@@ -87,6 +79,16 @@ if has torch; then
   echo "torch_trainer: rc=$rc"
   grep '^{' /tmp/torch_trainer.log | tee -a "$OUT/bench_trainer.jsonl"
   [ $rc -eq 0 ] || { status=1; tail -15 /tmp/torch_trainer.log; }
+fi
+
+# last: memcheck is the slowest part (the measurements come back even when it runs out)
+if has sanitize; then
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 "$B/tests/test_trainer_cuda" \
+    >/tmp/sanitize_trainer.log 2>&1
+  rc=$?
+  { echo "== memcheck test_trainer_cuda rc=$rc"; cat /tmp/sanitize_trainer.log; } >>"$OUT/trainer.log"
+  echo "compute-sanitizer memcheck test_trainer_cuda: rc=$rc $(grep 'ERROR SUMMARY' /tmp/sanitize_trainer.log | tail -1)"
+  [ $rc -eq 0 ] || { status=1; grep -m5 -A8 -E "Invalid|Error" /tmp/sanitize_trainer.log; }
 fi
 
 if [ -s "$OUT/bench_trainer.jsonl" ]; then
