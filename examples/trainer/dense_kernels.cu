@@ -203,16 +203,18 @@ extern "C" cudaError_t dk_add(const void *a, const void *b, void *out, int64_t n
     return cudaGetLastError();
 }
 
-/* k indexes the heads layout [parts][S][nh][T][d]; r the rows layout [S*T][parts*H]. */
-__global__ void rows_heads(const bf16 *src, bf16 *dst, int64_t S, int64_t T, int64_t H,
-                           int64_t nh, int parts, int to_heads)
+/* k indexes the heads layout [parts][S][nh][T][d]; r the rows layout [S*T][parts*H]. The
+ * index arithmetic is in I: 32-bit where the tensor allows (64-bit division is slow). */
+template <typename I>
+__global__ void rows_heads(const bf16 *src, bf16 *dst, I S, I T, I H, I nh, I parts,
+                           int to_heads)
 {
-    int64_t d = H / nh, total = (int64_t)parts * S * T * H;
-    GRID_STRIDE(k, total)
-    {
-        int64_t j = k % d, t = k / d % T, h = k / (d * T) % nh, s = k / (d * T * nh) % S;
-        int64_t p = k / (d * T * nh * S);
-        int64_t r = (s * T + t) * (parts * H) + p * H + h * d + j;
+    I d = H / nh, total = parts * S * T * H;
+    for (I k = (I)blockIdx.x * blockDim.x + threadIdx.x; k < total;
+         k += (I)gridDim.x * blockDim.x) {
+        I j = k % d, t = k / d % T, h = k / (d * T) % nh, s = k / (d * T * nh) % S;
+        I p = k / (d * T * nh * S);
+        I r = (s * T + t) * (parts * H) + p * H + h * d + j;
         if (to_heads)
             dst[k] = src[r];
         else
@@ -220,20 +222,30 @@ __global__ void rows_heads(const bf16 *src, bf16 *dst, int64_t S, int64_t T, int
     }
 }
 
+static cudaError_t layout(const void *src, void *dst, int64_t S, int64_t T, int64_t H,
+                          int64_t nh, int parts, int to_heads, cudaStream_t stream)
+{
+    int64_t total = parts * S * T * H;
+    if (total < ((int64_t)1 << 31))
+        rows_heads<uint32_t><<<grid_for(total), THREADS, 0, stream>>>(
+            (const bf16 *)src, (bf16 *)dst, (uint32_t)S, (uint32_t)T, (uint32_t)H, (uint32_t)nh,
+            (uint32_t)parts, to_heads);
+    else
+        rows_heads<int64_t><<<grid_for(total), THREADS, 0, stream>>>(
+            (const bf16 *)src, (bf16 *)dst, S, T, H, nh, (int64_t)parts, to_heads);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t dk_rows_to_heads(const void *rows, void *heads, int64_t S, int64_t T,
                                         int64_t H, int64_t nh, int parts, cudaStream_t stream)
 {
-    rows_heads<<<grid_for(parts * S * T * H), THREADS, 0, stream>>>(
-        (const bf16 *)rows, (bf16 *)heads, S, T, H, nh, parts, 1);
-    return cudaGetLastError();
+    return layout(rows, heads, S, T, H, nh, parts, 1, stream);
 }
 
 extern "C" cudaError_t dk_heads_to_rows(const void *heads, void *rows, int64_t S, int64_t T,
                                         int64_t H, int64_t nh, int parts, cudaStream_t stream)
 {
-    rows_heads<<<grid_for(parts * S * T * H), THREADS, 0, stream>>>(
-        (const bf16 *)heads, (bf16 *)rows, S, T, H, nh, parts, 0);
-    return cudaGetLastError();
+    return layout(heads, rows, S, T, H, nh, parts, 0, stream);
 }
 
 /* ---- causal softmax (a warp per row) -------------------------------------------------------- */
