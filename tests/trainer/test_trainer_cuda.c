@@ -9,12 +9,16 @@
  *
  * Bounds: bf16 keeps 8 significant bits (a rounding error up to 2^-9 = 0.2% per value). The
  * CUDA model rounds the weights once and every activation and activation gradient after each
- * op, about a dozen roundings along a block's forward and backward, which leave a few 2^-9 of
- * relative error in a gradient (bound 5e-2: ~25 x 2^-9, room for a token whose top-k choice
- * differs between the two). The loss is a mean over N tokens, whose errors average out: bound
- * 1e-2 at the first step and through the 4 updates (AdamW's update depends on the gradient's
- * sign and ratio, not its rounding, so the two trajectories stay close).
- *
+ * op, about a dozen roundings along a block's forward and backward. Measured on the H200 (two
+ * seeds): every dense gradient within 1.3e-2 but the norm2 gains'; the losses within 1.2e-4.
+ *   gradients   3e-2, except blocks.*.norm2: 0.2. norm2's gain gradient sum_t db[t] h1[t] r[t]
+ *               is the MoE layer's input gradient db alone (in every other gradient the
+ *               residual's share dominates), and the two models route a few tokens to other
+ *               experts (the inputs differ by bf16 roundings; a near tie flips), each such
+ *               token's db row differing entirely: measured 3.9e-2 to 1.0e-1. The test prints
+ *               how many slots each layer routed differently (from the per-expert counts).
+ *   losses      1e-3: a mean over N tokens, whose errors average out; through the 4 updates
+ *               too (AdamW's update follows the gradient's sign and ratio, not its rounding).
  * Also checks moe_runtime_get_stream: the runtime's own stream, then one the caller set (on
  * which the steps then run). Exits 77 without a GPU.
  */
@@ -33,8 +37,9 @@
 
 enum { S = 4, T = 64, STEPS = 4 };
 
-#define GRAD_BOUND 5e-2
-#define LOSS_BOUND 1e-2
+#define GRAD_BOUND 3e-2
+#define GAIN_THROUGH_MOE_BOUND 0.2 /* blocks.*.norm2 (see above) */
+#define LOSS_BOUND 1e-3
 
 typedef struct side {
     moe_runtime_t *rt;
@@ -117,6 +122,23 @@ static double side_pass(side_t *s, const uint8_t *tok, const uint8_t *tgt)
     return loss;
 }
 
+/* Slots each MoE layer routed to other experts on the two sides: half the summed difference
+ * of the per-expert counts (a lower bound: two swapped tokens cancel). */
+static void print_routing_differences(const side_t *host, const side_t *cuda, int64_t E)
+{
+    assert_true(E <= 64);
+    for (int64_t b = 0; b < host->m->blocks_per_chunk; b++) {
+        moe_layer_stats_t sh = {.struct_size = sizeof sh}, sc = {.struct_size = sizeof sc};
+        int64_t ch[64], cc[64];
+        TEST_OK(moe_layer_stats(host->m->blocks[b].moe, &sh, ch));
+        TEST_OK(moe_layer_stats(cuda->m->blocks[b].moe, &sc, cc));
+        int64_t moved = 0;
+        for (int64_t e = 0; e < E; e++) moved += llabs(ch[e] - cc[e]);
+        printf("  block %lld: %lld of %lld slots routed to other experts\n", (long long)b,
+               (long long)(moved / 2), (long long)sh.slots);
+    }
+}
+
 static void random_batch(test_rng_t *r, uint8_t *tok, uint8_t *tgt, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -155,6 +177,7 @@ static void test_cuda_model_equals_host(void **state)
         printf("step %d: loss host %.6f cuda %.6f rel %.2e (bound %.0e)\n", step, lh, lc, rel,
                LOSS_BOUND);
         if (!(rel <= LOSS_BOUND)) failures++;
+        if (step == 1) print_routing_differences(&host, &cuda, c.experts);
         if (step == 1)
             for (int32_t i = 0; i < host.m->nparams; i++) {
                 const dense_param_t *ph = host.m->params[i], *pc = cuda.m->params[i];
@@ -163,8 +186,9 @@ static void test_cuda_model_equals_host(void **state)
                 assert_int_equal(cudaMemcpy(g, pc->grad, sizeof(float) * (size_t)n,
                                             cudaMemcpyDeviceToHost), cudaSuccess);
                 double e = test_rel_err(g, ph->grad, n);
-                printf("  %-24s grad rel err %.2e (bound %.0e)\n", ph->name, e, GRAD_BOUND);
-                if (!(e <= GRAD_BOUND)) failures++;
+                double bound = strstr(ph->name, ".norm2") ? GAIN_THROUGH_MOE_BOUND : GRAD_BOUND;
+                printf("  %-24s grad rel err %.2e (bound %.0e)\n", ph->name, e, bound);
+                if (!(e <= bound)) failures++;
                 free(g);
             }
         TEST_OK(moe_adamw_step(host.opt, MOE_ADAMW_LR_CONFIGURED, 1.0f));
