@@ -3,7 +3,7 @@
 
 The medians over the steps after the first `--skip` (warm-up: cuBLAS heuristics, allocator
 growth) of the step time, tokens/s, MFU and rank 0's phases (forward, backward, loss,
-optimizer, pipeline wait), for bench/write_results.py's trainer.md:
+optimizer, pipeline wait, and the MoE layers' share of forward and backward), for bench/write_results.py's trainer.md:
 
     python3 bench/trainer_steps.py metrics.jsonl --shape "L=4 H=1024 ..." --variant "1 rank"
 """
@@ -11,7 +11,8 @@ import argparse
 import json
 import statistics
 
-PHASES = ("forward", "backward", "loss", "optimizer", "pipeline_wait")
+PHASES = ("forward", "backward", "loss", "optimizer", "pipeline_wait", "moe_forward",
+          "moe_backward")
 
 
 def main():
@@ -32,7 +33,7 @@ def main():
            "ms": round(1e3 * med("step_s"), 3), "tokens_per_s": round(med("tokens_per_s"), 1),
            "mfu": round(med("mfu"), 4), "steps": len(timed), "loss": round(timed[-1]["loss"], 4),
            "phases_ms": {p: round(1e3 * statistics.median(s["phases_rank0_s"][p] for s in timed), 3)
-                         for p in PHASES}}
+                         for p in PHASES if p in timed[0]["phases_rank0_s"]}}
     print(json.dumps(rec))
 
 

@@ -477,10 +477,14 @@ def trainer_body(recs):
         ref = torch_by_shape.get(shape)
         one = runs[0]  # the one-rank run: PyTorch's MFU is its MFU scaled by the step times
         rows = []
+        def with_moe(p, phase):  # "forward (its MoE layers' share)" where measured
+            share = p.get("moe_" + phase)
+            return num(p[phase]) + (f" ({num(share)})" if share is not None else "")
+
         for r in runs:
             p = r["phases_ms"]
             rows.append([f"libmoe, {r['variant']}", num(r["ms"]), num(r["tokens_per_s"]),
-                         f"{100 * r['mfu']:.1f}%", num(p["forward"]), num(p["backward"]),
+                         f"{100 * r['mfu']:.1f}%", with_moe(p, "forward"), with_moe(p, "backward"),
                          num(p["loss"]), num(p["optimizer"]), num(p["pipeline_wait"]),
                          ratio([r["ms"]], [ref["ms"]]) if ref else "—"])
         if ref:
@@ -490,7 +494,7 @@ def trainer_body(recs):
                          f"{100 * mfu:.1f}%", f"{num(p['forward'])} (with the loss)",
                          num(p["backward"]), "—", num(p["optimizer"]), "—", "1"])
         parts.append(f"### {shape}\n\n" + table(
-            ["run", "step ms", "tokens/s", "MFU", "forward ms", "backward ms", "loss ms",
+            ["run", "step ms", "tokens/s", "MFU", "forward ms (MoE)", "backward ms (MoE)", "loss ms",
              "optimizer ms", "pipeline wait ms", "step / PyTorch's"], rows) + "\n")
     return """\
 The bundled trainer (examples/trainer/) on the CUDA backend: one training step (a global batch
@@ -499,7 +503,8 @@ MoE language model, libmoe's `moe_train --backend cuda` beside the same model in
 (bench/torch_trainer.py: SDPA attention, bench/torch_moe.py's MoE layer, bf16 autocast with
 fp32 masters, fused AdamW) in the same call. Medians over the timed steps (libmoe: the metrics
 file's steps after 5 warm-up steps; PyTorch: 20 steps after 5). Phases are rank 0's, each
-phase's GPU work waited for at its end (docs/trainer.md). MFU = model FLOPs / step time / 774
+phase's GPU work waited for at its end, in brackets the MoE layers' share where measured
+(docs/trainer.md). MFU = model FLOPs / step time / 774
 TFLOP/s (the H200's measured bf16 GEMM rate; the 2-rank run shares that one GPU, so its peak
 is the same 774). The goal: libmoe's step at most 0.8x PyTorch's.
 

@@ -57,8 +57,10 @@ static void write_json(metrics_t *mx, const trainer_t *t, const step_report_t *r
             r->step_s);
     const phase_times_t *p = &r->times;
     fprintf(f, "\"phases_rank0_s\":{\"forward\":%.6f,\"backward\":%.6f,\"loss\":%.6f,"
-            "\"optimizer\":%.6f,\"pipeline_wait\":%.6f,\"checkpoint_stall\":%.6f},",
-            p->forward, p->backward, p->loss, p->optimizer, p->pipeline_wait, r->ckpt_stall_s);
+            "\"optimizer\":%.6f,\"pipeline_wait\":%.6f,\"checkpoint_stall\":%.6f,"
+            "\"moe_forward\":%.6f,\"moe_backward\":%.6f},",
+            p->forward, p->backward, p->loss, p->optimizer, p->pipeline_wait, r->ckpt_stall_s,
+            p->moe_forward, p->moe_backward);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(f, "\"max_rss_mb_rank0\":%.1f,\"layers\":[", (double)ru.ru_maxrss / 1024.0);

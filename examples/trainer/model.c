@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model_backend.h"
 
@@ -247,6 +248,42 @@ moe_status_t model_loss(model_t *m, const void *y, const uint8_t *targets, float
 }
 
 moe_status_t model_clear(model_t *m, void *act) { return m->ops->clear(m, act); }
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef moe_status_t (*layer_call_fn)(moe_layer_t *, int32_t, const moe_tensor_t *,
+                                      moe_tensor_t *);
+
+/* Run one MoE layer call between two waits for the device (none on the host), timed. */
+static moe_status_t timed(model_t *m, int which, layer_call_fn call, block_t *b, int32_t mb,
+                          const moe_tensor_t *in, moe_tensor_t *out)
+{
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    if (m->device != MOE_DEVICE_HOST) st = moe_runtime_synchronize(m->rt);
+    double t0 = seconds();
+    if (st == MOE_STATUS_SUCCESS) st = call(b->moe, mb, in, out);
+    if (st == MOE_STATUS_SUCCESS && m->device != MOE_DEVICE_HOST)
+        st = moe_runtime_synchronize(m->rt);
+    m->moe_seconds[which] += seconds() - t0;
+    return st;
+}
+
+moe_status_t model_moe_forward(model_t *m, block_t *b, int32_t mb, const moe_tensor_t *x,
+                               moe_tensor_t *y)
+{
+    return timed(m, 0, moe_layer_forward, b, mb, x, y);
+}
+
+moe_status_t model_moe_backward(model_t *m, block_t *b, int32_t mb, const moe_tensor_t *dy,
+                                moe_tensor_t *dx)
+{
+    return timed(m, 1, moe_layer_backward, b, mb, dy, dx);
+}
 
 moe_status_t model_zero_grad(model_t *m)
 {

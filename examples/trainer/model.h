@@ -66,6 +66,7 @@ typedef struct model {
     dense_param_t embed, pos_embed, norm_f, head;
     dense_param_t **params;             /* every dense parameter, registration order */
     int32_t nparams;
+    double moe_seconds[2];              /* in the MoE layers' forward, backward since zeroed */
 } model_t;
 
 /* Build the blocks of pipeline stage `stage` of `stages` (interleaved over c->virtual_stages

@@ -23,6 +23,14 @@ struct model_ops {
     moe_status_t (*zero_dense_grads)(model_t *m);
 };
 
+/* A block's MoE layer forward / backward for the backends, timed into m->moe_seconds: on a
+ * device the work enqueued before is waited for first and the layer's own after, so the time
+ * is the layer's alone (the trainer's phase split; the public API has no per-layer timer). */
+moe_status_t model_moe_forward(model_t *m, block_t *b, int32_t mb, const moe_tensor_t *x,
+                               moe_tensor_t *y);
+moe_status_t model_moe_backward(model_t *m, block_t *b, int32_t mb, const moe_tensor_t *dy,
+                                moe_tensor_t *dx);
+
 extern const model_ops_t model_host_ops;
 #ifdef TRAINER_CUDA
 extern const model_ops_t model_cuda_ops;

@@ -122,7 +122,7 @@ static moe_status_t block_forward(model_t *m, block_t *b, int32_t mb, const void
     moe_tensor_t tb, tm;
     TRY(device_tensor(m, a->b, &tb));
     TRY(device_tensor(m, a->moe_out, &tm));
-    TRY(moe_layer_forward(b->moe, mb, &tb, &tm));
+    TRY(model_moe_forward(m, b, mb, &tb, &tm));
     TRAINER_CUDA_CHECK(dk_add(a->h1, a->moe_out, a->out, N * H, cs->stream));
     return MOE_STATUS_SUCCESS;
 }
@@ -137,7 +137,7 @@ static moe_status_t block_backward(model_t *m, block_t *b, int32_t mb, const voi
     moe_tensor_t tdy, tdb;
     TRY(device_tensor(m, dout, &tdy));
     TRY(device_tensor(m, cs->db, &tdb));
-    TRY(moe_layer_backward(b->moe, mb, &tdy, &tdb));
+    TRY(model_moe_backward(m, b, mb, &tdy, &tdb));
     /* dh1 = dout + the second norm's backward of db */
     TRAINER_CUDA_CHECK(
         dk_rmsnorm_backward(a->h1, b->norm2.value, a->r2, cs->db, dout, cs->dh1, N, H, cs->stream));

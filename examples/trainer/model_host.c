@@ -150,7 +150,7 @@ static moe_status_t block_forward(model_t *m, block_t *b, int32_t mb, const floa
     moe_tensor_t tb, tm;
     TRY(host_tensor(a->b, N, H, &tb));
     TRY(host_tensor(a->moe_out, N, H, &tm));
-    TRY(moe_layer_forward(b->moe, mb, &tb, &tm));
+    TRY(model_moe_forward(m, b, mb, &tb, &tm));
     for (int64_t i = 0; i < N * H; i++) a->out[i] = a->h1[i] + a->moe_out[i];
     return MOE_STATUS_SUCCESS;
 }
@@ -167,7 +167,7 @@ static moe_status_t block_backward(model_t *m, block_t *b, int32_t mb, const flo
     moe_tensor_t tdy, tdb;
     TRY(host_tensor((float *)dout, N, H, &tdy));
     TRY(host_tensor(db, N, H, &tdb));
-    TRY(moe_layer_backward(b->moe, mb, &tdy, &tdb));
+    TRY(model_moe_backward(m, b, mb, &tdy, &tdb));
     memcpy(dh1, dout, sizeof(float) * (size_t)(N * H));
     rmsnorm_backward(a->h1, pv(&b->norm2), a->r2, db, dh1, b->norm2.grad, N, H, 1);
     matmul_grad_b(a->o, dh1, b->wo.grad, N, H, H);

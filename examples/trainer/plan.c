@@ -284,6 +284,7 @@ static void clear_stats(trainer_t *t)
                            t->stats.slots};
     for (size_t i = 0; i < 5; i++) memset(per_layer[i], 0, sizeof(double) * (size_t)L);
     memset(&t->times, 0, sizeof t->times);
+    t->model->moe_seconds[0] = t->model->moe_seconds[1] = 0;
 }
 
 moe_status_t trainer_train_step(trainer_t *t, double *loss)
@@ -302,6 +303,8 @@ moe_status_t trainer_train_step(trainer_t *t, double *loss)
         t->times.pipeline_wait = ps.wait_seconds;
         t->times.schedule = ps.schedule_seconds;
     }
+    t->times.moe_forward = t->model->moe_seconds[0];
+    t->times.moe_backward = t->model->moe_seconds[1];
     *loss = world_mean(local);
     return MOE_STATUS_SUCCESS;
 }
