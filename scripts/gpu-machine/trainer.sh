@@ -6,7 +6,8 @@
 # test_trainer_cuda under compute-sanitizer memcheck; $OUT/results/trainer.md from the runs
 # (bench/write_results.py).
 # Usage (from the repository root, deps unpacked): bash scripts/gpu-machine/trainer.sh [phases]
-#   phases: build test one two torch sanitize (default: all, in this order)
+#   phases: build test one two torch sanitize (default: all, in this order); ops: the backend's
+#   test_cuda_ops (the optimizer's ops: the gradient norm's sum of squares) after test
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 source scripts/gpu-machine/env.sh
@@ -25,7 +26,7 @@ mpi=(mpirun --oversubscribe --bind-to none)
 
 if has build; then
   device_configure >"$OUT/build.log" 2>&1 &&
-    cmake --build "$B" -j16 --target moe_train test_trainer_cuda >>"$OUT/build.log" 2>&1 ||
+    cmake --build "$B" -j16 --target moe_train test_trainer_cuda test_cuda_ops >>"$OUT/build.log" 2>&1 ||
     { echo "BUILD FAILED"; grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   echo "build ok"
 fi
@@ -36,6 +37,15 @@ if has test; then
   { echo "== test_trainer_cuda rc=$rc"; cat /tmp/test_trainer_cuda.log; } >>"$OUT/trainer.log"
   echo "test_trainer_cuda: rc=$rc"
   grep -E "step|grad rel|PASSED|FAILED|ERROR|seed" /tmp/test_trainer_cuda.log | head -40
+  [ $rc -eq 0 ] || status=1
+fi
+
+if has ops; then
+  timeout 120 "$B/tests/test_cuda_ops" >/tmp/test_cuda_ops.log 2>&1
+  rc=$?
+  { echo "== test_cuda_ops rc=$rc"; cat /tmp/test_cuda_ops.log; } >>"$OUT/trainer.log"
+  echo "test_cuda_ops: rc=$rc"
+  grep -E "sum_squares|PASSED|FAILED|ERROR" /tmp/test_cuda_ops.log | head -10
   [ $rc -eq 0 ] || status=1
 fi
 
