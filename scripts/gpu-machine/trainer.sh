@@ -6,12 +6,12 @@
 # test_trainer_cuda under compute-sanitizer memcheck; $OUT/results/trainer.md from the runs
 # (bench/write_results.py).
 # Usage (from the repository root, deps unpacked): bash scripts/gpu-machine/trainer.sh [phases]
-#   phases: build test one two torch sanitize (default: all, in this order); ops: the backend's
+#   phases: build test one torch two sanitize (default: all, in this order); ops: the backend's
 #   test_cuda_ops (the optimizer's ops: the gradient norm's sum of squares) after test
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 source scripts/gpu-machine/env.sh
-phases=${*:-build test one two torch sanitize}
+phases=${*:-build test one torch two sanitize}
 has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }
 status=0
 cfg=bench/trainer.json
@@ -71,16 +71,6 @@ if has one; then
   run_trainer "1 rank" 1 "$cfg"
 fi
 
-if has two; then
-  # ep=2 on one GPU: each rank half the batch and half the experts; the peak per rank is half
-  # the GPU's, so MFU is against the one GPU's 774 TFLOP/s
-  python3 -c "
-import json; c = json.load(open('$cfg'))
-c['mesh'] = {'ep': 2}; c.setdefault('log', {})['peak_tflops'] = 387
-json.dump(c, open('/tmp/trainer_ep2.json', 'w'))"
-  run_trainer "2 ranks sharing the GPU (ep=2, MPI)" 2 /tmp/trainer_ep2.json
-fi
-
 if has torch; then
   timeout 180 python3 bench/torch_trainer.py "$L" "$H" "$HEADS" "$T" "$E" "$K" "$F" "$B" \
     >/tmp/torch_trainer.log 2>&1
@@ -89,6 +79,16 @@ if has torch; then
   echo "torch_trainer: rc=$rc"
   grep '^{' /tmp/torch_trainer.log | tee -a "$OUT/bench_trainer.jsonl"
   [ $rc -eq 0 ] || { status=1; tail -15 /tmp/torch_trainer.log; }
+fi
+
+if has two; then
+  # ep=2 on one GPU: each rank half the batch and half the experts; the peak per rank is half
+  # the GPU's, so MFU is against the one GPU's 774 TFLOP/s
+  python3 -c "
+import json; c = json.load(open('$cfg'))
+c['mesh'] = {'ep': 2}; c.setdefault('log', {})['peak_tflops'] = 387
+json.dump(c, open('/tmp/trainer_ep2.json', 'w'))"
+  run_trainer "2 ranks sharing the GPU (ep=2, MPI)" 2 /tmp/trainer_ep2.json
 fi
 
 # last: memcheck is the slowest part (the measurements come back even when it runs out)
