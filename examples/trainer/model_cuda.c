@@ -166,7 +166,10 @@ static void cuda_destroy(model_t *m)
         m->blocks[i].act = NULL;
     }
     if (!cs) return;
-    if (cs->stream) (void)cudaStreamSynchronize(cs->stream); /* nothing in flight is freed */
+    /* the stream of the last call may be one the caller has destroyed since: move the handle
+     * to the runtime's current stream first, and wait there before freeing */
+    if (cs->blas) (void)on_runtime_stream(m);
+    (void)moe_runtime_synchronize(m->rt);
     for (int32_t i = 0; i < cs->nowned; i++) cudaFree(cs->owned[i]);
     free(cs->owned);
     free(cs->order_host);

@@ -20,7 +20,9 @@
  *   losses      1e-3: a mean over N tokens, whose errors average out; through the 4 updates
  *               too (AdamW's update follows the gradient's sign and ratio, not its rounding).
  * Also checks moe_runtime_get_stream: the runtime's own stream, then one the caller set (on
- * which the steps then run). Exits 77 without a GPU.
+ * which the steps then run), and that the CUDA model is freed after the caller has gone back
+ * to the runtime's stream and destroyed its own (the model must not touch the stream of its
+ * last call: it did, and crashed). Exits 77 without a GPU.
  */
 #include <math.h>
 #include <setjmp.h>
