@@ -4,10 +4,10 @@
 Reads the JSON lines that bench_moe, bench/torch_moe.py, bench_dist_layer and ckpt_bench
 print (other lines are skipped) and writes one Markdown file per benchmark that has libmoe
 measurements in them: router.md, experts.md, layer.md, layer-sustained.md, checkpoint.md,
-dist-layer.md. Each file says what the benchmark measures, the command, date, GPU, commit and
-software, and tables of libmoe's medians beside PyTorch's from the same input (several lines
-of one measurement, e.g. two rounds, are all shown; ratios use their median). A new run
-replaces the files:
+dist-layer.md, trainer.md (bench/trainer_steps.py beside bench/torch_trainer.py). Each file
+says what the benchmark measures, the command, date, GPU, commit and software, and tables
+of libmoe's medians beside PyTorch's from the same input (several lines of one measurement,
+e.g. two rounds, are all shown; ratios use their median). A new run replaces the files:
 
     python3 bench/write_results.py --commit 45b4cf8 --out bench/results \\
         bench_libmoe_all.jsonl bench_torch_all.jsonl
@@ -29,7 +29,8 @@ import statistics
 import sys
 from collections import OrderedDict
 
-BENCHES = ("router", "experts", "layer", "layer-sustained", "checkpoint", "dist-layer")
+BENCHES = ("router", "experts", "layer", "layer-sustained", "checkpoint", "dist-layer",
+           "trainer")
 
 # what each file's "command" line says unless --command replaces it
 # (the checkpoint's is rebuilt from its summary line)
@@ -39,6 +40,7 @@ COMMANDS = {
     "layer": "`bench_moe layer`, then `python3 bench/torch_moe.py layer`",
     "layer-sustained": "`bench_moe layer`, then `python3 bench/torch_moe.py layer`",
     "dist-layer": "`mpirun -np P bench_dist_layer N H F E K iters`",
+    "trainer": "`bash scripts/gpu-machine/trainer.sh` (moe_train, then bench/torch_trainer.py)",
 }
 
 FLOORS = ("The floor is the time the work takes at the H200's ceilings as bench_moe counts it:\n"
@@ -469,6 +471,51 @@ benchmark.
 """ + "\n".join(parts)
 
 
+def trainer_body(recs):
+    ours = [r for r in recs if r.get("bench") == "trainer_step" and not is_torch(r)]
+    if not ours:
+        return None
+    torch_by_shape = {r["shape"]: r for r in recs if r.get("bench") == "trainer_step" and is_torch(r)}
+    parts = []
+    for shape in OrderedDict((r["shape"], None) for r in ours):
+        runs = [r for r in ours if r["shape"] == shape]
+        ref = torch_by_shape.get(shape)
+        one = runs[0]  # the one-rank run: PyTorch's MFU is its MFU scaled by the step times
+        rows = []
+        def with_moe(p, phase):  # "forward (its MoE layers' share)" where measured
+            share = p.get("moe_" + phase)
+            return num(p[phase]) + (f" ({num(share)})" if share is not None else "")
+
+        for r in runs:
+            p = r["phases_ms"]
+            rows.append([f"libmoe, {r['variant']}", num(r["ms"]), num(r["tokens_per_s"]),
+                         f"{100 * r['mfu']:.1f}%", with_moe(p, "forward"), with_moe(p, "backward"),
+                         num(p["loss"]), num(p["optimizer"]), num(p["pipeline_wait"]),
+                         ratio([r["ms"]], [ref["ms"]]) if ref else "—"])
+        if ref:
+            p = ref["phases_ms"]
+            mfu = one["mfu"] * one["ms"] / ref["ms"]
+            rows.append([f"{ref['impl']} eager", num(ref["ms"]), num(ref["tokens_per_s"]),
+                         f"{100 * mfu:.1f}%", f"{num(p['forward'])} (with the loss)",
+                         num(p["backward"]), "—", num(p["optimizer"]), "—", "1"])
+        parts.append(f"### {shape}\n\n" + table(
+            ["run", "step ms", "tokens/s", "MFU", "forward ms (MoE)", "backward ms (MoE)", "loss ms",
+             "optimizer ms", "pipeline wait ms", "step / PyTorch's"], rows) + "\n")
+    return """\
+The bundled trainer (examples/trainer/) on the CUDA backend: one training step (a global batch
+of B sequences of T bytes: forward, loss, backward, AdamW with fp32 masters) of the byte-level
+MoE language model, libmoe's `moe_train --backend cuda` beside the same model in PyTorch eager
+(bench/torch_trainer.py: SDPA attention, bench/torch_moe.py's MoE layer, bf16 autocast with
+fp32 masters, fused AdamW) in the same call. Medians over the timed steps (libmoe: the metrics
+file's steps after 5 warm-up steps; PyTorch: 20 steps after 5). Phases are rank 0's, each
+phase's GPU work waited for at its end, in brackets the MoE layers' share where measured
+(docs/trainer.md). MFU = model FLOPs / step time / 774
+TFLOP/s (the H200's measured bf16 GEMM rate; the 2-rank run shares that one GPU, so its peak
+is the same 774). The goal: libmoe's step at most 0.8x PyTorch's.
+
+""" + "\n".join(parts)
+
+
 # ---- files -----------------------------------------------------------------------------------
 
 TITLES = {
@@ -478,6 +525,7 @@ TITLES = {
     "layer-sustained": "MoE layer, one GPU, under sustained load",
     "checkpoint": "Checkpoint save",
     "dist-layer": "Distributed layer: all-to-all overlap",
+    "trainer": "The bundled trainer on the CUDA backend, one GPU",
 }
 
 
@@ -486,7 +534,7 @@ def header(name, meta, recs, commands, notes):
     if meta.get("software"):
         rows.append(["software", meta["software"]])
     torch = next((r["impl"] for r in recs if is_torch(r) and r["impl"] != "torch"), None)
-    if torch and name in ("router", "experts", "layer", "layer-sustained"):
+    if torch and name in ("router", "experts", "layer", "layer-sustained", "trainer"):
         rows.append(["PyTorch", torch.replace("torch ", "")])
     rows.append(["command", commands.get(name, COMMANDS.get(name, "—"))])
     text = f"# {TITLES[name]}\n\n{table(['', ''], rows)}\n"
@@ -536,6 +584,7 @@ def main():
         "layer-sustained": lambda: layer_sustained_body(series, recs),
         "checkpoint": lambda: checkpoint_body(recs, commands),
         "dist-layer": lambda: dist_layer_body(recs),
+        "trainer": lambda: trainer_body(recs),
     }
     os.makedirs(args.out, exist_ok=True)
     written = 0

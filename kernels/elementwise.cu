@@ -1,7 +1,8 @@
 /*
- * Element-wise kernels: bf16 <-> f32 conversion and the fused AdamW update
- * (fp32 master and moments, bf16 model copy written from the updated master). n elements;
- * grid-stride loops, memory-bound (AdamW moves 4+4+4+4 bytes in, 4+4+4+2 out per element).
+ * Element-wise kernels: bf16 <-> f32 conversion, the fused AdamW update (fp32 master and
+ * moments, bf16 model copy written from the updated master) and the sum of squares of the
+ * gradient norm. n elements; grid-stride loops, memory-bound (AdamW moves 4+4+4+4 bytes in,
+ * 4+4+4+2 out per element; the sum of squares reads 4).
  */
 #include <cuda_bf16.h>
 
@@ -60,5 +61,44 @@ extern "C" cudaError_t moe_cuda_adamw(float *master, float *m, float *v, void *p
     adamw<<<grid_for(n), 256, 0, stream>>>(master, m, v, (__nv_bfloat16 *)param, grad, n, lr,
                                            beta1, beta2, eps, weight_decay, grad_scale, inv_bc1,
                                            inv_sqrt_bc2);
+    return cudaGetLastError();
+}
+
+/* The sum over a block of 256 threads' values, in a fixed tree; thread 0 gets it. */
+static __device__ double block_tree_sum(double v)
+{
+    __shared__ double part[256];
+    part[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned w = 128; w > 0; w >>= 1) {
+        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    return part[0];
+}
+
+__global__ void sum_squares_partial(const float *x, int64_t n, double *partial)
+{
+    double s = 0;
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)gridDim.x * 256)
+        s += (double)x[i] * (double)x[i];
+    s = block_tree_sum(s);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sum_squares_final(const double *partial, double *out)
+{
+    double s = 0;
+    for (int b = threadIdx.x; b < MOE_SUM_SQUARES_BLOCKS; b += 256) s += partial[b];
+    s = block_tree_sum(s);
+    if (threadIdx.x == 0) out[0] = s;
+}
+
+extern "C" cudaError_t moe_cuda_sum_squares(const float *x, int64_t n, double *partial,
+                                            double *out, cudaStream_t stream)
+{
+    /* the grid is fixed (not grid_for(n)), so the order of the sum depends on n alone */
+    sum_squares_partial<<<MOE_SUM_SQUARES_BLOCKS, 256, 0, stream>>>(x, n, partial);
+    sum_squares_final<<<1, 256, 0, stream>>>(partial, out);
     return cudaGetLastError();
 }

@@ -141,6 +141,12 @@ cudaError_t moe_cuda_adamw(float *master, float *m, float *v, void *param, const
                            int64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, float grad_scale, float inv_bc1,
                            float inv_sqrt_bc2, cudaStream_t stream);
+/* out[0] = sum of x[i]^2 in fp64: MOE_SUM_SQUARES_BLOCKS fixed partial sums (each thread a
+ * fixed stride of x, each block a fixed tree), then one block's tree over them; partial is
+ * device scratch of MOE_SUM_SQUARES_BLOCKS doubles, out a device double. */
+#define MOE_SUM_SQUARES_BLOCKS 512
+cudaError_t moe_cuda_sum_squares(const float *x, int64_t n, double *partial, double *out,
+                                 cudaStream_t stream);
 
 /* ---- pointer arrays (pointer_upload.cu) ---- */
 

@@ -11,10 +11,11 @@ static int report(const char *what)
     return -1;
 }
 
-static int add_dense(moe_train_state_t *s, dense_param_t *p)
+static int add_dense(moe_train_state_t *s, const model_t *m, dense_param_t *p)
 {
     moe_tensor_t v;
-    moe_tensor_view(p->value, MOE_DTYPE_F32, MOE_DEVICE_HOST, p->ndim, p->shape, &v);
+    moe_tensor_view(p->value, m->dtype, m->device, p->ndim, p->shape, &v);
+    v.device_index = m->device_index;
     moe_ckpt_tensor_t e = moe_ckpt_tensor_whole(p->name, &v);
     return moe_train_state_add_tensor(s, &e, MOE_PARAM_DENSE) == MOE_STATUS_SUCCESS ? 0 : -1;
 }
@@ -38,7 +39,7 @@ int trainer_ckpt_open(trainer_ckpt_t *k, trainer_t *t, const char *dir)
         return report("moe_train_state_create");
     model_t *m = t->model;
     for (int32_t i = 0; i < m->nparams; i++)
-        if (add_dense(k->state, m->params[i])) return report(m->params[i]->name);
+        if (add_dense(k->state, m, m->params[i])) return report(m->params[i]->name);
     for (int64_t i = 0; i < m->chunks * m->blocks_per_chunk; i++) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "blocks.%lld.moe.", (long long)m->blocks[i].index);

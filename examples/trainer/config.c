@@ -47,7 +47,7 @@ static const knob_t knobs[] = {
     {"train.microbatches", NULL, K_INT, OFF(microbatches), 0, "microbatches m per batch"},
     {"train.virtual_stages", NULL, K_INT, OFF(virtual_stages), 0, "interleaved 1F1B chunks"},
     {"train.seed", "--seed", K_INT, OFF(seed), 0, "parameters and batches"},
-    {"train.backend", "--backend", K_STR, STR(backend), "host (the dense model's backend)"},
+    {"train.backend", "--backend", K_STR, STR(backend), "host (fp32 C) or cuda (bf16 on the GPU)"},
     {"optim.lr", "--lr", K_FLOAT, OFF(lr), 0, "peak learning rate"},
     {"optim.beta1", NULL, K_FLOAT, OFF(beta1), 0, "AdamW beta1"},
     {"optim.beta2", NULL, K_FLOAT, OFF(beta2), 0, "AdamW beta2"},
@@ -337,8 +337,9 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
 
 int trainer_config_validate(const trainer_config_t *c, int world, char *err, size_t len)
 {
-    NEED(!strcmp(c->backend, "host"), "train.backend: \"%s\" is not served by this trainer "
-         "(host: the C reference of the dense model)", c->backend);
+    NEED(!strcmp(c->backend, "host") || !strcmp(c->backend, "cuda"),
+         "train.backend: \"%s\" is not served by this trainer (host: the C reference in fp32; "
+         "cuda: bf16 on the GPU)", c->backend);
     NEED(c->layers >= 1, "model.layers: %lld; must be >= 1", (long long)c->layers);
     NEED(c->hidden >= 1 && c->heads >= 1 && c->hidden % c->heads == 0,
          "model.hidden (%lld) must be a positive multiple of model.heads (%lld)",

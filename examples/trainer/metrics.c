@@ -6,12 +6,15 @@
 #include <sys/resource.h>
 
 #define HOST_PEAK_TFLOPS 0.05
+#define CUDA_PEAK_TFLOPS 774.0 /* the H200's measured bf16 GEMM rate (bench/results) */
 
 int metrics_open(metrics_t *mx, const trainer_t *t, double unigram_bits)
 {
     const trainer_config_t *c = t->cfg;
     memset(mx, 0, sizeof *mx);
-    double peak = c->peak_tflops > 0 ? c->peak_tflops : HOST_PEAK_TFLOPS;
+    double peak = c->peak_tflops > 0             ? c->peak_tflops
+                  : !strcmp(c->backend, "cuda") ? CUDA_PEAK_TFLOPS
+                                                : HOST_PEAK_TFLOPS;
     mx->peak_flops = peak * 1e12 * t->plan.world;
     mx->flops_per_token = model_flops_per_token(c);
     mx->tokens_per_step = (double)(c->batch * c->context);
@@ -54,8 +57,10 @@ static void write_json(metrics_t *mx, const trainer_t *t, const step_report_t *r
             r->step_s);
     const phase_times_t *p = &r->times;
     fprintf(f, "\"phases_rank0_s\":{\"forward\":%.6f,\"backward\":%.6f,\"loss\":%.6f,"
-            "\"optimizer\":%.6f,\"pipeline_wait\":%.6f,\"checkpoint_stall\":%.6f},",
-            p->forward, p->backward, p->loss, p->optimizer, p->pipeline_wait, r->ckpt_stall_s);
+            "\"optimizer\":%.6f,\"pipeline_wait\":%.6f,\"checkpoint_stall\":%.6f,"
+            "\"moe_forward\":%.6f,\"moe_backward\":%.6f},",
+            p->forward, p->backward, p->loss, p->optimizer, p->pipeline_wait, r->ckpt_stall_s,
+            p->moe_forward, p->moe_backward);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(f, "\"max_rss_mb_rank0\":%.1f,\"layers\":[", (double)ru.ru_maxrss / 1024.0);

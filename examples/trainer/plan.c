@@ -15,6 +15,14 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Seconds since t0 of a phase's work: on the CUDA backend the work enqueued so far is waited
+ * for first, so each phase is charged its own GPU time rather than whichever phase syncs. */
+static double phase_end(trainer_t *t, double t0)
+{
+    if (t->model->device != MOE_DEVICE_HOST) (void)moe_runtime_synchronize(t->rt);
+    return now() - t0;
+}
+
 /* Global sequence index of sequence i of microbatch mb on this data rank (see plan.h). */
 static int64_t global_sequence(const trainer_t *t, int32_t mb, int64_t i)
 {
@@ -74,7 +82,7 @@ static moe_status_t cb_forward(void *user, int32_t chunk, int32_t mb, const moe_
     if (!x) load_microbatch(t, mb);
     moe_status_t st = model_forward(t->model, chunk, mb, t->tokens, x ? x->data : NULL, y->data);
     if (st == MOE_STATUS_SUCCESS && !t->eval) record_stats(t, chunk);
-    t->times.forward += now() - t0;
+    t->times.forward += phase_end(t, t0);
     return st;
 }
 
@@ -88,8 +96,8 @@ static moe_status_t cb_loss(void *user, int32_t mb, const moe_tensor_t *y, moe_t
     float weight = 1.0f / (float)t->plan.data_ranks;
     moe_status_t st = model_loss(t->model, y->data, t->targets, weight,
                                  t->eval ? NULL : dy->data, loss);
-    if (t->eval) memset(dy->data, 0, sizeof(float) * (size_t)moe_tensor_numel(dy));
-    t->times.loss += now() - t0;
+    if (t->eval && st == MOE_STATUS_SUCCESS) st = model_clear(t->model, dy->data);
+    t->times.loss += phase_end(t, t0);
     return st;
 }
 
@@ -99,12 +107,11 @@ static moe_status_t cb_backward(void *user, int32_t chunk, int32_t mb, const moe
     trainer_t *t = user;
     if (t->eval) { /* every rank skips the layers' backward alike: no collective is missed */
         model_release(t->model, chunk, mb);
-        if (dx) memset(dx->data, 0, sizeof(float) * (size_t)moe_tensor_numel(dx));
-        return MOE_STATUS_SUCCESS;
+        return dx ? model_clear(t->model, dx->data) : MOE_STATUS_SUCCESS;
     }
     double t0 = now();
     moe_status_t st = model_backward(t->model, chunk, mb, dy->data, dx ? dx->data : NULL);
-    t->times.backward += now() - t0;
+    t->times.backward += phase_end(t, t0);
     return st;
 }
 
@@ -121,7 +128,7 @@ static moe_status_t cb_step(void *user, float grad_scale)
     double t0 = now();
     float scale = grad_scale * (float)t->plan.data_ranks; /* undoes the group's average */
     moe_status_t st = moe_adamw_step(t->opt, MOE_ADAMW_LR_CONFIGURED, scale);
-    t->times.optimizer += now() - t0;
+    t->times.optimizer += phase_end(t, t0);
     return st;
 }
 
@@ -149,7 +156,7 @@ static int make_runtime(trainer_t *t)
     mc.pp = (int32_t)c->pp;
     mc.comm = MOE_COMM_MPI;
     moe_runtime_config_t rc = moe_runtime_config_default();
-    rc.backend = MOE_BACKEND_HOST;
+    rc.backend = !strcmp(c->backend, "cuda") ? MOE_BACKEND_CUDA : MOE_BACKEND_HOST;
     rc.seed = (uint64_t)c->seed;
     rc.mesh = &mc;
     if (moe_runtime_create(&rc, &t->rt) != MOE_STATUS_SUCCESS) return report("moe_runtime_create");
@@ -190,8 +197,9 @@ static int make_optimizer(trainer_t *t)
     for (int32_t i = 0; i < m->nparams; i++) {
         dense_param_t *p = m->params[i];
         moe_tensor_t v, g;
-        moe_tensor_view(p->value, MOE_DTYPE_F32, MOE_DEVICE_HOST, p->ndim, p->shape, &v);
-        moe_tensor_view(p->grad, MOE_DTYPE_F32, MOE_DEVICE_HOST, p->ndim, p->shape, &g);
+        moe_tensor_view(p->value, m->dtype, m->device, p->ndim, p->shape, &v);
+        moe_tensor_view(p->grad, MOE_DTYPE_F32, m->device, p->ndim, p->shape, &g);
+        v.device_index = g.device_index = m->device_index;
         if (moe_adamw_add_param(t->opt, p->name, MOE_PARAM_DENSE, &v, &g) != MOE_STATUS_SUCCESS)
             return report(p->name);
     }
@@ -212,7 +220,7 @@ static int make_pipeline(trainer_t *t)
     pc.act_ndim = 2;
     pc.act_shape[0] = t->model->N;
     pc.act_shape[1] = t->model->H;
-    pc.act_dtype = MOE_DTYPE_F32;
+    pc.act_dtype = t->model->dtype; /* the stage boundaries carry the compute dtype */
     moe_pipeline_callbacks_t cb = {.forward = cb_forward, .loss = cb_loss,
                                    .backward = cb_backward, .zero_grad = cb_zero_grad,
                                    .step = cb_step, .abandon = cb_abandon, .user = t};
@@ -276,6 +284,7 @@ static void clear_stats(trainer_t *t)
                            t->stats.slots};
     for (size_t i = 0; i < 5; i++) memset(per_layer[i], 0, sizeof(double) * (size_t)L);
     memset(&t->times, 0, sizeof t->times);
+    t->model->moe_seconds[0] = t->model->moe_seconds[1] = 0;
 }
 
 moe_status_t trainer_train_step(trainer_t *t, double *loss)
@@ -294,6 +303,8 @@ moe_status_t trainer_train_step(trainer_t *t, double *loss)
         t->times.pipeline_wait = ps.wait_seconds;
         t->times.schedule = ps.schedule_seconds;
     }
+    t->times.moe_forward = t->model->moe_seconds[0];
+    t->times.moe_backward = t->model->moe_seconds[1];
     *loss = world_mean(local);
     return MOE_STATUS_SUCCESS;
 }

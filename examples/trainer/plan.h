@@ -47,7 +47,8 @@ typedef struct layer_stats {
 } layer_stats_t;
 
 typedef struct phase_times {
-    double forward, backward, loss, moe, optimizer, pipeline_wait, schedule;
+    double forward, backward, loss, optimizer, pipeline_wait, schedule;
+    double moe_forward, moe_backward; /* the MoE layers' share of forward and backward */
 } phase_times_t;
 
 typedef struct trainer {

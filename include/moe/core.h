@@ -198,6 +198,10 @@ MOE_API moe_status_t moe_runtime_compute_dtype(const moe_runtime_t *rt, moe_dtyp
  * runtime's own stream. Host backend: ignored. Work is ordered on this stream, so callers
  * must synchronise it (or moe_runtime_synchronize) before reading results on the host. */
 MOE_API moe_status_t moe_runtime_set_stream(moe_runtime_t *rt, void *cuda_stream);
+/* [out] cuda_stream: the cudaStream_t (as void *) libmoe enqueues on now (the one set, else
+ * the runtime's own), so a caller's kernels and cuBLAS calls can be ordered with libmoe's;
+ * NULL on the host backend. Not collective. */
+MOE_API moe_status_t moe_runtime_get_stream(const moe_runtime_t *rt, void **cuda_stream);
 MOE_API moe_status_t moe_runtime_synchronize(moe_runtime_t *rt);
 
 /* Change logging after creation. */

@@ -48,6 +48,7 @@ SIGNATURES = {
     "moe_runtime_device": (STATUS, [_vp, _pe, _pi32]),
     "moe_runtime_compute_dtype": (STATUS, [_vp, _pe]),
     "moe_runtime_set_stream": (STATUS, [_vp, _vp]),
+    "moe_runtime_get_stream": (STATUS, [_vp, _pvp]),
     "moe_runtime_synchronize": (STATUS, [_vp]),
     "moe_runtime_set_log": (STATUS, [_vp, _e, S.LOG_FN, _vp]),
     "moe_runtime_get_async_error": (RAW, [_vp, C.c_char_p, C.c_size_t]),

@@ -119,6 +119,13 @@ class Runtime(Handle):
         self._lib.moe_runtime_set_stream(self.ptr, pointer)
         self.stream = pointer
 
+    def get_stream(self):
+        """The cudaStream_t libmoe enqueues on now (an address: the one set, else the
+        runtime's own), to order other work with libmoe's; None on the host backend."""
+        out = C.c_void_p()
+        self._lib.moe_runtime_get_stream(self.ptr, C.byref(out))
+        return out.value
+
     def synchronize(self):
         self._lib.moe_runtime_synchronize(self.ptr)
 

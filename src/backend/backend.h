@@ -205,6 +205,11 @@ typedef struct moe_backend_ops {
     moe_status_t (*experts_forward)(void *ctx, const moe_experts_t *a);
     moe_status_t (*experts_backward)(void *ctx, const moe_experts_t *a);
     moe_status_t (*adamw_update)(void *ctx, const moe_adamw_update_t *a);
+    /* *out = sum of x[i]^2 over n f32 values on the backend's device, accumulated in fp64 in
+     * an order fixed by n alone (the same result run to run; the two backends' orders differ,
+     * so their results may differ in the last bits). Blocking: *out is set on return. The
+     * gradient norm for clipping. */
+    moe_status_t (*sum_squares)(void *ctx, const float *x, int64_t n, double *out);
 } moe_backend_ops_t;
 
 typedef struct moe_backend {

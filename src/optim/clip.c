@@ -1,6 +1,5 @@
 /* The global gradient norm for clipping (see clip.h). */
 #include <math.h>
-#include <stdlib.h>
 
 #include "clip.h"
 
@@ -19,23 +18,8 @@ moe_status_t moe_grad_sq_share(moe_runtime_t *rt, const moe_param_info_t *info, 
     int64_t n = moe_tensor_numel(&info->grad);
     if (n <= 0 || info->kind == MOE_PARAM_BUFFER || !counts_here(rt->mesh, info))
         return MOE_STATUS_SUCCESS;
-    const float *g = info->grad.data;
-    float *copy = NULL;
-    if (info->grad.device != MOE_DEVICE_HOST) {
-        copy = malloc(sizeof(float) * (size_t)n);
-        if (!copy) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "gradient copy for %s", info->name);
-        moe_status_t st = MOE_OPS(rt)->copy(MOE_CTX(rt), copy, g, sizeof(float) * (size_t)n);
-        if (st != MOE_STATUS_SUCCESS) {
-            free(copy);
-            return st;
-        }
-        g = copy;
-    }
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
-    free(copy);
-    *sq = s;
-    return MOE_STATUS_SUCCESS;
+    /* on the gradient's device: a copy to the host would move every gradient each step */
+    return MOE_OPS(rt)->sum_squares(MOE_CTX(rt), info->grad.data, n, sq);
 }
 
 moe_status_t moe_grad_norm_reduce(moe_runtime_t *rt, double share, double *norm)

@@ -15,7 +15,7 @@
 #include "../runtime/runtime.h"
 
 /* This rank's share of the squared norm of one parameter's gradient (0 where another replica
- * counts it). Reads the gradient on the host (a copy from the device on CUDA). */
+ * counts it), summed on the gradient's device (the backend's sum_squares). */
 moe_status_t moe_grad_sq_share(moe_runtime_t *rt, const moe_param_info_t *info, double *sq);
 /* sqrt of the sum of every rank's share. Collective over the world. */
 moe_status_t moe_grad_norm_reduce(moe_runtime_t *rt, double share, double *norm);

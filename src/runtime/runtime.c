@@ -202,6 +202,15 @@ moe_status_t moe_runtime_set_stream(moe_runtime_t *rt, void *cuda_stream)
     return MOE_OPS(rt)->set_stream(MOE_CTX(rt), cuda_stream);
 }
 
+moe_status_t moe_runtime_get_stream(const moe_runtime_t *rt, void **cuda_stream)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(cuda_stream != NULL, "cuda_stream is NULL");
+    *cuda_stream = MOE_OPS(rt)->stream(MOE_CTX(rt));
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_runtime_synchronize(moe_runtime_t *rt)
 {
     moe_error_clear();

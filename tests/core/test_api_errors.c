@@ -96,6 +96,11 @@ static void test_runtime_bad_input(void **state)
     TEST_OK(moe_runtime_synchronize(rt));
     EXPECT_FAIL(MOE_STATUS_INVALID_HANDLE, "runtime is NULL", moe_runtime_synchronize(NULL));
     EXPECT_FAIL(MOE_STATUS_INVALID_HANDLE, "runtime is NULL", moe_runtime_set_stream(NULL, NULL));
+    void *stream = &stream; /* the host backend has no stream: the getter says NULL */
+    TEST_OK(moe_runtime_get_stream(rt, &stream));
+    assert_null(stream);
+    EXPECT_FAIL(MOE_STATUS_INVALID_HANDLE, "runtime is NULL", moe_runtime_get_stream(NULL, &stream));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "cuda_stream is NULL", moe_runtime_get_stream(rt, NULL));
     TEST_OK(moe_runtime_destroy(rt));
 }
 

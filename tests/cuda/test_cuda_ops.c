@@ -744,6 +744,17 @@ static void test_elementwise(void **state)
     CUDA(f32_to_act, back, f32, n);
     gpu_down_bf16(&P, got, back, n);
     assert_memory_equal(got, a, 4 * n);
+    /* the gradient norm's sum of squares: fp64 on both sides, in different orders */
+    double sq_host, sq_gpu, sq_again;
+    TEST_OK(P.host.ops->sum_squares(P.host.ctx, grad, n, &sq_host));
+    TEST_OK(P.cuda.ops->sum_squares(P.cuda.ctx, ggrad, n, &sq_gpu));
+    TEST_OK(P.cuda.ops->sum_squares(P.cuda.ctx, ggrad, n, &sq_again));
+    printf("sum_squares: host %.17g cuda %.17g\n", sq_host, sq_gpu);
+    assert_true(fabs(sq_gpu - sq_host) <= 1e-12 * sq_host);
+    assert_memory_equal(&sq_again, &sq_gpu, sizeof sq_gpu); /* the same order run to run */
+    double sq_empty = -1;
+    TEST_OK(P.cuda.ops->sum_squares(P.cuda.ctx, ggrad, 0, &sq_empty));
+    assert_true(sq_empty == 0);
     void *dev[] = {gmaster, gm, gv, ggrad, gparam, ga16, f32, back};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(&P, dev[i]);
     void *hostp[] = {master, m, grad, v, param, got, a};

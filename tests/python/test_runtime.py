@@ -17,6 +17,7 @@ class RuntimeTest(unittest.TestCase):
             self.assertEqual((rt.axis("ep"), rt.axis(libmoe.Axis.WORLD)), ((0, 1), (0, 1)))
             self.assertEqual((rt.rank, rt.world_size), (0, 1))
             rt.set_stream(None)  # the host backend ignores streams
+            self.assertIsNone(rt.get_stream())  # and has none
             rt.synchronize()
             self.assertEqual(rt.async_error(), (libmoe.Status.SUCCESS, ""))
         with libmoe.Runtime() as rt:  # auto: the host backend on a machine without a GPU

@@ -6,6 +6,11 @@ if(TARGET moe_trainer_core)
   moe_add_test(test_trainer_grad SOURCES ${_trainer_dir}/test_trainer_grad.c LABELS trainer
                TIMEOUT 60)
   target_link_libraries(test_trainer_grad PRIVATE moe_trainer_core)
+  if(MOE_HAVE_CUDA) # the CUDA model against the host one; skips (77) without a GPU
+    moe_add_test(test_trainer_cuda SOURCES ${_trainer_dir}/test_trainer_cuda.c LABELS trainer cuda gpu
+                 TIMEOUT 120)
+    target_link_libraries(test_trainer_cuda PRIVATE moe_trainer_core)
+  endif()
   add_executable(compare_checkpoints ${_trainer_dir}/compare_checkpoints.c)
   target_link_libraries(compare_checkpoints PRIVATE moe_trainer_core moe_static)
   find_package(Python3 COMPONENTS Interpreter)

@@ -200,6 +200,7 @@ static const moe_backend_ops_t cuda_ops = {
     .experts_forward = moe_cuda_experts_forward,
     .experts_backward = moe_cuda_experts_backward,
     .adamw_update = moe_cuda_adamw_op,
+    .sum_squares = moe_cuda_sum_squares_op,
 };
 
 /* A cuBLAS handle on `stream` with its own workspace (deterministic: no atomics mode). */

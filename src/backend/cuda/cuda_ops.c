@@ -189,6 +189,19 @@ moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a)
     return MOE_STATUS_SUCCESS;
 }
 
+moe_status_t moe_cuda_sum_squares_op(void *ctx, const float *x, int64_t n, double *out)
+{
+    cuda_ctx_t *c = ctx;
+    void *ws;
+    /* the partials and the sum in the workspace; 8 bytes come back */
+    MOE_TRY(moe_cuda_workspace(c, sizeof(double) * (MOE_SUM_SQUARES_BLOCKS + 1), &ws));
+    double *partial = ws, *sum = partial + MOE_SUM_SQUARES_BLOCKS;
+    MOE_CUDA_CHECK(moe_cuda_sum_squares(x, n, partial, sum, c->stream));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(out, sum, sizeof *out, cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_cuda_act_to_f32(void *ctx, float *dst, const void *src, int64_t n)
 {
     cuda_ctx_t *c = ctx;

@@ -45,6 +45,15 @@ static moe_status_t host_copy(void *ctx, void *dst, const void *src, size_t byte
     return MOE_STATUS_SUCCESS;
 }
 
+static moe_status_t host_sum_squares(void *ctx, const float *x, int64_t n, double *out)
+{
+    (void)ctx;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    *out = s;
+    return MOE_STATUS_SUCCESS;
+}
+
 static moe_status_t host_nothing(void *ctx)
 {
     (void)ctx;
@@ -103,6 +112,7 @@ static const moe_backend_ops_t host_ops = {
     .experts_forward = moe_host_experts_forward,
     .experts_backward = moe_host_experts_backward,
     .adamw_update = moe_host_adamw_update,
+    .sum_squares = host_sum_squares,
 };
 
 moe_status_t moe_backend_host_create(const moe_backend_params_t *p, moe_backend_t *out)
