@@ -65,7 +65,7 @@ MOE_API moe_status_t moe_elastic_member_create_from_env(int32_t rank, moe_elasti
  * than the TTL, or etcd is gone) is returned here and by every later call. */
 MOE_API moe_status_t moe_elastic_member_report(moe_elastic_member_t *m, moe_elastic_phase_t phase,
                                                int64_t step);
-/* Writes <prefix>/exit/<slot> = {"rank", "slot", "code", "cause"} at once (no lease: the key
+/* Writes <prefix>/exit/<slot> = {"rank", "slot", "code", "step" (the last reported), "cause"} at once (no lease: the key
  * outlives the process), before the program exits with `code` (0: done; MOE_EXIT_PEER_LOST: a
  * peer was lost; other: this rank failed). cause may be NULL. */
 MOE_API moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t code,

@@ -273,6 +273,9 @@ moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t cod
         cJSON_AddNumberToObject(o, "slot", m->slot);
         cJSON_AddNumberToObject(o, "rank", m->rank);
         cJSON_AddNumberToObject(o, "code", code);
+        pthread_mutex_lock(&m->lock);
+        cJSON_AddNumberToObject(o, "step", (double)m->step);
+        pthread_mutex_unlock(&m->lock);
         cJSON_AddStringToObject(o, "cause", cause ? cause : "");
     }
     char *v = o ? cJSON_PrintUnformatted(o) : NULL;

@@ -20,6 +20,7 @@
 typedef struct rank_view {
     bool seen, present, exited;
     int exit_code;
+    int64_t exit_step;
     char cause[400];
     pid_t pid;
     char phase[16];
@@ -69,6 +70,7 @@ static bool read_views(const watch_config_t *c, rank_view_t *v)
         } else {
             v[r].exited = true;
             v[r].exit_code = (int)num(o, "code", -1);
+            v[r].exit_step = num(o, "step", -1);
             const cJSON *cs = cJSON_GetObjectItemCaseSensitive(o, "cause");
             snprintf(v[r].cause, sizeof v[r].cause, "%s", cJSON_IsString(cs) ? cs->valuestring : "");
         }
@@ -145,6 +147,7 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
             n_seen += v[k].seen;
             n_resumed += v[k].present && strcmp(v[k].phase, "started") != 0;
             if (v[k].present && v[k].step > r->last_step) r->last_step = v[k].step;
+            if (v[k].exited && v[k].exit_step > r->last_step) r->last_step = v[k].exit_step;
         }
         if (!up && n_seen == c->world) {
             up = true;
@@ -196,6 +199,9 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
             bool all_ok = true;
             for (int k = 0; k < c->world; k++) all_ok &= v[k].exited && v[k].exit_code == 0;
             if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && all_ok) {
+                read_views(c, v); /* the exit records' steps */
+                for (int k = 0; k < c->world; k++)
+                    if (v[k].exit_step > r->last_step) r->last_step = v[k].exit_step;
                 r->done = true;
                 break;
             }
