@@ -21,6 +21,7 @@ largest valid one). Every trial must:
     while the mesh is kept, within 1e-5 relative at the first step after each resume on a new
     mesh (later steps on it are reported as their largest difference);
   - leave no process of its session behind.
+Then the launcher's limits (min world, max restarts, a job that does not fit: exit 3, 4, 2).
 Prints one line per trial, then trials / recovered / time-to-recover (signal to the first
 step of the recovered incarnation) median and max; exits 1 when any trial fails, 77 (skip)
 without etcd.
@@ -234,7 +235,49 @@ def trial(n, kind, spares, rng, ref):
 if not shutil.which("etcd"):
     print("skipped: no etcd (Debian package etcd-server; scripts/setup-deps.sh --tests)")
     sys.exit(77)
+def limits():
+    """The launcher's limits: a lost rank with --min-world 4 and no spare stops it with exit 3,
+    with --max-restarts 0 exit 4 (both with a stop event and no process left); a trainer whose
+    arguments do not fit the slots, exit 2 before anything starts."""
+    ok = True
+    for name, extra, want in (("min-world", ["--min-world", "4"], 3),
+                              ("max-restarts", ["--max-restarts", "0"], 4)):
+        d = os.path.join(a.work, f"limit-{name}")
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        events = os.path.join(d, "events.jsonl")
+        cmd = [a.launcher, "--slots", "4", "--ttl-ms", str(a.ttl_ms), "--grace-ms", "1000",
+               "--events", events, "--mpirun", a.mpirun, "--mpirun-arg", "--oversubscribe",
+               "--job", name] + extra + ["--"] + trainer_args(d)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=ENV, start_new_session=True)
+        up = wait_event(events, lambda e: e["event"] == "first_step", 90)
+        if up:
+            os.kill(wait_event(events, lambda e: e["event"] == "ranks_up", 1)["ranks"][1]["pid"],
+                    signal.SIGKILL)
+        try:
+            rc = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = proc.wait()
+        stop = [e for e in rows(events) if e["event"] == "stop"]
+        left = session_left(proc.pid)
+        good = up and rc == want and stop and stop[0]["exit_code"] == want and not left
+        print(f"  limit {name}: exit {rc} (want {want}), stop: "
+              f"{stop[0]['reason'] if stop else None!r}: {'ok' if good else 'FAIL'}")
+        ok &= bool(good)
+    r = subprocess.run([a.launcher, "--slots", "3", "--mpirun", a.mpirun, "--mpirun-arg",
+                        "--oversubscribe", "--"] + trainer_args(os.path.join(a.work, "bad")),
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    good = r.returncode == 2 and "print-config" in r.stderr
+    print(f"  limit bad job (mesh of 4 on 3 slots): exit {r.returncode}: "
+          f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''!r}: "
+          f"{'ok' if good else 'FAIL'}")
+    return ok and good
+
+
 ref = reference()
+limits_ok = limits()
 rng = random.Random(a.seed)
 results = []
 n = 0
@@ -247,4 +290,4 @@ times = [t for good, t in results if good and t is not None]
 print(f"trials {len(results)}  recovered {len(ok)}  time-to-recover median "
       f"{statistics.median(times) if times else float('nan'):.2f} s  max "
       f"{max(times) if times else float('nan'):.2f} s")
-sys.exit(0 if results and len(ok) == len(results) else 1)
+sys.exit(0 if results and len(ok) == len(results) and limits_ok else 1)

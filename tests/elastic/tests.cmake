@@ -16,7 +16,9 @@ if(TARGET moe_train AND TARGET moe_elastic)
                      --mpirun ${MPIEXEC_EXECUTABLE} --config ${PROJECT_SOURCE_DIR}/tests/trainer/tiny.json
                      --work ${CMAKE_CURRENT_BINARY_DIR}/elastic-chaos
                      --kill 4 --stop 2 --double 1 --recovery 1 --seed 1)
-    set_tests_properties(test_elastic_chaos PROPERTIES TIMEOUT 600 LABELS "elastic;mpi"
+    # not labelled mpi: the sanitizer pass (.ci/run) runs the elastic unit tests, and the
+    # trials' timing (a stopped rank found within the TTL + 1.5 s) is left to the optimised build
+    set_tests_properties(test_elastic_chaos PROPERTIES TIMEOUT 600 LABELS "elastic;chaos"
       SKIP_RETURN_CODE 77)
   endif()
 endif()

@@ -244,8 +244,8 @@ int main(int argc, char **argv)
             events_emit(&ev, "slot_failed", f);
         }
         if (++restarts > s.max_restarts) {
-            snprintf(err, sizeof err, "%d restarts: --max-restarts %d reached", restarts - 1,
-                     s.max_restarts);
+            snprintf(err, sizeof err, "incarnation %d failed after %d restarts: --max-restarts "
+                     "%d reached", inc, restarts - 1, s.max_restarts);
             stop_event(&ev, err, EXIT_RESTARTS);
             code = EXIT_RESTARTS;
             break;
