@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Chaos trials of elastic training: the bundled trainer on 4 ranks (ep=2 x pp=2, the tiny
-config, a checkpoint every --ckpt-every steps) under moe_elastic, to --steps steps, with ranks
-lost at random moments (a seeded generator: a failing trial can be re-run):
+"""Chaos trials of elastic training: the bundled trainer on 4 ranks (the tiny config, a
+checkpoint every --ckpt-every steps) under moe_elastic, to --steps steps, with ranks lost at
+random moments (a seeded generator: a failing trial can be re-run):
 
   kill      kill -9 one random rank, between 0.2 and 2 s into training (between steps, inside
             a collective or a checkpoint write: wherever the moment falls)
@@ -11,15 +11,18 @@ lost at random moments (a seeded generator: a failing trial can be re-run):
             (during its start, checkpoint load or first steps)
 
 Trials alternate between one spare slot (the mesh is kept) and none (the mesh shrinks to the
-largest valid one). Every trial must:
+largest valid one), and every two trials between the --meshes (default ep=2 x pp=2, which
+shrinks to ep=2, and ep=4, which shrinks to ep=2: its experts resharded from 4 ranks to 2).
+Every trial must:
   - end by itself with the launcher's exit 0 and its "done" event at the target step;
   - blame the killed or stopped slots in its first failure event; a stopped rank within the
     lease TTL + 1.5 s (etcd's expiry check, the launcher's poll, one step);
   - resume every restart from a checkpoint step (a multiple of --ckpt-every, at most the
     step reached): only complete checkpoints are ever loaded;
-  - log every step 1..steps, each loss equal to the uninterrupted run's at that step: bitwise
-    while the mesh is kept, within 1e-5 relative at the first step after each resume on a new
-    mesh (later steps on it are reported as their largest difference);
+  - log every step 1..steps, each loss equal to the uninterrupted run's (on the trial's first
+    mesh) at that step: bitwise while the mesh is kept, within 1e-5 relative at the first step
+    after each resume on a new mesh (later steps on it are reported as their largest
+    difference);
   - leave no process of its session behind.
 Then the launcher's limits (min world, max restarts, a job that does not fit: exit 3, 4, 2).
 Prints one line per trial, then trials / recovered / time-to-recover (signal to the first
@@ -28,7 +31,7 @@ without etcd.
 
 Usage: chaos_elastic.py --launcher moe_elastic --trainer moe_train --mpirun MPIRUN
          --config tiny.json --work DIR [--kill N] [--stop N] [--double N] [--recovery N]
-         [--seed S] [--steps N] [--ckpt-every K] [--ttl-ms MS]
+         [--seed S] [--steps N] [--ckpt-every K] [--ttl-ms MS] [--meshes M...]
 """
 import argparse
 import json
@@ -53,16 +56,16 @@ p.add_argument("--seed", type=int, default=1)
 p.add_argument("--steps", type=int, default=300)
 p.add_argument("--ckpt-every", type=int, default=10)
 p.add_argument("--ttl-ms", type=int, default=2000)
+p.add_argument("--meshes", nargs="+", default=["ep=2,pp=2", "ep=4"])
 a = p.parse_args()
 
-MESH = "ep=2,pp=2"
 TRIAL_LIMIT_S = 300
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
 
 
-def trainer_args(d):
-    return [a.trainer, "--config", a.config, "--mesh", MESH, "--steps", str(a.steps),
+def trainer_args(d, mesh):
+    return [a.trainer, "--config", a.config, "--mesh", mesh, "--steps", str(a.steps),
             "--ckpt-dir", os.path.join(d, "ckpt"), "--ckpt-every", str(a.ckpt_every),
             "--metrics", os.path.join(d, "metrics.jsonl")]
 
@@ -98,18 +101,18 @@ def wait_event(events, pred, limit_s):
     return None
 
 
-def reference():
-    d = os.path.join(a.work, "reference")
+def reference(mesh):
+    d = os.path.join(a.work, "reference-" + mesh.replace(",", "-").replace("=", ""))
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    cmd = [a.mpirun, "-np", "4", "--oversubscribe"] + trainer_args(d)
+    cmd = [a.mpirun, "-np", "4", "--oversubscribe"] + trainer_args(d, mesh)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     if r.returncode != 0:
         sys.exit(f"FAIL: the uninterrupted run exited {r.returncode}: {r.stderr[-2000:]}")
     return {row["step"]: row["loss"] for row in rows(os.path.join(d, "metrics.jsonl"))}
 
 
-def trial(n, kind, spares, rng, ref):
+def trial(n, kind, spares, mesh, rng, ref):
     d = os.path.join(a.work, f"{kind}{n:02d}")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
@@ -117,7 +120,7 @@ def trial(n, kind, spares, rng, ref):
     cmd = [a.launcher, "--slots", "4", "--spares", str(spares), "--ttl-ms", str(a.ttl_ms),
            "--grace-ms", "1000", "--max-restarts", "4", "--events", events, "--mpirun",
            a.mpirun, "--mpirun-arg", "--oversubscribe", "--job", f"{kind}{n}", "--"]
-    cmd += trainer_args(d)
+    cmd += trainer_args(d, mesh)
     env = dict(ENV, OMPI_MCA_orte_tmpdir_base=os.path.join(d, "mpi-session"))
     log = open(os.path.join(d, "launcher.log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -222,7 +225,7 @@ def trial(n, kind, spares, rng, ref):
         elif not resumed_here:
             worst_later = max(worst_later, rel)
     meshes = [f"{e['ep']}x{e['dp']}x{e['pp']}/{e['world']}" for e in ev if e["event"] == "mesh"]
-    print(f"  {kind}{n:02d} spares={spares} victims={victims} "
+    print(f"  {kind}{n:02d} {mesh} spares={spares} victims={victims} "
           f"detect={detect_s if detect_s is None else round(detect_s, 2)}s "
           f"recover={ttr if ttr is None else round(ttr, 2)}s restarts={len(failures)} "
           f"meshes(ep x dp x pp/world)={meshes or ['kept']} "
@@ -248,7 +251,7 @@ def limits():
         events = os.path.join(d, "events.jsonl")
         cmd = [a.launcher, "--slots", "4", "--ttl-ms", str(a.ttl_ms), "--grace-ms", "1000",
                "--events", events, "--mpirun", a.mpirun, "--mpirun-arg", "--oversubscribe",
-               "--job", name] + extra + ["--"] + trainer_args(d)
+               "--job", name] + extra + ["--"] + trainer_args(d, a.meshes[0])
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=ENV, start_new_session=True)
         up = wait_event(events, lambda e: e["event"] == "first_step", 90)
@@ -267,7 +270,8 @@ def limits():
               f"{stop[0]['reason'] if stop else None!r}: {'ok' if good else 'FAIL'}")
         ok &= bool(good)
     r = subprocess.run([a.launcher, "--slots", "3", "--mpirun", a.mpirun, "--mpirun-arg",
-                        "--oversubscribe", "--"] + trainer_args(os.path.join(a.work, "bad")),
+                        "--oversubscribe", "--"] + trainer_args(os.path.join(a.work, "bad"),
+                                                                a.meshes[0]),
                        capture_output=True, text=True, env=ENV, timeout=120)
     good = r.returncode == 2 and "print-config" in r.stderr
     print(f"  limit bad job (mesh of 4 on 3 slots): exit {r.returncode}: "
@@ -276,14 +280,15 @@ def limits():
     return ok and good
 
 
-ref = reference()
+refs = {mesh: reference(mesh) for mesh in a.meshes}
 limits_ok = limits()
 rng = random.Random(a.seed)
 results = []
 n = 0
 for kind in ("kill", "stop", "double", "recovery"):
     for i in range(getattr(a, kind)):
-        results.append(trial(n, kind, 1 if n % 2 == 0 else 0, rng, ref))
+        mesh = a.meshes[(n // 2) % len(a.meshes)]
+        results.append(trial(n, kind, 1 if n % 2 == 0 else 0, mesh, rng, refs[mesh]))
         n += 1
 ok = [r for r in results if r[0]]
 times = [t for good, t in results if good and t is not None]
