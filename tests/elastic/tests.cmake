@@ -1,5 +1,6 @@
 # Elastic training (docs/elastic.md): the mesh choice; the etcd client and a rank's membership
-# against a real etcd on loopback (skipped without etcd-server); and the chaos trials of the
+# against a real etcd on loopback (skipped without etcd-server); the launcher's failure paths
+# with a fake trainer; and the chaos trials of the
 # trainer under moe_elastic (chaos_elastic.py: CI runs a few of each kind, the full counts are
 # its defaults).
 moe_add_test(test_elastic_mesh SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_mesh.c
@@ -10,6 +11,15 @@ target_link_libraries(test_elastic_etcd PRIVATE moe_elastic_support)
 if(TARGET moe_train AND TARGET moe_elastic)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
+    # the launcher's paths for a hung rank, a rank's own failure and one that never joins
+    add_executable(fake_rank ${CMAKE_CURRENT_LIST_DIR}/fake_rank.c)
+    target_link_libraries(fake_rank PRIVATE moe)
+    add_test(NAME test_elastic_launcher
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/launcher_paths.py
+                     --launcher $<TARGET_FILE:moe_elastic> --fake $<TARGET_FILE:fake_rank>
+                     --mpirun ${MPIEXEC_EXECUTABLE} --work ${CMAKE_CURRENT_BINARY_DIR}/elastic-paths)
+    set_tests_properties(test_elastic_launcher PROPERTIES TIMEOUT 300 LABELS "elastic;chaos"
+      SKIP_RETURN_CODE 77)
     add_test(NAME test_elastic_chaos
              COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/chaos_elastic.py
                      --launcher $<TARGET_FILE:moe_elastic> --trainer $<TARGET_FILE:moe_train>

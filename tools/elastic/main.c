@@ -197,6 +197,7 @@ int main(int argc, char **argv)
                              .world = world, .slots = active, .mpirun = mpirun,
                              .start_timeout_s = s.start_timeout_ms / 1000.0,
                              .poll_s = s.poll_ms / 1000.0,
+                             .peer_lost_grace_s = 2 * s.ttl_ms / 1000.0,
                              .stop = &stop_requested};
         watch_result_t r;
         watch_incarnation(&wc, &r);
@@ -250,8 +251,8 @@ int main(int argc, char **argv)
             code = EXIT_RESTARTS;
             break;
         }
-        int healthy[4096], n_healthy = 0;
-        for (int i = 0; i < total && n_healthy < 4096; i++)
+        int healthy[WATCH_MAX_RANKS], n_healthy = 0;
+        for (int i = 0; i < total; i++)
             if (!failed[i]) healthy[n_healthy++] = i;
         int max_world = n_healthy < s.max_world ? n_healthy : s.max_world;
         el_mesh_t next;

@@ -6,6 +6,7 @@
 
 #include "proc.h"
 #include "spec.h"
+#include "watch.h"
 
 void job_spec_usage(FILE *f)
 {
@@ -90,6 +91,11 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
     }
     s->trainer = argv + i + 1;
     s->n_trainer = argc - i - 1;
+    if (s->slots + s->spares > WATCH_MAX_RANKS) {
+        snprintf(err, len, "--slots %d + --spares %d: at most %d slots", s->slots, s->spares,
+                 WATCH_MAX_RANKS);
+        return -1;
+    }
     if (!s->max_world) s->max_world = s->slots;
     if (s->min_world > s->max_world || s->min_world > s->slots) {
         snprintf(err, len, "--min-world %d is above --max-world %d or --slots %d", s->min_world,

@@ -126,10 +126,17 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
     r->last_step = -1;
     r->launched_at = proc_now();
     rank_view_t *v = calloc((size_t)c->world, sizeof *v);
+    cJSON *blame = cJSON_CreateArray();
+    if (!v || !blame) { /* no memory: end the incarnation rather than watch it blind */
+        free(v);
+        cJSON_Delete(blame);
+        r->detected_at = proc_now();
+        return;
+    }
+    double peer_lost_at = 0;
     bool up = false, resumed = false, stepped = false, mpirun_done = false;
     int status = 0;
     double t_up = 0, t_resumed = 0;
-    cJSON *blame = cJSON_CreateArray();
     const char *reason = NULL;
     char detail[256] = "";
     while (!reason) {
@@ -190,6 +197,12 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
             if (v[k].seen && !v[k].present && !v[k].exited)
                 add_blame(r, blame, c->slots[k], k, "lease expired", NULL);
         }
+        for (int k = 0; read && !peer_lost_at && k < c->world; k++)
+            if (v[k].exited && v[k].exit_code == MOE_EXIT_PEER_LOST) peer_lost_at = now;
+        if (peer_lost_at && !r->n_blamed && now - peer_lost_at > c->peer_lost_grace_s)
+            for (int k = 0; k < c->world; k++)
+                if (v[k].present && !v[k].exited)
+                    add_blame(r, blame, c->slots[k], k, "hung", "its peers lost it; it still runs");
         if (r->n_blamed) {
             reason = "rank lost";
             blame_dead_processes(c, v, r, blame);

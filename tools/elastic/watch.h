@@ -5,8 +5,9 @@
  *
  * A failure is: a rank's lease expired (its member key is gone without an exit record: a
  * rank killed, stopped or hung), a rank reported an exit code other than 0 and
- * MOE_EXIT_PEER_LOST, mpirun exited non-zero, or not every rank registered within the start
- * timeout. The slots to blame are those, plus any rank whose process is then found gone or
+ * MOE_EXIT_PEER_LOST, ranks reported a lost peer (MOE_EXIT_PEER_LOST) and a rank that holds
+ * its lease still runs peer_lost_grace_s later (hung where its keep-alive thread is not),
+ * mpirun exited non-zero, or not every rank registered within the start timeout. The slots to blame are those, plus any rank whose process is then found gone or
  * stopped (two ranks lost at once); ranks that only report a lost peer are survivors.
  */
 #ifndef MOE_TOOLS_WATCH_H
@@ -29,7 +30,7 @@ typedef struct watch_config {
     int world;
     const int *slots;        /* slot of each rank */
     pid_t mpirun;            /* leader of the incarnation's session */
-    double start_timeout_s, poll_s;
+    double start_timeout_s, poll_s, peer_lost_grace_s;
     volatile int *stop;      /* set by a signal: end the incarnation */
 } watch_config_t;
 
