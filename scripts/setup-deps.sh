@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install libmoe's build dependencies on Debian/Ubuntu (idempotent, non-interactive).
-#   scripts/setup-deps.sh           build + example trainer
+#   scripts/setup-deps.sh           build + example trainer + the elastic launcher's etcd
 #   scripts/setup-deps.sh --tests   also what the tests need (CMocka, Python with botocore and
 #                                   matplotlib, the S3 test server)
 set -euo pipefail
@@ -8,8 +8,10 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 with_tests=0
 [ "${1:-}" = "--tests" ] && with_tests=1
 
+# etcd-server: the rendezvous of tools/elastic's moe_elastic, which starts a private etcd on
+# loopback for a single-host job (and tests/elastic starts one too)
 pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin liburing-dev libcjson-dev
-      libcurl4-openssl-dev libssl-dev libxxhash-dev)
+      libcurl4-openssl-dev libssl-dev libxxhash-dev etcd-server)
 # python3-botocore: AWS's own SigV4 signer, in the signature-verifying front of the S3 tests;
 # python3-matplotlib: scripts/plot_metrics.py, run by test_trainer_train when present
 [ $with_tests = 1 ] && pkgs+=(libcmocka-dev python3 python3-botocore python3-matplotlib)

@@ -8,6 +8,8 @@
  *
  * Every rank parses the same arguments and checks them before any work starts; the ranks
  * agree on the outcome, so a bad flag stops them all with the same message from rank 0.
+ * Under the elastic launcher (membership.h) each rank reports its progress and, before it
+ * exits, its exit code: MOE_EXIT_PEER_LOST when its runtime lost a peer.
  */
 #include <math.h>
 #include <mpi.h>
@@ -19,6 +21,7 @@
 #include "checkpoint.h"
 #include "config.h"
 #include "data.h"
+#include "membership.h"
 #include "metrics.h"
 #include "plan.h"
 
@@ -37,9 +40,19 @@ static int all_agree(int ok)
     return all;
 }
 
+static moe_runtime_t *runtime; /* for die(): whether a peer was lost */
+
+/* A rank whose runtime lost a peer exits MOE_EXIT_PEER_LOST without MPI_Finalize (it would
+ * wait for the lost peer); any other failure aborts the job. */
 static void die(const char *what)
 {
-    fprintf(stderr, "moe_train: %s failed: %s\n", what, moe_last_error());
+    char msg[1024], cause[1200];
+    snprintf(msg, sizeof msg, "%s", moe_last_error());
+    fprintf(stderr, "moe_train: %s failed: %s\n", what, msg);
+    snprintf(cause, sizeof cause, "%s failed: %s", what, msg);
+    int lost = runtime && moe_runtime_get_async_error(runtime, NULL, 0) != MOE_STATUS_SUCCESS;
+    membership_leave(lost ? MOE_EXIT_PEER_LOST : 1, cause);
+    if (lost) exit(MOE_EXIT_PEER_LOST);
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
@@ -83,12 +96,18 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (!all_agree(membership_join(rank) == 0)) {
+        membership_leave(2, "elastic membership failed");
+        MPI_Finalize();
+        return 2;
+    }
     trainer_config_t c;
     trainer_config_default(&c);
     corpus_t corpus = {0};
     int rc = prepare(&c, &corpus, argc, argv, rank, world);
     if (rc >= 0) {
         trainer_config_free(&c);
+        membership_leave(rc, rc ? "bad arguments or data" : NULL);
         MPI_Finalize();
         return rc;
     }
@@ -98,17 +117,19 @@ int main(int argc, char **argv)
                corpus.size - corpus.train_size, corpus.unigram_bits);
 
     trainer_t t;
-    if (!all_agree(trainer_setup(&t, &c, &corpus) == 0)) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (!all_agree(trainer_setup(&t, &c, &corpus) == 0)) die("set-up");
+    runtime = t.rt;
     trainer_ckpt_t ck = {0};
     if (c.ckpt_dir[0] && trainer_ckpt_open(&ck, &t, c.ckpt_dir)) die("checkpoint open");
     if (c.resume) {
         int r = trainer_ckpt_resume(&ck, &t);
-        if (r < 0) MPI_Abort(MPI_COMM_WORLD, 1);
+        if (r < 0) die("resume");
         if (rank == 0 && r == 0) printf("resume: step %lld from %s\n", (long long)t.step, c.ckpt_dir);
         if (rank == 0 && r == 1) printf("resume: no checkpoint in %s; starting at step 0\n", c.ckpt_dir);
     }
+    membership_resumed(t.step);
     metrics_t mx;
-    if (!all_agree(metrics_open(&mx, &t, corpus.unigram_bits) == 0)) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (!all_agree(metrics_open(&mx, &t, corpus.unigram_bits) == 0)) die("metrics");
     if (rank == 0)
         printf("mesh tp=%lld ep=%lld dp=%lld pp=%lld (%d ranks), L=%lld H=%lld heads=%lld T=%lld "
                "E=%lld K=%lld F=%lld, batch %lld x %lld bytes in %lld microbatches\n",
@@ -133,13 +154,14 @@ int main(int argc, char **argv)
             val = r.val_loss;
         }
         if (ck.ck && c.ckpt_every > 0 && (t.step % c.ckpt_every == 0 || t.step == c.steps)) {
-            if (trainer_ckpt_save(&ck, &t, t.step)) MPI_Abort(MPI_COMM_WORLD, 1);
+            if (trainer_ckpt_save(&ck, &t, t.step)) die("checkpoint save");
             r.ckpt_stall_s = ck.last_stall_s;
         }
         metrics_step(&mx, &t, &r);
+        membership_step(t.step);
     }
     double elapsed = now() - t_start;
-    if (ck.ck && trainer_ckpt_close(&ck)) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (ck.ck && trainer_ckpt_close(&ck)) die("checkpoint close");
     if (rank == 0 && val >= 0)
         printf("done: %lld steps in %.1f s (%.0f tok/s); validation %.4f bits/byte = %.1f%% of "
                "the unigram baseline %.4f\n", (long long)t.step, elapsed,
@@ -149,6 +171,7 @@ int main(int argc, char **argv)
     trainer_teardown(&t);
     corpus_free(&corpus);
     trainer_config_free(&c);
+    membership_leave(0, NULL);
     MPI_Finalize();
     return 0;
 }

@@ -22,6 +22,7 @@
 #define MOE_MOE_H
 
 #include "core.h"
+#include "elastic.h"
 #include "ckpt.h"
 #include "train_state.h"
 #include "layer.h"

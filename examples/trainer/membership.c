@@ -1,0 +1,46 @@
+/*
+ * The trainer's elastic membership (membership.h). One member per process, so it is kept in
+ * this file; a failed report is printed once and training goes on: the launcher judges a
+ * rank by its lease, and a rank that cannot renew it is ended by the launcher.
+ */
+#include <stdio.h>
+
+#include "membership.h"
+
+static moe_elastic_member_t *member;
+static int warned;
+
+static void check(moe_status_t st, const char *what)
+{
+    if (st != MOE_STATUS_SUCCESS && !warned) {
+        warned = 1;
+        fprintf(stderr, "moe_train: elastic %s: %s\n", what, moe_last_error());
+    }
+}
+
+int membership_join(int rank)
+{
+    if (moe_elastic_member_create_from_env(rank, &member) != MOE_STATUS_SUCCESS) {
+        fprintf(stderr, "moe_train: elastic member of rank %d: %s\n", rank, moe_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+void membership_resumed(int64_t step)
+{
+    if (member) check(moe_elastic_member_report(member, MOE_ELASTIC_PHASE_RESUMED, step), "report");
+}
+
+void membership_step(int64_t step)
+{
+    if (member) check(moe_elastic_member_report(member, MOE_ELASTIC_PHASE_TRAINING, step), "report");
+}
+
+void membership_leave(int code, const char *cause)
+{
+    if (!member) return;
+    check(moe_elastic_member_report_exit(member, code, cause), "exit record");
+    check(moe_elastic_member_destroy(member), "leave");
+    member = NULL;
+}

@@ -1,0 +1,81 @@
+/*
+ * libmoe elastic membership: a rank's side of the elastic launcher (moe_elastic,
+ * docs/elastic.md).
+ *
+ * The launcher runs a training program as successive mpirun incarnations and watches them
+ * through etcd. Each rank holds a member: an etcd lease with a TTL, kept alive by a
+ * background thread, with one key <prefix>/member/<slot> attached to it that says who the rank
+ * is (slot, rank, pid) and how far it got: {"slot", "rank", "pid", "phase" (started, resumed,
+ * training), "step", "resumed_step" (the checkpoint's step once resumed, else -1)}. A rank that dies or stops (SIGSTOP, a hung host) stops renewing, its lease
+ * expires within the TTL, etcd deletes the key and the launcher sees which slot is gone. A rank
+ * that fails by itself (a lost peer, a training error) says so first with
+ * moe_elastic_member_report_exit, in a key <prefix>/exit/<slot> that outlives it.
+ *
+ * The launcher describes the member through the environment of every rank:
+ *   MOE_ELASTIC_ENDPOINT  etcd's JSON gateway, "http://127.0.0.1:2379"
+ *   MOE_ELASTIC_PREFIX    the incarnation's keys, "/moe/<job>/inc/<n>"
+ *   MOE_ELASTIC_SLOTS     the slot of each world rank, "0,1,2,4" (rank r has the r-th)
+ *   MOE_ELASTIC_TTL_MS    the lease TTL
+ * moe_elastic_member_create_from_env reads them; without MOE_ELASTIC_ENDPOINT the program was
+ * not started by the launcher and no member is made.
+ *
+ * Not collective. One member per rank; its calls may come from any one thread at a time.
+ */
+#ifndef MOE_ELASTIC_H
+#define MOE_ELASTIC_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moe_elastic_member moe_elastic_member_t;
+
+typedef enum moe_elastic_phase {
+    MOE_ELASTIC_PHASE_STARTED = 0,  /* registered; step: the step it starts from (0 until known) */
+    MOE_ELASTIC_PHASE_RESUMED = 1,  /* a checkpoint is loaded; step: its step */
+    MOE_ELASTIC_PHASE_TRAINING = 2, /* step: the last optimizer step completed */
+} moe_elastic_phase_t;
+
+typedef struct moe_elastic_member_config {
+    size_t struct_size;
+    const char *endpoint;       /* etcd's JSON gateway, http://host:port (required) */
+    const char *prefix;         /* the incarnation's key prefix (required) */
+    int32_t slot;               /* the launcher's slot of this rank, >= 0 */
+    int32_t rank;               /* the world rank, >= 0 */
+    int32_t ttl_ms;             /* lease TTL, rounded up to whole seconds; default 5000 */
+    int32_t request_timeout_ms; /* each etcd request; default 2000 */
+} moe_elastic_member_config_t;
+
+MOE_API moe_elastic_member_config_t moe_elastic_member_config_default(void);
+
+/* Grants the lease, writes the member key (phase STARTED) and starts the keep-alive thread,
+ * which renews the lease every third of the TTL (at most every second) and writes each
+ * reported phase. [out] out. Fails (REMOTE_ERROR, TIMEOUT) when etcd does not answer. */
+MOE_API moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *config,
+                                               moe_elastic_member_t **out);
+/* The member the launcher describes in the environment (above) for world rank `rank`;
+ * [out] *out = NULL and SUCCESS when MOE_ELASTIC_ENDPOINT is unset. INVALID_ARGUMENT names the
+ * variable when one is malformed or the rank has no slot. */
+MOE_API moe_status_t moe_elastic_member_create_from_env(int32_t rank, moe_elastic_member_t **out);
+
+/* Records the rank's progress; the keep-alive thread writes it to etcd (never blocks on etcd).
+ * The member's first failure to renew (the lease expired: the process was stopped for longer
+ * than the TTL, or etcd is gone) is returned here and by every later call. */
+MOE_API moe_status_t moe_elastic_member_report(moe_elastic_member_t *m, moe_elastic_phase_t phase,
+                                               int64_t step);
+/* Writes <prefix>/exit/<slot> = {"rank", "slot", "code", "step" (the last reported), "cause"} at once (no lease: the key
+ * outlives the process), before the program exits with `code` (0: done; MOE_EXIT_PEER_LOST: a
+ * peer was lost; other: this rank failed). cause may be NULL. */
+MOE_API moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t code,
+                                                    const char *cause);
+/* Stops the keep-alive thread and revokes the lease (its member key goes with it). NULL is a
+ * no-op. Returns the member's first failure, if any; the member is freed either way. */
+MOE_API moe_status_t moe_elastic_member_destroy(moe_elastic_member_t *m);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOE_ELASTIC_H */

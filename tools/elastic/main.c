@@ -1,0 +1,285 @@
+/*
+ * moe_elastic: elastic training with restarts (docs/elastic.md).
+ *
+ *   moe_elastic --slots 4 --spares 1 --mpirun-arg --oversubscribe -- \
+ *       moe_train --config job.json --ckpt-dir ckpt --ckpt-every 10
+ *
+ * Runs the trainer as successive mpirun incarnations, each the leader of its own session. The
+ * ranks hold leases in etcd (moe/elastic.h); a private etcd on loopback is started unless
+ * --etcd names one. When an incarnation fails (watch.h) the launcher ends its whole session,
+ * marks the slots to blame as failed, takes spares in their place or, with none left, picks
+ * the largest valid mesh on the slots that remain (keeping the global batch), and relaunches
+ * with --resume: every rank loads the latest complete checkpoint, resharded to the new mesh.
+ * It stops with a message and an exit code below min_world ranks, without a valid mesh, or
+ * after max_restarts; every wait has a deadline.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "elastic/etcd.h"
+#include "elastic/mesh_choice.h"
+#include "etcd_server.h"
+#include "events.h"
+#include "proc.h"
+#include "spec.h"
+#include "watch.h"
+
+enum { EXIT_DONE = 0, EXIT_LAUNCHER = 1, EXIT_ARGS = 2, EXIT_TOO_FEW = 3, EXIT_RESTARTS = 4,
+       EXIT_SIGNALLED = 130 };
+
+static volatile int stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+static cJSON *int_array(const int *v, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static cJSON *mesh_json(const el_mesh_t *m, const int *slots, int world)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "tp", (double)m->tp);
+    cJSON_AddNumberToObject(o, "ep", (double)m->ep);
+    cJSON_AddNumberToObject(o, "dp", (double)m->dp);
+    cJSON_AddNumberToObject(o, "pp", (double)m->pp);
+    cJSON_AddNumberToObject(o, "microbatches", (double)m->microbatches);
+    cJSON_AddNumberToObject(o, "world", world);
+    cJSON_AddItemToObject(o, "slots", int_array(slots, world));
+    return o;
+}
+
+static void stop_event(events_t *ev, const char *why, int code)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "reason", why);
+    cJSON_AddNumberToObject(f, "exit_code", code);
+    events_emit(ev, "stop", f);
+}
+
+/* Starts an incarnation on the given slots and mesh; returns mpirun's pid or -1. */
+static pid_t launch(const job_spec_t *s, const char *endpoint, const char *prefix,
+                    const int *slots, int world, const el_mesh_t *m, bool resume)
+{
+    char slot_list[4096] = "", ttl[16], np[16], mesh[128], mb[32];
+    for (int i = 0; i < world; i++) {
+        size_t l = strlen(slot_list);
+        snprintf(slot_list + l, sizeof slot_list - l, "%s%d", i ? "," : "", slots[i]);
+    }
+    snprintf(ttl, sizeof ttl, "%d", s->ttl_ms);
+    snprintf(np, sizeof np, "%d", world);
+    snprintf(mesh, sizeof mesh, "tp=%lld,ep=%lld,dp=%lld,pp=%lld", (long long)m->tp,
+             (long long)m->ep, (long long)m->dp, (long long)m->pp);
+    snprintf(mb, sizeof mb, "%lld", (long long)m->microbatches);
+    setenv("MOE_ELASTIC_ENDPOINT", endpoint, 1);
+    setenv("MOE_ELASTIC_PREFIX", prefix, 1);
+    setenv("MOE_ELASTIC_SLOTS", slot_list, 1);
+    setenv("MOE_ELASTIC_TTL_MS", ttl, 1);
+    char **argv = calloc((size_t)(s->n_mpirun_args + s->n_trainer + 24), sizeof *argv);
+    if (!argv) return -1;
+    int n = 0;
+    const char *fixed[] = {s->mpirun, "-np", np, "--enable-recovery", "-x", "MOE_ELASTIC_ENDPOINT",
+                           "-x", "MOE_ELASTIC_PREFIX", "-x", "MOE_ELASTIC_SLOTS", "-x",
+                           "MOE_ELASTIC_TTL_MS"};
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) argv[n++] = (char *)fixed[i];
+    for (int i = 0; i < s->n_mpirun_args; i++) argv[n++] = (char *)s->mpirun_args[i];
+    for (int i = 0; i < s->n_trainer; i++) argv[n++] = s->trainer[i];
+    argv[n++] = "--mesh";
+    argv[n++] = mesh;
+    argv[n++] = "--train.microbatches";
+    argv[n++] = mb;
+    if (resume) argv[n++] = "--resume";
+    pid_t pid = proc_spawn_session(argv, NULL);
+    free(argv);
+    return pid;
+}
+
+int main(int argc, char **argv)
+{
+    job_spec_t s;
+    char err[1024];
+    int rc = job_spec_parse(&s, argc, argv, err, sizeof err);
+    if (rc == 1) {
+        job_spec_usage(stdout);
+        return EXIT_DONE;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "moe_elastic: %s\n", err);
+        return EXIT_ARGS;
+    }
+    trainer_info_t info;
+    if (trainer_info_query(&s, &info, err, sizeof err)) {
+        fprintf(stderr, "moe_elastic: %s\n", err);
+        return EXIT_ARGS;
+    }
+    events_t ev;
+    if (events_open(&ev, s.events)) {
+        fprintf(stderr, "moe_elastic: cannot open the events file %s\n", s.events);
+        return EXIT_ARGS;
+    }
+    /* orphans of an incarnation (ranks whose mpirun died first) become our children */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    etcd_server_t server = {0};
+    const char *endpoint = s.etcd;
+    if (!endpoint) {
+        if (etcd_server_start(&server, s.etcd_binary, 30000, err, sizeof err)) {
+            fprintf(stderr, "moe_elastic: private etcd: %s\n", err);
+            events_close(&ev);
+            return EXIT_LAUNCHER;
+        }
+        endpoint = server.endpoint;
+    }
+    el_etcd_t *etcd = NULL;
+    int code = EXIT_LAUNCHER;
+    if (el_etcd_create(endpoint, 2000, &etcd) != MOE_STATUS_SUCCESS) {
+        fprintf(stderr, "moe_elastic: %s\n", moe_last_error());
+        goto out;
+    }
+
+    int total = s.slots + s.spares;
+    bool *failed = calloc((size_t)total, sizeof *failed);
+    int *active = calloc((size_t)total, sizeof *active);
+    if (!failed || !active) goto out;
+    el_mesh_t mesh = info.shape.job;
+    int world = s.slots;
+    for (int i = 0; i < world; i++) active[i] = i;
+    {
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "etcd", endpoint);
+        cJSON_AddNumberToObject(f, "slots", s.slots);
+        cJSON_AddNumberToObject(f, "spares", s.spares);
+        cJSON_AddNumberToObject(f, "ttl_ms", s.ttl_ms);
+        cJSON_AddNumberToObject(f, "steps", (double)info.steps);
+        cJSON_AddItemToObject(f, "mesh", mesh_json(&mesh, active, world));
+        events_emit(&ev, "start", f);
+    }
+    int64_t previous_step = -1;
+    double last_detected = 0, last_teardown = 0;
+    for (int inc = 0, restarts = 0;; inc++) {
+        char prefix[256], key[320], val[64];
+        snprintf(prefix, sizeof prefix, "/moe/%s/inc/%d", s.job, inc);
+        snprintf(key, sizeof key, "%s/", prefix);
+        el_etcd_delete_prefix(etcd, key, NULL); /* an earlier launcher's keys of the same job */
+        snprintf(key, sizeof key, "/moe/%s/incarnation", s.job);
+        snprintf(val, sizeof val, "%d", inc);
+        if (el_etcd_put(etcd, key, val, 0) != MOE_STATUS_SUCCESS) {
+            fprintf(stderr, "moe_elastic: %s\n", moe_last_error());
+            break;
+        }
+        pid_t mpirun = launch(&s, endpoint, prefix, active, world, &mesh, inc > 0);
+        if (mpirun < 0) {
+            fprintf(stderr, "moe_elastic: could not start %s\n", s.mpirun);
+            break;
+        }
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddNumberToObject(f, "incarnation", inc);
+        cJSON_AddNumberToObject(f, "mpirun_pid", mpirun);
+        cJSON_AddBoolToObject(f, "resume", inc > 0);
+        cJSON_AddItemToObject(f, "mesh", mesh_json(&mesh, active, world));
+        events_emit(&ev, "launch", f);
+        watch_config_t wc = {.etcd = etcd, .events = &ev, .prefix = prefix, .incarnation = inc,
+                             .world = world, .slots = active, .mpirun = mpirun,
+                             .start_timeout_s = s.start_timeout_ms / 1000.0,
+                             .poll_s = s.poll_ms / 1000.0,
+                             .peer_lost_grace_s = 2 * s.ttl_ms / 1000.0,
+                             .stop = &stop_requested};
+        watch_result_t r;
+        watch_incarnation(&wc, &r);
+        if (inc > 0 && r.resume_step >= 0) {
+            f = cJSON_CreateObject();
+            cJSON_AddNumberToObject(f, "incarnation", inc);
+            cJSON_AddNumberToObject(f, "resume_step", (double)r.resume_step);
+            cJSON_AddNumberToObject(f, "steps_lost", (double)(previous_step - r.resume_step));
+            cJSON_AddNumberToObject(f, "teardown_s", last_teardown);
+            cJSON_AddNumberToObject(f, "detection_to_launch_s", r.launched_at - last_detected);
+            events_emit(&ev, "recovery", f);
+        }
+        if (r.done) {
+            f = cJSON_CreateObject();
+            cJSON_AddNumberToObject(f, "incarnations", inc + 1);
+            cJSON_AddNumberToObject(f, "restarts", restarts);
+            cJSON_AddNumberToObject(f, "step", (double)r.last_step);
+            events_emit(&ev, "done", f);
+            code = EXIT_DONE;
+            break;
+        }
+        double td = watch_teardown(mpirun, s.grace_ms / 1000.0);
+        f = cJSON_CreateObject();
+        cJSON_AddNumberToObject(f, "incarnation", inc);
+        cJSON_AddNumberToObject(f, "teardown_s", td);
+        events_emit(&ev, "teardown", f);
+        if (td < 0) {
+            stop_event(&ev, "processes of the incarnation survived SIGKILL", EXIT_LAUNCHER);
+            break;
+        }
+        if (r.stopped) {
+            stop_event(&ev, "stopped by a signal", EXIT_SIGNALLED);
+            code = EXIT_SIGNALLED;
+            break;
+        }
+        last_detected = r.detected_at;
+        last_teardown = td;
+        if (r.last_step > previous_step) previous_step = r.last_step;
+        for (int i = 0; i < r.n_blamed; i++) {
+            int slot = r.blamed[i];
+            if (slot < 0 || slot >= total || failed[slot]) continue;
+            failed[slot] = true;
+            f = cJSON_CreateObject();
+            cJSON_AddNumberToObject(f, "slot", slot);
+            events_emit(&ev, "slot_failed", f);
+        }
+        if (++restarts > s.max_restarts) {
+            snprintf(err, sizeof err, "incarnation %d failed after %d restarts: --max-restarts "
+                     "%d reached", inc, restarts - 1, s.max_restarts);
+            stop_event(&ev, err, EXIT_RESTARTS);
+            code = EXIT_RESTARTS;
+            break;
+        }
+        int healthy[WATCH_MAX_RANKS], n_healthy = 0;
+        for (int i = 0; i < total; i++)
+            if (!failed[i]) healthy[n_healthy++] = i;
+        int max_world = n_healthy < s.max_world ? n_healthy : s.max_world;
+        el_mesh_t next;
+        if (max_world < s.min_world ||
+            el_choose_mesh(&info.shape, max_world, s.min_world, &next) != MOE_STATUS_SUCCESS) {
+            snprintf(err, sizeof err, "%d healthy slots (min world %d): %s", n_healthy,
+                     s.min_world, max_world < s.min_world ? "too few" : moe_last_error());
+            stop_event(&ev, err, EXIT_TOO_FEW);
+            code = EXIT_TOO_FEW;
+            break;
+        }
+        world = (int)(next.tp * next.ep * next.dp * next.pp);
+        for (int i = 0; i < world; i++) active[i] = healthy[i];
+        f = mesh_json(&next, active, world);
+        cJSON_AddBoolToObject(f, "changed", next.tp != mesh.tp || next.ep != mesh.ep ||
+                                                next.dp != mesh.dp || next.pp != mesh.pp ||
+                                                next.microbatches != mesh.microbatches);
+        cJSON_AddNumberToObject(f, "spares_left", n_healthy - world);
+        events_emit(&ev, "mesh", f);
+        mesh = next;
+    }
+    free(failed);
+    free(active);
+out:
+    if (code != EXIT_DONE) fprintf(stderr, "moe_elastic: stopped (exit %d)\n", code);
+    el_etcd_destroy(etcd);
+    etcd_server_stop(&server);
+    events_close(&ev);
+    return code;
+}

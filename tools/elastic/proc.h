@@ -1,0 +1,35 @@
+/*
+ * Processes for the launcher: start a program as the leader of its own session, find and
+ * signal everything in that session (mpirun's ranks and their children keep its session id
+ * wherever they are reparented), wait with a deadline, read a process's state.
+ */
+#ifndef MOE_TOOLS_PROC_H
+#define MOE_TOOLS_PROC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+double proc_now(void);   /* monotonic seconds */
+double proc_wall(void);  /* Unix time, seconds */
+
+/* fork + setsid + exec argv[0] (searched on PATH) with this process's environment; stdout and
+ * stderr to log_path (appended) when not NULL. Returns the pid (= the session id) or -1. */
+pid_t proc_spawn_session(char *const argv[], const char *log_path);
+/* Runs argv in its own session with stdout into out (NUL-terminated, truncated to len) and
+ * stderr inherited; killed (the whole session) after timeout_s. Returns the wait status, or -1
+ * when it could not start or ran out of time. */
+int proc_run_capture(char *const argv[], double timeout_s, char *out, size_t len);
+/* Reaps pid within timeout_s: true and *status (may be NULL) when it has exited. */
+bool proc_wait(pid_t pid, double timeout_s, int *status);
+/* The live (not yet reaped) processes of session sid, up to max; returns how many. */
+size_t proc_session(pid_t sid, pid_t *pids, size_t max);
+/* Sends sig to every process of session sid; returns how many were signalled. */
+size_t proc_kill_session(pid_t sid, int sig);
+/* Reaps the zombies of session sid that are this process's children (orphans reparented to
+ * it: the launcher is their subreaper). */
+void proc_reap_session(pid_t sid);
+/* The state letter of /proc/<pid>/stat (R, S, D, T stopped, Z zombie), 0 when gone. */
+char proc_state(pid_t pid);
+
+#endif /* MOE_TOOLS_PROC_H */

@@ -1,0 +1,50 @@
+/*
+ * The job spec of moe_elastic: its options (slots, spares, world limits, the lease TTL,
+ * restarts, etcd, events, mpirun) and the trainer command after "--", and the model shape read
+ * from the trainer itself (its --print-config), which the mesh choice needs.
+ */
+#ifndef MOE_TOOLS_SPEC_H
+#define MOE_TOOLS_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "elastic/mesh_choice.h"
+
+#define SPEC_MAX_MPIRUN_ARGS 32
+
+typedef struct job_spec {
+    int slots, spares;          /* ranks of the job; spare slots taken when one fails */
+    int min_world, max_world;   /* the world never goes below / above these */
+    int ttl_ms;                 /* a rank's lease TTL */
+    int max_restarts;
+    int grace_ms;               /* SIGTERM to SIGKILL when ending an incarnation */
+    int start_timeout_ms;       /* every rank registered in etcd */
+    int poll_ms;
+    const char *etcd;           /* an existing etcd's endpoint; NULL: a private one */
+    const char *etcd_binary;
+    const char *events;         /* JSON-lines file */
+    const char *mpirun;
+    const char *job;            /* keys under /moe/<job>/ */
+    const char *mpirun_args[SPEC_MAX_MPIRUN_ARGS];
+    int n_mpirun_args;
+    char **trainer;             /* argv of the trainer (after "--"), NULL-terminated */
+    int n_trainer;
+} job_spec_t;
+
+/* Returns 0, 1 for --help, or -1 with a message naming the option in err. */
+int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len);
+void job_spec_usage(FILE *f);
+
+typedef struct trainer_info {
+    el_model_shape_t shape;
+    int64_t steps, ckpt_every;
+    char ckpt_dir[1024];
+} trainer_info_t;
+
+/* Runs the trainer with --print-config on the job's slots (so its own checks run on the job's
+ * mesh) and reads the shape. Returns 0, or -1 with a message in err. */
+int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, size_t len);
+
+#endif /* MOE_TOOLS_SPEC_H */

@@ -1,0 +1,274 @@
+/*
+ * The watch of one incarnation (watch.h). Every poll reads the incarnation's keys with one
+ * range request and mpirun's state with waitpid; it never blocks longer than etcd's request
+ * timeout, and the start timeout bounds the wait for ranks that never register, so the watch
+ * always ends.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <moe/core.h>
+
+#include "proc.h"
+#include "watch.h"
+
+typedef struct rank_view {
+    bool seen, present, exited;
+    int exit_code;
+    int64_t exit_step;
+    char cause[400];
+    pid_t pid;
+    char phase[16];
+    int64_t step, resumed_step;
+} rank_view_t;
+
+static int rank_of_slot(const watch_config_t *c, int slot)
+{
+    for (int r = 0; r < c->world; r++)
+        if (c->slots[r] == slot) return r;
+    return -1;
+}
+
+static int64_t num(const cJSON *o, const char *k, int64_t dflt)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : dflt;
+}
+
+/* Reads the incarnation's keys into views; false when etcd did not answer (the poll retries). */
+static bool read_views(const watch_config_t *c, rank_view_t *v)
+{
+    char pfx[512];
+    snprintf(pfx, sizeof pfx, "%s/", c->prefix);
+    el_kv_t *kvs;
+    size_t n;
+    if (el_etcd_range_prefix(c->etcd, pfx, &kvs, &n) != MOE_STATUS_SUCCESS) return false;
+    for (int r = 0; r < c->world; r++) v[r].present = false;
+    size_t pl = strlen(pfx);
+    for (size_t i = 0; i < n; i++) {
+        const char *rest = kvs[i].key + pl;
+        bool member = !strncmp(rest, "member/", 7), exit_rec = !strncmp(rest, "exit/", 5);
+        if (!member && !exit_rec) continue;
+        int r = rank_of_slot(c, atoi(rest + (member ? 7 : 5)));
+        cJSON *o = cJSON_Parse(kvs[i].value);
+        if (r < 0 || !o) {
+            cJSON_Delete(o);
+            continue;
+        }
+        if (member) {
+            v[r].present = v[r].seen = true;
+            v[r].pid = (pid_t)num(o, "pid", 0);
+            v[r].step = num(o, "step", 0);
+            v[r].resumed_step = num(o, "resumed_step", -1);
+            const cJSON *ph = cJSON_GetObjectItemCaseSensitive(o, "phase");
+            snprintf(v[r].phase, sizeof v[r].phase, "%s", cJSON_IsString(ph) ? ph->valuestring : "");
+        } else {
+            v[r].exited = true;
+            v[r].exit_code = (int)num(o, "code", -1);
+            v[r].exit_step = num(o, "step", -1);
+            const cJSON *cs = cJSON_GetObjectItemCaseSensitive(o, "cause");
+            snprintf(v[r].cause, sizeof v[r].cause, "%s", cJSON_IsString(cs) ? cs->valuestring : "");
+        }
+        cJSON_Delete(o);
+    }
+    el_kvs_free(kvs, n);
+    return true;
+}
+
+static void add_blame(watch_result_t *r, cJSON *list, int slot, int rank, const char *how,
+                      const char *detail)
+{
+    for (int i = 0; i < r->n_blamed; i++)
+        if (r->blamed[i] == slot) return;
+    if (r->n_blamed < WATCH_MAX_RANKS) r->blamed[r->n_blamed++] = slot;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "slot", slot);
+    cJSON_AddNumberToObject(o, "rank", rank);
+    cJSON_AddStringToObject(o, "how", how);
+    if (detail && *detail) cJSON_AddStringToObject(o, "detail", detail);
+    cJSON_AddItemToArray(list, o);
+}
+
+/* Ranks whose process is gone (without an exit record) or stopped: lost with the first one. */
+static void blame_dead_processes(const watch_config_t *c, const rank_view_t *v,
+                                 watch_result_t *r, cJSON *list)
+{
+    for (int k = 0; k < c->world; k++) {
+        if (!v[k].seen || v[k].pid <= 0 || v[k].exited) continue;
+        char st = proc_state(v[k].pid);
+        if (st == 'T' || st == 't') add_blame(r, list, c->slots[k], k, "stopped", "process stopped");
+        else if (st == 0 || st == 'Z') add_blame(r, list, c->slots[k], k, "process gone", NULL);
+    }
+}
+
+static cJSON *pid_list(const watch_config_t *c, const rank_view_t *v)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int k = 0; k < c->world; k++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "slot", c->slots[k]);
+        cJSON_AddNumberToObject(o, "rank", k);
+        cJSON_AddNumberToObject(o, "pid", v[k].pid);
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
+void watch_incarnation(const watch_config_t *c, watch_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    r->resume_step = -1;
+    r->last_step = -1;
+    r->launched_at = proc_now();
+    rank_view_t *v = calloc((size_t)c->world, sizeof *v);
+    cJSON *blame = cJSON_CreateArray();
+    if (!v || !blame) { /* no memory: end the incarnation rather than watch it blind */
+        free(v);
+        cJSON_Delete(blame);
+        r->detected_at = proc_now();
+        return;
+    }
+    double peer_lost_at = 0;
+    bool up = false, resumed = false, stepped = false, mpirun_done = false;
+    int status = 0;
+    double t_up = 0, t_resumed = 0;
+    const char *reason = NULL;
+    char detail[256] = "";
+    while (!reason) {
+        usleep((useconds_t)(c->poll_s * 1e6));
+        if (*c->stop) {
+            r->stopped = true;
+            reason = "launcher stopped";
+            break;
+        }
+        if (!mpirun_done && waitpid(c->mpirun, &status, WNOHANG) == c->mpirun) mpirun_done = true;
+        bool read = read_views(c, v);
+        double now = proc_now();
+        int n_seen = 0, n_resumed = 0;
+        for (int k = 0; k < c->world; k++) {
+            n_seen += v[k].seen;
+            n_resumed += v[k].present && strcmp(v[k].phase, "started") != 0;
+            if (v[k].present && v[k].step > r->last_step) r->last_step = v[k].step;
+            if (v[k].exited && v[k].exit_step > r->last_step) r->last_step = v[k].exit_step;
+        }
+        if (!up && n_seen == c->world) {
+            up = true;
+            t_up = now;
+            cJSON *f = cJSON_CreateObject();
+            cJSON_AddNumberToObject(f, "incarnation", c->incarnation);
+            cJSON_AddNumberToObject(f, "relaunch_s", t_up - r->launched_at);
+            cJSON_AddItemToObject(f, "ranks", pid_list(c, v));
+            events_emit(c->events, "ranks_up", f);
+        }
+        if (up && !resumed && n_resumed == c->world) {
+            resumed = true;
+            t_resumed = now;
+            r->resume_step = v[0].resumed_step; /* every rank loads the same checkpoint */
+            cJSON *f = cJSON_CreateObject();
+            cJSON_AddNumberToObject(f, "incarnation", c->incarnation);
+            cJSON_AddNumberToObject(f, "step", (double)r->resume_step);
+            cJSON_AddNumberToObject(f, "ckpt_load_s", t_resumed - t_up);
+            events_emit(c->events, "resumed", f);
+        }
+        if (resumed && !stepped) {
+            for (int k = 0; k < c->world && !stepped; k++) {
+                if (!v[k].present || strcmp(v[k].phase, "training")) continue;
+                stepped = true;
+                cJSON *f = cJSON_CreateObject();
+                cJSON_AddNumberToObject(f, "incarnation", c->incarnation);
+                cJSON_AddNumberToObject(f, "step", (double)v[k].step);
+                cJSON_AddNumberToObject(f, "first_step_s", now - t_resumed);
+                cJSON_AddNumberToObject(f, "since_launch_s", now - r->launched_at);
+                events_emit(c->events, "first_step", f);
+            }
+        }
+        /* failures, in order of what they say about the culprit */
+        for (int k = 0; read && k < c->world; k++) {
+            if (v[k].exited && v[k].exit_code != 0 && v[k].exit_code != MOE_EXIT_PEER_LOST) {
+                char how[32];
+                snprintf(how, sizeof how, "exit code %d", v[k].exit_code);
+                add_blame(r, blame, c->slots[k], k, how, v[k].cause);
+            }
+            if (v[k].seen && !v[k].present && !v[k].exited)
+                add_blame(r, blame, c->slots[k], k, "lease expired", NULL);
+        }
+        for (int k = 0; read && !peer_lost_at && k < c->world; k++)
+            if (v[k].exited && v[k].exit_code == MOE_EXIT_PEER_LOST) peer_lost_at = now;
+        if (peer_lost_at && !r->n_blamed && now - peer_lost_at > c->peer_lost_grace_s)
+            for (int k = 0; k < c->world; k++)
+                if (v[k].present && !v[k].exited)
+                    add_blame(r, blame, c->slots[k], k, "hung", "its peers lost it; it still runs");
+        if (r->n_blamed) {
+            reason = "rank lost";
+            blame_dead_processes(c, v, r, blame);
+            break;
+        }
+        if (mpirun_done) {
+            bool all_ok = true;
+            for (int k = 0; k < c->world; k++) all_ok &= v[k].exited && v[k].exit_code == 0;
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && all_ok) {
+                read_views(c, v); /* the exit records' steps */
+                for (int k = 0; k < c->world; k++)
+                    if (v[k].exit_step > r->last_step) r->last_step = v[k].exit_step;
+                r->done = true;
+                break;
+            }
+            read_views(c, v); /* the last reports of ranks that ended with mpirun */
+            for (int k = 0; k < c->world; k++)
+                if (!v[k].exited || (v[k].exit_code != 0 && v[k].exit_code != MOE_EXIT_PEER_LOST))
+                    add_blame(r, blame, c->slots[k], k, v[k].exited ? "exit code" : "no exit record",
+                              v[k].cause);
+            snprintf(detail, sizeof detail, "mpirun %s %d",
+                     WIFSIGNALED(status) ? "killed by signal" : "exited with",
+                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+            reason = "mpirun exited";
+            break;
+        }
+        if (!up && now - r->launched_at > c->start_timeout_s) {
+            for (int k = 0; k < c->world; k++)
+                if (!v[k].seen) add_blame(r, blame, c->slots[k], k, "never registered", NULL);
+            snprintf(detail, sizeof detail, "not every rank registered within %.0f s",
+                     c->start_timeout_s);
+            reason = "start timeout";
+        }
+    }
+    r->detected_at = proc_now();
+    if (!r->done) {
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddNumberToObject(f, "incarnation", c->incarnation);
+        cJSON_AddStringToObject(f, "reason", reason);
+        if (detail[0]) cJSON_AddStringToObject(f, "detail", detail);
+        cJSON_AddNumberToObject(f, "last_step", (double)r->last_step);
+        cJSON_AddItemToObject(f, "blamed", blame);
+        blame = NULL;
+        events_emit(c->events, "failure", f);
+    }
+    cJSON_Delete(blame);
+    free(v);
+}
+
+double watch_teardown(pid_t mpirun, double grace_s)
+{
+    double t0 = proc_now();
+    pid_t pids[WATCH_MAX_RANKS * 4];
+    size_t n = proc_session(mpirun, pids, sizeof pids / sizeof *pids);
+    for (size_t i = 0; i < n; i++) /* a stopped process cannot act on SIGTERM */
+        if (proc_state(pids[i]) == 'T') kill(pids[i], SIGKILL);
+    proc_kill_session(mpirun, SIGTERM);
+    for (int pass = 0; pass < 2; pass++) {
+        double end = proc_now() + (pass == 0 ? grace_s : 10.0);
+        while (proc_now() < end) {
+            waitpid(mpirun, NULL, WNOHANG);
+            proc_reap_session(mpirun);
+            if (proc_session(mpirun, pids, 1) == 0) return proc_now() - t0;
+            usleep(10 * 1000);
+        }
+        proc_kill_session(mpirun, SIGKILL);
+    }
+    return -1;
+}

@@ -1,0 +1,52 @@
+/*
+ * One incarnation, watched: mpirun's exit, and every rank's member key and exit record in etcd
+ * (moe/elastic.h), until the job is done or an incarnation fails; then its end (the whole
+ * session: SIGTERM, SIGKILL after the grace period; stopped ranks SIGKILLed at once).
+ *
+ * A failure is: a rank's lease expired (its member key is gone without an exit record: a
+ * rank killed, stopped or hung), a rank reported an exit code other than 0 and
+ * MOE_EXIT_PEER_LOST, ranks reported a lost peer (MOE_EXIT_PEER_LOST) and a rank that holds
+ * its lease still runs peer_lost_grace_s later (hung where its keep-alive thread is not),
+ * mpirun exited non-zero, or not every rank registered within the start timeout. The slots to blame are those, plus any rank whose process is then found gone or
+ * stopped (two ranks lost at once); ranks that only report a lost peer are survivors.
+ */
+#ifndef MOE_TOOLS_WATCH_H
+#define MOE_TOOLS_WATCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "elastic/etcd.h"
+#include "events.h"
+
+#define WATCH_MAX_RANKS 256
+
+typedef struct watch_config {
+    el_etcd_t *etcd;
+    events_t *events;
+    const char *prefix;      /* the incarnation's keys */
+    int incarnation;
+    int world;
+    const int *slots;        /* slot of each rank */
+    pid_t mpirun;            /* leader of the incarnation's session */
+    double start_timeout_s, poll_s, peer_lost_grace_s;
+    volatile int *stop;      /* set by a signal: end the incarnation */
+} watch_config_t;
+
+typedef struct watch_result {
+    bool done;               /* mpirun exited 0: the trainer finished */
+    bool stopped;            /* *stop was set */
+    int n_blamed;
+    int blamed[WATCH_MAX_RANKS];   /* slots to mark failed */
+    int64_t last_step;       /* the highest step any rank reported */
+    int64_t resume_step;     /* the step the ranks resumed from (-1 before they report it) */
+    double launched_at, detected_at;   /* monotonic s */
+} watch_result_t;
+
+/* Watches until done or failure (emitting ranks_up, resumed, first_step, failure). */
+void watch_incarnation(const watch_config_t *c, watch_result_t *r);
+/* Ends the session of mpirun; returns its seconds, or -1 when processes survived SIGKILL. */
+double watch_teardown(pid_t mpirun, double grace_s);
+
+#endif /* MOE_TOOLS_WATCH_H */
