@@ -9,15 +9,17 @@
 
 Handles close on close(), at the end of `with`, or when collected; failures raise
 libmoe.Error(status, message). libmoe.torch (imported on its own, when PyTorch is installed)
-has MoELayer, an nn.Module over the CUDA backend. docs/python.md is the guide.
+has MoELayer, an nn.Module over the CUDA backend. libmoe.Member is a rank's membership
+under the elastic launcher (Member.from_env(rank)). docs/python.md is the guide.
 """
 from ._handle import live_handles
 from ._native import ENV_VAR, Library, load
 from ._native import lib as _lib
 from ._version import __version__
 from .ckpt import Checkpointer, CkptStatus, Entry, TrainState
-from .enums import (Axis, Backend, CkptState, CkptTier, CommBackend, Device, DType, LogLevel,
-                    LrDecay, ParamKind, PipeIssue, PipeOp, Placement, ScoreFn, Status)
+from .elastic import Member
+from .enums import (Axis, Backend, CkptState, CkptTier, CommBackend, Device, DType, ElasticPhase,
+                    LogLevel, LrDecay, ParamKind, PipeIssue, PipeOp, Placement, ScoreFn, Status)
 from .errors import ArgumentError, Error, LibraryNotFound
 from .layer import Layer, LayerStats, Param
 from .optim import AdamW, lr_schedule_rate
@@ -43,8 +45,8 @@ def status_string(status):
 __all__ = [
     "AdamW", "Action", "ArgumentError", "Axis", "Backend", "Checkpointer", "CkptState",
     "CkptStatus", "CkptTier", "CommBackend", "DType", "Device", "ENV_VAR", "EXIT_PEER_LOST",
-    "Entry", "Error",
-    "Layer", "LayerStats", "Library", "LibraryNotFound", "LogLevel", "LrDecay", "Param",
+    "ElasticPhase", "Entry", "Error",
+    "Layer", "LayerStats", "Library", "LibraryNotFound", "LogLevel", "LrDecay", "Member", "Param",
     "ParamKind",
     "PipeIssue", "PipeOp", "Pipeline", "PipelineStats", "Placement", "Runtime", "Schedule",
     "ScheduleInfo", "ScoreFn", "Status", "Tensor", "TrainState", "__version__", "as_tensor",

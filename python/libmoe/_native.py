@@ -129,6 +129,13 @@ SIGNATURES = {
     "moe_pipeline_get_schedule": (STATUS, [_vp, _pvp]),
     "moe_pipeline_train_step": (STATUS, [_vp, C.POINTER(C.c_double)]),
     "moe_pipeline_stats": (STATUS, [_vp, C.POINTER(S.PipelineStats)]),
+    # elastic.h
+    "moe_elastic_member_config_default": (S.ElasticMemberConfig, []),
+    "moe_elastic_member_create": (STATUS, [C.POINTER(S.ElasticMemberConfig), _pvp]),
+    "moe_elastic_member_create_from_env": (STATUS, [_i32, _pvp]),
+    "moe_elastic_member_report": (STATUS, [_vp, _e, _i64]),
+    "moe_elastic_member_report_exit": (STATUS, [_vp, _i32, _str]),
+    "moe_elastic_member_destroy": (STATUS, [_vp]),
 }
 
 

@@ -130,6 +130,12 @@ class PipelineStats(C.Structure):
                 ("buffers", C.c_int32)]
 
 
+class ElasticMemberConfig(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("endpoint", C.c_char_p), ("prefix", C.c_char_p),
+                ("slot", C.c_int32), ("rank", C.c_int32), ("ttl_ms", C.c_int32),
+                ("request_timeout_ms", C.c_int32)]
+
+
 # C type name -> mirror, for the layout test
 C_NAMES = {
     "moe_tensor_t": Tensor, "moe_mesh_config_t": MeshConfig,
@@ -140,4 +146,5 @@ C_NAMES = {
     "moe_ckpt_tensor_t": CkptTensor, "moe_ckpt_status_t": CkptStatus,
     "moe_pipeline_action_t": PipelineAction, "moe_pipeline_callbacks_t": PipelineCallbacks,
     "moe_pipeline_config_t": PipelineConfig, "moe_pipeline_stats_t": PipelineStats,
+    "moe_elastic_member_config_t": ElasticMemberConfig,
 }

@@ -121,6 +121,12 @@ class PipeIssue(enum.IntEnum):
     ORDERED = 2
 
 
+class ElasticPhase(enum.IntEnum):
+    STARTED = 0
+    RESUMED = 1
+    TRAINING = 2
+
+
 def to_enum(cls, value):
     """cls member for a member, its int value or its name in any case ("round_robin")."""
     if isinstance(value, cls):

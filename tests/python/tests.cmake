@@ -1,7 +1,7 @@
 # The Python package (python/libmoe) on the host backend, stdlib only: one CTest entry per
 # test_*.py file, each loading this build's libmoe.so through MOE_LIBRARY, and the distributed
-# layer under mpirun -np 4. Label ffi (not mpi: the sanitizer pass cannot load an ASan libmoe
-# into an unsanitized interpreter).
+# layer under mpirun -np 4; test_elastic.py starts its own etcd (skipped without one). Label ffi
+# (not mpi: the sanitizer pass cannot load an ASan libmoe into an unsanitized interpreter).
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
   set(_moe_py_env MOE_LIBRARY=$<TARGET_FILE:moe> PYTHONPATH=${PROJECT_SOURCE_DIR}/python

@@ -1,0 +1,63 @@
+"""A rank's elastic membership (include/moe/elastic.h, docs/elastic.md): an etcd lease kept alive
+by libmoe's own thread, with a member key saying who the rank is and how far it got, so the
+moe_elastic launcher sees a rank that dies or hangs; and an exit record for a rank that fails
+by itself."""
+import ctypes as C
+import os
+
+from . import _native
+from ._config import fill
+from ._handle import Handle
+from .enums import ElasticPhase, to_enum
+
+
+class Member(Handle):
+    """This rank's member of the incarnation under prefix, registered (phase STARTED) once made.
+    Keyword arguments are moe_elastic_member_config_t fields with the C defaults: endpoint
+    (etcd's JSON gateway, http://host:port), prefix ("/moe/<job>/inc/<n>"), slot, rank, ttl_ms
+    (5000), request_timeout_ms (2000). Raises Error (REMOTE_ERROR, TIMEOUT) when etcd does not
+    answer. close() revokes the lease (the member key goes with it) and raises the member's
+    first failure to renew, if any."""
+
+    kind = "elastic member"
+
+    def __init__(self, endpoint, prefix, slot, rank, **config):
+        lib = _native.lib()
+        cfg = fill(lib.moe_elastic_member_config_default(),
+                   dict(endpoint=endpoint, prefix=prefix, slot=slot, rank=rank, **config),
+                   "Member")
+        ptr = C.c_void_p()
+        lib.moe_elastic_member_create(C.byref(cfg), C.byref(ptr))
+        self._own(lib, ptr.value)
+
+    def _own(self, lib, ptr):
+        super().__init__(ptr, lib.moe_elastic_member_destroy)
+        self._lib = lib
+
+    @classmethod
+    def from_env(cls, rank):
+        """The member the launcher describes in the environment (MOE_ELASTIC_ENDPOINT, _PREFIX,
+        _SLOTS, _TTL_MS) for world rank `rank`; None when MOE_ELASTIC_ENDPOINT is unset (the
+        program was not started by the launcher). A malformed variable raises
+        Error(INVALID_ARGUMENT) naming it."""
+        lib = _native.lib()
+        ptr = C.c_void_p()
+        lib.moe_elastic_member_create_from_env(rank, C.byref(ptr))
+        if not ptr.value:
+            return None
+        member = cls.__new__(cls)
+        member._own(lib, ptr.value)
+        return member
+
+    def report(self, phase, step):
+        """Record progress: phase "started", "resumed" (step: the checkpoint's) or "training"
+        (step: the last optimizer step done). libmoe's thread writes it; this never waits on
+        etcd, but raises the member's first failure to renew (the lease expired)."""
+        self._lib.moe_elastic_member_report(self.ptr, int(to_enum(ElasticPhase, phase)), step)
+
+    def report_exit(self, code, cause=None):
+        """Write the exit record <prefix>/exit/<slot> (it outlives the process) before the
+        program exits with code: 0 done, libmoe.EXIT_PEER_LOST a peer was lost, other: this
+        rank failed; cause: a short text, or None."""
+        self._lib.moe_elastic_member_report_exit(
+            self.ptr, code, None if cause is None else os.fsencode(cause))
