@@ -70,7 +70,20 @@ int trainer_ckpt_save(trainer_ckpt_t *k, trainer_t *t, int64_t step)
     moe_status_t st = moe_ckpt_save_train_state(k->ck, step, k->state);
     clock_gettime(CLOCK_MONOTONIC, &b);
     k->last_stall_s = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
-    return st == MOE_STATUS_SUCCESS ? 0 : report("checkpoint save");
+    if (st != MOE_STATUS_SUCCESS) return report("checkpoint save");
+    k->uncommitted = 1;
+    return 0;
+}
+
+int trainer_ckpt_progress(trainer_ckpt_t *k)
+{
+    if (!k->ck || !k->uncommitted) return 0;
+    /* every rank gets the same SUCCESS or TIMEOUT (the wait agrees), so all keep the flag alike */
+    moe_status_t st = moe_ckpt_wait(k->ck, 0, 0);
+    if (st == MOE_STATUS_TIMEOUT) return 0; /* still being written somewhere: next step */
+    if (st != MOE_STATUS_SUCCESS) return report("checkpoint commit");
+    k->uncommitted = 0;
+    return 0;
 }
 
 int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)

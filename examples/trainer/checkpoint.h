@@ -17,6 +17,7 @@ typedef struct trainer_ckpt {
     moe_train_state_t *state;
     float data[4];       /* the seed in 16-bit limbs */
     double last_stall_s; /* time the last save held training */
+    int uncommitted;     /* a save is not yet known committed on every rank */
 } trainer_ckpt_t;
 
 /* Open the checkpointer on dir (with the config's S3 mirror) and list the trainer's state.
@@ -24,6 +25,13 @@ typedef struct trainer_ckpt {
 int trainer_ckpt_open(trainer_ckpt_t *k, trainer_t *t, const char *dir);
 /* Save the state as `step` (asynchronous). Collective. */
 int trainer_ckpt_save(trainer_ckpt_t *k, trainer_t *t, int64_t step);
+/* Commit the last save once its shards are durable on every rank. With several ranks libmoe
+ * commits only inside its collective calls, so without this a save would wait for the next
+ * one, and a failure would lose up to two checkpoint intervals instead of one (plus the
+ * write). Call once a step. Collective; while a save is uncommitted it costs two small
+ * all-reduces (moe_ckpt_wait with a zero timeout), otherwise nothing. Returns 0, or -1 on a
+ * checkpoint error. */
+int trainer_ckpt_progress(trainer_ckpt_t *k);
 /* Load the newest complete checkpoint; t->step becomes its step. Returns 0 when loaded, 1 when
  * there is none, -1 on failure. Collective. */
 int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t);

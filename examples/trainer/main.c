@@ -153,9 +153,12 @@ int main(int argc, char **argv)
             if (trainer_evaluate(&t, &r.val_loss) != MOE_STATUS_SUCCESS) die("evaluation");
             val = r.val_loss;
         }
+        double c0 = now();
+        if (trainer_ckpt_progress(&ck)) die("checkpoint commit");
+        r.ckpt_stall_s = now() - c0;
         if (ck.ck && c.ckpt_every > 0 && (t.step % c.ckpt_every == 0 || t.step == c.steps)) {
             if (trainer_ckpt_save(&ck, &t, t.step)) die("checkpoint save");
-            r.ckpt_stall_s = ck.last_stall_s;
+            r.ckpt_stall_s += ck.last_stall_s;
         }
         metrics_step(&mx, &t, &r);
         membership_step(t.step);
