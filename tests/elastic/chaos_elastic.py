@@ -44,6 +44,8 @@ import subprocess
 import sys
 import time
 
+from session import session_left
+
 p = argparse.ArgumentParser()
 p.add_argument("--launcher", required=True)
 p.add_argument("--trainer", required=True)
@@ -75,20 +77,6 @@ def rows(path):
         return [json.loads(l) for l in open(path) if l.strip()]
     except OSError:
         return []
-
-
-def session_left(sid):
-    """Processes of session sid still alive (zombies excluded)."""
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            f = open(f"/proc/{pid}/stat").read()
-        except OSError:
-            continue
-        fields = f[f.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            left.append(int(pid))
-    return left
 
 
 def wait_event(events, pred, limit_s):

@@ -20,6 +20,8 @@ import shutil
 import subprocess
 import sys
 
+from session import session_left
+
 p = argparse.ArgumentParser()
 p.add_argument("--launcher", required=True)
 p.add_argument("--fake", required=True)
@@ -53,15 +55,7 @@ for mode, rank, how in (("hang", 2, "hung"), ("fail", 1, "exit code 1"),
     ev = [json.loads(l) for l in open(events)]
     fails = [e for e in ev if e["event"] == "failure"]
     blamed = [(b["slot"], b["how"], b.get("detail", "")) for b in fails[0]["blamed"]] if fails else []
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            f = open(f"/proc/{pid}/stat").read()
-        except OSError:
-            continue
-        fields = f[f.rindex(")") + 2:].split()
-        if int(fields[3]) == proc.pid and fields[0] != "Z":
-            left.append(int(pid))
+    left = session_left(proc.pid)
     done = [e for e in ev if e["event"] == "done"]
     ok = (rc == 0 and len(fails) == 1 and [b[:2] for b in blamed] == [(rank, how)] and done
           and done[0]["incarnations"] == 2 and not left)
