@@ -2,17 +2,17 @@
 # The bundled trainer on the CUDA backend, in one call: build, the CUDA model against the host
 # model (test_trainer_cuda), the backend's ops against the host twins (test_cuda_ops: the
 # optimizer's passes among them), then for each model of bench/trainer/ (small, fine, coarse)
-# moe_train on one rank beside bench/torch_trainer.py on the same model, bytes and optimizer
-# settings (the trainer's effective config, `moe_train --print-config`), PyTorch eager and then
-# torch.compile, and test_trainer_cuda under compute-sanitizer memcheck;
-# $OUT/results/trainer.md from the runs (bench/write_results.py).
+# moe_train on one rank beside bench/torch_trainer.py in PyTorch eager on the same model, bytes
+# and optimizer settings (the trainer's effective config, `moe_train --print-config`);
+# $OUT/results/trainer.md from those runs (bench/write_results.py); test_trainer_cuda under
+# compute-sanitizer memcheck; then the PyTorch side under torch.compile, and the results again.
 # Usage (from the repository root, deps unpacked): bash scripts/gpu-machine/trainer.sh [phases]
-#   phases: build test ops bench compile sanitize (default: all, in this order); two: the small
+#   phases: build test ops bench sanitize compile (default: all, in this order); two: the small
 #   model on 2 ranks sharing the GPU (ep=2, MPI). MODELS="small fine" limits bench/compile.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 source scripts/gpu-machine/env.sh
-phases=${*:-build test ops bench compile sanitize}
+phases=${*:-build test ops bench sanitize compile}
 models=${MODELS:-small fine coarse}
 has() { [[ " $phases " == *" $1 "* ]] && echo "[$(date -u +%H:%M:%S)] $1"; }
 status=0
@@ -87,6 +87,17 @@ if has bench; then
       MOE_CUDA_EXPERT_GEMM=hopper
     run_torch "bench/trainer/$m.json"
   done
+  [ -s "$jsonl" ] && { write_results --only trainer "$jsonl" || status=1; }
+fi
+
+# memcheck before the compiled runs: the compiles take longest
+if has sanitize; then
+  timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+    "$B/tests/test_trainer_cuda" >/tmp/sanitize_trainer.log 2>&1
+  rc=$?
+  { echo "== memcheck test_trainer_cuda rc=$rc"; cat /tmp/sanitize_trainer.log; } >>"$OUT/trainer.log"
+  echo "compute-sanitizer memcheck test_trainer_cuda: rc=$rc $(grep 'ERROR SUMMARY' /tmp/sanitize_trainer.log | tail -1)"
+  [ $rc -eq 0 ] || { status=1; grep -m5 -A8 -E "Invalid|Error" /tmp/sanitize_trainer.log; }
 fi
 
 if has compile; then
@@ -101,16 +112,6 @@ import json; c = json.load(open('bench/trainer/small.json'))
 c['mesh'] = {'ep': 2}; c.setdefault('log', {})['peak_tflops'] = 387
 json.dump(c, open('/tmp/trainer_ep2.json', 'w'))"
   run_trainer "2 ranks sharing the GPU (ep=2, MPI)" 2 /tmp/trainer_ep2.json
-fi
-
-# last: memcheck is the slowest part (the measurements come back even when it runs out)
-if has sanitize; then
-  timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 99 \
-    "$B/tests/test_trainer_cuda" >/tmp/sanitize_trainer.log 2>&1
-  rc=$?
-  { echo "== memcheck test_trainer_cuda rc=$rc"; cat /tmp/sanitize_trainer.log; } >>"$OUT/trainer.log"
-  echo "compute-sanitizer memcheck test_trainer_cuda: rc=$rc $(grep 'ERROR SUMMARY' /tmp/sanitize_trainer.log | tail -1)"
-  [ $rc -eq 0 ] || { status=1; grep -m5 -A8 -E "Invalid|Error" /tmp/sanitize_trainer.log; }
 fi
 
 if [ -s "$jsonl" ]; then
