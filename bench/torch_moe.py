@@ -180,6 +180,7 @@ class TorchMoE(torch.nn.Module):
     def forward(self, x):
         n = x.shape[0]
         logits, topi, w, counts, pmean, z, _ = router_fwd(x, self.wg, self.k)
+        self.last_counts = counts  # tokens per expert of the last forward (bench/torch_trainer.py)
         aux = self.e * ((counts.float() / (n * self.k)) * pmean).sum()
         flat = topi.flatten()
         order = torch.argsort(flat, stable=True)

@@ -472,46 +472,58 @@ benchmark.
 
 
 def trainer_body(recs):
-    ours = [r for r in recs if r.get("bench") == "trainer_step" and not is_torch(r)]
+    steps = [r for r in recs if r.get("bench") == "trainer_step"]
+    ours = [r for r in steps if not is_torch(r)]
     if not ours:
         return None
-    torch_by_shape = {r["shape"]: r for r in recs if r.get("bench") == "trainer_step" and is_torch(r)}
     parts = []
-    for shape in OrderedDict((r["shape"], None) for r in ours):
-        runs = [r for r in ours if r["shape"] == shape]
-        ref = torch_by_shape.get(shape)
-        one = runs[0]  # the one-rank run: PyTorch's MFU is its MFU scaled by the step times
-        rows = []
-        def with_moe(p, phase):  # "forward (its MoE layers' share)" where measured
-            share = p.get("moe_" + phase)
-            return num(p[phase]) + (f" ({num(share)})" if share is not None else "")
 
-        for r in runs:
+    def loads(r):  # each MoE layer's busiest expert over the mean, median over the steps
+        v = r.get("max_over_mean") or []
+        return " / ".join(num(x, 3) for x in v) if v else "—"
+
+    for shape in OrderedDict((r["shape"], None) for r in steps):
+        torch_runs = [r for r in steps if r["shape"] == shape and is_torch(r)]
+        eager = next((r for r in torch_runs if r["variant"] == "eager"), None)
+        rows = []
+        for r in (r for r in ours if r["shape"] == shape):
             p = r["phases_ms"]
+            with_moe = lambda ph: num(p[ph]) + (f" ({num(p['moe_' + ph])})"  # noqa: E731
+                                                if "moe_" + ph in p else "")
+            opt = num(p["optimizer"]) + (f" ({num(r['optimizer_tbps'], 3)})"
+                                         if "optimizer_tbps" in r else "")
             rows.append([f"libmoe, {r['variant']}", num(r["ms"]), num(r["tokens_per_s"]),
-                         f"{100 * r['mfu']:.1f}%", with_moe(p, "forward"), with_moe(p, "backward"),
-                         num(p["loss"]), num(p["optimizer"]), num(p["pipeline_wait"]),
-                         ratio([r["ms"]], [ref["ms"]]) if ref else "—"])
-        if ref:
-            p = ref["phases_ms"]
-            mfu = one["mfu"] * one["ms"] / ref["ms"]
-            rows.append([f"{ref['impl']} eager", num(ref["ms"]), num(ref["tokens_per_s"]),
-                         f"{100 * mfu:.1f}%", f"{num(p['forward'])} (with the loss)",
-                         num(p["backward"]), "—", num(p["optimizer"]), "—", "1"])
+                         f"{100 * r['mfu']:.1f}%", with_moe("forward"), with_moe("backward"),
+                         num(p["loss"]), opt, loads(r),
+                         ratio([r["ms"]], [eager["ms"]]) if eager else "—"])
+        for r in torch_runs:
+            name = f"{r['impl']} {r['variant']}"
+            p = r["phases_ms"]
+            fwd = num(p["forward"]) + (f" ({num(p['moe_forward'])})" if "moe_forward" in p else "")
+            rows.append([name, num(r["ms"]), num(r["tokens_per_s"]), f"{100 * r['mfu']:.1f}%",
+                         fwd + ", with the loss", num(p["backward"]), "—", num(p["optimizer"]),
+                         loads(r), ratio([r["ms"]], [eager["ms"]]) if eager else "—"])
         parts.append(f"### {shape}\n\n" + table(
-            ["run", "step ms", "tokens/s", "MFU", "forward ms (MoE)", "backward ms (MoE)", "loss ms",
-             "optimizer ms", "pipeline wait ms", "step / PyTorch's"], rows) + "\n")
+            ["run", "step ms", "tokens/s", "MFU", "forward ms (MoE)", "backward ms (MoE)",
+             "loss ms", "optimizer ms (TB/s)", "load max/mean by layer", "step / PyTorch eager's"],
+            rows) + "\n")
     return """\
 The bundled trainer (examples/trainer/) on the CUDA backend: one training step (a global batch
-of B sequences of T bytes: forward, loss, backward, AdamW with fp32 masters) of the byte-level
-MoE language model, libmoe's `moe_train --backend cuda` beside the same model in PyTorch eager
-(bench/torch_trainer.py: SDPA attention, bench/torch_moe.py's MoE layer, bf16 autocast with
-fp32 masters, fused AdamW) in the same call. Medians over the timed steps (libmoe: the metrics
-file's steps after 5 warm-up steps; PyTorch: 20 steps after 5). Phases are rank 0's, each
-phase's GPU work waited for at its end, in brackets the MoE layers' share where measured
-(docs/trainer.md). MFU = model FLOPs / step time / 774
-TFLOP/s (the H200's measured bf16 GEMM rate; the 2-rank run shares that one GPU, so its peak
-is the same 774). The goal: libmoe's step at most 0.8x PyTorch's.
+of B sequences of T bytes: forward, loss, backward, gradient-norm clipping, AdamW with fp32
+masters) of the byte-level MoE language model, libmoe's `moe_train --backend cuda` on the
+configs of bench/trainer/ (small, fine, coarse) beside the same model in PyTorch in the same
+call (bench/torch_trainer.py: SDPA attention, bench/torch_moe.py's MoE layer, bf16 autocast
+with fp32 masters, fused AdamW, eager and under torch.compile). Both sides read the trainer's
+effective config: the same bytes step for step (the trainer's windows of `docs/` from its
+seed), the same AdamW settings, clipping and lr schedule, the same initial distributions (not
+the same values: the routers start apart). Medians over the steps after 5 warm-up steps.
+Phases: libmoe's are rank 0's, each phase's GPU work waited for at its end, in brackets the MoE
+layers' share (docs/trainer.md); PyTorch's between CUDA events, in brackets its MoE layers'
+forward. Optimizer: gradient norm, clipping and update; in brackets the bandwidth on the bytes
+it must move (34 per parameter: the norm's read of the f32 gradient, AdamW's 16 read and 14
+written) against the H200's 4.2 TB/s. Load: each MoE layer's busiest expert's slots over the
+mean. MFU = the trainer's model FLOPs / step time / 774 TFLOP/s (the H200's measured bf16 GEMM
+rate).
 
 """ + "\n".join(parts)
 

@@ -136,17 +136,32 @@ cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void *b, bool b_
 
 cudaError_t moe_cuda_bf16_to_f32(float *dst, const void *src, int64_t n, cudaStream_t stream);
 cudaError_t moe_cuda_f32_to_bf16(void *dst, const float *src, int64_t n, cudaStream_t stream);
-/* AdamW (moe/optim.h); bc1/bc2 are the bias corrections 1 - beta^step. */
-cudaError_t moe_cuda_adamw(float *master, float *m, float *v, void *param, const float *grad,
-                           int64_t n, float lr, float beta1, float beta2, float eps,
-                           float weight_decay, float grad_scale, float inv_bc1,
-                           float inv_sqrt_bc2, cudaStream_t stream);
-/* out[0] = sum of x[i]^2 in fp64: MOE_SUM_SQUARES_BLOCKS fixed partial sums (each thread a
- * fixed stride of x, each block a fixed tree), then one block's tree over them; partial is
- * device scratch of MOE_SUM_SQUARES_BLOCKS doubles, out a device double. */
-#define MOE_SUM_SQUARES_BLOCKS 512
-cudaError_t moe_cuda_sum_squares(const float *x, int64_t n, double *partial, double *out,
-                                 cudaStream_t stream);
+/* ---- the optimizer's multi-tensor passes (adamw.cu) ---- */
+
+/* A launch takes up to MOE_MT_TENSORS tensors (their pointers are kernel parameters); each
+ * block MOE_MT_CHUNK elements of one tensor. */
+#define MOE_MT_TENSORS 64
+#define MOE_MT_CHUNK 8192
+typedef struct moe_cuda_adamw_tensor {
+    float *master, *m, *v; /* f32 [n] */
+    void *param;           /* bf16 [n]: the updated master, rounded */
+    const float *grad;     /* f32 [n] */
+    int64_t n;
+} moe_cuda_adamw_tensor_t;
+/* AdamW (moe/optim.h) over count tensors (a host array); bc1/bc2 are the bias corrections
+ * 1 - beta^step. The host twin's arithmetic exactly (adamw.cu). */
+cudaError_t moe_cuda_adamw_multi(const moe_cuda_adamw_tensor_t *t, int32_t count, float lr,
+                                 float beta1, float beta2, float eps, float weight_decay,
+                                 float grad_scale, double bc1, double bc2, cudaStream_t stream);
+/* The partial sums moe_cuda_sum_squares_multi writes for these sizes: one per chunk. */
+int64_t moe_cuda_mt_chunks(const int64_t *n, int32_t count);
+/* out[0] = sum over the count tensors x[i] (host array of device pointers, n[i] floats) of
+ * their squares in fp64: a fixed partial per chunk (each thread a fixed stride of it, each
+ * block a fixed tree), then one block's tree over the partials, so the order depends on the
+ * sizes alone. partial: device scratch of moe_cuda_mt_chunks(n, count) doubles; out: one
+ * device double. */
+cudaError_t moe_cuda_sum_squares_multi(const float *const *x, const int64_t *n, int32_t count,
+                                       double *partial, double *out, cudaStream_t stream);
 
 /* ---- pointer arrays (pointer_upload.cu) ---- */
 

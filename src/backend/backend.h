@@ -132,14 +132,21 @@ typedef struct moe_experts {
     bool overwrite_grads;
 } moe_experts_t;
 
-/* One AdamW update over n elements (see moe/optim.h for the formula). */
-typedef struct moe_adamw_update {
+/* One parameter tensor of an AdamW step: n elements. */
+typedef struct moe_adamw_tensor {
     int64_t n;
-    float lr, beta1, beta2, eps, weight_decay, grad_scale;
-    int64_t step;              /* 1-based, for bias correction */
     float *master, *m, *v;     /* f32 [n] */
     void *param;               /* act [n] receives the updated master (rounded) */
     const float *grad;         /* f32 [n] */
+} moe_adamw_tensor_t;
+
+/* One AdamW step over a list of tensors (see moe/optim.h for the formula): one pass over
+ * their memory, each element's arithmetic the host twin's, the same for every tensor. */
+typedef struct moe_adamw_update {
+    float lr, beta1, beta2, eps, weight_decay, grad_scale;
+    int64_t step;                      /* 1-based, for bias correction */
+    const moe_adamw_tensor_t *tensors; /* host array [count] */
+    int32_t count;
 } moe_adamw_update_t;
 
 /* ---- the table ------------------------------------------------------------------------------ */
@@ -205,11 +212,13 @@ typedef struct moe_backend_ops {
     moe_status_t (*experts_forward)(void *ctx, const moe_experts_t *a);
     moe_status_t (*experts_backward)(void *ctx, const moe_experts_t *a);
     moe_status_t (*adamw_update)(void *ctx, const moe_adamw_update_t *a);
-    /* *out = sum of x[i]^2 over n f32 values on the backend's device, accumulated in fp64 in
-     * an order fixed by n alone (the same result run to run; the two backends' orders differ,
-     * so their results may differ in the last bits). Blocking: *out is set on return. The
+    /* *out = sum of x[t][i]^2 over the count tensors (a host array of pointers to n[t] f32
+     * values on the backend's device), accumulated in fp64 in an order fixed by the sizes
+     * alone (the same result run to run; the two backends' orders differ, so their results
+     * may differ in the last bits). Blocking: *out is set on return, after one wait. The
      * gradient norm for clipping. */
-    moe_status_t (*sum_squares)(void *ctx, const float *x, int64_t n, double *out);
+    moe_status_t (*sum_squares)(void *ctx, const float *const *x, const int64_t *n,
+                                int32_t count, double *out);
 } moe_backend_ops_t;
 
 typedef struct moe_backend {

@@ -293,24 +293,39 @@ static moe_status_t step_rate(moe_adamw_t *opt, float lr, float *rate)
     return MOE_STATUS_SUCCESS;
 }
 
-/* The clipping factor for this step's averaged gradient (grad * scale), 1 without clipping. */
+/* The clipping factor for this step's averaged gradient (grad * scale), 1 without clipping:
+ * the squares of every gradient this rank counts in one pass on their device, one wait. */
 static moe_status_t clip_factor(moe_adamw_t *opt, float scale, float *factor)
 {
     *factor = 1.0f;
     opt->last_grad_norm = -1;
     if (opt->max_grad_norm <= 0) return MOE_STATUS_SUCCESS;
-    double share = 0;
-    for (int32_t i = 0; i < opt->count; i++) {
-        double sq;
-        MOE_TRY(moe_grad_sq_share(opt->rt, &opt->params[i].info, &sq));
-        share += sq;
+    const float **grads = malloc(sizeof *grads * (size_t)(opt->count + 1));
+    int64_t *sizes = malloc(sizeof *sizes * (size_t)(opt->count + 1));
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    if (!grads || !sizes) {
+        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "gradient list of %d", opt->count);
+        goto fail;
     }
-    double norm;
-    MOE_TRY(moe_grad_norm_reduce(opt->rt, share, &norm));
+    int32_t counted = 0;
+    for (int32_t i = 0; i < opt->count; i++) {
+        const moe_param_info_t *info = &opt->params[i].info;
+        if (!moe_grad_counted_here(opt->rt, info)) continue;
+        grads[counted] = info->grad.data;
+        sizes[counted++] = moe_tensor_numel(&info->grad);
+    }
+    double share = 0, norm;
+    if (counted > 0)
+        MOE_TRY_GOTO(st, MOE_OPS(opt->rt)->sum_squares(MOE_CTX(opt->rt), grads, sizes, counted,
+                                                       &share));
+    MOE_TRY_GOTO(st, moe_grad_norm_reduce(opt->rt, share, &norm));
     norm *= scale;
     opt->last_grad_norm = norm;
     if (norm > opt->max_grad_norm) *factor = (float)(opt->max_grad_norm / norm);
-    return MOE_STATUS_SUCCESS;
+fail:
+    free(grads);
+    free(sizes);
+    return st;
 }
 
 moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
@@ -332,19 +347,28 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
     float scale = grad_scale / (float)moe_grad_replicas(rt), clip;
     MOE_TRY(clip_factor(opt, scale, &clip));
     scale *= clip;
-    opt->steps++;
-    opt->last_lr = rate;
+    /* every parameter in one pass (the backend's multi-tensor update) */
+    moe_adamw_tensor_t *tensors = malloc(sizeof *tensors * (size_t)(opt->count + 1));
+    if (!tensors) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "parameter list of %d", opt->count);
+    int32_t count = 0;
     for (int32_t i = 0; i < opt->count; i++) {
         adamw_param_t *p = &opt->params[i];
-        moe_adamw_update_t u = {
-            .n = moe_tensor_numel(&p->info.value), .lr = rate,
-            .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2, .eps = opt->cfg.eps,
-            .weight_decay = opt->cfg.weight_decay, .grad_scale = scale, .step = opt->steps,
-            .master = p->state[0], .m = p->state[1], .v = p->state[2],
-            .param = p->info.value.data, .grad = p->info.grad.data,
-        };
-        if (u.n > 0) MOE_TRY(MOE_OPS(rt)->adamw_update(MOE_CTX(rt), &u));
+        int64_t n = moe_tensor_numel(&p->info.value);
+        if (n > 0)
+            tensors[count++] = (moe_adamw_tensor_t){
+                .n = n, .master = p->state[0], .m = p->state[1], .v = p->state[2],
+                .param = p->info.value.data, .grad = p->info.grad.data};
     }
+    moe_adamw_update_t u = {
+        .lr = rate, .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2, .eps = opt->cfg.eps,
+        .weight_decay = opt->cfg.weight_decay, .grad_scale = scale, .step = opt->steps + 1,
+        .tensors = tensors, .count = count,
+    };
+    moe_status_t st = MOE_OPS(rt)->adamw_update(MOE_CTX(rt), &u);
+    free(tensors);
+    MOE_TRY(st);
+    opt->steps++;
+    opt->last_lr = rate;
     return MOE_STATUS_SUCCESS;
 }
 

@@ -12,14 +12,10 @@ static bool counts_here(const moe_mesh_t *m, const moe_param_info_t *info)
     return tp_first && m->coord[MOE_AXIS_EP] == 0 && m->coord[MOE_AXIS_DP] == 0;
 }
 
-moe_status_t moe_grad_sq_share(moe_runtime_t *rt, const moe_param_info_t *info, double *sq)
+bool moe_grad_counted_here(const moe_runtime_t *rt, const moe_param_info_t *info)
 {
-    *sq = 0;
-    int64_t n = moe_tensor_numel(&info->grad);
-    if (n <= 0 || info->kind == MOE_PARAM_BUFFER || !counts_here(rt->mesh, info))
-        return MOE_STATUS_SUCCESS;
-    /* on the gradient's device: a copy to the host would move every gradient each step */
-    return MOE_OPS(rt)->sum_squares(MOE_CTX(rt), info->grad.data, n, sq);
+    return moe_tensor_numel(&info->grad) > 0 && info->kind != MOE_PARAM_BUFFER &&
+           counts_here(rt->mesh, info);
 }
 
 moe_status_t moe_grad_norm_reduce(moe_runtime_t *rt, double share, double *norm)

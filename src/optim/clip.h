@@ -14,9 +14,10 @@
 
 #include "../runtime/runtime.h"
 
-/* This rank's share of the squared norm of one parameter's gradient (0 where another replica
- * counts it), summed on the gradient's device (the backend's sum_squares). */
-moe_status_t moe_grad_sq_share(moe_runtime_t *rt, const moe_param_info_t *info, double *sq);
+/* Whether this rank adds the square of this parameter's gradient to its share of the norm
+ * (false where another replica counts it, or it has no elements). The share itself is one
+ * sum of squares over the counted gradients on their device (the backend's sum_squares). */
+bool moe_grad_counted_here(const moe_runtime_t *rt, const moe_param_info_t *info);
 /* sqrt of the sum of every rank's share. Collective over the world. */
 moe_status_t moe_grad_norm_reduce(moe_runtime_t *rt, double share, double *norm);
 

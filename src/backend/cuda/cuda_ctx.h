@@ -105,7 +105,8 @@ moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a);
 moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a);
 moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a);
 moe_status_t moe_cuda_act_to_f32(void *ctx, float *dst, const void *src, int64_t n);
-moe_status_t moe_cuda_sum_squares_op(void *ctx, const float *x, int64_t n, double *out);
+moe_status_t moe_cuda_sum_squares_op(void *ctx, const float *const *x, const int64_t *n,
+                                     int32_t count, double *out);
 moe_status_t moe_cuda_f32_to_act(void *ctx, void *dst, const float *src, int64_t n);
 
 #endif /* MOE_CUDA_CTX_H */

@@ -7,6 +7,7 @@
  * C = A·B (row-major) is computed as C^T = B^T·A^T.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../../kernels/kernels.h"
@@ -181,22 +182,32 @@ moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *d
 moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a)
 {
     cuda_ctx_t *c = ctx;
+    if (a->count <= 0) return MOE_STATUS_SUCCESS;
+    moe_cuda_adamw_tensor_t *t = malloc(sizeof *t * (size_t)a->count);
+    if (!t) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "AdamW tensor list of %d", a->count);
+    for (int32_t i = 0; i < a->count; i++) {
+        const moe_adamw_tensor_t *p = &a->tensors[i];
+        t[i] = (moe_cuda_adamw_tensor_t){p->master, p->m, p->v, p->param, p->grad, p->n};
+    }
     /* bias corrections in fp64 on the host, as the host twin computes them */
     double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
-    MOE_CUDA_CHECK(moe_cuda_adamw(a->master, a->m, a->v, a->param, a->grad, a->n, a->lr, a->beta1,
-                              a->beta2, a->eps, a->weight_decay, a->grad_scale,
-                              (float)(1.0 / bc1), (float)(1.0 / sqrt(bc2)), c->stream));
+    cudaError_t rc = moe_cuda_adamw_multi(t, a->count, a->lr, a->beta1, a->beta2, a->eps,
+                                          a->weight_decay, a->grad_scale, bc1, bc2, c->stream);
+    free(t);
+    MOE_CUDA_CHECK(rc);
     return MOE_STATUS_SUCCESS;
 }
 
-moe_status_t moe_cuda_sum_squares_op(void *ctx, const float *x, int64_t n, double *out)
+moe_status_t moe_cuda_sum_squares_op(void *ctx, const float *const *x, const int64_t *n,
+                                     int32_t count, double *out)
 {
     cuda_ctx_t *c = ctx;
     void *ws;
-    /* the partials and the sum in the workspace; 8 bytes come back */
-    MOE_TRY(moe_cuda_workspace(c, sizeof(double) * (MOE_SUM_SQUARES_BLOCKS + 1), &ws));
-    double *partial = ws, *sum = partial + MOE_SUM_SQUARES_BLOCKS;
-    MOE_CUDA_CHECK(moe_cuda_sum_squares(x, n, partial, sum, c->stream));
+    /* the partials and the sum in the workspace; 8 bytes come back, after the one wait */
+    int64_t chunks = moe_cuda_mt_chunks(n, count);
+    MOE_TRY(moe_cuda_workspace(c, sizeof(double) * (size_t)(chunks + 1), &ws));
+    double *partial = ws, *sum = partial + chunks;
+    MOE_CUDA_CHECK(moe_cuda_sum_squares_multi(x, n, count, partial, sum, c->stream));
     MOE_CUDA_CHECK(cudaMemcpyAsync(out, sum, sizeof *out, cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     return MOE_STATUS_SUCCESS;

@@ -45,11 +45,13 @@ static moe_status_t host_copy(void *ctx, void *dst, const void *src, size_t byte
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t host_sum_squares(void *ctx, const float *x, int64_t n, double *out)
+static moe_status_t host_sum_squares(void *ctx, const float *const *x, const int64_t *n,
+                                     int32_t count, double *out)
 {
     (void)ctx;
     double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    for (int32_t t = 0; t < count; t++)
+        for (int64_t i = 0; i < n[t]; i++) s += (double)x[t][i] * (double)x[t][i];
     *out = s;
     return MOE_STATUS_SUCCESS;
 }

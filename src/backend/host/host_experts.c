@@ -87,22 +87,30 @@ moe_status_t moe_host_experts_backward(void *ctx, const moe_experts_t *a)
     return MOE_STATUS_SUCCESS;
 }
 
+/* The reference arithmetic the CUDA pass repeats operation for operation (kernels/adamw.cu):
+ * the moments in fp32, the bias corrections, the step and the decay in fp64. */
+static void adamw_tensor(const moe_adamw_update_t *a, const moe_adamw_tensor_t *t, double bc1,
+                         double bc2)
+{
+    const float *grad = t->grad;
+    float *param = t->param;
+    for (int64_t i = 0; i < t->n; i++) {
+        float g = grad[i] * a->grad_scale;
+        t->m[i] = a->beta1 * t->m[i] + (1.0f - a->beta1) * g;
+        t->v[i] = a->beta2 * t->v[i] + (1.0f - a->beta2) * g * g;
+        double mhat = t->m[i] / bc1, vhat = t->v[i] / bc2;
+        double p = t->master[i];
+        p -= a->lr * (mhat / (sqrt(vhat) + a->eps) + a->weight_decay * p);
+        t->master[i] = (float)p;
+        param[i] = (float)p;
+    }
+}
+
 moe_status_t moe_host_adamw_update(void *ctx, const moe_adamw_update_t *a)
 {
     (void)ctx;
-    const float *grad = a->grad;
-    float *param = a->param;
     double bc1 = 1.0 - pow(a->beta1, (double)a->step);
     double bc2 = 1.0 - pow(a->beta2, (double)a->step);
-    for (int64_t i = 0; i < a->n; i++) {
-        float g = grad[i] * a->grad_scale;
-        a->m[i] = a->beta1 * a->m[i] + (1.0f - a->beta1) * g;
-        a->v[i] = a->beta2 * a->v[i] + (1.0f - a->beta2) * g * g;
-        double mhat = a->m[i] / bc1, vhat = a->v[i] / bc2;
-        double p = a->master[i];
-        p -= a->lr * (mhat / (sqrt(vhat) + a->eps) + a->weight_decay * p);
-        a->master[i] = (float)p;
-        param[i] = (float)p;
-    }
+    for (int32_t i = 0; i < a->count; i++) adamw_tensor(a, &a->tensors[i], bc1, bc2);
     return MOE_STATUS_SUCCESS;
 }
