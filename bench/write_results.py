@@ -280,7 +280,9 @@ on cuBLAS; "auto, SwiGLU GEMMs": auto with the opt-in `MOE_CUDA_SWIGLU_GEMM=1`, 
 The backward writes the weight gradients (fp32, beta = 0: the layer's backward after the
 gradients were discarded, as PyTorch's with them set to None); "auto, dW +=" adds into them
 (gradient accumulation). "fastest mode": the fastest of the GEMM issue modes (auto and its
-variants aside), and auto's time over it.
+variants aside), and auto's time over it; auto runs first in each load, and where it takes
+the same path as a mode's column the two figures have differed by up to 15% (the clock under
+the power cap moves within a load), so that ratio is only as close as those runs agree.
 Loads, the same total rows (bench_moe.c's expert_rows; expert e holds popularity rank
 e·37 mod E): equal rows; "routed", T + 2.5·sqrt(T)·[-1, 1) rows by rank, about the spread of
 random top-k routing; "uneven", [0.25, 1.75)·T rows by rank; "skewed", heavy-tailed as early

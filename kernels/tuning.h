@@ -123,28 +123,25 @@
 #define MOE_TUNE_STREAMS_MAX_MEAN_ROWS 2048         /* ... below these mean rows each */
 
 /* Uneven rows on Hopper, where the grouped sm_90a kernels fit: those kernels (one launch a
- * GEMM kind over the real row counts) for the GEMMs whose M is n_e, from
- * MOE_TUNE_HOPPER_MIN_EXPERTS experts, where they cost less than cuBLAS's calls an expert.
- * The cost each path pays, counted in rows: the kernels' tiles walk the concatenated rows
- * MOE_TUNE_HOPPER_ROW_TILE at a time an expert (sum of n_e rounded up to the tile), at a rate
- * MOE_TUNE_HOPPER_RATE_MARGIN_PCT % below cuBLAS's on large experts; a cuBLAS call an expert
- * costs at least the rows of MOE_TUNE_CUBLAS_EXPERT_MIN_MFLOP forward FLOPs (6 n_e H F), about
- * 34 us at 700 TFLOP/s: below, it is launch- and wave-bound (64 experts of 134-890 rows, H =
- * 2048, F = 1408: side streams 1.77 ms, 28 us an expert). So the choice follows the load's
- * shape, not its mean: a heavy tail of near-empty experts or many small ones go to the
- * kernels, experts that are all large enough for cuBLAS to cuBLAS. Forward ms, kernels vs side
- * streams: 64 x 512 x 2048 x 1408 uneven 0.96 vs 1.77, 128 x 256 x 2048 x 768 routed 0.64 vs
- * 3.26; at T = 1024, H = 7168 they lose (32 x 1024 x 7168 x 2048 routed 4.97 vs 4.75), at
- * T >= 2048 on even spreads they tie or lose by up to 5%; bench/results/experts.md has every
- * load. Their dW GEMMs on cuBLAS's grouped GEMM from MOE_TUNE_GROUPED_DW_MIN_EXPERTS experts
- * under MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS rows each, else per expert as above. Backward ms with
+ * GEMM kind over the real row counts, tiles over the concatenated rows) for the GEMMs whose M
+ * is n_e, from MOE_TUNE_HOPPER_MIN_EXPERTS experts under MOE_TUNE_HOPPER_MAX_MEAN_ROWS rows
+ * each on average. The mean decides, not the spread: on every load bench_moe measures
+ * (routed, uneven, heavy-tailed "skewed" with a quarter of the experts near-empty, one "hot"
+ * expert with a quarter of the rows) the kernels win at 256-512 rows an expert and cuBLAS's
+ * per-expert calls tie or win from 1024, the near-empty experts' calls hidden on the side
+ * streams beside the large ones. Forward ms, kernels vs side streams: 64 x 512 x 2048 x 1408
+ * uneven 0.94 vs 1.59, skewed 0.97 vs 1.55; 128 x 256 x 2048 x 768 routed 0.63 vs 3.27;
+ * 64 x 1536 x 2048 x 1408 (the trainer's fine-grained experts) skewed 3.03 vs 2.99, hot 3.17
+ * vs 2.90 (backward 6.78 vs 6.36, 7.01 vs 6.38); 32 x 1024 x 7168 x 2048 routed 4.93 vs 4.60.
+ * A cost model of tiled rows against a per-call floor of cuBLAS (the near-empty experts
+ * charged as if serial) took the kernels on the trainer's shape and lost there by up to 10%.
+ * Their dW GEMMs on cuBLAS's grouped GEMM from MOE_TUNE_GROUPED_DW_MIN_EXPERTS experts under
+ * MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS rows each, else per expert as above. Backward ms with
  * every GEMM on cuBLAS's grouped GEMM (mode grouped) against side streams: 128 x 256 x 2048 x
- * 768 routed 3.11 vs 6.03, 64 x 512 x 2048 x 1408 routed 3.98 vs 3.14. docs/cuda-backend.md
- * has the tables. */
+ * 768 routed 3.11 vs 6.03, 64 x 512 x 2048 x 1408 routed 3.98 vs 3.14. bench/results/experts.md
+ * has every load. */
 #define MOE_TUNE_HOPPER_MIN_EXPERTS 16              /* grouped kernels from these experts */
-#define MOE_TUNE_HOPPER_ROW_TILE 128                /* the kernels' rows a tile */
-#define MOE_TUNE_HOPPER_RATE_MARGIN_PCT 5           /* their rate below cuBLAS's, percent */
-#define MOE_TUNE_CUBLAS_EXPERT_MIN_MFLOP 24000      /* the least a cuBLAS call an expert costs */
+#define MOE_TUNE_HOPPER_MAX_MEAN_ROWS 1024          /* ... below these mean rows each */
 #define MOE_TUNE_GROUPED_DW_MIN_EXPERTS 128         /* cuBLAS grouped dW from these experts */
 #define MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS 512       /* ... below these mean rows each */
 

@@ -240,23 +240,6 @@ static bool hopper_fits(const cuda_ctx_t *c, const moe_experts_t *x)
     return c->sm90_kernels && moe_cuda_swiglu_gemm_fits(x->el, x->h, x->f);
 }
 
-/* Whether the grouped kernels pay for fewer rows than cuBLAS's per-expert calls on this load
- * (the cost model and its measurements: kernels/tuning.h). */
-static bool hopper_pays(const moe_experts_t *x)
-{
-    if (x->el < MOE_TUNE_HOPPER_MIN_EXPERTS) return false;
-    int64_t tiled = 0, cublas = 0,
-            least = MOE_TUNE_CUBLAS_EXPERT_MIN_MFLOP * (int64_t)1000000 / (6 * x->h * x->f);
-    for (int32_t e = 0; e < x->el; e++) {
-        int64_t rows = x->host_offsets[e + 1] - x->host_offsets[e];
-        if (rows == 0) continue;
-        tiled += (rows + MOE_TUNE_HOPPER_ROW_TILE - 1) / MOE_TUNE_HOPPER_ROW_TILE *
-                 MOE_TUNE_HOPPER_ROW_TILE;
-        cublas += rows > least ? rows : least;
-    }
-    return tiled * (100 + MOE_TUNE_HOPPER_RATE_MARGIN_PCT) < cublas * 100;
-}
-
 static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
 {
     int64_t uni = uniform_rows(x);
@@ -267,11 +250,13 @@ static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
     if (m != CUDA_GEMM_AUTO) return m;
     /* Measured on the H200 (docs/cuda-backend.md; the thresholds: kernels/tuning.h): the loop
      * wins for a few large experts, strided batched whenever sizes are equal and experts are
-     * small, the grouped Hopper kernels where their tiles cost fewer rows than cuBLAS's calls,
-     * else side streams. */
+     * small, the grouped Hopper kernels for uneven small ones, else side streams. */
     if (uni > 0 && (x->el >= MOE_TUNE_BATCHED_MIN_EXPERTS || uni < MOE_TUNE_BATCHED_MAX_ROWS))
         return CUDA_GEMM_BATCHED;
-    if (hopper_fits(c, x) && hopper_pays(x)) return CUDA_GEMM_HOPPER;
+    int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
+    if (hopper_fits(c, x) && x->el >= MOE_TUNE_HOPPER_MIN_EXPERTS &&
+        mean_rows < MOE_TUNE_HOPPER_MAX_MEAN_ROWS)
+        return CUDA_GEMM_HOPPER;
     return per_expert_mode(x);
 }
 
