@@ -256,19 +256,39 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
 typedef struct experts_arg {
     moe_backend_t be;
     moe_experts_t x;
+    int64_t *offsets;         /* x.host_offsets */
+    const int64_t *fresh;     /* the load's rows, moved a little before each run; or NULL */
 } experts_arg_t;
+
+/* The "fresh counts" load: run i moves 1 + 7 i + j % 7 rows (at most what it has) from expert
+ * 2j + 1 to expert 2j, so that the counts, and with them the per-expert GEMMs' shapes, change
+ * from run to run as a training step's routing does, while the total stays. */
+static void refresh_counts(experts_arg_t *a, int i)
+{
+    if (!a->fresh) return;
+    int32_t el = a->x.el;
+    for (int32_t e = 0; e < el; e++) {
+        int64_t n = a->fresh[e];
+        if (e + 1 < el || e % 2) {
+            int64_t odd = a->fresh[e | 1], move = 1 + 7 * (int64_t)i + (e / 2) % 7;
+            move = move < odd ? move : odd;
+            n += e % 2 ? -move : move;
+        }
+        a->offsets[e + 1] = a->offsets[e] + n;
+    }
+}
 
 static void run_experts_fwd(void *p, int i)
 {
-    (void)i;
     experts_arg_t *a = p;
+    refresh_counts(a, i);
     CK(a->be.ops->experts_forward(a->be.ctx, &a->x));
 }
 
 static void run_experts_bwd(void *p, int i)
 {
-    (void)i;
     experts_arg_t *a = p;
+    refresh_counts(a, i);
     CK(a->be.ops->experts_backward(a->be.ctx, &a->x));
 }
 
@@ -282,11 +302,14 @@ static void run_experts_bwd(void *p, int i)
  *             Zipf-like, as 1 / (r + El/16) (the busiest 4.3-6.3 x the mean), the last
  *             quarter near-empty (T/64 rows, the last rank none)
  *   hot       one expert a quarter of the rows, the others the same share of the rest
+ *   skewed, fresh counts  skewed with rows moved between neighbouring experts before each run
+ *             (refresh_counts); libmoe's modes alone (PyTorch's one grouped call takes its
+ *             counts on the device)
  *   replay Ll the per-expert counts of layer l in the last line of MOE_BENCH_COUNTS (the
  *             trainer's metrics file, JSON lines with layers[].tokens_per_expert), scaled to R;
  *             on the shapes whose El is the file's expert count
  * Every remainder goes to the rank 0 expert. */
-enum { LOAD_EVEN, LOAD_ROUTED, LOAD_UNEVEN, LOAD_SKEWED, LOAD_HOT, LOAD_REPLAY };
+enum { LOAD_EVEN, LOAD_ROUTED, LOAD_UNEVEN, LOAD_SKEWED, LOAD_HOT, LOAD_FRESH, LOAD_REPLAY };
 
 static void expert_rows(int load, int32_t el, int64_t t, const int64_t *replay, int64_t *rows)
 {
@@ -298,8 +321,9 @@ static void expert_rows(int load, int32_t el, int64_t t, const int64_t *replay, 
         if (load == LOAD_ROUTED) n = (int64_t)(t + 2.5 * sqrt((double)t) * (2 * u - 1));
         if (load == LOAD_UNEVEN) n = (int64_t)(t * (0.25 + 1.5 * u));
         if (load == LOAD_HOT) n = rank == 0 ? r / 4 : (r - r / 4) / (el - 1);
-        if (load == LOAD_SKEWED && rank >= el - tail) n = rank == el - 1 ? 0 : t / 64;
-        if (load == LOAD_SKEWED && rank < el - tail) {
+        bool skewed = load == LOAD_SKEWED || load == LOAD_FRESH;
+        if (skewed && rank >= el - tail) n = rank == el - 1 ? 0 : t / 64;
+        if (skewed && rank < el - tail) {
             n = 0; /* after the tail is counted */
             w_sum += ((int64_t)1 << 40) / (16 * rank + el);
         }
@@ -307,7 +331,7 @@ static void expert_rows(int load, int32_t el, int64_t t, const int64_t *replay, 
         rows[e] = n;
         acc += n;
     }
-    if (load == LOAD_SKEWED) {
+    if (load == LOAD_SKEWED || load == LOAD_FRESH) {
         int64_t head = r - acc;
         for (int32_t e = 0; e < el; e++) {
             int32_t rank = (int32_t)(e * 37 % el);
@@ -366,6 +390,12 @@ static int64_t *replay_counts(const char *path, int32_t el, int *layers)
     return out;
 }
 
+static const char *mode_name(cuda_gemm_mode_t m)
+{
+    static const char *names[] = {"auto", "loop", "streams", "batched", "grouped", "hopper"};
+    return m >= CUDA_GEMM_AUTO && m <= CUDA_GEMM_HOPPER ? names[m] : "?";
+}
+
 static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
 {
     /* issue 31's five (fine-grained E=64, DeepSeek-V3-like at ep = 8, Qwen3-MoE-like, a few
@@ -404,7 +434,7 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
         int replay_layers = 0;
         int64_t *replay = counts_file && *counts_file ? replay_counts(counts_file, el, &replay_layers)
                                                       : NULL;
-        experts_arg_t a = {.be = be};
+        experts_arg_t a = {.be = be, .offsets = off};
         a.x = (moe_experts_t){.h = h, .f = f, .el = el, .host_offsets = off,
                               .w1 = dalloc(2 * el * h * 2 * f), .w2 = dalloc(2 * el * f * h),
                               .xp = dalloc(2 * r * h), .hpre = dalloc(2 * r * 2 * f),
@@ -418,7 +448,8 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
         CU(bench_fill_bf16((void *)a.x.d_out, r * h, 14, 1.0f, stream));
         CU(bench_fill_f32(a.x.dw1, el * h * 2 * f, 15, 0.0f, stream));
         CU(bench_fill_f32(a.x.dw2, el * f * h, 16, 0.0f, stream));
-        const char *load_names[] = {"", " routed", " uneven", " skewed", " hot"};
+        const char *load_names[] = {"", " routed", " uneven", " skewed", " hot",
+                                    " skewed, fresh counts"};
         for (int load = 0; load < LOAD_REPLAY + replay_layers; load++) {
             int kind = load < LOAD_REPLAY ? load : LOAD_REPLAY;
             expert_rows(kind, el, t, replay ? replay + (size_t)(load - kind) * el : NULL, rows);
@@ -436,10 +467,21 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
                          (long long)h, (long long)f, load_names[load]);
             fprintf(stderr, "%s: busiest expert %.2f x the mean rows\n", shape,
                     (double)most / (double)t);
+            /* the mode auto takes on these counts, so that its pick's own column can be read
+             * against the fastest (auto's runs come first, at another clock) */
+            c->gemm_mode = CUDA_GEMM_AUTO;
+            c->swiglu_gemm = as_set;
+            printf("{\"impl\":\"libmoe\",\"bench\":\"experts_pick\",\"shape\":\"%s\","
+                   "\"variant\":\"auto\",\"picks\":\"%s\"}\n",
+                   shape, mode_name(moe_cuda_experts_mode(c, &a.x)));
+            a.fresh = kind == LOAD_FRESH ? rows : NULL;
             double flops = 6.0 * r * h * f;
             for (size_t m = 0; m < sizeof variants / sizeof variants[0]; m++) {
                 const variant_t *v = &variants[m];
                 if (kind != LOAD_EVEN && v->mode == CUDA_GEMM_BATCHED) continue;
+                if (kind == LOAD_FRESH && (v->swiglu_gemm || v->accumulate ||
+                                           v->mode == CUDA_GEMM_GROUPED))
+                    continue;
                 if (v->swiglu_gemm && !extra) continue;
                 if (forced && *forced && strcmp(forced, v->name) != 0) continue;
                 c->gemm_mode = v->mode;
@@ -457,6 +499,7 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
             }
             c->gemm_mode = CUDA_GEMM_AUTO;
             c->swiglu_gemm = as_set;
+            a.fresh = NULL;
         }
         CU(cudaDeviceSynchronize());
         void *p[] = {(void *)a.x.w1, (void *)a.x.w2, (void *)a.x.xp, a.x.hpre, a.x.act, a.x.out,

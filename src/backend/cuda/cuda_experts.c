@@ -260,6 +260,11 @@ static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
     return per_expert_mode(x);
 }
 
+cuda_gemm_mode_t moe_cuda_experts_mode(const void *ctx, const moe_experts_t *a)
+{
+    return choose_mode(ctx, a);
+}
+
 /* Issue the GEMM kinds kinds[0..nk) for every expert with rows, in the given mode. Within one
  * expert the kinds run in order on one stream (they may depend on each other). */
 static moe_status_t run_experts(cuda_ctx_t *c, const moe_experts_t *x, cuda_gemm_mode_t mode,
