@@ -258,11 +258,13 @@ typedef struct experts_arg {
     moe_experts_t x;
     int64_t *offsets;         /* x.host_offsets */
     const int64_t *fresh;     /* the load's rows, moved a little before each run; or NULL */
+    int variant;              /* the variant measured, for refresh_counts */
 } experts_arg_t;
 
-/* The "fresh counts" load: run i moves 1 + 7 i + j % 7 rows (at most what it has) from expert
- * 2j + 1 to expert 2j, so that the counts, and with them the per-expert GEMMs' shapes, change
- * from run to run as a training step's routing does, while the total stays. */
+/* The "fresh counts" load: before run i of variant v, expert 2j + 1 gives expert 2j
+ * (1 + 7 i + 977 v + 13 j) mod (its rows + 1) rows, so that the counts, and with them the
+ * per-expert GEMMs' shapes, change from run to run and from variant to variant (few sizes
+ * come back, as in training, where the routing changes every step), while the total stays. */
 static void refresh_counts(experts_arg_t *a, int i)
 {
     if (!a->fresh) return;
@@ -270,8 +272,9 @@ static void refresh_counts(experts_arg_t *a, int i)
     for (int32_t e = 0; e < el; e++) {
         int64_t n = a->fresh[e];
         if (e + 1 < el || e % 2) {
-            int64_t odd = a->fresh[e | 1], move = 1 + 7 * (int64_t)i + (e / 2) % 7;
-            move = move < odd ? move : odd;
+            int64_t odd = a->fresh[e | 1];
+            int64_t move = (1 + 7 * (int64_t)i + 977 * (int64_t)a->variant + 13 * (e / 2)) %
+                           (odd + 1);
             n += e % 2 ? -move : move;
         }
         a->offsets[e + 1] = a->offsets[e] + n;
@@ -487,6 +490,7 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
                 c->gemm_mode = v->mode;
                 c->swiglu_gemm = as_set || v->swiglu_gemm;
                 a.x.overwrite_grads = !v->accumulate;
+                a.variant = (int)m;
                 double ms;
                 if (!v->accumulate) {
                     ms = time_median(stream, run_experts_fwd, &a, 3, 20);

@@ -124,17 +124,20 @@
 
 /* Uneven rows on Hopper, where the grouped sm_90a kernels fit: those kernels (one launch a
  * GEMM kind over the real row counts, tiles over the concatenated rows) for the GEMMs whose M
- * is n_e, from MOE_TUNE_HOPPER_MIN_EXPERTS experts under MOE_TUNE_HOPPER_MAX_MEAN_ROWS rows
- * each on average. The mean decides, not the spread: on every load bench_moe measures
- * (routed, uneven, heavy-tailed "skewed" with a quarter of the experts near-empty, one "hot"
- * expert with a quarter of the rows) the kernels win at 256-512 rows an expert and cuBLAS's
- * per-expert calls tie or win from 1024, the near-empty experts' calls hidden on the side
- * streams beside the large ones. Forward ms, kernels vs side streams: 64 x 512 x 2048 x 1408
- * uneven 0.94 vs 1.59, skewed 0.97 vs 1.55; 128 x 256 x 2048 x 768 routed 0.63 vs 3.27;
- * 64 x 1536 x 2048 x 1408 (the trainer's fine-grained experts) skewed 3.03 vs 2.99, hot 3.17
- * vs 2.90 (backward 6.78 vs 6.36, 7.01 vs 6.38); 32 x 1024 x 7168 x 2048 routed 4.93 vs 4.60.
- * A cost model of tiled rows against a per-call floor of cuBLAS (the near-empty experts
- * charged as if serial) took the kernels on the trainer's shape and lost there by up to 10%.
+ * is n_e, from MOE_TUNE_HOPPER_MIN_EXPERTS experts, under MOE_TUNE_HOPPER_MAX_MEAN_ROWS rows
+ * each on average or with an average expert's forward (6 n H F FLOPs) under
+ * MOE_TUNE_HOPPER_MAX_EXPERT_GFLOP. The second bound is cuBLAS's host cost: a cublasGemmEx on
+ * sizes it has not seen costs the host 77-92 us (its heuristics), and in training the counts
+ * change every step. 64 x 1536 x 2048 x 1408 skewed, counts changed before every run:
+ * side streams 14.70 / 25.91 ms forward / backward against 2.90 / 6.16 on counts it had seen
+ * (128 and 256 calls), a 26.6 GFLOP expert taking ~38 us of GPU for its two calls; the calls
+ * hide that cost from about 2 x 85 us of GPU work each, ~120 GFLOP. On counts seen before the
+ * kernels win at 256-512 rows an expert and tie or lose by up to 10% from 1024 (forward ms,
+ * kernels vs side streams: 64 x 512 x 2048 x 1408 skewed 0.97 vs 1.55; 128 x 256 x 2048 x 768
+ * routed 0.63 vs 3.27; 64 x 1536 x 2048 x 1408 skewed 3.03 vs 2.99, hot 3.17 vs 2.90;
+ * 32 x 1024 x 7168 x 2048 routed 4.93 vs 4.60). The spread of the load does not move the
+ * choice: a cost model that charged every near-empty expert a cuBLAS call's floor lost by up
+ * to 10%, the near-empty experts' calls running on the side streams beside the large ones.
  * Their dW GEMMs on cuBLAS's grouped GEMM from MOE_TUNE_GROUPED_DW_MIN_EXPERTS experts under
  * MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS rows each, else per expert as above. Backward ms with
  * every GEMM on cuBLAS's grouped GEMM (mode grouped) against side streams: 128 x 256 x 2048 x
@@ -142,6 +145,7 @@
  * has every load. */
 #define MOE_TUNE_HOPPER_MIN_EXPERTS 16              /* grouped kernels from these experts */
 #define MOE_TUNE_HOPPER_MAX_MEAN_ROWS 1024          /* ... below these mean rows each */
+#define MOE_TUNE_HOPPER_MAX_EXPERT_GFLOP 120        /* ... or below an expert's forward GFLOP */
 #define MOE_TUNE_GROUPED_DW_MIN_EXPERTS 128         /* cuBLAS grouped dW from these experts */
 #define MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS 512       /* ... below these mean rows each */
 
