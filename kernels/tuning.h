@@ -127,11 +127,13 @@
  * is n_e, from MOE_TUNE_HOPPER_MIN_EXPERTS experts, under MOE_TUNE_HOPPER_MAX_MEAN_ROWS rows
  * each on average or with an average expert's forward (6 n H F FLOPs) under
  * MOE_TUNE_HOPPER_MAX_EXPERT_GFLOP. The second bound is cuBLAS's host cost: a cublasGemmEx on
- * sizes it has not seen costs the host 77-92 us (its heuristics), and in training the counts
- * change every step. 64 x 1536 x 2048 x 1408 skewed, counts changed before every run:
- * side streams 14.70 / 25.91 ms forward / backward against 2.90 / 6.16 on counts it had seen
- * (128 and 256 calls), a 26.6 GFLOP expert taking ~38 us of GPU for its two calls; the calls
- * hide that cost from about 2 x 85 us of GPU work each, ~120 GFLOP. On counts seen before the
+ * sizes it has not met costs the host tens of microseconds (40-90 us measured: its
+ * heuristics), and in training the counts change every step. Skewed loads with the counts
+ * changed before every run, forward / backward ms: 64 x 1536 x 2048 x 1408 (a 26.6 GFLOP
+ * expert, ~38 us of GPU for its two calls) side streams 8.20 / 24.52, loop 17.89 / 24.74,
+ * kernels 2.65 / 6.38 (side streams on repeated counts: 2.99 / 6.36); 32 x 1024 x 7168 x 2048
+ * (90 GFLOP) side streams 4.63 / 14.77, loop 13.19 / 22.23, kernels 4.69 / 10.19. The calls
+ * hide that cost from about 2 x 85 us of GPU work an expert, ~120 GFLOP. On counts met before, the
  * kernels win at 256-512 rows an expert and tie or lose by up to 10% from 1024 (forward ms,
  * kernels vs side streams: 64 x 512 x 2048 x 1408 skewed 0.97 vs 1.55; 128 x 256 x 2048 x 768
  * routed 0.63 vs 3.27; 64 x 1536 x 2048 x 1408 skewed 3.03 vs 2.99, hot 3.17 vs 2.90;
