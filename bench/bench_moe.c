@@ -16,7 +16,9 @@
  * layer also as layer_fwd_bwd_sustained: timed after a few seconds of steps, at the clock the
  * GPU's power cap holds it to under sustained load.
  * The experts and layer parts measure every expert GEMM mode (variant = mode) unless
- * MOE_CUDA_EXPERT_GEMM names one. `profile` runs MOE_PROFILE_WARMUP layer steps (default 2),
+ * MOE_CUDA_EXPERT_GEMM names one. The experts part runs five loads a shape (expert_rows:
+ * equal, routed, uneven, skewed, hot) and, with MOE_BENCH_COUNTS naming a trainer metrics
+ * file, the per-expert counts of its last line's layers ("replay Ll"). `profile` runs MOE_PROFILE_WARMUP layer steps (default 2),
  * then one more between cudaProfilerStart/Stop, for `ncu --profile-from-start off`
  * (bench/kernel_times.py sums it) or bench/trace.c; many warm-up steps (a few seconds of them)
  * profile a step at the clock the GPU settles at under sustained load.
@@ -28,6 +30,7 @@
 #include <time.h>
 
 #include <cuda_profiler_api.h>
+#include <cjson/cJSON.h>
 
 #include <moe/moe.h>
 
@@ -253,44 +256,176 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
 typedef struct experts_arg {
     moe_backend_t be;
     moe_experts_t x;
+    int64_t *offsets;         /* x.host_offsets */
+    const int64_t *fresh;     /* the load's rows, moved a little before each run; or NULL */
+    int variant;              /* the variant measured, for refresh_counts */
 } experts_arg_t;
+
+/* The "fresh counts" load: before run i of variant v, expert 2j + 1 gives expert 2j
+ * (1 + 7 i + 977 v + 13 j) mod (its rows + 1) rows, so that the counts, and with them the
+ * per-expert GEMMs' shapes, change from run to run and from variant to variant (few sizes
+ * come back, as in training, where the routing changes every step), while the total stays. */
+static void refresh_counts(experts_arg_t *a, int i)
+{
+    if (!a->fresh) return;
+    int32_t el = a->x.el;
+    for (int32_t e = 0; e < el; e++) {
+        int64_t n = a->fresh[e];
+        if (e + 1 < el || e % 2) {
+            int64_t odd = a->fresh[e | 1];
+            int64_t move = (1 + 7 * (int64_t)i + 977 * (int64_t)a->variant + 13 * (e / 2)) %
+                           (odd + 1);
+            n += e % 2 ? -move : move;
+        }
+        a->offsets[e + 1] = a->offsets[e] + n;
+    }
+}
 
 static void run_experts_fwd(void *p, int i)
 {
-    (void)i;
     experts_arg_t *a = p;
+    refresh_counts(a, i);
     CK(a->be.ops->experts_forward(a->be.ctx, &a->x));
 }
 
 static void run_experts_bwd(void *p, int i)
 {
-    (void)i;
     experts_arg_t *a = p;
+    refresh_counts(a, i);
     CK(a->be.ops->experts_backward(a->be.ctx, &a->x));
+}
+
+/* The loads of the experts part, each the same total rows R = El * T (bench/torch_moe.py has
+ * the same arithmetic, integers only, so both measure the same counts). Expert e holds
+ * popularity rank e * 37 % El (spreading the busy ranks over the experts):
+ *   ""        every expert T rows
+ *   routed    T + 2.5 sqrt(T) x [-1, 1) by rank, about the spread of random top-k routing
+ *   uneven    [0.25, 1.75) x T by rank
+ *   skewed    heavy-tailed, as early training gives: the first 3/4 of the ranks share the rows
+ *             Zipf-like, as 1 / (r + El/16) (the busiest 4.3-6.3 x the mean), the last
+ *             quarter near-empty (T/64 rows, the last rank none)
+ *   hot       one expert a quarter of the rows, the others the same share of the rest
+ *   skewed, fresh counts  skewed with rows moved between neighbouring experts before each run
+ *             (refresh_counts); libmoe's modes alone (PyTorch's one grouped call takes its
+ *             counts on the device)
+ *   replay Ll the per-expert counts of layer l in the last line of MOE_BENCH_COUNTS (the
+ *             trainer's metrics file, JSON lines with layers[].tokens_per_expert), scaled to R;
+ *             on the shapes whose El is the file's expert count
+ * Every remainder goes to the rank 0 expert. */
+enum { LOAD_EVEN, LOAD_ROUTED, LOAD_UNEVEN, LOAD_SKEWED, LOAD_HOT, LOAD_FRESH, LOAD_REPLAY };
+
+static void expert_rows(int load, int32_t el, int64_t t, const int64_t *replay, int64_t *rows)
+{
+    int64_t r = el * t, acc = 0, tail = el / 4, w_sum = 0, counted = 0;
+    for (int32_t e = 0; e < el; e++) {
+        int32_t rank = (int32_t)(e * 37 % el);
+        double u = (rank + 0.5) / el;
+        int64_t n = t;
+        if (load == LOAD_ROUTED) n = (int64_t)(t + 2.5 * sqrt((double)t) * (2 * u - 1));
+        if (load == LOAD_UNEVEN) n = (int64_t)(t * (0.25 + 1.5 * u));
+        if (load == LOAD_HOT) n = rank == 0 ? r / 4 : (r - r / 4) / (el - 1);
+        bool skewed = load == LOAD_SKEWED || load == LOAD_FRESH;
+        if (skewed && rank >= el - tail) n = rank == el - 1 ? 0 : t / 64;
+        if (skewed && rank < el - tail) {
+            n = 0; /* after the tail is counted */
+            w_sum += ((int64_t)1 << 40) / (16 * rank + el);
+        }
+        if (load == LOAD_REPLAY) counted += replay[e];
+        rows[e] = n;
+        acc += n;
+    }
+    if (load == LOAD_SKEWED || load == LOAD_FRESH) {
+        int64_t head = r - acc;
+        for (int32_t e = 0; e < el; e++) {
+            int32_t rank = (int32_t)(e * 37 % el);
+            if (rank >= el - tail) continue;
+            rows[e] = head * (((int64_t)1 << 40) / (16 * rank + el)) / w_sum;
+            acc += rows[e];
+        }
+    }
+    if (load == LOAD_REPLAY) {
+        acc = 0;
+        for (int32_t e = 0; e < el; e++) {
+            rows[e] = counted > 0 ? replay[e] * r / counted : t;
+            acc += rows[e];
+        }
+    }
+    for (int32_t e = 0; e < el; e++)
+        if (e * 37 % el == 0) rows[e] += r - acc;
+}
+
+/* The per-expert counts of every layer in the last metrics line of `path` with El experts
+ * (layers x El values, *layers of them), or NULL when the file has none. */
+static int64_t *replay_counts(const char *path, int32_t el, int *layers)
+{
+    *layers = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "MOE_BENCH_COUNTS=%s: cannot open\n", path);
+        exit(1);
+    }
+    char *line = NULL, *last = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0)
+        if (strstr(line, "\"tokens_per_expert\"")) {
+            free(last);
+            last = strdup(line);
+        }
+    free(line);
+    fclose(f);
+    cJSON *doc = last ? cJSON_Parse(last) : NULL;
+    free(last);
+    cJSON *ls = cJSON_GetObjectItemCaseSensitive(doc, "layers");
+    int n = cJSON_GetArraySize(ls);
+    int64_t *out = n > 0 ? calloc((size_t)n * (size_t)el, sizeof(int64_t)) : NULL;
+    for (int l = 0; out && l < n; l++) {
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(ls, l), "tokens_per_expert");
+        if (cJSON_GetArraySize(c) != el) continue;
+        for (int32_t e = 0; e < el; e++)
+            out[(size_t)*layers * el + e] = (int64_t)cJSON_GetNumberValue(cJSON_GetArrayItem(c, e));
+        (*layers)++;
+    }
+    cJSON_Delete(doc);
+    if (*layers == 0) {
+        free(out);
+        out = NULL;
+    }
+    return out;
+}
+
+static const char *mode_name(cuda_gemm_mode_t m)
+{
+    static const char *names[] = {"auto", "loop", "streams", "batched", "grouped", "hopper"};
+    return m >= CUDA_GEMM_AUTO && m <= CUDA_GEMM_HOPPER ? names[m] : "?";
 }
 
 static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
 {
     /* issue 31's five (fine-grained E=64, DeepSeek-V3-like at ep = 8, Qwen3-MoE-like, a few
-     * large experts), and the experts of the second and third layer shapes; bench/torch_moe.py
-     * has the same list */
+     * large experts), the experts of the second and third layer shapes, and those of the
+     * bundled trainer's fine-grained model (16384 tokens, top-6 of 64); bench/torch_moe.py has
+     * the same list */
     const int64_t shapes[][4] = {{64, 512, 2048, 1408}, {64, 512, 4096, 1408},
                                  {32, 1024, 7168, 2048}, {128, 256, 2048, 768},
                                  {8, 4096, 4096, 14336}, {16, 2048, 2048, 8192},
-                                 {8, 4096, 2048, 8192}};
+                                 {8, 4096, 2048, 8192},  {64, 1536, 2048, 1408}};
     cuda_ctx_t *c = be.ctx;
     const char *forced = getenv("MOE_CUDA_EXPERT_GEMM");
-    /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs */
+    const char *counts_file = getenv("MOE_BENCH_COUNTS");
+    /* the modes, then (on Hopper, no mode forced) auto with the opt-in SwiGLU GEMMs; the
+     * backward writes the weight gradients (a step's first backward after the gradients were
+     * discarded, as the layer runs it), and auto again adds into them (accumulation) */
     typedef struct variant {
         const char *name;
         cuda_gemm_mode_t mode;
-        bool swiglu_gemm;
+        bool swiglu_gemm, accumulate;
     } variant_t;
     const variant_t variants[] = {
-        {"auto", CUDA_GEMM_AUTO, false},          {"loop", CUDA_GEMM_LOOP, false},
-        {"streams", CUDA_GEMM_STREAMS, false},    {"batched", CUDA_GEMM_BATCHED, false},
-        {"grouped", CUDA_GEMM_GROUPED, false},    {"hopper", CUDA_GEMM_HOPPER, false},
-        {"auto, SwiGLU GEMMs", CUDA_GEMM_AUTO, true}};
+        {"auto", CUDA_GEMM_AUTO, false, false},       {"loop", CUDA_GEMM_LOOP, false, false},
+        {"streams", CUDA_GEMM_STREAMS, false, false}, {"batched", CUDA_GEMM_BATCHED, false, false},
+        {"grouped", CUDA_GEMM_GROUPED, false, false}, {"hopper", CUDA_GEMM_HOPPER, false, false},
+        {"auto, SwiGLU GEMMs", CUDA_GEMM_AUTO, true, false},
+        {"auto, dW +=", CUDA_GEMM_AUTO, false, true}};
     bool as_set = c->swiglu_gemm;
     bool extra = !as_set && !(forced && *forced) && moe_cuda_swiglu_gemm_supported(c->device);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -298,7 +433,11 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
         int32_t el = (int32_t)shapes[s][0];
         int64_t t = shapes[s][1], h = shapes[s][2], f = shapes[s][3], r = el * t;
         int64_t *off = calloc((size_t)el + 1, sizeof(int64_t));
-        experts_arg_t a = {.be = be};
+        int64_t *rows = calloc((size_t)el, sizeof(int64_t));
+        int replay_layers = 0;
+        int64_t *replay = counts_file && *counts_file ? replay_counts(counts_file, el, &replay_layers)
+                                                      : NULL;
+        experts_arg_t a = {.be = be, .offsets = off};
         a.x = (moe_experts_t){.h = h, .f = f, .el = el, .host_offsets = off,
                               .w1 = dalloc(2 * el * h * 2 * f), .w2 = dalloc(2 * el * f * h),
                               .xp = dalloc(2 * r * h), .hpre = dalloc(2 * r * 2 * f),
@@ -312,45 +451,67 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
         CU(bench_fill_bf16((void *)a.x.d_out, r * h, 14, 1.0f, stream));
         CU(bench_fill_f32(a.x.dw1, el * h * 2 * f, 15, 0.0f, stream));
         CU(bench_fill_f32(a.x.dw2, el * f * h, 16, 0.0f, stream));
-        const char *dist_names[] = {"", " routed", " uneven"};
-        for (int dist = 0; dist < 3; dist++) {
-            /* routed: T + 2.5 sqrt(T) x [-1, 1), about the spread of random top-k routing
-             * (max/mean 1.11 for T=512); uneven: [0.25, 1.75) x T. The same total rows. */
-            int64_t acc = 0;
+        const char *load_names[] = {"", " routed", " uneven", " skewed", " hot",
+                                    " skewed, fresh counts"};
+        for (int load = 0; load < LOAD_REPLAY + replay_layers; load++) {
+            int kind = load < LOAD_REPLAY ? load : LOAD_REPLAY;
+            expert_rows(kind, el, t, replay ? replay + (size_t)(load - kind) * el : NULL, rows);
+            int64_t most = 0;
             for (int32_t e = 0; e < el; e++) {
-                double u = ((e * 37 % el) + 0.5) / el;
-                int64_t rows = dist == 1   ? (int64_t)(t + 2.5 * sqrt((double)t) * (2 * u - 1))
-                               : dist == 2 ? (int64_t)(t * (0.25 + 1.5 * u))
-                                           : t;
-                if (e == el - 1) rows = r - acc;
-                off[e + 1] = off[e] + rows;
-                acc += rows;
+                off[e + 1] = off[e] + rows[e];
+                most = rows[e] > most ? rows[e] : most;
             }
             char shape[96];
-            snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
-                     (long long)h, (long long)f, dist_names[dist]);
+            if (kind == LOAD_REPLAY)
+                snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld replay L%d", el,
+                         (long long)t, (long long)h, (long long)f, load - kind);
+            else
+                snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld%s", el, (long long)t,
+                         (long long)h, (long long)f, load_names[load]);
+            fprintf(stderr, "%s: busiest expert %.2f x the mean rows\n", shape,
+                    (double)most / (double)t);
+            /* the mode auto takes on these counts, so that its pick's own column can be read
+             * against the fastest (auto's runs come first, at another clock) */
+            c->gemm_mode = CUDA_GEMM_AUTO;
+            c->swiglu_gemm = as_set;
+            printf("{\"impl\":\"libmoe\",\"bench\":\"experts_pick\",\"shape\":\"%s\","
+                   "\"variant\":\"auto\",\"picks\":\"%s\"}\n",
+                   shape, mode_name(moe_cuda_experts_mode(c, &a.x)));
+            a.fresh = kind == LOAD_FRESH ? rows : NULL;
             double flops = 6.0 * r * h * f;
             for (size_t m = 0; m < sizeof variants / sizeof variants[0]; m++) {
-                if (dist > 0 && variants[m].mode == CUDA_GEMM_BATCHED) continue;
-                if (variants[m].swiglu_gemm && !extra) continue;
-                if (forced && *forced && strcmp(forced, variants[m].name) != 0) continue;
-                c->gemm_mode = variants[m].mode;
-                c->swiglu_gemm = as_set || variants[m].swiglu_gemm;
-                const char *v = variants[m].name;
-                double ms = time_median(stream, run_experts_fwd, &a, 3, 20);
-                emit("experts_fwd", shape, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
+                const variant_t *v = &variants[m];
+                if (kind != LOAD_EVEN && v->mode == CUDA_GEMM_BATCHED) continue;
+                if (kind == LOAD_FRESH && (v->swiglu_gemm || v->accumulate ||
+                                           v->mode == CUDA_GEMM_GROUPED))
+                    continue;
+                if (v->swiglu_gemm && !extra) continue;
+                if (forced && *forced && strcmp(forced, v->name) != 0) continue;
+                c->gemm_mode = v->mode;
+                c->swiglu_gemm = as_set || v->swiglu_gemm;
+                a.x.overwrite_grads = !v->accumulate;
+                a.variant = (int)m;
+                double ms;
+                if (!v->accumulate) {
+                    ms = time_median(stream, run_experts_fwd, &a, 3, 20);
+                    emit("experts_fwd", shape, v->name, ms, flops / TC_FLOPS * 1e3, "tc",
+                         flops / ms * 1e-9);
+                }
                 ms = time_median(stream, run_experts_bwd, &a, 3, 10);
-                emit("experts_bwd", shape, v, ms, 2 * flops / TC_FLOPS * 1e3, "tc",
+                emit("experts_bwd", shape, v->name, ms, 2 * flops / TC_FLOPS * 1e3, "tc",
                      2 * flops / ms * 1e-9);
             }
             c->gemm_mode = CUDA_GEMM_AUTO;
             c->swiglu_gemm = as_set;
+            a.fresh = NULL;
         }
         CU(cudaDeviceSynchronize());
         void *p[] = {(void *)a.x.w1, (void *)a.x.w2, (void *)a.x.xp, a.x.hpre, a.x.act, a.x.out,
                      (void *)a.x.d_out, a.x.d_xp, a.x.dw1, a.x.dw2, a.x.scratch};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
         free(off);
+        free(rows);
+        free(replay);
     }
 }
 

@@ -10,6 +10,7 @@ Shape legend: N tokens, H hidden, E experts, K top-k, T tokens per expert, F exp
 import datetime
 import json
 import math
+import os
 import sys
 
 import torch
@@ -118,26 +119,57 @@ def grouped_swiglu(xp, w1, w2, offs):
 
 EXPERT_SHAPES = [(64, 512, 2048, 1408), (64, 512, 4096, 1408), (32, 1024, 7168, 2048),
                  (128, 256, 2048, 768), (8, 4096, 4096, 14336), (16, 2048, 2048, 8192),
-                 (8, 4096, 2048, 8192)]
+                 (8, 4096, 2048, 8192), (64, 1536, 2048, 1408)]
+LOADS = ("", " routed", " uneven", " skewed", " hot")
 
 
-def expert_rows(el, t, dist):
-    """bench_moe's loads: "" every expert T rows; " routed" T + 2.5 sqrt(T) x [-1, 1), about
-    the spread of random top-k routing; " uneven" [0.25, 1.75) x T; the same total rows."""
-    rows, acc = [], 0
-    for e in range(el):
-        u = ((e * 37 % el) + 0.5) / el
-        n = (int(t + 2.5 * math.sqrt(t) * (2 * u - 1)) if dist == " routed"
-             else int(t * (0.25 + 1.5 * u)) if dist == " uneven" else t)
-        n = el * t - acc if e == el - 1 else n
+def expert_rows(el, t, load, replay=None):
+    """bench_moe's loads (its expert_rows has the definitions), the same integer arithmetic:
+    expert e holds popularity rank e * 37 % el; every remainder goes to rank 0's expert."""
+    r, tail = el * t, el // 4
+    ranks = [e * 37 % el for e in range(el)]
+    rows = []
+    for rank in ranks:
+        u = (rank + 0.5) / el
+        n = t
+        if load == " routed":
+            n = int(t + 2.5 * math.sqrt(t) * (2 * u - 1))
+        elif load == " uneven":
+            n = int(t * (0.25 + 1.5 * u))
+        elif load == " hot":
+            n = r // 4 if rank == 0 else (r - r // 4) // (el - 1)
+        elif load == " skewed":
+            n = 0 if rank < el - tail or rank == el - 1 else t // 64
         rows.append(n)
-        acc += n
+    if load == " skewed":
+        w = [(1 << 40) // (16 * rank + el) if rank < el - tail else 0 for rank in ranks]
+        head = r - sum(rows)
+        rows = [head * w[e] // sum(w) if w[e] else rows[e] for e in range(el)]
+    if replay is not None:
+        counted = sum(replay)
+        rows = [c * r // counted if counted else t for c in replay]
+    rows[ranks.index(0)] += r - sum(rows)
     return rows
+
+
+def replay_counts(path, el):
+    """The per-expert counts of each layer with el experts in the last line of a trainer
+    metrics file (MOE_BENCH_COUNTS), as bench_moe reads them."""
+    last = None
+    with open(path) as f:
+        for line in f:
+            if '"tokens_per_expert"' in line:
+                last = line
+    if last is None:
+        return []
+    layers = [ly["tokens_per_expert"] for ly in json.loads(last)["layers"]]
+    return [[int(c) for c in ly] for ly in layers if len(ly) == el]
 
 
 def bench_experts():
     """Forward, and backward as (forward + backward) - forward through autograd, on bench_moe's
     shapes and loads (the same row counts)."""
+    counts_file = os.environ.get("MOE_BENCH_COUNTS")
     for el, t, h, f in EXPERT_SHAPES:
         xp = torch.randn(el * t, h, device=DEV, dtype=BF)
         w1 = (torch.randn(el, 2 * f, h, device=DEV, dtype=BF) / h**0.5)
@@ -145,13 +177,17 @@ def bench_experts():
         dy = torch.randn(el * t, h, device=DEV, dtype=BF)
         xg, w1g, w2g = (v.clone().requires_grad_(True) for v in (xp, w1, w2))
         flops = 6.0 * el * t * h * f
-        for dist in ("", " routed", " uneven"):
-            shape = f"E={el} T={t} H={h} F={f}{dist}"
-            offs = torch.tensor(expert_rows(el, t, dist), device=DEV).cumsum(0).to(torch.int32)
+        loads = [(load, expert_rows(el, t, load)) for load in LOADS]
+        if counts_file:
+            loads += [(f" replay L{i}", expert_rows(el, t, "", c))
+                      for i, c in enumerate(replay_counts(counts_file, el))]
+        for load, rows in loads:
+            shape = f"E={el} T={t} H={h} F={f}{load}"
+            offs = torch.tensor(rows, device=DEV).cumsum(0).to(torch.int32)
             with torch.no_grad():
                 ms = median_ms(lambda i: grouped_swiglu(xp, w1, w2, offs), 3, 20)
             emit("experts_fwd", shape, "torch._grouped_mm", ms,
-                 tflops=round(flops / ms * 1e-9, 1))
+                 tflops=round(flops / ms * 1e-9, 1), max_over_mean=round(max(rows) / t, 2))
 
             def step(i):
                 xg.grad = w1g.grad = w2g.grad = None

@@ -240,9 +240,13 @@ the layer's call (the router is dx's first writer), "add to dx" adds into it.
 """
 
 
+MODES = ("loop", "streams", "batched", "grouped", "hopper")  # bench_moe's GEMM issue modes
+
+
 def experts_body(series, recs):
     if not series.libmoe_shapes("experts_fwd"):
         return None
+    picks = {r["shape"]: r["picks"] for r in recs if r.get("bench") == "experts_pick"}
     out = []
     for bench, title, torch_head in (
             ("experts_fwd", "Forward", "torch._grouped_mm ms (TFLOP/s)"),
@@ -253,11 +257,22 @@ def experts_body(series, recs):
             row = [s] + [ms_tflops(series, ("libmoe", bench, s, v)) for v in variants]
             row.append(series.floor_cell(bench, s))
             first = list(series.variants[(bench, s)])[0]
-            row += [ms_tflops(series, series.torch_key(bench, s)),
+            modes = {v: series.get("libmoe", bench, s, v) for v in series.variants[(bench, s)]
+                     if v in MODES}
+            best = min((v for v in modes if modes[v]), key=lambda v: statistics.median(modes[v]),
+                       default=None)
+            pick = picks.get(s)
+            against = ratio(modes.get(pick) if pick else series.get("libmoe", bench, s, first),
+                            modes.get(best))
+            row += [best or "—"] + ([pick] if picks else []) + [against,
+                    ms_tflops(series, series.torch_key(bench, s)),
                     ratio(series.torch(bench, s), series.get("libmoe", bench, s, first))]
             rows.append(row)
         head = ["shape"] + [f"{v} ms (TFLOP/s)" for v in variants] + ["floor ms"]
-        head += [torch_head, "PyTorch / " + variants[0]]
+        head += (["fastest mode", "auto takes", "its column / fastest"] if picks else
+                 ["fastest mode", f"{variants[0]} / fastest"])
+        head += [torch_head,
+                 "PyTorch / " + variants[0]]
         out.append(f"## {title}\n\n{table(head, rows)}\n")
     return f"""\
 The SwiGLU expert FFN of one GPU's experts on the CUDA backend, rows already grouped by expert:
@@ -268,11 +283,28 @@ call per expert; streams: the same on side streams; batched: one strided-batched
 rows only; grouped: one `cublasGemmGroupedBatchedEx` a GEMM kind over the real row counts;
 hopper: the grouped sm_90a kernels for the four GEMMs whose M is the expert's rows, the dW GEMMs
 on cuBLAS; "auto, SwiGLU GEMMs": auto with the opt-in `MOE_CUDA_SWIGLU_GEMM=1`, on Hopper).
-Loads: equal rows; "routed", T + 2.5·sqrt(T)·[-1, 1) rows, about the spread of random top-k
-routing; "uneven", [0.25, 1.75)·T rows; the same total rows. Median of 20 (forward) or 10
-(backward) runs after 3 warm-up runs, CUDA events. PyTorch in the same run on the same row
-counts: two `torch._grouped_mm` calls with SwiGLU between them; its backward is autograd's
-forward + backward less the forward (median of 10 and of 20).
+The backward writes the weight gradients (fp32, beta = 0: the layer's backward after the
+gradients were discarded, as PyTorch's with them set to None); "auto, dW +=" adds into them
+(gradient accumulation). "fastest mode": the fastest of the GEMM issue modes (auto and its
+variants aside). Auto runs first in each load, and where it takes the same path as a mode's
+column the two figures have differed by up to 15% (the clock under the power cap moves within
+a load); so where bench_moe reports the mode auto takes ("auto takes"), that mode's own column
+is read against the fastest, else auto's time.
+Loads, the same total rows (bench_moe.c's expert_rows; expert e holds popularity rank
+e·37 mod E): equal rows; "routed", T + 2.5·sqrt(T)·[-1, 1) rows by rank, about the spread of
+random top-k routing; "uneven", [0.25, 1.75)·T rows by rank; "skewed", heavy-tailed as early
+training routes: the first three quarters of the ranks share the rows Zipf-like as
+1 / (rank + E/16) (the busiest expert 4.3–6.3× the mean), the last quarter near-empty (T/64
+rows, the last none); "hot", one expert a quarter of the rows, the others even; "skewed,
+fresh counts", skewed with a few rows moved between neighbouring experts before every run (the
+per-expert GEMMs' shapes change from run to run, as a training step's routing does; libmoe's
+modes alone); "replay Ll",
+layer l's per-expert counts from a trainer metrics file (`MOE_BENCH_COUNTS`) scaled to the
+total. The trainer's fine-grained model (16384 tokens, top-6 of 64 experts, H = 2048,
+F = 1408) is the E=64 T=1536 shape. Median of 20 (forward) or 10 (backward) runs after 3
+warm-up runs, CUDA events. PyTorch in the same run on the same row counts: two
+`torch._grouped_mm` calls with SwiGLU between them; its backward is autograd's forward +
+backward less the forward (median of 10 and of 20).
 {FLOORS}{remarks(series, recs, ("experts_fwd",))}
 
 {out[0]}

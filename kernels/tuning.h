@@ -123,18 +123,31 @@
 #define MOE_TUNE_STREAMS_MAX_MEAN_ROWS 2048         /* ... below these mean rows each */
 
 /* Uneven rows on Hopper, where the grouped sm_90a kernels fit: those kernels (one launch a
- * GEMM kind over the real row counts) for the GEMMs whose M is n_e, from
- * MOE_TUNE_HOPPER_MIN_EXPERTS experts under MOE_TUNE_HOPPER_MAX_MEAN_ROWS rows each on
- * average. Forward ms, kernels vs side streams: 64 x 512 x 2048 x 1408 uneven 0.96 vs 1.77,
- * 128 x 256 x 2048 x 768 routed 0.64 vs 3.26; at T = 1024 they lose (32 x 1024 x 7168 x 2048
- * routed 4.97 vs 4.75), at T >= 2048 they tie or lose by up to 5%. Their dW GEMMs on cuBLAS's
- * grouped GEMM from MOE_TUNE_GROUPED_DW_MIN_EXPERTS experts under
+ * GEMM kind over the real row counts, tiles over the concatenated rows) for the GEMMs whose M
+ * is n_e, from MOE_TUNE_HOPPER_MIN_EXPERTS experts, under MOE_TUNE_HOPPER_MAX_MEAN_ROWS rows
+ * each on average or with an average expert's forward (6 n H F FLOPs) under
+ * MOE_TUNE_HOPPER_MAX_EXPERT_GFLOP. The second bound is cuBLAS's host cost: a cublasGemmEx on
+ * sizes it has not met costs the host tens of microseconds (40-90 us measured: its
+ * heuristics), and in training the counts change every step. Skewed loads with the counts
+ * changed before every run, forward / backward ms: 64 x 1536 x 2048 x 1408 (a 26.6 GFLOP
+ * expert, ~38 us of GPU for its two calls) side streams 8.20 / 24.52, loop 17.89 / 24.74,
+ * kernels 2.65 / 6.38 (side streams on repeated counts: 2.99 / 6.36); 32 x 1024 x 7168 x 2048
+ * (90 GFLOP) side streams 4.63 / 14.77, loop 13.19 / 22.23, kernels 4.69 / 10.19. The calls
+ * hide that cost from about 2 x 85 us of GPU work an expert, ~120 GFLOP. On counts met before, the
+ * kernels win at 256-512 rows an expert and tie or lose by up to 10% from 1024 (forward ms,
+ * kernels vs side streams: 64 x 512 x 2048 x 1408 skewed 0.97 vs 1.55; 128 x 256 x 2048 x 768
+ * routed 0.63 vs 3.27; 64 x 1536 x 2048 x 1408 skewed 3.03 vs 2.99, hot 3.17 vs 2.90;
+ * 32 x 1024 x 7168 x 2048 routed 4.93 vs 4.60). The spread of the load does not move the
+ * choice: a cost model that charged every near-empty expert a cuBLAS call's floor lost by up
+ * to 10%, the near-empty experts' calls running on the side streams beside the large ones.
+ * Their dW GEMMs on cuBLAS's grouped GEMM from MOE_TUNE_GROUPED_DW_MIN_EXPERTS experts under
  * MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS rows each, else per expert as above. Backward ms with
  * every GEMM on cuBLAS's grouped GEMM (mode grouped) against side streams: 128 x 256 x 2048 x
- * 768 routed 3.11 vs 6.03, 64 x 512 x 2048 x 1408 routed 3.98 vs 3.14. docs/cuda-backend.md
- * has the tables. */
+ * 768 routed 3.11 vs 6.03, 64 x 512 x 2048 x 1408 routed 3.98 vs 3.14. bench/results/experts.md
+ * has every load. */
 #define MOE_TUNE_HOPPER_MIN_EXPERTS 16              /* grouped kernels from these experts */
 #define MOE_TUNE_HOPPER_MAX_MEAN_ROWS 1024          /* ... below these mean rows each */
+#define MOE_TUNE_HOPPER_MAX_EXPERT_GFLOP 120        /* ... or below an expert's forward GFLOP */
 #define MOE_TUNE_GROUPED_DW_MIN_EXPERTS 128         /* cuBLAS grouped dW from these experts */
 #define MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS 512       /* ... below these mean rows each */
 

@@ -630,6 +630,19 @@ static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *ro
     assert_memory_equal(runs[0], runs[1], 4 * n_all);
     free(runs[0]);
     free(runs[1]);
+    /* the backward that overwrites the gradients (the layer's after they were discarded), over
+     * the poison: experts without rows must come out zero */
+    ha.overwrite_grads = ga.overwrite_grads = true;
+    gpu_free(&Q, ga.dw1);
+    gpu_free(&Q, ga.dw2);
+    ga.dw1 = gpu_poison(&Q, 4 * el * h * 2 * f, false);
+    ga.dw2 = gpu_poison(&Q, 4 * el * f * h, false);
+    TEST_OK(Q.host.ops->experts_backward(Q.host.ctx, &ha));
+    TEST_OK(Q.cuda.ops->experts_backward(Q.cuda.ctx, &ga));
+    gpu_down_f32(&Q, got, ga.dw1, el * h * 2 * f);
+    check_close("dw1 (=)", got, ha.dw1, el * h * 2 * f, 1e-2);
+    gpu_down_f32(&Q, got, ga.dw2, el * f * h);
+    check_close("dw2 (=)", got, ha.dw2, el * f * h, 1e-2);
     void *dev[] = {(void *)ga.w1, (void *)ga.w2, (void *)ga.xp, (void *)ga.d_out, ga.dw1, ga.dw2,
                    ga.hpre, ga.act, ga.out, ga.d_xp, ga.scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(&Q, dev[i]);
@@ -699,6 +712,12 @@ static void test_experts_hopper(void **state)
     int64_t many[128];
     for (int e = 0; e < 128; e++) many[e] = (e * 7) % 13 * 3; /* 0..36 rows, some none */
     run_experts_case(128, 64, 128, many, "auto", "0", &rng);
+    /* heavy-tailed, as bench_moe's skewed load: a Zipf-like head, a quarter of the experts
+     * near-empty, one without rows; auto and the kernels */
+    int64_t skewed[24];
+    for (int e = 0; e < 24; e++) skewed[e] = e < 18 ? 600 / (e + 2) : e < 23 ? 2 : 0;
+    run_experts_case(24, 136, 256, skewed, "auto", "0", &rng);
+    run_experts_case(24, 136, 256, skewed, "hopper", "0", &rng);
 }
 
 /* ---- element-wise ------------------------------------------------------------------------ */

@@ -101,6 +101,8 @@ moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *d
                                              const void *rows, const int32_t *row_of_slot,
                                              int64_t n, int32_t k, int64_t h);
 int64_t moe_cuda_expert_row_stride(void *ctx, int32_t el, const int64_t *kept);
+/* The issue mode experts_forward/backward take for these row counts (AUTO resolved). */
+cuda_gemm_mode_t moe_cuda_experts_mode(const void *ctx, const moe_experts_t *a);
 moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a);
 moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a);
 moe_status_t moe_cuda_adamw_op(void *ctx, const moe_adamw_update_t *a);

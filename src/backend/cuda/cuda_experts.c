@@ -250,14 +250,22 @@ static cuda_gemm_mode_t choose_mode(const cuda_ctx_t *c, const moe_experts_t *x)
     if (m != CUDA_GEMM_AUTO) return m;
     /* Measured on the H200 (docs/cuda-backend.md; the thresholds: kernels/tuning.h): the loop
      * wins for a few large experts, strided batched whenever sizes are equal and experts are
-     * small, the grouped Hopper kernels for uneven small ones, else side streams. */
+     * small, the grouped Hopper kernels for uneven ones too small to hide cuBLAS's host cost
+     * on new sizes, else side streams. */
     if (uni > 0 && (x->el >= MOE_TUNE_BATCHED_MIN_EXPERTS || uni < MOE_TUNE_BATCHED_MAX_ROWS))
         return CUDA_GEMM_BATCHED;
     int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
+    double expert_gflop = 6e-9 * (double)mean_rows * (double)x->h * (double)x->f;
     if (hopper_fits(c, x) && x->el >= MOE_TUNE_HOPPER_MIN_EXPERTS &&
-        mean_rows < MOE_TUNE_HOPPER_MAX_MEAN_ROWS)
+        (mean_rows < MOE_TUNE_HOPPER_MAX_MEAN_ROWS ||
+         expert_gflop < MOE_TUNE_HOPPER_MAX_EXPERT_GFLOP))
         return CUDA_GEMM_HOPPER;
     return per_expert_mode(x);
+}
+
+cuda_gemm_mode_t moe_cuda_experts_mode(const void *ctx, const moe_experts_t *a)
+{
+    return choose_mode(ctx, a);
 }
 
 /* Issue the GEMM kinds kinds[0..nk) for every expert with rows, in the given mode. Within one
