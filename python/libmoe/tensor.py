@@ -339,8 +339,16 @@ def _from_buffer(obj, what, refused=None):
     return _descriptor(address, dtype, Device.HOST, shape), view, view.readonly
 
 
+_torch_types = set()  # the tensor types seen: one set lookup instead of a module test per call
+
+
 def _is_torch_tensor(obj):
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+    if type(obj) in _torch_types:
+        return True
+    if type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
+        _torch_types.add(type(obj))
+        return True
+    return False
 
 
 def as_tensor(obj, what="tensor", *, writable=False, stream=-1):
@@ -365,6 +373,40 @@ def as_tensor(obj, what="tensor", *, writable=False, stream=-1):
     if writable and read_only:
         raise ArgumentError(f"{what} is read-only; libmoe writes into it")
     return desc, keep
+
+
+class ActivationDescriptors:
+    """The [N, width] activation descriptors of one handle (a layer), validated once per
+    argument and kind of tensor: a torch tensor's descriptor is built and checked on the first
+    call with its (argument, dtype, device, shape), then reused with only its contiguity
+    checked and its data pointer refilled. Other arrays take the full path (as_tensor, rows_of,
+    check) on every call. Used by one thread at a time, as the handle is."""
+
+    _LIMIT = 64  # shapes remembered (a model with varying sequence lengths cycles through some)
+
+    def __init__(self, width, **expect):
+        self.width, self.expect, self._cached = width, expect, {}
+
+    def get(self, obj, what, *, writable=False, rows=None, stream=-1):
+        """(ctypes reference to the descriptor, object keeping the memory alive, rows N)."""
+        if _is_torch_tensor(obj):
+            key = (what, obj.dtype, obj.device, obj.shape)
+            entry = self._cached.get(key)
+            if entry is not None and obj.is_contiguous():
+                desc, ref = entry
+                desc.data = obj.data_ptr() or None
+                if rows is not None and desc.shape[0] != rows:
+                    check(desc, what, shape=(rows, self.width))
+                return ref, obj, desc.shape[0]
+        desc, keep = as_tensor(obj, what, writable=writable, stream=stream)
+        desc = rows_of(desc, self.width)
+        check(desc, what, shape=(rows, self.width), **self.expect)
+        if _is_torch_tensor(obj):
+            if len(self._cached) >= self._LIMIT:
+                self._cached.clear()
+            self._cached[key] = (desc, C.byref(desc))
+            return self._cached[key][1], keep, desc.shape[0]
+        return C.byref(desc), keep, desc.shape[0]
 
 
 def rows_of(desc, width):
