@@ -36,6 +36,11 @@ import libmoe
 from .enums import Device, DType, ParamKind
 from .runtime import stream_pointer
 
+# PyTorch's current CUDA stream as an address: the private call Inductor's generated code uses
+# (no Stream object per call), else the public API
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
+    (lambda index: torch.cuda.current_stream(index).cuda_stream)
+
 _CAI_TYPESTR = {DType.F32: "<f4", DType.BF16: "<i2"}  # bf16 is read back as int16, then viewed
 _TORCH_DTYPE = {DType.F32: torch.float32, DType.BF16: torch.bfloat16}
 
@@ -275,9 +280,9 @@ class MoELayer(torch.nn.Module):
         return y.view(x.shape)
 
     def _use_current_stream(self, device):
-        if self.runtime.device != Device.CUDA:
+        if self._device_type != "cuda":
             return
-        stream = stream_pointer(torch.cuda.current_stream(device).cuda_stream)
+        stream = stream_pointer(_raw_stream(device.index))
         if stream != self.runtime.stream:  # the runtime may be shared with other layers
             self.runtime.set_stream(stream)
 
