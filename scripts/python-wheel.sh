@@ -8,15 +8,22 @@
 # carries no build-tree path of its own, and finds libraries placed beside it). Its other
 # dependencies (libcurl, libcjson, liburing, libxxhash, Open MPI, CUDA's runtime for a CUDA
 # build) stay the system's. The wheel is tagged py3-none-<platform>. Prints the wheel's path.
-# PYTHON picks the interpreter that builds (default python3).
+# PYTHON picks the interpreter that builds; by default the first of python3 and Debian's
+# /usr/bin/python3 that has the three modules.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 lib=$(realpath "${1:-$here/build/libmoe.so}")
 out=$(mkdir -p "${2:-dist}" && realpath "${2:-dist}")
-python=${PYTHON:-python3}
 [ -f "$lib" ] || { echo "python-wheel.sh: no library at $lib (build libmoe first)" >&2; exit 1; }
-if ! "$python" -c "import build, setuptools, wheel" 2> /dev/null; then
-  echo "python-wheel.sh: $python lacks build, setuptools or wheel" \
+python=
+for candidate in ${PYTHON:-python3 /usr/bin/python3}; do
+  if "$candidate" -c "import build, setuptools, wheel" 2> /dev/null; then
+    python=$candidate
+    break
+  fi
+done
+if [ -z "$python" ]; then
+  echo "python-wheel.sh: ${PYTHON:-python3} lacks build, setuptools or wheel" \
     "(scripts/setup-deps.sh --tests installs python3-build, python3-setuptools, python3-wheel)" >&2
   exit 1
 fi
