@@ -183,7 +183,8 @@ if HAS_CUSTOM_OP:
     def _(dy, token, op_id, need_dx):
         module = _MODULES[op_id]
         none = dy.new_empty(0)
-        grads = [torch.empty_like(p) if module.grads == "torch" else none
+        # shapes from the parameters' metadata: under FakeTensorMode only dy makes tensors
+        grads = [dy.new_empty(p.shape, dtype=p.dtype) if module.grads == "torch" else none
                  for p in module._trainable]
         return [torch.empty_like(dy) if need_dx else none] + grads
 
