@@ -312,6 +312,8 @@ def from_dlpack_capsule(capsule, what="tensor"):
 def _buffer_address(view):
     """The address of a C-contiguous memoryview's first byte; the view holds the export, so
     the address stays valid while the view lives."""
+    if not view.readonly:
+        return C.addressof(C.c_char.from_buffer(view))
     info = _PyBuffer()
     if _get_buffer(view, C.byref(info), 0) != 0:  # PyBUF_SIMPLE; raises on failure
         raise ArgumentError("the buffer gave no address")
@@ -389,7 +391,8 @@ class ActivationDescriptors:
 
     def get(self, obj, what, *, writable=False, rows=None, stream=-1):
         """(ctypes reference to the descriptor, object keeping the memory alive, rows N)."""
-        if _is_torch_tensor(obj):
+        is_torch = _is_torch_tensor(obj)
+        if is_torch:
             key = (what, obj.dtype, obj.device, obj.shape)
             entry = self._cached.get(key)
             if entry is not None and obj.is_contiguous():
@@ -401,7 +404,7 @@ class ActivationDescriptors:
         desc, keep = as_tensor(obj, what, writable=writable, stream=stream)
         desc = rows_of(desc, self.width)
         check(desc, what, shape=(rows, self.width), **self.expect)
-        if _is_torch_tensor(obj):
+        if is_torch:
             if len(self._cached) >= self._LIMIT:
                 self._cached.clear()
             self._cached[key] = (desc, C.byref(desc))
