@@ -115,7 +115,8 @@ def _backward(module, token, dy, need_dx, need_grads):
         module._free.append(slot)  # backward frees the slot, also when it fails
     grads = [None] * len(module._trainable)
     if to_torch:
-        grads = [g.to(p.dtype) if need else None for g, p, need in
+        # a copy also where the dtype matches: libmoe's buffers are rewritten by the next backward
+        grads = [g.to(p.dtype, copy=True) if need else None for g, p, need in
                  zip(module._grad_views, module._trainable, need_grads)]
     return dx, grads
 
@@ -163,7 +164,7 @@ if HAS_CUSTOM_OP:
     @torch.library.custom_op("libmoe::layer_forward", mutates_args=())
     def _op_forward(x: torch.Tensor, router_weight: torch.Tensor, w1: torch.Tensor,
                     w2: torch.Tensor, op_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        y, token = _forward(_MODULES[op_id], x)
+        y, token = _forward(_MODULES[op_id], x.contiguous())
         return y, _token_tensor(token)
 
     @_op_forward.register_fake
@@ -175,18 +176,16 @@ if HAS_CUSTOM_OP:
                      need_dx: bool) -> List[torch.Tensor]:
         module = _MODULES[op_id]
         dx, grads = _backward(module, token, dy, need_dx, (True,) * len(module._trainable))
-        # an operator returns tensors only: empty ones stand for "none"
-        none = dy.new_empty(0)
-        return [none if dx is None else dx] + [none if g is None else g for g in grads]
+        # an operator returns tensors only, none aliasing another: empty ones stand for "none"
+        return [dy.new_empty(0) if t is None else t for t in [dx, *grads]]
 
     @_op_backward.register_fake
     def _(dy, token, op_id, need_dx):
         module = _MODULES[op_id]
-        none = dy.new_empty(0)
         # shapes from the parameters' metadata: under FakeTensorMode only dy makes tensors
-        grads = [dy.new_empty(p.shape, dtype=p.dtype) if module.grads == "torch" else none
-                 for p in module._trainable]
-        return [torch.empty_like(dy) if need_dx else none] + grads
+        grads = [dy.new_empty(p.shape, dtype=p.dtype) if module.grads == "torch" else
+                 dy.new_empty(0) for p in module._trainable]
+        return [torch.empty_like(dy) if need_dx else dy.new_empty(0)] + grads
 
     def _setup_context(ctx, inputs, output):
         ctx.op_id = inputs[-1]
