@@ -15,7 +15,9 @@ stream of its own (non-blocking, as step_bench's), not on PyTorch's legacy defau
 
 With --quick: issue 42's three shapes only, without PyTorch's eager layer, and for each
 wrapper the host time of a step split into the C calls (libmoe's own entry points, timed around
-each call) and the Python around them ("ffi_host_split" lines).
+each call) and the Python around them ("ffi_host_split" lines), and torch.profiler's table of
+MoELayer's step (host time per operator and Python function) on stderr, which device_check.sh
+keeps in ffi.log.
 
 Usage: torch_bench.py [--quick] OUT_MD C_JSONL...  (device_check.sh passes step_bench's and
 bench_moe's JSON lines). Prints JSON lines and writes OUT_MD, the results file for
@@ -140,6 +142,18 @@ def host_split(name, variant, layer, step, steps=200):
     print(json.dumps(rec), flush=True)
 
 
+def profile_table(name, step, steps=50):
+    """torch.profiler's host-side view of steps back-to-back steps, to stderr."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], with_stack=False) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    print(f"== torch.profiler, MoELayer step, {name}, {steps} steps", file=sys.stderr)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20),
+          file=sys.stderr, flush=True)
+
+
 def bench_shape(n, h, f, e, k, quick=False):
     name = shape_name(n, h, f, e, k)
     recs = []
@@ -167,6 +181,7 @@ def bench_shape(n, h, f, e, k, quick=False):
     if quick:
         host_split(name, "libmoe.Layer (ctypes)", layer, ctypes_step)
         host_split(name, "MoELayer, libmoe grads", layer, module_step)
+        profile_table(name, module_step)
     m.grads = "torch"  # the same layer, gradients handed to autograd as bf16
     recs.append(emit("libmoe python", name, "MoELayer, torch grads", *timed(module_step)))
     m.zero_grad(set_to_none=True)
