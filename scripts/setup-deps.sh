@@ -15,8 +15,12 @@ pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin liburing-dev l
 # python3-botocore: AWS's own SigV4 signer, in the signature-verifying front of the S3 tests;
 # python3-matplotlib: scripts/plot_metrics.py, run by test_trainer_train when present
 [ $with_tests = 1 ] && pkgs+=(libcmocka-dev python3 python3-botocore python3-matplotlib)
-# the Python package's offline `pip install ./python` test, and the ABI check (libabigail)
-[ $with_tests = 1 ] && pkgs+=(python3-pip python3-setuptools python3-wheel abigail-tools)
+# the Python wheel: built offline by scripts/python-wheel.sh (python3-build, -wheel,
+# -setuptools, patchelf), installed by tests/python/test_wheel.py into a plain venv
+# (python3-venv, pip); python3-torch (Debian's, older than the custom-op API) runs
+# libmoe.torch's autograd-Function path on the host; the ABI check (libabigail)
+[ $with_tests = 1 ] && pkgs+=(python3-pip python3-setuptools python3-wheel python3-build
+                              python3-venv python3-torch patchelf abigail-tools)
 # Node.js may come from elsewhere (NodeSource bundles npm, and then conflicts with Debian's
 # npm package): install Debian's only when the commands are missing.
 if [ $with_tests = 1 ] && ! { command -v node && command -v npm; } > /dev/null; then

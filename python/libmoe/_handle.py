@@ -49,6 +49,7 @@ class Handle:
         self._ptr = ptr
         self._parent = parent  # a child keeps its parent alive
         self._children = []    # finalizers of the handles made on this one
+        self._closed_here = False  # close() was called on this handle, not on a parent
         if destroy is None:
             self._finalizer = parent._finalizer if parent is not None else None
             return
@@ -66,8 +67,21 @@ class Handle:
     def ptr(self):
         """The C handle; raises Error(INVALID_HANDLE) once closed."""
         if self.closed:
-            raise Error(Status.INVALID_HANDLE, f"the {self.kind} is closed")
+            raise Error(Status.INVALID_HANDLE, self._closed_message())
         return self._ptr
+
+    def _closed_message(self):
+        """Names the handle whose close closed this one: the outermost closed parent, unless
+        this one was closed itself first."""
+        closer, parent = None, self._parent
+        while parent is not None:
+            if parent.closed:
+                closer = parent
+            parent = parent._parent
+        if closer is None or self._closed_here:
+            return f"the {self.kind} is closed"
+        return (f"the {self.kind} is closed: its {closer.kind} was closed, which closes "
+                f"everything made on it")
 
     @property
     def closed(self):
@@ -78,6 +92,7 @@ class Handle:
         a destroy reports one (e.g. a checkpointer's unreported background failure)."""
         if self._finalizer is None or not self._finalizer.alive:
             return
+        self._closed_here = True
         exc = self._finalizer()
         if exc is not None:
             raise exc
@@ -87,6 +102,7 @@ class Handle:
         detached = self._finalizer.detach() if self._finalizer is not None else None
         if detached is None:
             return
+        self._closed_here = True
         _, _, (_, ptr, keep, children), _ = detached
         _destroy(destroy, ptr, keep, children)
 

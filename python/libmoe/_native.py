@@ -3,7 +3,9 @@
 Where the library comes from, first match wins:
   1. the path given to libmoe.load(path);
   2. the MOE_LIBRARY environment variable (a file path);
-  3. the dynamic loader's own rules (LD_LIBRARY_PATH, the ld.so cache, RUNPATH) for the SONAME
+  3. the copy inside this package, libmoe/libmoe.so.<major>.<minor> (the wheel's, placed there
+     by scripts/python-wheel.sh);
+  4. the dynamic loader's own rules (LD_LIBRARY_PATH, the ld.so cache, RUNPATH) for the SONAME
      this package is written against, then for plain libmoe.so, then ctypes.util.find_library.
 libmoe.library() says which file was loaded and why; a failure lists every attempt.
 
@@ -211,8 +213,12 @@ def _candidates(path):
     env = os.environ.get(ENV_VAR)
     if env:
         return [(env, f"{ENV_VAR}={env}")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    # any libmoe.so* here: one of another version is loaded and refused by the version check
+    found = [(os.path.join(here, name), "bundled with the package")
+             for name in sorted(os.listdir(here)) if name.startswith("libmoe.so")]
     rule = "the dynamic loader's search path (LD_LIBRARY_PATH, ld.so cache, RUNPATH)"
-    found = [(f"libmoe.so.{API_MAJOR}.{API_MINOR}", rule), ("libmoe.so", rule)]
+    found += [(f"libmoe.so.{API_MAJOR}.{API_MINOR}", rule), ("libmoe.so", rule)]
     name = ctypes.util.find_library("moe")
     if name:
         found.append((name, "ctypes.util.find_library('moe')"))

@@ -12,7 +12,7 @@ from ._config import as_dict, fill, record, record_type
 from ._handle import Handle
 from .enums import ParamKind
 from .errors import ArgumentError
-from .tensor import Tensor, as_tensor, check, rows_of
+from .tensor import ActivationDescriptors, Tensor
 
 LayerStats = record_type(
     "LayerStats", S.LayerStats, extra=("tokens_per_expert",),
@@ -87,28 +87,30 @@ class Layer(Handle):
             params.append(param_from_info(info, self, ids))
         self.params = {p.name: p for p in params}
         self._slot_rows = {}  # slot -> N of the forward saved there, checked by backward
+        self._acts = ActivationDescriptors(self.hidden, dtype=runtime.compute_dtype,
+                                           device=runtime.device,
+                                           device_index=runtime.device_index)
+        self._forward, self._backward = lib.moe_layer_forward, lib.moe_layer_backward
 
     # ---- compute ---------------------------------------------------------------------------
 
     def _activation(self, obj, what, writable=False, rows=None):
-        """The descriptor of an [N, H] activation on the runtime's device in its compute
-        dtype (rows: N when it must match another argument's)."""
-        rt = self.runtime
-        desc, keep = as_tensor(obj, what, writable=writable, stream=rt.stream or -1)
-        desc = rows_of(desc, self.hidden)
-        check(desc, what, dtype=rt.compute_dtype, device=rt.device,
-              device_index=rt.device_index, shape=(rows, self.hidden))
-        return desc, keep
+        """(reference to the descriptor, keepalive, N) of an [N, H] activation on the
+        runtime's device in its compute dtype (rows: N when it must match another
+        argument's)."""
+        return self._acts.get(obj, what, writable=writable, rows=rows,
+                              stream=self.runtime.stream or -1)
 
     def forward(self, x, y=None, slot=0):
         """y[N,H] = layer(x[N,H]); saves what backward needs under slot. y None allocates a
         libmoe tensor (pass y to avoid an allocation per call). Enqueued on the runtime's
         stream (CUDA). Returns y."""
-        xd, keep_x = self._activation(x, "x")
-        y = self.runtime.tensor((xd.shape[0], self.hidden)) if y is None else y
-        yd, keep_y = self._activation(y, "y", writable=True, rows=xd.shape[0])
-        self._lib.moe_layer_forward(self.ptr, slot, C.byref(xd), C.byref(yd))
-        self._slot_rows[slot] = xd.shape[0]
+        ptr = self.ptr  # a closed layer says so before its arguments are looked at
+        xd, keep_x, n = self._activation(x, "x")
+        y = self.runtime.tensor((n, self.hidden)) if y is None else y
+        yd, keep_y, _ = self._activation(y, "y", writable=True, rows=n)
+        self._forward(ptr, slot, xd, yd)
+        self._slot_rows[slot] = n
         del keep_x, keep_y
         return y
 
@@ -116,13 +118,13 @@ class Layer(Handle):
         """Backward of the forward saved in slot: accumulates the parameter gradients (the
         aux and z loss terms included), frees the slot and returns dx[N,H] (allocated when
         None; need_dx=False skips it and returns None)."""
-        dyd, keep_dy = self._activation(dy, "dy", rows=self._slot_rows.get(slot))
+        ptr = self.ptr
+        dyd, keep_dy, n = self._activation(dy, "dy", rows=self._slot_rows.get(slot))
         dxd, keep_dx = None, None
         if need_dx:
-            dx = self.runtime.tensor((dyd.shape[0], self.hidden)) if dx is None else dx
-            dxd, keep_dx = self._activation(dx, "dx", writable=True, rows=dyd.shape[0])
-        self._lib.moe_layer_backward(self.ptr, slot, C.byref(dyd),
-                                     C.byref(dxd) if dxd is not None else None)
+            dx = self.runtime.tensor((n, self.hidden)) if dx is None else dx
+            dxd, keep_dx, _ = self._activation(dx, "dx", writable=True, rows=n)
+        self._backward(ptr, slot, dyd, dxd)
         self._slot_rows.pop(slot, None)
         del keep_dy, keep_dx
         return dx if need_dx else None

@@ -63,11 +63,53 @@ _capsule_name = C.pythonapi.PyCapsule_GetName
 _capsule_name.restype = C.c_char_p
 _capsule_name.argtypes = [C.py_object]
 
+
+class _PyBuffer(C.Structure):
+    """CPython's Py_buffer, to read the address of any buffer, read-only ones too (ctypes'
+    from_buffer takes writable ones only)."""
+    _fields_ = [("buf", C.c_void_p), ("obj", C.c_void_p), ("len", C.c_ssize_t),
+                ("itemsize", C.c_ssize_t), ("readonly", C.c_int), ("ndim", C.c_int),
+                ("format", C.c_char_p), ("shape", C.c_void_p), ("strides", C.c_void_p),
+                ("suboffsets", C.c_void_p), ("internal", C.c_void_p)]
+
+
+_get_buffer = C.pythonapi.PyObject_GetBuffer
+_get_buffer.restype = C.c_int
+_get_buffer.argtypes = [C.py_object, C.POINTER(_PyBuffer), C.c_int]
+_release_buffer = C.pythonapi.PyBuffer_Release
+_release_buffer.restype = None
+_release_buffer.argtypes = [C.POINTER(_PyBuffer)]
+
 _TYPESTR = {"<f4": DType.F32, "f4": DType.F32, "<V2": DType.BF16, "V2": DType.BF16,
             "<u2": DType.BF16, "u2": DType.BF16}
 _BUFFER_FORMAT = {"f": DType.F32, "<f": DType.F32, "=f": DType.F32, "H": DType.BF16,
                   "<H": DType.BF16, "=H": DType.BF16}
 _TORCH_DTYPE = {"torch.float32": DType.F32, "torch.bfloat16": DType.BF16}
+
+# names of the element types libmoe refuses, so a message says "float16", not a code
+_DL_TYPE_NAMES = {0: "int", 1: "uint", 2: "float", 3: "opaque", 4: "bfloat", 5: "complex",
+                  6: "bool"}
+_TYPESTR_KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex", "b": "bool",
+                  "V": "void"}
+_BUFFER_NAMES = {"e": "float16", "d": "float64", "b": "int8", "B": "uint8", "c": "char",
+                 "h": "int16", "i": "int32", "I": "uint32", "l": "int64", "L": "uint64",
+                 "q": "int64", "Q": "uint64", "n": "ssize_t", "N": "size_t", "?": "bool"}
+
+
+def _dlpack_type_name(code, bits, lanes):
+    name = "bool" if code == 6 else f"{_DL_TYPE_NAMES.get(code, f'type code {code} ')}{bits}"
+    return name if lanes == 1 else f"{name}x{lanes}"
+
+
+def _typestr_name(typestr):
+    kind, size = typestr.lstrip("<>|="), 0
+    if kind[1:].isdigit():
+        kind, size = kind[0], int(kind[1:])
+    return f"{_TYPESTR_KINDS.get(kind, kind)}{8 * size or ''} (typestr {typestr!r})"
+
+
+def _buffer_format_name(fmt):
+    return f"{_BUFFER_NAMES.get(fmt.lstrip('<>=@!'), fmt)} (buffer format {fmt!r})"
 
 
 def _descriptor(data, dtype, device, shape, device_index=0):
@@ -103,11 +145,13 @@ def _require_dense(shape, strides, itemsize, what):
                             f"shape {tuple(shape)}); pass a contiguous copy")
 
 
-def _dtype_of(table, key, what):
+def _dtype_of(table, key, what, name=str):
+    """The DType of key, or ArgumentError naming the element type (name(key))."""
     try:
         return table[key]
     except KeyError:
-        raise ArgumentError(f"{what} has element type {key}; libmoe takes f32 or bf16") from None
+        raise ArgumentError(f"{what} has element type {name(key)}; libmoe takes f32 or "
+                            "bf16") from None
 
 
 class Tensor(Handle):
@@ -219,7 +263,7 @@ def _from_torch(obj, what):
 
 def _from_cuda_array_interface(cai, obj, what):
     shape = tuple(cai["shape"])
-    dtype = _dtype_of(_TYPESTR, cai["typestr"], what)
+    dtype = _dtype_of(_TYPESTR, cai["typestr"], what, _typestr_name)
     _require_dense(shape, cai.get("strides"), dtype.itemsize, what)
     ptr, read_only = cai["data"]
     # the interface names no device: the pointer belongs to the current CUDA context, which
@@ -251,11 +295,9 @@ def from_dlpack_capsule(capsule, what="tensor"):
     else:
         raise ArgumentError(f"{what}: {name!r} is not an unconsumed DLPack capsule")
     t = managed.dl_tensor
-    code_bits = (t.dtype.code, t.dtype.bits, t.dtype.lanes)
-    dtype = {(_DL_FLOAT, 32, 1): DType.F32, (_DL_BFLOAT, 16, 1): DType.BF16}.get(code_bits)
-    if dtype is None:
-        raise ArgumentError(f"{what} has DLPack dtype (code {code_bits[0]}, bits "
-                            f"{code_bits[1]}, lanes {code_bits[2]}); libmoe takes f32 or bf16")
+    dtype = _dtype_of({(_DL_FLOAT, 32, 1): DType.F32, (_DL_BFLOAT, 16, 1): DType.BF16},
+                      (t.dtype.code, t.dtype.bits, t.dtype.lanes), what,
+                      lambda key: f"{_dlpack_type_name(*key)} (DLPack)")
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = None
     if t.strides:
@@ -267,29 +309,48 @@ def from_dlpack_capsule(capsule, what="tensor"):
         read_only
 
 
-def _from_buffer(obj, what):
+def _buffer_address(view):
+    """The address of a C-contiguous memoryview's first byte; the view holds the export, so
+    the address stays valid while the view lives."""
+    if not view.readonly:
+        return C.addressof(C.c_char.from_buffer(view))
+    info = _PyBuffer()
+    if _get_buffer(view, C.byref(info), 0) != 0:  # PyBUF_SIMPLE; raises on failure
+        raise ArgumentError("the buffer gave no address")
+    try:
+        return info.buf or 0
+    finally:
+        _release_buffer(C.byref(info))
+
+
+def _from_buffer(obj, what, refused=None):
+    """refused: why an earlier interface of obj (DLPack) declined, for the message."""
     try:
         view = memoryview(obj)
     except TypeError:
+        if refused is not None:
+            raise ArgumentError(f"{what}: {refused}") from None
         raise ArgumentError(f"{what} ({type(obj).__name__}) is not an array libmoe can read: "
                             "pass a libmoe.Tensor, a torch tensor, an object with "
                             "__cuda_array_interface__ or __dlpack__, or a buffer") from None
-    dtype = _dtype_of(_BUFFER_FORMAT, view.format, what)
+    dtype = _dtype_of(_BUFFER_FORMAT, view.format, what, _buffer_format_name)
     if not view.c_contiguous:
         raise ArgumentError(f"{what} is not C-contiguous; pass a contiguous copy")
     shape = view.shape if view.ndim else (1,)
-    if view.readonly:
-        # ctypes takes the address of writable buffers only
-        raise ArgumentError(f"{what} is a read-only buffer; pass writable memory (a bytearray, "
-                            "array.array or writable numpy array)")
-    if view.nbytes == 0:
-        return _descriptor(0, dtype, Device.HOST, shape), view, False
-    address = C.addressof(C.c_char.from_buffer(view))
-    return _descriptor(address, dtype, Device.HOST, shape), view, False
+    address = _buffer_address(view) if view.nbytes else 0
+    return _descriptor(address, dtype, Device.HOST, shape), view, view.readonly
+
+
+_torch_types = set()  # the tensor types seen: one set lookup instead of a module test per call
 
 
 def _is_torch_tensor(obj):
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+    if type(obj) in _torch_types:
+        return True
+    if type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
+        _torch_types.add(type(obj))
+        return True
+    return False
 
 
 def as_tensor(obj, what="tensor", *, writable=False, stream=-1):
@@ -304,12 +365,51 @@ def as_tensor(obj, what="tensor", *, writable=False, stream=-1):
         desc, keep, read_only = _from_cuda_array_interface(obj.__cuda_array_interface__, obj,
                                                            what)
     elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        desc, keep, read_only = _from_dlpack(obj, what, stream)
+        try:
+            desc, keep, read_only = _from_dlpack(obj, what, stream)
+        except BufferError as exc:
+            # NumPy will not export a read-only array through DLPack; its buffer says so
+            desc, keep, read_only = _from_buffer(obj, what, refused=exc)
     else:
         desc, keep, read_only = _from_buffer(obj, what)
     if writable and read_only:
         raise ArgumentError(f"{what} is read-only; libmoe writes into it")
     return desc, keep
+
+
+class ActivationDescriptors:
+    """The [N, width] activation descriptors of one handle (a layer), validated once per
+    argument and kind of tensor: a torch tensor's descriptor is built and checked on the first
+    call with its (argument, dtype, device, shape), then reused with only its contiguity
+    checked and its data pointer refilled. Other arrays take the full path (as_tensor, rows_of,
+    check) on every call. Used by one thread at a time, as the handle is."""
+
+    _LIMIT = 64  # shapes remembered (a model with varying sequence lengths cycles through some)
+
+    def __init__(self, width, **expect):
+        self.width, self.expect, self._cached = width, expect, {}
+
+    def get(self, obj, what, *, writable=False, rows=None, stream=-1):
+        """(ctypes reference to the descriptor, object keeping the memory alive, rows N)."""
+        is_torch = _is_torch_tensor(obj)
+        if is_torch:
+            key = (what, obj.dtype, obj.device, obj.shape)
+            entry = self._cached.get(key)
+            if entry is not None and obj.is_contiguous():
+                desc, ref = entry
+                desc.data = obj.data_ptr() or None
+                if rows is not None and desc.shape[0] != rows:
+                    check(desc, what, shape=(rows, self.width))
+                return ref, obj, desc.shape[0]
+        desc, keep = as_tensor(obj, what, writable=writable, stream=stream)
+        desc = rows_of(desc, self.width)
+        check(desc, what, shape=(rows, self.width), **self.expect)
+        if is_torch:
+            if len(self._cached) >= self._LIMIT:
+                self._cached.clear()
+            self._cached[key] = (desc, C.byref(desc))
+            return self._cached[key][1], keep, desc.shape[0]
+        return C.byref(desc), keep, desc.shape[0]
 
 
 def rows_of(desc, width):

@@ -20,13 +20,26 @@ Gradients, two ways (grads=):
   "libmoe" they accumulate in libmoe's f32 buffers (libmoe_grad(name) views them) for
            libmoe's AdamW (adamw()), with fp32 master weights; p.grad stays None.
 The module cannot be moved or cast (.to, .cuda, .float): its tensors are libmoe's memory.
+
+torch.compile: with PyTorch 2.4 or later the layer is the custom operators libmoe::layer_forward
+and libmoe::layer_backward while Dynamo traces, so torch.compile(model, fullgraph=True) keeps
+each layer as one node of the graph; eager calls and older PyTorch use an autograd Function.
 """
+import itertools
+import struct
+import weakref
+
 import torch
 
 import libmoe
 
 from .enums import Device, DType, ParamKind
 from .runtime import stream_pointer
+
+# PyTorch's current CUDA stream as an address: the private call Inductor's generated code uses
+# (no Stream object per call), else the public API
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
+    (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 _CAI_TYPESTR = {DType.F32: "<f4", DType.BF16: "<i2"}  # bf16 is read back as int16, then viewed
 _TORCH_DTYPE = {DType.F32: torch.float32, DType.BF16: torch.bfloat16}
@@ -53,62 +66,146 @@ def torch_view(t):
     return view.view(torch.bfloat16) if t.dtype == DType.BF16 else view
 
 
-class _SlotLease:
-    """A microbatch slot holding a forward's saved state until its backward. Dropped without a
-    backward (the autograd graph freed), it releases the slot."""
+class _SlotToken(bytearray):
+    """A microbatch slot holding a forward's saved state until its backward, as 16 bytes
+    (int64 slot, int64 generation) that a CPU int64 tensor views without a copy
+    (torch.frombuffer), so the custom op can hand it from forward to backward through a
+    compiled graph. Whatever drops the last reference (the autograd graph freed, a forward
+    under no_grad, the tensor's storage collected), the slot is released unless a backward
+    consumed it: the generation tells a stale token from the slot's current holder."""
 
-    def __init__(self, module, slot):
-        self.module, self.slot = module, slot
-
-    def consume(self):
-        slot, self.slot = self.slot, None
-        return slot
+    def __init__(self, module, slot, generation):
+        super().__init__(struct.pack("<qq", slot, generation))
+        self.module = module
 
     def __del__(self):
-        if self.slot is not None:
-            self.module._release(self.slot)
+        slot, generation = struct.unpack("<qq", self)
+        if self.module._held.get(slot) == generation:
+            self.module._release(slot)
+
+
+def _forward(module, x):
+    """y = layer(x) for a dense [N, H] x on PyTorch's current stream, and the token of the
+    slot holding its saved state."""
+    module._use_current_stream(x.device)
+    y = torch.empty_like(x)
+    token = module._acquire()
+    slot = module._slot_of(token)
+    try:
+        module.layer.forward(x, y, slot)
+    except BaseException:
+        module._release(slot)
+        raise
+    return y, token
+
+
+def _backward(module, token, dy, need_dx, need_grads):
+    """(dx or None, the parameters' gradients as autograd takes them, None where unneeded or
+    with grads="libmoe") of the forward that token names; consumes the slot."""
+    module._use_current_stream(dy.device)
+    dy = dy.contiguous()
+    dx = torch.empty_like(dy) if need_dx else None
+    slot = module._consume(token)
+    to_torch = module.grads == "torch"
+    try:
+        if to_torch:  # libmoe's buffers then hold this backward's gradients alone
+            module.layer.discard_grad()
+        module.layer.backward(dy, dx, slot, need_dx=need_dx)
+    finally:
+        module._free.append(slot)  # backward frees the slot, also when it fails
+    grads = [None] * len(module._trainable)
+    if to_torch:
+        # a copy also where the dtype matches: libmoe's buffers are rewritten by the next backward
+        grads = [g.to(p.dtype, copy=True) if need else None for g, p, need in
+                 zip(module._grad_views, module._trainable, need_grads)]
+    return dx, grads
 
 
 class _MoEFunction(torch.autograd.Function):
+    """Eager autograd: the token lives on ctx, so a graph freed without a backward releases
+    the slot."""
+
     @staticmethod
     def forward(ctx, x, module, *params):
-        layer = module.layer
-        module._use_current_stream(x.device)
-        y = torch.empty_like(x)
-        slot = module._acquire()
-        try:
-            layer.forward(x, y, slot)
-        except BaseException:
-            module._release(slot)
-            raise
+        y, token = _forward(module, x)
         if any(ctx.needs_input_grad):
-            ctx.lease = _SlotLease(module, slot)
-            ctx.module = module
-        else:
-            module._release(slot)
+            ctx.token, ctx.module = token, module
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        module = ctx.module
-        module._use_current_stream(dy.device)
-        dy = dy.contiguous()
-        need_dx = ctx.needs_input_grad[0]
-        dx = torch.empty_like(dy) if need_dx else None
-        to_torch = module.grads == "torch"
-        if to_torch:  # libmoe's buffers then hold this backward's gradients alone
-            module.layer.discard_grad()
-        slot = ctx.lease.consume()
-        try:
-            module.layer.backward(dy, dx, slot, need_dx=need_dx)
-        finally:
-            module._free.append(slot)  # backward frees the slot, also when it fails
-        grads = [None] * len(module._trainable)
-        if to_torch:
-            grads = [g.to(p.dtype) if need else None for g, p, need in
-                     zip(module._grad_views, module._trainable, ctx.needs_input_grad[2:])]
+        dx, grads = _backward(ctx.module, ctx.token, dy, ctx.needs_input_grad[0],
+                              ctx.needs_input_grad[2:])
         return (dx, None, *grads)
+
+
+# ---- the custom op, for torch.compile ---------------------------------------------------------
+# Where PyTorch has torch.library.custom_op (2.4 and later), the layer is also two operators,
+# libmoe::layer_forward and libmoe::layer_backward, with fake implementations (shapes only) and
+# the autograd formula registered, so a compiled graph holds them as single nodes instead of
+# breaking at every layer. MoELayer uses them while torch.compile traces it, and the autograd
+# Function above in eager mode, where it costs less per call. Operators take tensors and plain
+# values only: a layer is named by its id in _MODULES, the slot by its token tensor.
+
+_MODULES = weakref.WeakValueDictionary()  # op id -> MoELayer
+_next_id = itertools.count(1)
+HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library,
+                                                                "register_autograd")
+
+
+def _token_tensor(token):
+    return torch.frombuffer(token, dtype=torch.int64)  # keeps token alive, no copy
+
+
+if HAS_CUSTOM_OP:
+    from typing import List, Tuple
+
+    @torch.library.custom_op("libmoe::layer_forward", mutates_args=())
+    def _op_forward(x: torch.Tensor, router_weight: torch.Tensor, w1: torch.Tensor,
+                    w2: torch.Tensor, op_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        y, token = _forward(_MODULES[op_id], x.contiguous())
+        return y, _token_tensor(token)
+
+    @_op_forward.register_fake
+    def _(x, router_weight, w1, w2, op_id):
+        return torch.empty_like(x), torch.empty(2, dtype=torch.int64)
+
+    @torch.library.custom_op("libmoe::layer_backward", mutates_args=())
+    def _op_backward(dy: torch.Tensor, token: torch.Tensor, op_id: int,
+                     need_dx: bool) -> List[torch.Tensor]:
+        module = _MODULES[op_id]
+        dx, grads = _backward(module, token, dy, need_dx, (True,) * len(module._trainable))
+        # an operator returns tensors only, none aliasing another: empty ones stand for "none"
+        return [dy.new_empty(0) if t is None else t for t in [dx, *grads]]
+
+    @_op_backward.register_fake
+    def _(dy, token, op_id, need_dx):
+        module = _MODULES[op_id]
+        # shapes from the parameters' metadata: under FakeTensorMode only dy makes tensors
+        grads = [dy.new_empty(p.shape, dtype=p.dtype) if module.grads == "torch" else
+                 dy.new_empty(0) for p in module._trainable]
+        return [torch.empty_like(dy) if need_dx else dy.new_empty(0)] + grads
+
+    def _setup_context(ctx, inputs, output):
+        ctx.op_id = inputs[-1]
+        ctx.save_for_backward(output[1])
+        ctx.mark_non_differentiable(output[1])
+
+    def _autograd_backward(ctx, dy, _dtoken):
+        (token,) = ctx.saved_tensors
+        need_dx = ctx.needs_input_grad[0]
+        out = torch.ops.libmoe.layer_backward(dy.contiguous(), token, ctx.op_id, need_dx)
+        grads = [g if need and _MODULES[ctx.op_id].grads == "torch" else None
+                 for g, need in zip(out[1:], ctx.needs_input_grad[1:4])]
+        return (out[0] if need_dx else None, *grads, None)
+
+    torch.library.register_autograd("libmoe::layer_forward", _autograd_backward,
+                                    setup_context=_setup_context)
+
+
+# True while torch.compile traces (Dynamo knows this function); absent before PyTorch 2.3
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 
 
 def _container(root, dotted):
@@ -147,6 +244,10 @@ class MoELayer(torch.nn.Module):
         self.layer = libmoe.Layer(runtime, hidden=hidden, ffn_hidden=ffn_hidden,
                                   num_experts=num_experts, top_k=top_k, **config)
         self._free = list(range(self.layer.config["max_microbatches"]))[::-1]
+        self._held = {}  # slot -> generation of the token holding it
+        self._generation = itertools.count(1)
+        self._op_id = next(_next_id)
+        _MODULES[self._op_id] = self
         self._trainable, self._grad_views = [], []
         for name, p in self.layer.params.items():
             owner, leaf = _container(self, name)
@@ -172,25 +273,50 @@ class MoELayer(torch.nn.Module):
                 f"{self._device_type}" + (f":{rt.device_index}" if rt.device == Device.CUDA
                                           else ""))
         flat = x.reshape(-1, h).contiguous()
-        y = _MoEFunction.apply(flat, self, *self._trainable)
+        if HAS_CUSTOM_OP and _is_compiling is not None and _is_compiling():
+            y, _token = torch.ops.libmoe.layer_forward(flat, *self._trainable, self._op_id)
+        else:
+            y = _MoEFunction.apply(flat, self, *self._trainable)
         return y.view(x.shape)
 
     def _use_current_stream(self, device):
-        if self.runtime.device != Device.CUDA:
+        if self._device_type != "cuda":
             return
-        stream = stream_pointer(torch.cuda.current_stream(device).cuda_stream)
+        stream = stream_pointer(_raw_stream(device.index))
         if stream != self.runtime.stream:  # the runtime may be shared with other layers
             self.runtime.set_stream(stream)
 
     def _acquire(self):
+        """A token for a free slot."""
         if not self._free:
             n = self.layer.config["max_microbatches"]
             raise libmoe.Error(libmoe.Status.INVALID_ARGUMENT,
                                f"all {n} microbatch slots hold a forward awaiting its backward; "
                                "create the layer with a larger max_microbatches")
-        return self._free.pop()
+        slot = self._free.pop()
+        self._held[slot] = generation = next(self._generation)
+        return _SlotToken(self, slot, generation)
+
+    @staticmethod
+    def _slot_of(token):
+        return struct.unpack_from("<q", token)[0]
+
+    def _consume(self, token):
+        """The slot of a token (a _SlotToken or its tensor) whose backward runs now."""
+        if isinstance(token, torch.Tensor):
+            slot, generation = (int(v) for v in token.tolist())
+        else:
+            slot, generation = struct.unpack("<qq", token)
+        if self._held.get(slot) != generation:
+            raise libmoe.Error(libmoe.Status.INVALID_ARGUMENT,
+                               "this forward's saved state is gone (its backward ran already, "
+                               "or its slot was released)")
+        del self._held[slot]
+        return slot
 
     def _release(self, slot):
+        """Give back a slot whose forward will see no backward."""
+        self._held.pop(slot, None)
         if not self.layer.closed:
             self.layer.release_slot(slot)
         self._free.append(slot)

@@ -8,11 +8,16 @@
 #   bench        step_bench (the layer step from C), `bench_moe layer` (expert GEMM mode auto),
 #                then python/tests/torch_bench.py: the same step through the wrapper and
 #                PyTorch's eager layer (bench/torch_moe.py) in the same call
+# Shorter phases for a short call (with build, which then builds libmoe and step_bench alone
+# unless bench is named too):
+#   quick        step_bench and torch_bench.py --quick at issue 42's three shapes: the overhead
+#                figures and the host time split into C calls and Python
+#   compile      torch_check.py --only compile: torch.compile(fullgraph=True) of a 4-layer model
 # Writes $OUT/ffi.jsonl (every JSON line), $OUT/ffi.log (build and stderr), $OUT/ffi.md (the
 # results file for bench/results/ffi.md); prints the JSON lines. Exit status 1 when a build or
 # a check failed.
 # Usage (repository root, .deps carried as scripts/gpu-machine/README.md says):
-#   MOE_COMMIT=<commit> bash python/tests/device_check.sh [build torch_check bench]
+#   MOE_COMMIT=<commit> bash python/tests/device_check.sh [build quick compile torch_check bench]
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 source scripts/gpu-machine/env.sh
@@ -36,8 +41,11 @@ run() {
 
 if has build; then
   mark build
+  targets=moe
+  has bench && targets="moe bench_moe"
+  # shellcheck disable=SC2086
   if ! { device_configure -DMOE_BUILD_TESTS=OFF -DMOE_BUILD_EXAMPLES=OFF &&
-    cmake --build "$B" -j16 --target moe bench_moe; } >> "$log" 2>&1; then
+    cmake --build "$B" -j16 --target $targets; } >> "$log" 2>&1; then
     echo "BUILD FAILED"
     tail -40 "$log"
     exit 1
@@ -51,6 +59,15 @@ fi
 export MOE_LIBRARY=$B/libmoe.so PYTHONPATH=$PWD/python
 python3 -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" \
   2>&1 | tee -a "$log"
+
+if has quick; then
+  run step_bench 60 "$B/step_bench" 512 256 512 16 2 2048 1024 1408 64 2 16384 4096 1408 64 2
+  run torch_bench 120 python3 python/tests/torch_bench.py --quick "$OUT/ffi.md" "$json"
+fi
+
+if has compile; then
+  run torch_check_compile 180 python3 python/tests/torch_check.py --only compile
+fi
 
 if has torch_check; then
   run torch_check 240 python3 python/tests/torch_check.py
@@ -74,6 +91,9 @@ for line in open(sys.argv[1]):
         continue
     if "check" in r and r["check"] != "summary":
         print("ok  " if r["ok"] else "FAIL", r["check"], r.get("error", ""))
+    elif r.get("bench") == "ffi_host_split":
+        print(f"host {r['shape']} {r['variant']}: {r['host_us_per_step']} us/step, "
+              f"{r['c_calls_us']} in C, {r['python_us']} in Python")
     elif r.get("bench") == "ffi_overhead":
         print(f"overhead {r['shape']}: Layer {r['ctypes_pct']:+.1f}%"
               f" ({r['ctypes_us_per_step']} us/step), MoELayer {r['module_pct']:+.1f}%"

@@ -13,8 +13,15 @@ layers start from the runtime's default seed, so both sides route the same token
 experts: max_load (the layer's busiest expert in the last step) shows it. Each shape runs on a
 stream of its own (non-blocking, as step_bench's), not on PyTorch's legacy default stream.
 
-Usage: torch_bench.py OUT_MD C_JSONL...  (device_check.sh passes step_bench's and bench_moe's
-JSON lines). Prints JSON lines and writes OUT_MD, the results file for bench/results/ffi.md.
+With --quick: issue 42's three shapes only, without PyTorch's eager layer, and for each
+wrapper the host time of a step split into the C calls (libmoe's own entry points, timed around
+each call) and the Python around them ("ffi_host_split" lines), and torch.profiler's table of
+MoELayer's step (host time per operator and Python function) on stderr, which device_check.sh
+keeps in ffi.log.
+
+Usage: torch_bench.py [--quick] OUT_MD C_JSONL...  (device_check.sh passes step_bench's and
+bench_moe's JSON lines). Prints JSON lines and writes OUT_MD, the results file for
+bench/results/ffi.md.
 Shapes: N tokens, H hidden, F expert FFN width, E experts, K top-k.
 """
 import datetime
@@ -39,6 +46,7 @@ LAYER_SHAPES = [(16384, 4096, 1408, 64, 2), (16384, 2048, 8192, 8, 2),
                 (32768, 4096, 14336, 8, 2)]  # bench_moe's layer shapes
 SMALL_SHAPES = [(512, 256, 512, 16, 2), (2048, 1024, 1408, 64, 2)]
 SHAPES = SMALL_SHAPES + LAYER_SHAPES
+QUICK_SHAPES = SMALL_SHAPES + LAYER_SHAPES[:1]
 WARM, WARM_S, ITERS, WALL = 2, 0.5, 10, 20
 GPU = torch.cuda.get_device_name(0)
 TODAY = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
@@ -98,7 +106,55 @@ def step_bench_normal(rows, cols, seed):
     return host.to(device="cuda").to(torch.bfloat16)
 
 
-def bench_shape(n, h, f, e, k):
+def host_split(name, variant, layer, step, steps=200):
+    """Host µs per step inside libmoe's entry points and outside them (the wrapper), over
+    steps back-to-back steps after the stream drained."""
+    inside = [0.0]
+    originals = (layer._forward, layer._backward)
+    lib = layer._lib
+
+    def timed_call(fn):
+        def call(*args):
+            t = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                inside[0] += time.perf_counter() - t
+        return call
+
+    layer._forward, layer._backward = (timed_call(f) for f in originals)
+    discard = lib.moe_layer_discard_grad
+    lib.moe_layer_discard_grad = timed_call(discard)
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        total = time.perf_counter() - t0
+        torch.cuda.synchronize()
+    finally:
+        layer._forward, layer._backward = originals
+        lib.moe_layer_discard_grad = discard
+    rec = {"bench": "ffi_host_split", "shape": name, "variant": variant,
+           "host_us_per_step": round(1e6 * total / steps, 1),
+           "c_calls_us": round(1e6 * inside[0] / steps, 1),
+           "python_us": round(1e6 * (total - inside[0]) / steps, 1)}
+    print(json.dumps(rec), flush=True)
+
+
+def profile_table(name, step, steps=50):
+    """torch.profiler's host-side view of steps back-to-back steps, to stderr."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], with_stack=False) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    print(f"== torch.profiler, MoELayer step, {name}, {steps} steps", file=sys.stderr)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20),
+          file=sys.stderr, flush=True)
+
+
+def bench_shape(n, h, f, e, k, quick=False):
     name = shape_name(n, h, f, e, k)
     recs = []
     m = MoELayer(h, f, e, k, grads="libmoe")
@@ -122,12 +178,19 @@ def bench_shape(n, h, f, e, k):
         m(xg).backward(dy)
 
     recs.append(emit("libmoe python", name, "MoELayer, libmoe grads", *timed(module_step)))
+    if quick:
+        host_split(name, "libmoe.Layer (ctypes)", layer, ctypes_step)
+        host_split(name, "MoELayer, libmoe grads", layer, module_step)
+        profile_table(name, module_step)
     m.grads = "torch"  # the same layer, gradients handed to autograd as bf16
     recs.append(emit("libmoe python", name, "MoELayer, torch grads", *timed(module_step)))
     m.zero_grad(set_to_none=True)
     m.runtime.close()  # frees the layer's GPU memory now, not when the collector finds it
     del m, layer, xg, y, dx
     torch.cuda.empty_cache()
+    if quick:
+        del x, dy
+        return recs
 
     tm = torch_moe.TorchMoE(h, f, e, k)
     xt = x.clone().requires_grad_(True)
@@ -235,13 +298,15 @@ def summarise(recs, c_api, bench_moe, out_md):
 
 
 def main():
-    out_md, c_paths = sys.argv[1], sys.argv[2:]
+    args = sys.argv[1:]
+    quick = args[:1] == ["--quick"]
+    out_md, c_paths = args[quick], args[quick + 1:]
     recs = []
-    for shape in SHAPES:
+    for shape in QUICK_SHAPES if quick else SHAPES:
         try:
             # a stream of its own, as step_bench's (both non-blocking): like for like
             with torch.cuda.stream(torch.cuda.Stream()):
-                recs += bench_shape(*shape)
+                recs += bench_shape(*shape, quick=quick)
         except Exception as exc:  # report and go on: one failure must not hide the rest
             print(json.dumps({"bench": "ffi_layer_step", "shape": shape_name(*shape),
                               "error": repr(exc)}), flush=True)

@@ -14,7 +14,7 @@ the GPU run meets no untried code.
 Prints one JSON line per check ({"check", "ok", ...}); exits 1 when one fails, 77 without a GPU.
 Shapes: N tokens, H hidden, F expert FFN width, E experts, K top-k.
 Usage (device_check.sh runs it): MOE_LIBRARY=<build>/libmoe.so PYTHONPATH=python \
-    python3 python/tests/torch_check.py [--host]
+    python3 python/tests/torch_check.py [--host] [--only compile]
 """
 import json
 import math
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as Fn
 
 import libmoe
-from libmoe.torch import MoELayer
+from libmoe.torch import HAS_CUSTOM_OP, MoELayer
 
 failures = []
 
@@ -320,6 +320,60 @@ def train(grads, steps=150, h=256, batch=1024):
          loss_first10=round(start, 5), loss_last10=round(end, 5), steps=steps)
 
 
+def check_compile():
+    """A 4-layer residual model of MoELayers under torch.compile(fullgraph=True): no graph break
+    (torch._dynamo.explain), and the compiled step (the libmoe custom ops) equal to the eager
+    one (the autograd Function) within the bound: output, dx and every parameter gradient.
+    Then compiled steps and no_grad forwards beyond the slot count hold no slot. The host
+    backend compiles with aot_eager (the ops, fake implementations and autograd formula,
+    without Inductor's C++ toolchain)."""
+    if not HAS_CUSTOM_OP:
+        emit("torch.compile", True, skip=f"PyTorch {torch.__version__} has no "
+                                         "torch.library.custom_op: the autograd Function serves")
+        return
+    h, layers = 256, 4
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moes = torch.nn.ModuleList(M.layer(h, 512, 8, 2, seed=10 + i, max_microbatches=2)
+                                            for i in range(layers))
+
+        def forward(self, x):
+            for moe in self.moes:
+                x = x + moe(x)
+            return x
+
+    model = Model()
+    x, dy = M.randn(4, 64, h), M.randn(4, 64, h)
+
+    def step(fn):
+        model.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_(True)
+        y = fn(xg)
+        y.backward(dy)
+        M.sync()
+        return [y.detach(), xg.grad] + [p.grad.clone() for p in model.parameters()]
+
+    torch._dynamo.reset()
+    explain = torch._dynamo.explain(model)(x)
+    eager = step(model)
+    compiled_model = torch.compile(model, fullgraph=True,
+                                   backend="aot_eager" if M.host else "inductor")
+    compiled = step(compiled_model)
+    err = max(rel(c, e) for c, e in zip(compiled, eager))
+    for _ in range(3):  # steady state: each step's slots come back
+        step(compiled_model)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled_model(x)
+    free = all(len(m._free) == 2 for m in model.moes)
+    emit("torch.compile", explain.graph_break_count == 0 and err <= M.bound and free,
+         graph_breaks=explain.graph_break_count, graphs=explain.graph_count,
+         max_rel_err_vs_eager=float(f"{err:.3g}"), slots_free=free, layers=layers,
+         bound=M.bound)
+
+
 def main():
     global M
     host = "--host" in sys.argv[1:]
@@ -340,8 +394,11 @@ def main():
         lambda: compare("top-1", 512 // scale, 256 // scale, 256 // scale, 8, 1,
                         renormalize=False),
         check_zero_copy, check_streams, check_slots_and_accumulation, check_generic_paths,
-        check_errors, lambda: train("torch"), lambda: train("libmoe"),
+        check_errors, lambda: train("torch"), lambda: train("libmoe"), check_compile,
     ]
+    if "--only" in sys.argv[1:]:
+        only = sys.argv[sys.argv.index("--only") + 1]
+        checks = {"compile": [check_compile]}[only]
     for check in checks:
         try:
             check()

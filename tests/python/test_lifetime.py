@@ -73,6 +73,21 @@ class LifetimeTest(unittest.TestCase):
                 call()
             self.assertEqual(cm.exception.status, libmoe.Status.INVALID_HANDLE)
         rt.close()  # a second close is a no-op
+        with self.assertRaisesRegex(libmoe.Error, "the layer is closed: its runtime "
+                                    "was closed") as cm:
+            layer.forward(array.array("f", [0.0] * 16))
+        with self.assertRaisesRegex(libmoe.Error, "the tensor is closed: its runtime was "
+                                    "closed"):
+            layer.params["router.weight"].value.desc  # noqa: B018 - a view of the layer
+
+    def test_a_handle_closed_itself_says_so(self):
+        rt = libmoe.Runtime("host")
+        layer = libmoe.Layer(rt, hidden=8, ffn_hidden=8, num_experts=4, top_k=2)
+        layer.close()
+        rt.close()
+        with self.assertRaises(libmoe.Error) as cm:
+            layer.zero_grad()
+        self.assertEqual(cm.exception.message, "the layer is closed")
 
     def test_views_keep_their_layer_alive(self):
         with libmoe.Runtime("host") as rt:

@@ -71,14 +71,18 @@ class ConversionTest(unittest.TestCase):
         self.assertEqual(libmoe.as_tensor(bf16)[0].dtype, libmoe.DType.BF16)
 
     def test_buffer_refusals(self):
-        with self.assertRaisesRegex(libmoe.ArgumentError, "element type d"):
+        with self.assertRaisesRegex(libmoe.ArgumentError,
+                                    r"x has element type float64 \(buffer format 'd'\)"):
             libmoe.as_tensor(array.array("d", [1.0]), "x")
-        with self.assertRaisesRegex(libmoe.ArgumentError, "element type i"):
+        with self.assertRaisesRegex(libmoe.ArgumentError, "element type int32"):
             libmoe.as_tensor(array.array("i", [1]), "x")
         with self.assertRaisesRegex(libmoe.ArgumentError, "not C-contiguous"):
             libmoe.as_tensor(memoryview(array.array("f", [0.0] * 8))[::2], "x")
-        with self.assertRaisesRegex(libmoe.ArgumentError, "read-only"):
-            libmoe.as_tensor(memoryview(bytes(8)).cast("f"), "x")
+        ro = memoryview(bytes(8)).cast("f")
+        desc, _ = libmoe.as_tensor(ro, "x")  # an input may be read-only
+        self.assertNotEqual(desc.data, None)
+        with self.assertRaisesRegex(libmoe.ArgumentError, "y is read-only; libmoe writes"):
+            libmoe.as_tensor(ro, "y", writable=True)
         with self.assertRaisesRegex(libmoe.ArgumentError, "is not an array"):
             libmoe.as_tensor(object(), "x")
         with self.assertRaisesRegex(libmoe.ArgumentError, "1..4 dimensions"):
@@ -91,8 +95,19 @@ class ConversionTest(unittest.TestCase):
         self.assertEqual((desc.shape[:2], desc.data), ([3, 4], a.ctypes.data))
         with self.assertRaisesRegex(libmoe.ArgumentError, "not (C-contiguous|dense)"):
             libmoe.as_tensor(a[:, ::2], "x")  # through DLPack where NumPy has it
-        with self.assertRaisesRegex(libmoe.ArgumentError, "takes f32 or bf16"):
+        with self.assertRaisesRegex(libmoe.ArgumentError, "x has element type float64"):
             libmoe.as_tensor(a.astype(numpy.float64), "x")
+        with self.assertRaisesRegex(libmoe.ArgumentError, "x has element type float16"):
+            libmoe.as_tensor(a.astype(numpy.float16), "x")
+        a.flags.writeable = False  # NumPy then refuses DLPack with a BufferError
+        desc, _ = libmoe.as_tensor(a, "x")
+        self.assertEqual(desc.data, a.ctypes.data)
+        with self.assertRaisesRegex(libmoe.ArgumentError, "y is read-only; libmoe writes"):
+            libmoe.as_tensor(a, "y", writable=True)
+        with libmoe.Runtime("host") as rt:
+            layer = libmoe.Layer(rt, hidden=4, ffn_hidden=8, num_experts=4, top_k=2)
+            with self.assertRaisesRegex(libmoe.ArgumentError, "y is read-only"):
+                layer.forward(numpy.zeros((3, 4), numpy.float32), a)
 
     def test_cuda_array_interface(self):
         f = FakeCudaArray((2, H))
@@ -102,7 +117,8 @@ class ConversionTest(unittest.TestCase):
                          (libmoe.Device.CUDA, libmoe.DType.F32, [2, H], C.addressof(f.buf)))
         self.assertEqual(libmoe.as_tensor(FakeCudaArray((3,), "<V2"))[0].dtype,
                          libmoe.DType.BF16)
-        with self.assertRaisesRegex(libmoe.ArgumentError, "element type <f2"):
+        with self.assertRaisesRegex(libmoe.ArgumentError,
+                                    r"element type float16 \(typestr '<f2'\)"):
             libmoe.as_tensor(FakeCudaArray((3,), "<f2"), "x")
         with self.assertRaisesRegex(libmoe.ArgumentError, "not dense"):
             libmoe.as_tensor(FakeCudaArray((2, 2), strides=(16, 4)), "x")
@@ -121,8 +137,11 @@ class ConversionTest(unittest.TestCase):
         host = FakeDLPack((3,), device_type=1)
         self.assertEqual(libmoe.as_tensor(host)[0].device, libmoe.Device.HOST)
         self.assertEqual(host.streams, [None])
-        with self.assertRaisesRegex(libmoe.ArgumentError, "DLPack dtype"):
+        with self.assertRaisesRegex(libmoe.ArgumentError,
+                                    r"x has element type float16 \(DLPack\); libmoe takes"):
             libmoe.as_tensor(FakeDLPack((3,), code=2, bits=16), "x")
+        with self.assertRaisesRegex(libmoe.ArgumentError, r"element type int64 \(DLPack\)"):
+            libmoe.as_tensor(FakeDLPack((3,), code=0, bits=64), "x")
         with self.assertRaisesRegex(libmoe.ArgumentError, "not dense"):
             libmoe.as_tensor(FakeDLPack((2, 2), strides=(1, 2)), "x")
         with self.assertRaisesRegex(libmoe.ArgumentError, "device type 8"):
