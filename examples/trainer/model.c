@@ -99,19 +99,51 @@ static int add_param(model_t *m, dense_param_t *p)
 
 /* ---- blocks -------------------------------------------------------------------------------- */
 
+/* The router's initial logits have this standard deviation (its input is RMS-normalised, so
+ * the weights get ROUTER_LOGIT_STD / sqrt(H)): the scores start close to uniform and every
+ * expert close to its share, whatever the width. */
+#define ROUTER_LOGIT_STD 0.1
+
+/* Multiply a MoE layer's parameter (index as moe_layer_param) by factor, through the host. */
+static int scale_layer_param(model_t *m, moe_layer_t *layer, int32_t index, double factor)
+{
+    moe_param_info_t info = {.struct_size = sizeof info};
+    if (moe_layer_param(layer, index, &info) != MOE_STATUS_SUCCESS)
+        return report("reading", "a MoE parameter");
+    int64_t n = moe_tensor_numel(&info.value);
+    float *buf = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!buf) return -1;
+    moe_tensor_t host;
+    int rc = 0;
+    if (moe_tensor_view(buf, MOE_DTYPE_F32, MOE_DEVICE_HOST, info.value.ndim, info.value.shape,
+                        &host) != MOE_STATUS_SUCCESS ||
+        moe_tensor_copy(m->rt, &host, &info.value) != MOE_STATUS_SUCCESS)
+        rc = report("reading", info.name);
+    for (int64_t i = 0; !rc && i < n; i++) buf[i] = (float)(buf[i] * factor);
+    if (!rc && moe_tensor_copy(m->rt, &info.value, &host) != MOE_STATUS_SUCCESS)
+        rc = report("scaling", info.name);
+    free(buf);
+    return rc;
+}
+
+/* Initialisation (docs/trainer.md, "Initialisation and defaults"): every projection N(0,
+ * sigma^2) with sigma = trainer_init_std (sqrt(2 / (5 H)) by default); the two projections
+ * that write into the residual stream (attention's Wo, the experts' W2) sigma / sqrt(2 L), so
+ * the stream's variance at the head does not grow with depth; the router ROUTER_LOGIT_STD /
+ * sqrt(H); RMSNorm gains 1. */
 static int block_create(model_t *m, block_t *b, int64_t index, const trainer_config_t *c)
 {
     int64_t H = m->H;
     uint64_t seed = (uint64_t)c->seed;
+    double sigma = trainer_init_std(c), depth = 1.0 / sqrt(2.0 * (double)c->layers);
     char name[96];
     b->index = index;
     snprintf(name, sizeof name, "blocks.%lld.norm1", (long long)index);
     if (param_init(m, &b->norm1, name, 1, H, 1, seed, 0)) return -1;
     snprintf(name, sizeof name, "blocks.%lld.attn.wqkv", (long long)index);
-    if (param_init(m, &b->wqkv, name, 2, H, 3 * H, seed, c->init_std)) return -1;
+    if (param_init(m, &b->wqkv, name, 2, H, 3 * H, seed, sigma)) return -1;
     snprintf(name, sizeof name, "blocks.%lld.attn.wo", (long long)index);
-    if (param_init(m, &b->wo, name, 2, H, H, seed, c->init_std / sqrt(2.0 * (double)c->layers)))
-        return -1;
+    if (param_init(m, &b->wo, name, 2, H, H, seed, sigma * depth)) return -1;
     snprintf(name, sizeof name, "blocks.%lld.norm2", (long long)index);
     if (param_init(m, &b->norm2, name, 1, H, 1, seed, 0)) return -1;
 
@@ -120,10 +152,13 @@ static int block_create(model_t *m, block_t *b, int64_t index, const trainer_con
     lc.ffn_hidden = c->ffn_hidden;
     lc.num_experts = (int32_t)c->experts;
     lc.top_k = (int32_t)c->top_k;
+    lc.score_fn = !strcmp(c->score_fn, "sigmoid") ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
     lc.capacity_factor = (float)c->capacity_factor;
     lc.aux_loss_coef = (float)c->aux_loss_coef;
     lc.z_loss_coef = (float)c->z_loss_coef;
-    lc.init_std = (float)c->init_std;
+    lc.expert_bias = (int32_t)c->expert_bias;
+    lc.expert_bias_rate = (float)c->expert_bias_rate;
+    lc.init_std = (float)sigma;
     lc.max_microbatches = m->microbatches;
     /* each block its own stream of initial values: its own experts and router */
     moe_status_t st = moe_layer_create_seeded(m->rt, &lc, (uint64_t)index + 1, &b->moe);
@@ -132,6 +167,10 @@ static int block_create(model_t *m, block_t *b, int64_t index, const trainer_con
                 moe_last_error());
         return -1;
     }
+    /* the layer draws all three from init_std: rescale the router and the down projection */
+    if (scale_layer_param(m, b->moe, 0, ROUTER_LOGIT_STD / sqrt((double)H) / sigma) ||
+        scale_layer_param(m, b->moe, 2, depth))
+        return -1;
     return 0;
 }
 
@@ -182,9 +221,10 @@ int model_create(moe_runtime_t *rt, const trainer_config_t *c, int32_t stage, in
     m->last = stage == stages - 1;
     int64_t H = m->H;
     uint64_t seed = (uint64_t)c->seed;
-    if (m->first) {
-        if (param_init(m, &m->embed, "embed", 2, MODEL_VOCAB, H, seed, 1.0)) return -1;
-        if (param_init(m, &m->pos_embed, "pos_embed", 2, m->T, H, seed, 1.0)) return -1;
+    double sigma = trainer_init_std(c);
+    if (m->first) { /* small, like the projections: the first RMSNorm rescales them */
+        if (param_init(m, &m->embed, "embed", 2, MODEL_VOCAB, H, seed, sigma)) return -1;
+        if (param_init(m, &m->pos_embed, "pos_embed", 2, m->T, H, seed, sigma)) return -1;
         if (add_param(m, &m->embed) || add_param(m, &m->pos_embed)) return -1;
     }
     int64_t nb = m->chunks * m->blocks_per_chunk;
@@ -201,7 +241,7 @@ int model_create(moe_runtime_t *rt, const trainer_config_t *c, int32_t stage, in
         }
     if (m->last) {
         if (param_init(m, &m->norm_f, "norm_f", 1, H, 1, seed, 0)) return -1;
-        if (param_init(m, &m->head, "head", 2, H, MODEL_VOCAB, seed, c->init_std)) return -1;
+        if (param_init(m, &m->head, "head", 2, H, MODEL_VOCAB, seed, sigma)) return -1;
         if (add_param(m, &m->norm_f) || add_param(m, &m->head)) return -1;
     }
     if (m->ops->create(m)) return -1;

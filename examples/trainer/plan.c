@@ -177,7 +177,7 @@ static int make_optimizer(trainer_t *t)
 {
     const trainer_config_t *c = t->cfg;
     moe_adamw_config_t ac = moe_adamw_config_default();
-    ac.lr = (float)c->lr;
+    ac.lr = (float)trainer_lr(c);
     ac.beta1 = (float)c->beta1;
     ac.beta2 = (float)c->beta2;
     ac.eps = (float)c->eps;
