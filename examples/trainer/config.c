@@ -305,6 +305,10 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
             c->print_config = 1;
             continue;
         }
+        if (!strcmp(a, "--plan")) { /* the memory plan (memplan.h), then exit */
+            c->plan = 1;
+            continue;
+        }
         if (!strcmp(a, "--resume")) { /* a switch; --ckpt.resume takes a value */
             c->resume = 1;
             continue;
@@ -447,7 +451,7 @@ void trainer_config_usage(FILE *out)
 {
     fprintf(out,
             "usage: mpirun -np N moe_train [--config FILE] [--mesh tp=..,ep=..,dp=..,pp=..]\n"
-            "                [--resume] [--print-config] [--help] [--KEY VALUE ...]\n"
+            "                [--resume] [--print-config] [--plan] [--help] [--KEY VALUE ...]\n"
             "Trains a byte-level MoE language model (docs/trainer.md). Every key of the JSON\n"
             "config is a flag; flags override the file, which overrides the default.\n\n");
     for (int i = 0; i < NKNOBS; i++) {

@@ -49,7 +49,7 @@ typedef struct trainer_config {
     int64_t progress_every;
     double peak_tflops;
     /* what to do */
-    int print_config, help;
+    int print_config, help, plan;
 } trainer_config_t;
 
 /* Set c to the embedded default (no file needed). */

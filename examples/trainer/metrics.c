@@ -1,6 +1,8 @@
 /* The trainer's progress lines and JSON-lines metrics (metrics.h). */
 #include "metrics.h"
 
+#include "memplan.h"
+
 #include <math.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -63,7 +65,10 @@ static void write_json(metrics_t *mx, const trainer_t *t, const step_report_t *r
             p->moe_forward, p->moe_backward);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    fprintf(f, "\"max_rss_mb_rank0\":%.1f,\"layers\":[", (double)ru.ru_maxrss / 1024.0);
+    fprintf(f, "\"max_rss_mb_rank0\":%.1f,", (double)ru.ru_maxrss / 1024.0);
+    if (!strcmp(c->backend, "cuda")) /* the device's memory in use, every process's */
+        fprintf(f, "\"device_used_mb_rank0\":%.1f,", memplan_measured(c) / (1024.0 * 1024.0));
+    fprintf(f, "\"layers\":[");
     int64_t E = c->experts;
     for (int64_t l = 0; l < c->layers; l++) {
         const double *counts = t->stats.counts + l * E;

@@ -103,6 +103,10 @@ static int add_param(model_t *m, dense_param_t *p)
  * the weights get ROUTER_LOGIT_STD / sqrt(H)): the scores start close to uniform and every
  * expert close to its share, whatever the width. */
 #define ROUTER_LOGIT_STD 0.1
+/* Embedding rows N(0, 1) whatever the width: each token's own vector must dominate the
+ * residual stream at the first router, whose attention branch adds about 0.4 / sqrt(2 L) per
+ * coordinate shared by the tokens of a position (docs/trainer.md). */
+#define EMBED_STD 1.0
 
 /* Multiply a MoE layer's parameter (index as moe_layer_param) by factor, through the host. */
 static int scale_layer_param(model_t *m, moe_layer_t *layer, int32_t index, double factor)
@@ -222,9 +226,9 @@ int model_create(moe_runtime_t *rt, const trainer_config_t *c, int32_t stage, in
     int64_t H = m->H;
     uint64_t seed = (uint64_t)c->seed;
     double sigma = trainer_init_std(c);
-    if (m->first) { /* small, like the projections: the first RMSNorm rescales them */
-        if (param_init(m, &m->embed, "embed", 2, MODEL_VOCAB, H, seed, sigma)) return -1;
-        if (param_init(m, &m->pos_embed, "pos_embed", 2, m->T, H, seed, sigma)) return -1;
+    if (m->first) {
+        if (param_init(m, &m->embed, "embed", 2, MODEL_VOCAB, H, seed, EMBED_STD)) return -1;
+        if (param_init(m, &m->pos_embed, "pos_embed", 2, m->T, H, seed, EMBED_STD)) return -1;
         if (add_param(m, &m->embed) || add_param(m, &m->pos_embed)) return -1;
     }
     int64_t nb = m->chunks * m->blocks_per_chunk;

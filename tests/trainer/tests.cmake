@@ -18,7 +18,7 @@ if(TARGET moe_trainer_core)
     # equivalence over meshes, resume, flags: the tiny config; train: the example's config,
     # 250 of the 300 steps of scripts/example.sh. Labels: the mpi ones also run in CI's
     # sanitizer pass; the training run is left to the optimised build.
-    foreach(_mode equivalence resume flags train)
+    foreach(_mode equivalence resume flags train widths plan)
       add_test(NAME test_trainer_${_mode}
                COMMAND ${Python3_EXECUTABLE} ${_trainer_dir}/run_trainer.py ${_mode}
                        --mpirun ${MPIEXEC_EXECUTABLE} --trainer $<TARGET_FILE:moe_train>
