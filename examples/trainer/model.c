@@ -338,6 +338,56 @@ moe_status_t model_zero_grad(model_t *m)
     return MOE_STATUS_SUCCESS;
 }
 
+/* Copy every layer's bias (parameter 3) between the layers and host [blocks][E]: to_host 1
+ * reads them, 0 writes them back. */
+static moe_status_t copy_biases(model_t *m, float *host, int to_host)
+{
+    int64_t nb = m->chunks * m->blocks_per_chunk;
+    for (int64_t i = 0; i < nb; i++) {
+        moe_param_info_t info = {.struct_size = sizeof info};
+        moe_tensor_t h;
+        moe_status_t st = moe_layer_param(m->blocks[i].moe, 3, &info);
+        if (st == MOE_STATUS_SUCCESS) {
+            int64_t E = info.value.shape[0];
+            st = moe_tensor_view(host + i * E, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, &E, &h);
+        }
+        if (st == MOE_STATUS_SUCCESS)
+            st = to_host ? moe_tensor_copy(m->rt, &h, &info.value)
+                         : moe_tensor_copy(m->rt, &info.value, &h);
+        if (st != MOE_STATUS_SUCCESS) return st;
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+float *model_keep_biases(model_t *m, moe_status_t *st)
+{
+    *st = MOE_STATUS_SUCCESS;
+    int64_t nb = m->chunks * m->blocks_per_chunk;
+    int32_t np = 0;
+    if (nb == 0 || moe_layer_num_params(m->blocks[0].moe, &np) != MOE_STATUS_SUCCESS || np < 4)
+        return NULL;
+    moe_param_info_t info = {.struct_size = sizeof info};
+    if ((*st = moe_layer_param(m->blocks[0].moe, 3, &info)) != MOE_STATUS_SUCCESS) return NULL;
+    float *kept = malloc(sizeof(float) * (size_t)(nb * info.value.shape[0]));
+    if (!kept) {
+        *st = MOE_STATUS_OUT_OF_MEMORY;
+        return NULL;
+    }
+    if ((*st = copy_biases(m, kept, 1)) != MOE_STATUS_SUCCESS) {
+        free(kept);
+        return NULL;
+    }
+    return kept;
+}
+
+moe_status_t model_put_back_biases(model_t *m, float *kept)
+{
+    if (!kept) return MOE_STATUS_SUCCESS;
+    moe_status_t st = copy_biases(m, kept, 0);
+    free(kept);
+    return st;
+}
+
 double model_flops_per_token(const trainer_config_t *c)
 {
     double H = (double)c->hidden, T = (double)c->context;

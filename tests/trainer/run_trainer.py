@@ -114,6 +114,8 @@ elif a.mode == "resume":
     check_losses("same mesh", resumed[3:], straight[3:], 3, 0)
     compare(first_ck, straight_ck, 0)
     other = os.path.join(a.work, "other-mesh.jsonl")
+    if os.path.exists(other):  # a resumed run appends: a previous run's rows would be read
+        os.remove(other)
     mpirun(4, ["--config", a.config, "--mesh", "dp=2,pp=2", "--ckpt-dir", moved, "--metrics",
                other, "--steps", "4", "--resume"])
     rows = [json.loads(l) for l in open(other)]
