@@ -4,8 +4,9 @@
 # (--plan) and 200 steps on the CUDA backend on docs/ with metrics; $OUT/sizes.txt holds the
 # digest (loss and validation against the unigram baseline, per-layer max/mean load,
 # entropy, the device memory in use against the plan), $OUT/<model>.jsonl the metrics.
-# The set-up (drawing 2.3 G and 3.0 G parameters) takes over 75 s a model: MOE_SIZES_TIMEOUT_S
-# (default 400) bounds each run.
+# mpirun runs with --bind-to none: bound to one core (Open MPI's default for one rank) the
+# layers' multi-threaded initialisation of 2.3 G and 3.0 G parameters ran over 75 s without
+# reaching step 1. MOE_SIZES_TIMEOUT_S (default 400) bounds each run.
 # Usage (from the repository root, deps unpacked): bash scripts/gpu-machine/sizes.sh [models]
 #   models: fine coarse (default both, in this order)
 set -uo pipefail
@@ -24,9 +25,9 @@ status=0
 for m in $models; do
   echo "[$(date -u +%H:%M:%S)] $m"
   args=(${size[$m]} --backend cuda --steps 200 --eval-every 100 --data docs)
-  mpirun -np 1 "$B/examples/moe_train" "${args[@]}" --plan 2>&1 | grep -v '^data: docs/' \
+  mpirun -np 1 --bind-to none "$B/examples/moe_train" "${args[@]}" --plan 2>&1 | grep -v '^data: docs/' \
     >"$OUT/$m.plan.txt"
-  timeout "${MOE_SIZES_TIMEOUT_S:-400}" mpirun -np 1 "$B/examples/moe_train" "${args[@]}" \
+  timeout "${MOE_SIZES_TIMEOUT_S:-400}" mpirun -np 1 --bind-to none "$B/examples/moe_train" "${args[@]}" \
     --log.progress_every 20 --metrics "$OUT/$m.jsonl" 2>&1 | grep -v '^data: docs/' >"$OUT/$m.log"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || status=1
