@@ -4,9 +4,10 @@
 # (--plan) and 200 steps on the CUDA backend on docs/ with metrics; $OUT/sizes.txt holds the
 # digest (loss and validation against the unigram baseline, per-layer max/mean load,
 # entropy, the device memory in use against the plan), $OUT/<model>.jsonl the metrics.
-# mpirun runs with --bind-to none: bound to one core (Open MPI's default for one rank) the
-# layers' multi-threaded initialisation of 2.3 G and 3.0 G parameters ran over 75 s without
-# reaching step 1. MOE_SIZES_TIMEOUT_S (default 400) bounds each run.
+# mpirun runs with --bind-to none, as trainer.sh does: the layers' initialisation is
+# multi-threaded, and with Open MPI's default (one rank bound to one core) the set-up of the
+# 2.3 G-parameter model did not reach step 1 within 75 s. MOE_SIZES_TIMEOUT_S (default 400)
+# bounds each run.
 # Usage (from the repository root, deps unpacked): bash scripts/gpu-machine/sizes.sh [models]
 #   models: fine coarse (default both, in this order)
 set -uo pipefail
