@@ -37,7 +37,10 @@ static const knob_t knobs[] = {
     {"model.capacity_factor", NULL, K_FLOAT, OFF(capacity_factor), 0, "0: dropless"},
     {"model.aux_loss_coef", NULL, K_FLOAT, OFF(aux_loss_coef), 0, "load-balancing loss weight"},
     {"model.z_loss_coef", NULL, K_FLOAT, OFF(z_loss_coef), 0, "router z-loss weight"},
-    {"model.init_std", NULL, K_FLOAT, OFF(init_std), 0, "initial weights ~ N(0, std^2)"},
+    {"model.init_std", NULL, K_FLOAT, OFF(init_std), 0, "initial std; 0: sqrt(2/(5H))"},
+    {"model.score_fn", NULL, K_STR, STR(score_fn), "router scores: softmax | sigmoid"},
+    {"model.expert_bias", NULL, K_BOOL, OFF(expert_bias), 0, "aux-loss-free balancing bias"},
+    {"model.expert_bias_rate", NULL, K_FLOAT, OFF(expert_bias_rate), 0, "its sign-rule step"},
     {"mesh.tp", NULL, K_INT, OFF(tp), 0, "tensor parallel (expert FFN split)"},
     {"mesh.ep", NULL, K_INT, OFF(ep), 0, "expert parallel"},
     {"mesh.dp", NULL, K_INT, OFF(dp), 0, "data parallel"},
@@ -48,7 +51,7 @@ static const knob_t knobs[] = {
     {"train.virtual_stages", NULL, K_INT, OFF(virtual_stages), 0, "interleaved 1F1B chunks"},
     {"train.seed", "--seed", K_INT, OFF(seed), 0, "parameters and batches"},
     {"train.backend", "--backend", K_STR, STR(backend), "host (fp32 C) or cuda (bf16 on the GPU)"},
-    {"optim.lr", "--lr", K_FLOAT, OFF(lr), 0, "peak learning rate"},
+    {"optim.lr", "--lr", K_FLOAT, OFF(lr), 0, "peak learning rate; 0: 3e-3 min(1, sqrt(256/H))"},
     {"optim.beta1", NULL, K_FLOAT, OFF(beta1), 0, "AdamW beta1"},
     {"optim.beta2", NULL, K_FLOAT, OFF(beta2), 0, "AdamW beta2"},
     {"optim.eps", NULL, K_FLOAT, OFF(eps), 0, "AdamW epsilon"},
@@ -79,13 +82,14 @@ void trainer_config_default(trainer_config_t *c)
     *c = (trainer_config_t){
         .layers = 2, .hidden = 64, .heads = 4, .context = 64, .ffn_hidden = 128, .experts = 4,
         .top_k = 2, .capacity_factor = 0, .aux_loss_coef = 0.01, .z_loss_coef = 0.001,
-        .init_std = 0.05, .tp = 1, .ep = 1, .dp = 1, .pp = 1, .steps = 300, .batch = 16,
-        .microbatches = 2, .virtual_stages = 1, .seed = 1234, .lr = 3e-3, .beta1 = 0.9,
+        .init_std = 0, .expert_bias = 1, .expert_bias_rate = 1e-3, .tp = 1, .ep = 1, .dp = 1, .pp = 1, .steps = 300, .batch = 16,
+        .microbatches = 2, .virtual_stages = 1, .seed = 1234, .lr = 0, .beta1 = 0.9,
         .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.01, .grad_clip = 1.0,
         .min_lr_ratio = 0.1, .warmup_steps = 20, .val_fraction = 0.05, .eval_every = 50,
         .eval_batches = 4, .ckpt_every = 0, .keep_last = 2, .progress_every = 10,
     };
     strcpy(c->backend, "host");
+    strcpy(c->score_fn, "softmax");
     strcpy(c->decay, "cosine");
     c->paths[0] = strdup("/usr/share/common-licenses");
     c->npaths = 1;
@@ -301,6 +305,10 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
             c->print_config = 1;
             continue;
         }
+        if (!strcmp(a, "--plan")) { /* the memory plan (memplan.h), then exit */
+            c->plan = 1;
+            continue;
+        }
         if (!strcmp(a, "--resume")) { /* a switch; --ckpt.resume takes a value */
             c->resume = 1;
             continue;
@@ -350,7 +358,10 @@ int trainer_config_validate(const trainer_config_t *c, int world, char *err, siz
          "model.top_k (%lld) must be in 1..model.experts (%lld)", (long long)c->top_k,
          (long long)c->experts);
     NEED(c->capacity_factor >= 0, "model.capacity_factor: must be >= 0");
-    NEED(c->init_std > 0, "model.init_std: must be > 0");
+    NEED(c->init_std >= 0, "model.init_std: must be >= 0 (0: sqrt(2 / (5 H)))");
+    NEED(!strcmp(c->score_fn, "softmax") || !strcmp(c->score_fn, "sigmoid"),
+         "model.score_fn: \"%s\"; softmax or sigmoid", c->score_fn);
+    NEED(c->expert_bias_rate >= 0, "model.expert_bias_rate: must be >= 0");
     NEED(c->tp >= 1 && c->ep >= 1 && c->dp >= 1 && c->pp >= 1, "mesh: every axis must be >= 1");
     NEED(world == 0 || c->tp * c->ep * c->dp * c->pp == world,
          "mesh: tp*ep*dp*pp = %lld*%lld*%lld*%lld = %lld, but mpirun started %d ranks",
@@ -373,7 +384,7 @@ int trainer_config_validate(const trainer_config_t *c, int world, char *err, siz
     NEED(c->batch >= 1 && c->batch % shards == 0,
          "train.batch (%lld) must be divisible by mesh.ep x mesh.dp x train.microbatches (%lld)",
          (long long)c->batch, (long long)shards);
-    NEED(c->lr > 0, "optim.lr: must be > 0");
+    NEED(c->lr >= 0, "optim.lr: must be >= 0 (0: 3e-3 min(1, sqrt(256 / H)))");
     NEED(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1,
          "optim.beta1/beta2: must be in [0, 1)");
     NEED(c->eps > 0 && c->weight_decay >= 0 && c->grad_clip >= 0,
@@ -395,6 +406,16 @@ int trainer_config_validate(const trainer_config_t *c, int world, char *err, siz
     NEED(c->progress_every >= 1, "log.progress_every: must be >= 1");
     NEED(c->peak_tflops >= 0, "log.peak_tflops: must be >= 0");
     return 0;
+}
+
+double trainer_init_std(const trainer_config_t *c)
+{
+    return c->init_std > 0 ? c->init_std : sqrt(2.0 / (5.0 * (double)c->hidden));
+}
+
+double trainer_lr(const trainer_config_t *c)
+{
+    return c->lr > 0 ? c->lr : 3e-3 * fmin(1.0, sqrt(256.0 / (double)c->hidden));
 }
 
 char *trainer_config_to_json(const trainer_config_t *c)
@@ -430,7 +451,7 @@ void trainer_config_usage(FILE *out)
 {
     fprintf(out,
             "usage: mpirun -np N moe_train [--config FILE] [--mesh tp=..,ep=..,dp=..,pp=..]\n"
-            "                [--resume] [--print-config] [--help] [--KEY VALUE ...]\n"
+            "                [--resume] [--print-config] [--plan] [--help] [--KEY VALUE ...]\n"
             "Trains a byte-level MoE language model (docs/trainer.md). Every key of the JSON\n"
             "config is a flag; flags override the file, which overrides the default.\n\n");
     for (int i = 0; i < NKNOBS; i++) {

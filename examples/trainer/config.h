@@ -21,6 +21,9 @@ typedef struct trainer_config {
     int64_t layers, hidden, heads, context, ffn_hidden;
     int64_t experts, top_k;
     double capacity_factor, aux_loss_coef, z_loss_coef, init_std;
+    char score_fn[16];
+    int64_t expert_bias;
+    double expert_bias_rate;
     /* mesh */
     int64_t tp, ep, dp, pp;
     /* train */
@@ -46,7 +49,7 @@ typedef struct trainer_config {
     int64_t progress_every;
     double peak_tflops;
     /* what to do */
-    int print_config, help;
+    int print_config, help, plan;
 } trainer_config_t;
 
 /* Set c to the embedded default (no file needed). */
@@ -62,6 +65,11 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
 int trainer_config_validate(const trainer_config_t *c, int world, char *err, size_t len);
 /* The effective configuration as JSON text (malloc'd). */
 char *trainer_config_to_json(const trainer_config_t *c);
+/* The effective initial standard deviation and peak learning rate: the keys' values, or for 0
+ * (the default) the width-scaled ones docs/trainer.md derives (init_std sqrt(2 / (5 H)),
+ * lr 3e-3 * min(1, sqrt(256 / H))). */
+double trainer_init_std(const trainer_config_t *c);
+double trainer_lr(const trainer_config_t *c);
 /* The usage text. */
 void trainer_config_usage(FILE *out);
 

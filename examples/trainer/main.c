@@ -22,6 +22,7 @@
 #include "config.h"
 #include "data.h"
 #include "membership.h"
+#include "memplan.h"
 #include "metrics.h"
 #include "plan.h"
 
@@ -116,6 +117,14 @@ int main(int argc, char **argv)
                "training bytes %.4f bits/byte\n", corpus.files, corpus.size, corpus.train_size,
                corpus.size - corpus.train_size, corpus.unigram_bits);
 
+    if ((rc = memplan_gate(&c, rank, world)) != 0) { /* 1: --plan printed; 2: does not fit */
+        rc = rc == 2 ? 2 : 0;
+        corpus_free(&corpus);
+        trainer_config_free(&c);
+        membership_leave(rc, rc ? "the memory plan does not fit" : NULL);
+        MPI_Finalize();
+        return rc;
+    }
     trainer_t t;
     if (!all_agree(trainer_setup(&t, &c, &corpus) == 0)) die("set-up");
     runtime = t.rt;

@@ -1,6 +1,8 @@
 /* The trainer's progress lines and JSON-lines metrics (metrics.h). */
 #include "metrics.h"
 
+#include "memplan.h"
+
 #include <math.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -63,7 +65,10 @@ static void write_json(metrics_t *mx, const trainer_t *t, const step_report_t *r
             p->moe_forward, p->moe_backward);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    fprintf(f, "\"max_rss_mb_rank0\":%.1f,\"layers\":[", (double)ru.ru_maxrss / 1024.0);
+    fprintf(f, "\"max_rss_mb_rank0\":%.1f,", (double)ru.ru_maxrss / 1024.0);
+    if (!strcmp(c->backend, "cuda")) /* the device's memory in use, every process's */
+        fprintf(f, "\"device_used_mb_rank0\":%.1f,", memplan_measured(c) / (1024.0 * 1024.0));
+    fprintf(f, "\"layers\":[");
     int64_t E = c->experts;
     for (int64_t l = 0; l < c->layers; l++) {
         const double *counts = t->stats.counts + l * E;
@@ -90,21 +95,25 @@ void metrics_step(metrics_t *mx, const trainer_t *t, const step_report_t *r)
                                      mx->peak_flops : 0;
     if (mx->jsonl) write_json(mx, t, r, tps, mfu);
     if (r->step % c->progress_every != 0 && r->val_loss < 0 && r->step != c->steps) return;
-    /* the worst layer's balance and the overall drop ratio */
-    double worst = 0, dropped = 0, slots = 0;
+    /* per layer: the busiest expert over the mean, the routing entropy, the dropped share */
+    char load[256] = "", ent[256] = "", drop[256] = "";
+    size_t nl = 0, ne = 0, nd = 0;
     for (int64_t l = 0; l < c->layers; l++) {
-        double max, mean;
+        double max, mean, slots = t->stats.slots[l];
         load_balance(t->stats.counts + l * c->experts, c->experts, &max, &mean);
-        if (mean > 0 && max / mean > worst) worst = max / mean;
-        dropped += t->stats.dropped[l];
-        slots += t->stats.slots[l];
+        const char *sep = l ? "," : "";
+        nl += (size_t)snprintf(load + nl, nl < sizeof load ? sizeof load - nl : 0, "%s%.2f",
+                               sep, mean > 0 ? max / mean : 0);
+        ne += (size_t)snprintf(ent + ne, ne < sizeof ent ? sizeof ent - ne : 0, "%s%.2f", sep,
+                               t->stats.entropy[l]);
+        nd += (size_t)snprintf(drop + nd, nd < sizeof drop ? sizeof drop - nd : 0, "%s%.3f",
+                               sep, slots > 0 ? t->stats.dropped[l] / slots : 0);
     }
     char val[48] = "";
     if (r->val_loss >= 0) snprintf(val, sizeof val, " | val %.3f bpb", bits(r->val_loss));
     printf("step %5lld/%lld  loss %.4f (%.3f bpb)%s | %.0f tok/s  mfu %.2f%% | load max/mean "
-           "%.2f  dropped %.3f | %.0f ms\n", (long long)r->step, (long long)c->steps, r->loss,
-           bits(r->loss), val, tps, 100 * mfu, worst, slots > 0 ? dropped / slots : 0,
-           1e3 * r->step_s);
+           "%s  entropy %s  dropped %s | %.0f ms\n", (long long)r->step, (long long)c->steps,
+           r->loss, bits(r->loss), val, tps, 100 * mfu, load, ent, drop, 1e3 * r->step_s);
     fflush(stdout);
 }
 

@@ -99,19 +99,55 @@ static int add_param(model_t *m, dense_param_t *p)
 
 /* ---- blocks -------------------------------------------------------------------------------- */
 
+/* The router's initial logits have this standard deviation (its input is RMS-normalised, so
+ * the weights get ROUTER_LOGIT_STD / sqrt(H)): the scores start close to uniform and every
+ * expert close to its share, whatever the width. */
+#define ROUTER_LOGIT_STD 0.1
+/* Embedding rows N(0, 1) whatever the width: each token's own vector must dominate the
+ * residual stream at the first router, whose attention branch adds about 0.4 / sqrt(2 L) per
+ * coordinate shared by the tokens of a position (docs/trainer.md). */
+#define EMBED_STD 1.0
+
+/* Multiply a MoE layer's parameter (index as moe_layer_param) by factor, through the host. */
+static int scale_layer_param(model_t *m, moe_layer_t *layer, int32_t index, double factor)
+{
+    moe_param_info_t info = {.struct_size = sizeof info};
+    if (moe_layer_param(layer, index, &info) != MOE_STATUS_SUCCESS)
+        return report("reading", "a MoE parameter");
+    int64_t n = moe_tensor_numel(&info.value);
+    float *buf = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!buf) return -1;
+    moe_tensor_t host;
+    int rc = 0;
+    if (moe_tensor_view(buf, MOE_DTYPE_F32, MOE_DEVICE_HOST, info.value.ndim, info.value.shape,
+                        &host) != MOE_STATUS_SUCCESS ||
+        moe_tensor_copy(m->rt, &host, &info.value) != MOE_STATUS_SUCCESS)
+        rc = report("reading", info.name);
+    for (int64_t i = 0; !rc && i < n; i++) buf[i] = (float)(buf[i] * factor);
+    if (!rc && moe_tensor_copy(m->rt, &info.value, &host) != MOE_STATUS_SUCCESS)
+        rc = report("scaling", info.name);
+    free(buf);
+    return rc;
+}
+
+/* Initialisation (docs/trainer.md, "Initialisation and defaults"): every projection N(0,
+ * sigma^2) with sigma = trainer_init_std (sqrt(2 / (5 H)) by default); the two projections
+ * that write into the residual stream (attention's Wo, the experts' W2) sigma / sqrt(2 L), so
+ * the stream's variance at the head does not grow with depth; the router ROUTER_LOGIT_STD /
+ * sqrt(H); RMSNorm gains 1. */
 static int block_create(model_t *m, block_t *b, int64_t index, const trainer_config_t *c)
 {
     int64_t H = m->H;
     uint64_t seed = (uint64_t)c->seed;
+    double sigma = trainer_init_std(c), depth = 1.0 / sqrt(2.0 * (double)c->layers);
     char name[96];
     b->index = index;
     snprintf(name, sizeof name, "blocks.%lld.norm1", (long long)index);
     if (param_init(m, &b->norm1, name, 1, H, 1, seed, 0)) return -1;
     snprintf(name, sizeof name, "blocks.%lld.attn.wqkv", (long long)index);
-    if (param_init(m, &b->wqkv, name, 2, H, 3 * H, seed, c->init_std)) return -1;
+    if (param_init(m, &b->wqkv, name, 2, H, 3 * H, seed, sigma)) return -1;
     snprintf(name, sizeof name, "blocks.%lld.attn.wo", (long long)index);
-    if (param_init(m, &b->wo, name, 2, H, H, seed, c->init_std / sqrt(2.0 * (double)c->layers)))
-        return -1;
+    if (param_init(m, &b->wo, name, 2, H, H, seed, sigma * depth)) return -1;
     snprintf(name, sizeof name, "blocks.%lld.norm2", (long long)index);
     if (param_init(m, &b->norm2, name, 1, H, 1, seed, 0)) return -1;
 
@@ -120,10 +156,13 @@ static int block_create(model_t *m, block_t *b, int64_t index, const trainer_con
     lc.ffn_hidden = c->ffn_hidden;
     lc.num_experts = (int32_t)c->experts;
     lc.top_k = (int32_t)c->top_k;
+    lc.score_fn = !strcmp(c->score_fn, "sigmoid") ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
     lc.capacity_factor = (float)c->capacity_factor;
     lc.aux_loss_coef = (float)c->aux_loss_coef;
     lc.z_loss_coef = (float)c->z_loss_coef;
-    lc.init_std = (float)c->init_std;
+    lc.expert_bias = (int32_t)c->expert_bias;
+    lc.expert_bias_rate = (float)c->expert_bias_rate;
+    lc.init_std = (float)sigma;
     lc.max_microbatches = m->microbatches;
     /* each block its own stream of initial values: its own experts and router */
     moe_status_t st = moe_layer_create_seeded(m->rt, &lc, (uint64_t)index + 1, &b->moe);
@@ -132,6 +171,10 @@ static int block_create(model_t *m, block_t *b, int64_t index, const trainer_con
                 moe_last_error());
         return -1;
     }
+    /* the layer draws all three from init_std: rescale the router and the down projection */
+    if (scale_layer_param(m, b->moe, 0, ROUTER_LOGIT_STD / sqrt((double)H) / sigma) ||
+        scale_layer_param(m, b->moe, 2, depth))
+        return -1;
     return 0;
 }
 
@@ -182,9 +225,10 @@ int model_create(moe_runtime_t *rt, const trainer_config_t *c, int32_t stage, in
     m->last = stage == stages - 1;
     int64_t H = m->H;
     uint64_t seed = (uint64_t)c->seed;
+    double sigma = trainer_init_std(c);
     if (m->first) {
-        if (param_init(m, &m->embed, "embed", 2, MODEL_VOCAB, H, seed, 1.0)) return -1;
-        if (param_init(m, &m->pos_embed, "pos_embed", 2, m->T, H, seed, 1.0)) return -1;
+        if (param_init(m, &m->embed, "embed", 2, MODEL_VOCAB, H, seed, EMBED_STD)) return -1;
+        if (param_init(m, &m->pos_embed, "pos_embed", 2, m->T, H, seed, EMBED_STD)) return -1;
         if (add_param(m, &m->embed) || add_param(m, &m->pos_embed)) return -1;
     }
     int64_t nb = m->chunks * m->blocks_per_chunk;
@@ -201,7 +245,7 @@ int model_create(moe_runtime_t *rt, const trainer_config_t *c, int32_t stage, in
         }
     if (m->last) {
         if (param_init(m, &m->norm_f, "norm_f", 1, H, 1, seed, 0)) return -1;
-        if (param_init(m, &m->head, "head", 2, H, MODEL_VOCAB, seed, c->init_std)) return -1;
+        if (param_init(m, &m->head, "head", 2, H, MODEL_VOCAB, seed, sigma)) return -1;
         if (add_param(m, &m->norm_f) || add_param(m, &m->head)) return -1;
     }
     if (m->ops->create(m)) return -1;
@@ -292,6 +336,56 @@ moe_status_t model_zero_grad(model_t *m)
     for (int64_t i = 0; i < m->chunks * m->blocks_per_chunk; i++)
         if ((st = moe_layer_zero_grad(m->blocks[i].moe)) != MOE_STATUS_SUCCESS) return st;
     return MOE_STATUS_SUCCESS;
+}
+
+/* Copy every layer's bias (parameter 3) between the layers and host [blocks][E]: to_host 1
+ * reads them, 0 writes them back. */
+static moe_status_t copy_biases(model_t *m, float *host, int to_host)
+{
+    int64_t nb = m->chunks * m->blocks_per_chunk;
+    for (int64_t i = 0; i < nb; i++) {
+        moe_param_info_t info = {.struct_size = sizeof info};
+        moe_tensor_t h;
+        moe_status_t st = moe_layer_param(m->blocks[i].moe, 3, &info);
+        if (st == MOE_STATUS_SUCCESS) {
+            int64_t E = info.value.shape[0];
+            st = moe_tensor_view(host + i * E, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, &E, &h);
+        }
+        if (st == MOE_STATUS_SUCCESS)
+            st = to_host ? moe_tensor_copy(m->rt, &h, &info.value)
+                         : moe_tensor_copy(m->rt, &info.value, &h);
+        if (st != MOE_STATUS_SUCCESS) return st;
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+float *model_keep_biases(model_t *m, moe_status_t *st)
+{
+    *st = MOE_STATUS_SUCCESS;
+    int64_t nb = m->chunks * m->blocks_per_chunk;
+    int32_t np = 0;
+    if (nb == 0 || moe_layer_num_params(m->blocks[0].moe, &np) != MOE_STATUS_SUCCESS || np < 4)
+        return NULL;
+    moe_param_info_t info = {.struct_size = sizeof info};
+    if ((*st = moe_layer_param(m->blocks[0].moe, 3, &info)) != MOE_STATUS_SUCCESS) return NULL;
+    float *kept = malloc(sizeof(float) * (size_t)(nb * info.value.shape[0]));
+    if (!kept) {
+        *st = MOE_STATUS_OUT_OF_MEMORY;
+        return NULL;
+    }
+    if ((*st = copy_biases(m, kept, 1)) != MOE_STATUS_SUCCESS) {
+        free(kept);
+        return NULL;
+    }
+    return kept;
+}
+
+moe_status_t model_put_back_biases(model_t *m, float *kept)
+{
+    if (!kept) return MOE_STATUS_SUCCESS;
+    moe_status_t st = copy_biases(m, kept, 0);
+    free(kept);
+    return st;
 }
 
 double model_flops_per_token(const trainer_config_t *c)

@@ -95,6 +95,13 @@ moe_status_t model_clear(model_t *m, void *act);
 /* Zero every gradient (dense and MoE) at the start of a batch. */
 moe_status_t model_zero_grad(model_t *m);
 
+/* The MoE layers' expert biases (with model.expert_bias; the layer updates them after every
+ * forward, evaluation's too): keep copies, and put them back, so that an evaluation leaves the
+ * training state as it found it. keep returns a malloc'd copy (NULL without biases or on
+ * failure: *st says which); put_back frees it. */
+float *model_keep_biases(model_t *m, moe_status_t *st);
+moe_status_t model_put_back_biases(model_t *m, float *kept);
+
 /* Model FLOPs per token of a training step (forward + backward: 3x forward's matmuls). */
 double model_flops_per_token(const trainer_config_t *c);
 

@@ -177,7 +177,7 @@ static int make_optimizer(trainer_t *t)
 {
     const trainer_config_t *c = t->cfg;
     moe_adamw_config_t ac = moe_adamw_config_default();
-    ac.lr = (float)c->lr;
+    ac.lr = (float)trainer_lr(c);
     ac.beta1 = (float)c->beta1;
     ac.beta2 = (float)c->beta2;
     ac.eps = (float)c->eps;
@@ -312,17 +312,22 @@ moe_status_t trainer_train_step(trainer_t *t, double *loss)
 moe_status_t trainer_evaluate(trainer_t *t, double *loss)
 {
     double sum = 0;
+    moe_status_t st;
+    float *biases = model_keep_biases(t->model, &st); /* evaluation must not move them */
+    if (st != MOE_STATUS_SUCCESS) return st;
     t->eval = 1;
     for (t->eval_batch = 0; t->eval_batch < t->cfg->eval_batches; t->eval_batch++) {
         double local = 0;
-        moe_status_t st = moe_pipeline_train_step(t->pipe, &local);
+        st = moe_pipeline_train_step(t->pipe, &local);
         if (st != MOE_STATUS_SUCCESS) {
             t->eval = 0;
+            free(biases);
             return st;
         }
         sum += local;
     }
     t->eval = 0;
+    if ((st = model_put_back_biases(t->model, biases)) != MOE_STATUS_SUCCESS) return st;
     *loss = world_mean(sum / (double)t->cfg->eval_batches);
     return MOE_STATUS_SUCCESS;
 }

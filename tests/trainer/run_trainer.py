@@ -18,16 +18,24 @@ MODE:
   train        the example config (--example-config) for --steps steps on 4 ranks
                (pp=2, ep=2): the final validation bits per byte <= 80% of the unigram baseline;
                then scripts/plot_metrics.py draws the metrics when matplotlib is present.
+  widths       the default config with only the sizes set, at H = 64, 256 and 1024 (1 rank,
+               25 steps, the default warm-up): the first loss within 10% of ln 256 (the
+               initialisation predicts near-uniform bytes at every width) and the mean of the
+               last 5 losses below 75% of it.
+  plan         the memory plan (--plan) against the run's peak resident memory on rank 0,
+               within 15%, on 1 rank and on 4 (ep=2, pp=2); a model that cannot fit is refused
+               before training (exit 2) naming its largest term and the knob that shrinks it.
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 
 p = argparse.ArgumentParser()
-p.add_argument("mode", choices=["equivalence", "resume", "flags", "train"])
+p.add_argument("mode", choices=["equivalence", "resume", "flags", "train", "widths", "plan"])
 p.add_argument("--mpirun", required=True)
 p.add_argument("--trainer", required=True)
 p.add_argument("--compare", required=True)
@@ -106,6 +114,8 @@ elif a.mode == "resume":
     check_losses("same mesh", resumed[3:], straight[3:], 3, 0)
     compare(first_ck, straight_ck, 0)
     other = os.path.join(a.work, "other-mesh.jsonl")
+    if os.path.exists(other):  # a resumed run appends: a previous run's rows would be read
+        os.remove(other)
     mpirun(4, ["--config", a.config, "--mesh", "dp=2,pp=2", "--ckpt-dir", moved, "--metrics",
                other, "--steps", "4", "--resume"])
     rows = [json.loads(l) for l in open(other)]
@@ -163,6 +173,50 @@ elif a.mode == "train":
             failures.append("plot_metrics.py failed")
     else:
         print("  plot: skipped (no matplotlib in this Python)")
+
+elif a.mode == "widths":
+    for h in (64, 256, 1024):
+        d = os.path.join(a.work, f"h{h}")
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        metrics = os.path.join(d, "metrics.jsonl")
+        mpirun(1, ["--model.hidden", str(h), "--model.context", "16", "--model.ffn_hidden",
+                   "64", "--batch", "2", "--train.microbatches", "1", "--steps", "25",
+                   "--eval-every", "0", "--data.eval_batches", "1", "--metrics", metrics])
+        loss = [json.loads(l)["loss"] for l in open(metrics)]
+        first, last = loss[0], sum(loss[-5:]) / 5
+        ok = abs(first / math.log(256) - 1) <= 0.1 and last < 0.75 * first
+        print(f"  H={h}: loss {first:.3f} at step 1 (ln 256 = {math.log(256):.3f}), "
+              f"{last:.3f} over steps 21-25 {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(f"H={h}: losses {loss}")
+
+elif a.mode == "plan":
+    # 32 experts of 256 x 256, top-1: the state (parameters, gradients, AdamW) dominates
+    model = ["--model.hidden", "256", "--model.experts", "32", "--model.top_k", "1",
+             "--model.ffn_hidden", "256", "--model.context", "16", "--train.microbatches", "2",
+             "--batch", "8", "--steps", "3", "--optim.warmup_steps", "0", "--eval-every", "0",
+             "--data.eval_batches", "1"]
+    for np_, mesh in ((1, "ep=1"), (4, "ep=2,pp=2")):
+        args = model + ["--mesh", mesh]
+        printed = mpirun(np_, args + ["--plan"]).stdout
+        total = next(float(l.split()[1]) for l in printed.splitlines()
+                     if l.strip().startswith("total"))
+        metrics = os.path.join(a.work, f"plan-{np_}.jsonl")
+        os.makedirs(a.work, exist_ok=True)
+        mpirun(np_, args + ["--metrics", metrics])
+        peak = max(json.loads(l)["max_rss_mb_rank0"] for l in open(metrics))
+        ok = abs(total / peak - 1) <= 0.15
+        print(f"  {np_} rank(s), {mesh}: plan {total:.1f} MiB, peak RSS {peak:.1f} MiB "
+              f"({100 * (total / peak - 1):+.1f}%) {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(f"{mesh}: plan {total} MiB vs peak {peak} MiB:\n{printed}")
+    r = mpirun(1, ["--model.experts", "8192", "--model.hidden", "1024", "--model.ffn_hidden",
+                   "4096"], expect=2)
+    ok = "largest term is optimizer" in r.stderr and "mesh.ep" in r.stderr
+    print(f"  8192 experts of 1024 x 4096: exit 2, {'named' if ok else 'FAIL'}")
+    if not ok:
+        failures.append(f"the refusal does not name the term and knob: {r.stderr!r}")
 
 for f in failures:
     print("FAIL:", f)

@@ -73,7 +73,7 @@ static void side_create(side_t *s, moe_backend_kind_t backend, const trainer_con
     TEST_OK(moe_runtime_create(&rc, &s->rt));
     assert_int_equal(model_create(s->rt, c, 0, 1, S, &s->m), 0);
     moe_adamw_config_t ac = moe_adamw_config_default();
-    ac.lr = (float)c->lr;
+    ac.lr = (float)trainer_lr(c);
     TEST_OK(moe_adamw_create(s->rt, &ac, &s->opt));
     model_t *m = s->m;
     for (int32_t i = 0; i < m->nparams; i++) {

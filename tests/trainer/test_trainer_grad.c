@@ -47,6 +47,7 @@ static trainer_config_t tiny_config(void)
     c.ffn_hidden = 8;
     c.microbatches = 1;
     c.init_std = 0.5;
+    c.expert_bias = 0; /* its update after every forward would move the objective */
     c.aux_loss_coef = 0.1;
     c.z_loss_coef = 0.01;
     return c;

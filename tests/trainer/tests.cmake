@@ -16,9 +16,10 @@ if(TARGET moe_trainer_core)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_FOUND)
     # equivalence over meshes, resume, flags: the tiny config; train: the example's config,
-    # 250 of the 300 steps of scripts/example.sh. Labels: the mpi ones also run in CI's
+    # 250 of the 300 steps of scripts/example.sh; widths: the defaults at H 64..1024; plan:
+    # the memory plan against a run's peak. Labels: the mpi ones also run in CI's
     # sanitizer pass; the training run is left to the optimised build.
-    foreach(_mode equivalence resume flags train)
+    foreach(_mode equivalence resume flags train widths plan)
       add_test(NAME test_trainer_${_mode}
                COMMAND ${Python3_EXECUTABLE} ${_trainer_dir}/run_trainer.py ${_mode}
                        --mpirun ${MPIEXEC_EXECUTABLE} --trainer $<TARGET_FILE:moe_train>
@@ -27,7 +28,9 @@ if(TARGET moe_trainer_core)
                        --example-config ${PROJECT_SOURCE_DIR}/examples/trainer/example.json
                        --steps 250 --work ${CMAKE_CURRENT_BINARY_DIR}/trainer-${_mode})
       set(_labels trainer mpi)
-      if(_mode STREQUAL "train")
+      # training runs and the memory plan (peak RSS, which the sanitizers inflate) are left
+      # to the optimised build
+      if(_mode MATCHES "^(train|widths|plan)$")
         set(_labels trainer example)
       endif()
       set_tests_properties(test_trainer_${_mode} PROPERTIES LABELS "${_labels}" TIMEOUT 600
