@@ -2,7 +2,8 @@
 """Keeps the tree honest about itself (run by CTest as test_house_tree):
 
 1. docs/architecture.md's module table names every folder of code under src/ and kernels/, and
-   the consumers tools/elastic/ and bench/.
+   the consumers tools/elastic/ and bench/; CMakeLists.txt's module loop names exactly the
+   src/ folders with a sources.cmake.
 2. The table's "uses" column is the real dependency graph: module M (a folder of src/, kernels/,
    tools/elastic/ or bench/) uses N when a file of M includes one of N's headers (quoted, or a
    public <moe/...> header N implements) or calls a function N's headers declare. Every such
@@ -48,6 +49,26 @@ for d in sorted(code_dirs):
     name = parts[0] if parts[0] == "kernels" else parts[1]
     if name not in modules:
         problems.append(f"docs/architecture.md's module table has no row for `{d}/`")
+# The library's module list in CMakeLists.txt (ordered: it is also the link order of their
+# libraries) names exactly the src/ folders that list sources, and each has a table row.
+cmake_text = open(os.path.join(root, "CMakeLists.txt"), encoding="utf-8").read()
+listed = re.search(r"foreach\(_module ([a-z_ ]+)\)\s*\n\s*"
+                   r"include\(src/\$\{_module\}/sources.cmake", cmake_text)
+with_sources = {d for d in os.listdir(os.path.join(root, "src"))
+                if os.path.isfile(os.path.join(root, "src", d, "sources.cmake"))}
+if not listed:
+    problems.append("CMakeLists.txt's module loop (foreach(_module ...)) was not found")
+else:
+    in_cmake = listed.group(1).split()
+    for d in sorted(with_sources - set(in_cmake)):
+        problems.append(f"src/{d}/sources.cmake is not in CMakeLists.txt's module loop")
+    for d in sorted(set(in_cmake) - with_sources):
+        problems.append(f"CMakeLists.txt's module loop names {d}, which has no "
+                        f"src/{d}/sources.cmake")
+    for d in in_cmake:
+        if d not in modules:
+            problems.append(f"CMakeLists.txt builds the module {d}, which docs/architecture.md's "
+                            "table lacks")
 for consumer in ("tools/elastic", "bench"):
     if consumer not in modules:
         problems.append(f"docs/architecture.md's module table has no row for `{consumer}/`")
