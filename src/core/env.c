@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,8 +44,7 @@ static void log_set(moe_env_id_t id, const char *v, const moe_logger_t *log)
                 vars[id].type == ENV_SECRET ? "(set)" : v);
 }
 
-static void warn_bad(moe_env_id_t id, const char *v, const char *expected,
-                     const moe_logger_t *log)
+static void warn_bad(moe_env_id_t id, const char *v, const char *expected, const moe_logger_t *log)
 {
     if (first_report(id))
         moe_log(log, MOE_LOG_WARN, "ignoring %s=%s (not %s)", vars[id].name, v, expected);
@@ -124,10 +124,7 @@ int moe_env_choice(moe_env_id_t id, int fallback, const moe_logger_t *log)
         w = end + 1;
     }
     char expected[128];
-    size_t len = (size_t)(stop - words) < sizeof expected - 1 ? (size_t)(stop - words)
-                                                                : sizeof expected - 1;
-    memcpy(expected, words, len);
-    expected[len] = 0;
+    snprintf(expected, sizeof expected, "one of %.*s", (int)(stop - words), words);
     warn_bad(id, v, expected, log);
     return fallback;
 }
