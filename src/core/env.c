@@ -1,6 +1,8 @@
 /* Settings read from the environment: the table's getters (see env.h). */
 #include "env.h"
 
+#include "error.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdatomic.h>
@@ -67,19 +69,42 @@ static bool parse_long(const char *v, long *x)
     return errno == 0 && *end == 0;
 }
 
+/* v as a whole decimal integer > 0 into *x. */
+static bool parse_positive(const char *v, size_t *x)
+{
+    char *end;
+    errno = 0;
+    unsigned long long u = strtoull(v, &end, 10);
+    if (errno || *end || u == 0 || v[0] == '-' || u > SIZE_MAX) return false;
+    *x = (size_t)u;
+    return true;
+}
+
 size_t moe_env_positive(moe_env_id_t id, size_t fallback, const moe_logger_t *log)
 {
     const char *v = raw(id, ENV_POSITIVE);
+    size_t x;
     if (!v) return fallback;
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (errno || *end || x == 0 || v[0] == '-' || x > SIZE_MAX) {
+    if (!parse_positive(v, &x)) {
         warn_bad(id, v, "a positive integer", log);
         return fallback;
     }
     log_set(id, v, log);
-    return (size_t)x;
+    return x;
+}
+
+moe_status_t moe_env_positive_checked(moe_env_id_t id, size_t max, size_t *value,
+                                      const moe_logger_t *log)
+{
+    const char *v = raw(id, ENV_POSITIVE);
+    size_t x;
+    if (!v) return MOE_STATUS_SUCCESS;
+    if (!parse_positive(v, &x) || x > max)
+        return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
+                        "%s (\"%s\") must be a positive integer up to %zu", vars[id].name, v, max);
+    log_set(id, v, log);
+    *value = x;
+    return MOE_STATUS_SUCCESS;
 }
 
 long moe_env_int(moe_env_id_t id, long fallback, const moe_logger_t *log)

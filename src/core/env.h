@@ -51,8 +51,8 @@
     X(ELASTIC_PREFIX, "MOE_ELASTIC_PREFIX", STRING, "unset",                               \
       "the job's etcd key prefix (starts with /)")                                         \
     X(ELASTIC_SLOTS, "MOE_ELASTIC_SLOTS", STRING, "unset", "world rank -> launcher slot")  \
-    X(ELASTIC_TTL_MS, "MOE_ELASTIC_TTL_MS", STRING, "the member config's ttl_ms",          \
-      "membership lease (ms, a positive integer)")                                         \
+    X(ELASTIC_TTL_MS, "MOE_ELASTIC_TTL_MS", POSITIVE, "the member config's ttl_ms",        \
+      "membership lease (ms); a bad value is an error")                                    \
     X(OMPI_LOCAL_RANK, "OMPI_COMM_WORLD_LOCAL_RANK", INT, "unset",                         \
       "set by Open MPI: picks the GPU")                                                    \
     X(MV2_LOCAL_RANK, "MV2_COMM_WORLD_LOCAL_RANK", INT, "unset",                           \
@@ -89,6 +89,10 @@ typedef enum {
 const char *moe_env_string(moe_env_id_t id, const moe_logger_t *log);
 /* A POSITIVE variable, or `fallback`. */
 size_t moe_env_positive(moe_env_id_t id, size_t fallback, const moe_logger_t *log);
+/* A POSITIVE variable that must be right when set: *value is left alone when it is unset, set
+ * when it is a positive integer up to `max`, and anything else is INVALID_ARGUMENT naming it. */
+moe_status_t moe_env_positive_checked(moe_env_id_t id, size_t max, size_t *value,
+                                      const moe_logger_t *log);
 /* An INT variable, or `fallback`. */
 long moe_env_int(moe_env_id_t id, long fallback, const moe_logger_t *log);
 /* A FLAG variable (0 or 1), or `fallback`. */

@@ -228,14 +228,9 @@ moe_status_t moe_elastic_member_create_from_env(int32_t rank, moe_elastic_member
     c.slot = slots ? slot_of_rank(slots, rank) : -1;
     MOE_CHECK_ARG(c.slot >= 0, "MOE_ELASTIC_SLOTS (\"%s\") gives no slot to world rank %d",
                   slots ? slots : "", (int)rank);
-    const char *ttl = moe_env_string(MOE_ENV_ELASTIC_TTL_MS, NULL);
-    if (ttl) {
-        char *end;
-        long v = strtol(ttl, &end, 10);
-        MOE_CHECK_ARG(*end == 0 && v > 0 && v < INT32_MAX,
-                      "MOE_ELASTIC_TTL_MS (\"%s\") must be a positive number of ms", ttl);
-        c.ttl_ms = (int32_t)v;
-    }
+    size_t ttl = (size_t)c.ttl_ms;
+    MOE_TRY(moe_env_positive_checked(MOE_ENV_ELASTIC_TTL_MS, INT32_MAX - 1, &ttl, NULL));
+    c.ttl_ms = (int32_t)ttl;
     return moe_elastic_member_create(&c, out);
 }
 

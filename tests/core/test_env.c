@@ -26,6 +26,29 @@ static void test_positive(void **state)
     unsetenv("MOE_INIT_THREADS");
 }
 
+static void test_positive_checked(void **state)
+{
+    (void)state;
+    size_t ttl = 5000;
+    unsetenv("MOE_ELASTIC_TTL_MS");
+    assert_int_equal(moe_env_positive_checked(MOE_ENV_ELASTIC_TTL_MS, 100000, &ttl, NULL),
+                     MOE_STATUS_SUCCESS);
+    assert_int_equal(ttl, 5000);
+    setenv("MOE_ELASTIC_TTL_MS", "2000", 1);
+    assert_int_equal(moe_env_positive_checked(MOE_ENV_ELASTIC_TTL_MS, 100000, &ttl, NULL),
+                     MOE_STATUS_SUCCESS);
+    assert_int_equal(ttl, 2000);
+    const char *bad[] = {"soon", "0", "100001"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("MOE_ELASTIC_TTL_MS", bad[i], 1);
+        assert_int_equal(moe_env_positive_checked(MOE_ENV_ELASTIC_TTL_MS, 100000, &ttl, NULL),
+                         MOE_STATUS_INVALID_ARGUMENT);
+        assert_non_null(strstr(moe_last_error(), "MOE_ELASTIC_TTL_MS"));
+        assert_int_equal(ttl, 2000);
+    }
+    unsetenv("MOE_ELASTIC_TTL_MS");
+}
+
 static void test_flag_int_string(void **state)
 {
     (void)state;
@@ -99,6 +122,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_positive),
+        cmocka_unit_test(test_positive_checked),
         cmocka_unit_test(test_flag_int_string),
         cmocka_unit_test(test_choice),
         cmocka_unit_test(test_keep_first_error),
