@@ -4,12 +4,21 @@
 
 #include <stdint.h>
 
-/* Blocks of 256 threads for `work` items: enough to fill the GPU several times over (132 SMs
- * x 32), at least one; the grid-stride loops cover the rest. */
+#include <cuda_runtime.h>
+
+/* Blocks of 256 threads for `work` items: enough to fill the current device several times
+ * over (32 per SM), at least one; the grid-stride loops cover the rest. The SM count is asked
+ * of the device at each launch (an attribute query, not the slow cudaGetDeviceProperties), so
+ * no state is kept; 132 (the H200) stands in should the query fail. */
 static inline unsigned grid_for(int64_t work)
 {
-    int64_t b = (work + 255) / 256;
-    return (unsigned)(b < 1 ? 1 : b > 132 * 32 ? 132 * 32 : b);
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms < 1)
+        sms = 132;
+    int64_t b = (work + 255) / 256, most = (int64_t)sms * 32;
+    return (unsigned)(b < 1 ? 1 : b > most ? most : b);
 }
 
 #define GRID_STRIDE(i, n)                                                                  \

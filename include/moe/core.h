@@ -110,6 +110,13 @@ typedef enum moe_device_kind {
     MOE_DEVICE_CUDA = 1
 } moe_device_kind_t;
 
+/* The router's score function (moe_layer_config_t.score_fn, <moe/layer.h>): here with the
+ * other shared vocabulary so that the compute backends see it without the layer's API. */
+typedef enum moe_score_fn {
+    MOE_SCORE_SOFTMAX = 0,
+    MOE_SCORE_SIGMOID = 1
+} moe_score_fn_t;
+
 #define MOE_MAX_DIMS 4
 
 /* A dense, row-major (last dimension fastest) view of memory the caller or libmoe owns.

@@ -54,11 +54,6 @@ extern "C" {
 
 typedef struct moe_layer moe_layer_t;
 
-typedef enum moe_score_fn {
-    MOE_SCORE_SOFTMAX = 0,
-    MOE_SCORE_SIGMOID = 1
-} moe_score_fn_t;
-
 /* How global experts map to ep ranks. */
 typedef enum moe_expert_placement {
     MOE_PLACEMENT_CONTIGUOUS = 0,  /* rank r owns experts [r*E_l, (r+1)*E_l)     */

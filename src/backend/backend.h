@@ -21,7 +21,7 @@
 #define MOE_BACKEND_H
 
 #include <stdbool.h>
-#include <moe/layer.h>
+#include <moe/core.h>
 
 #include "../core/log.h"
 

@@ -172,9 +172,9 @@ static moe_status_t check_config(const moe_ckpt_config_t *c)
 }
 
 /* An int32 config field from the environment (positive values; others warned and ignored). */
-static int32_t env_int(const char *name, int32_t v, const moe_logger_t *log)
+static int32_t env_int(moe_env_id_t id, int32_t v, const moe_logger_t *log)
 {
-    size_t x = moe_env_positive(name, (size_t)(v > 0 ? v : 0), log);
+    size_t x = moe_env_positive(id, (size_t)(v > 0 ? v : 0), log);
     return x == 0 || x > INT32_MAX ? v : (int32_t)x;
 }
 
@@ -191,11 +191,11 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     memcpy(&c, config, config->struct_size < sizeof c ? config->struct_size : sizeof c);
     c.struct_size = sizeof c;
     const moe_logger_t *lg = &rt->logger;
-    c.chunk_bytes = moe_env_positive("MOE_CKPT_CHUNK_BYTES", c.chunk_bytes, lg);
-    c.pinned_budget_bytes = moe_env_positive("MOE_CKPT_PINNED_BYTES", c.pinned_budget_bytes, lg);
-    c.s3_max_retries = env_int("MOE_CKPT_S3_MAX_RETRIES", c.s3_max_retries, lg);
-    c.s3_retry_base_ms = env_int("MOE_CKPT_S3_RETRY_BASE_MS", c.s3_retry_base_ms, lg);
-    c.s3_retry_max_ms = env_int("MOE_CKPT_S3_RETRY_MAX_MS", c.s3_retry_max_ms, lg);
+    c.chunk_bytes = moe_env_positive(MOE_ENV_CKPT_CHUNK_BYTES, c.chunk_bytes, lg);
+    c.pinned_budget_bytes = moe_env_positive(MOE_ENV_CKPT_PINNED_BYTES, c.pinned_budget_bytes, lg);
+    c.s3_max_retries = env_int(MOE_ENV_CKPT_S3_MAX_RETRIES, c.s3_max_retries, lg);
+    c.s3_retry_base_ms = env_int(MOE_ENV_CKPT_S3_RETRY_BASE_MS, c.s3_retry_base_ms, lg);
+    c.s3_retry_max_ms = env_int(MOE_ENV_CKPT_S3_RETRY_MAX_MS, c.s3_retry_max_ms, lg);
     MOE_TRY(check_config(&c));
 
     moe_ckpt_t *ck = calloc(1, sizeof *ck);
@@ -219,7 +219,7 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     ck->st.last_committed_step = ck->st.last_uploaded_step = -1;
     ck->st.direct_io = c.use_direct_io != 0;
     ck->max_segs = (int)(c.pinned_budget_bytes / c.chunk_bytes);
-    ck->defer_writer = !(getenv("MOE_CKPT_DEFER_WRITER") && getenv("MOE_CKPT_DEFER_WRITER")[0] == '0');
+    ck->defer_writer = moe_env_flag(MOE_ENV_CKPT_DEFER_WRITER, true, lg);
     ck->segs = calloc((size_t)ck->max_segs, sizeof *ck->segs);
     moe_status_t st = MOE_STATUS_SUCCESS;
     if (!ck->dir || !ck->segs) {

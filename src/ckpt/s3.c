@@ -29,13 +29,9 @@
 
 #include <curl/curl.h>
 
+#include "../core/env.h"
 #include "../core/error.h"
 #include "ckpt_internal.h"
-
-/* A libcurl call that returns a CURLcode (curl's types stay out of core/error.h); `call` is
- * stringified here, before its macros (CURL_GLOBAL_DEFAULT) expand. */
-#define MOE_CHECK_CURL(call, status)                                                       \
-    MOE_CHECK_GEN_MSG(CURLcode, call, rc_ == CURLE_OK, status, curl_easy_strerror, "%s", #call)
 
 /* ---- the client -------------------------------------------------------------------------- */
 
@@ -64,12 +60,12 @@ typedef struct resp {
     char etag[128];
 } resp_t;
 
-static char *env_dup(const char *cfg, const char *a, const char *b)
+static char *env_dup(const char *cfg, moe_env_id_t a, int b, const moe_logger_t *log)
 {
     if (cfg) return strdup(cfg);
-    const char *v = a ? getenv(a) : NULL;
-    if ((!v || !*v) && b) v = getenv(b);
-    return v && *v ? strdup(v) : NULL;
+    const char *v = moe_env_string(a, log);
+    if (!v && b >= 0) v = moe_env_string((moe_env_id_t)b, log);
+    return v ? strdup(v) : NULL;
 }
 
 moe_status_t ck_s3_create(const moe_ckpt_config_t *c, const moe_logger_t *log, ck_s3_t **out)
@@ -78,7 +74,7 @@ moe_status_t ck_s3_create(const moe_ckpt_config_t *c, const moe_logger_t *log, c
     ck_s3_t *s = calloc(1, sizeof *s);
     if (!s) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "S3 client");
     s->log = log;
-    s->region = env_dup(c->s3_region, "AWS_REGION", "AWS_DEFAULT_REGION");
+    s->region = env_dup(c->s3_region, MOE_ENV_AWS_REGION, MOE_ENV_AWS_DEFAULT_REGION, log);
     if (!s->region) s->region = strdup("us-east-1");
     s->bucket = strdup(c->s3_bucket);
     const char *pfx = c->s3_prefix ? c->s3_prefix : "";
@@ -97,9 +93,9 @@ moe_status_t ck_s3_create(const moe_ckpt_config_t *c, const moe_logger_t *log, c
         size_t el = strlen(s->endpoint);
         while (el > 0 && s->endpoint[el - 1] == '/') s->endpoint[--el] = 0;
     }
-    s->ak = env_dup(c->s3_access_key, "AWS_ACCESS_KEY_ID", NULL);
-    s->sk = env_dup(c->s3_secret_key, "AWS_SECRET_ACCESS_KEY", NULL);
-    s->token = env_dup(c->s3_session_token, "AWS_SESSION_TOKEN", NULL);
+    s->ak = env_dup(c->s3_access_key, MOE_ENV_AWS_ACCESS_KEY_ID, -1, log);
+    s->sk = env_dup(c->s3_secret_key, MOE_ENV_AWS_SECRET_ACCESS_KEY, -1, log);
+    s->token = env_dup(c->s3_session_token, MOE_ENV_AWS_SESSION_TOKEN, -1, log);
     s->part_bytes = c->s3_part_bytes;
     s->parallel = c->s3_parallel_parts;
     s->max_retries = c->s3_max_retries;

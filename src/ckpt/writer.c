@@ -24,6 +24,7 @@
 
 #include <liburing.h>
 
+#include "../core/env.h"
 #include "../core/error.h"
 #include "ckpt_internal.h"
 
@@ -81,8 +82,8 @@ moe_status_t ck_writer_create(int queue_depth, size_t io_block, bool direct,
         w->reqs[i].next_free = w->free_reqs;
         w->free_reqs = &w->reqs[i];
     }
-    const char *force = getenv("MOE_CKPT_NO_URING");
-    int rc = force && *force == '1' ? -ENOSYS : io_uring_queue_init((unsigned)queue_depth, &w->ring, 0);
+    bool force = moe_env_flag(MOE_ENV_CKPT_NO_URING, false, log);
+    int rc = force ? -ENOSYS : io_uring_queue_init((unsigned)queue_depth, &w->ring, 0);
     if (rc < 0) {
         moe_log(log, MOE_LOG_WARN,
                 "checkpoint: io_uring_queue_init failed (%s); writing with pwrite instead",

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <moe/mesh.h>
+#include <moe/core.h>
 
 #include "../backend/backend.h"
 #include "../core/log.h"

@@ -1,6 +1,7 @@
 /*
- * MPI helpers shared by the MPI communicator (mpi.c) and the watch (watch.c): error text,
- * the check macros, completion calls whose errors return, and a duplicate under a deadline.
+ * MPI helpers shared by the MPI communicator (mpi.c) and the watch (watch.c): error text for
+ * MOE_MPI_CHECK (core/error.h), completion calls whose errors return, and a duplicate under a
+ * deadline.
  */
 #ifndef MOE_COMM_MPI_SUPPORT_H
 #define MOE_COMM_MPI_SUPPORT_H
@@ -15,12 +16,6 @@ typedef struct moe_comm moe_comm_t;
 
 /* MPI's text for an error code (thread-local buffer, valid until the thread's next call). */
 const char *moe_mpi_describe(int rc);
-
-#define MOE_MPI_CHECK(call)                                                                \
-    MOE_CHECK_GEN(int, call, rc_ == MPI_SUCCESS, MOE_STATUS_COMM_ERROR, moe_mpi_describe)
-#define MOE_MPI_CHECK_GOTO(st, call)                                                       \
-    MOE_CHECK_GEN_GOTO(st, int, call, rc_ == MPI_SUCCESS, MOE_STATUS_COMM_ERROR,           \
-                       moe_mpi_describe)
 
 /* MPI_Testall whose errors return. Open MPI 4.1 raises an error that a non-blocking
  * collective meets (a count mismatch: MPI_ERR_TRUNCATE) on MPI_COMM_WORLD's error handler,

@@ -30,13 +30,6 @@
 #include "../core/clock.h"
 #include "../core/error.h"
 
-#define MOE_NCCL_CHECK(call)                                                               \
-    MOE_CHECK_GEN(ncclResult_t, call, rc_ == ncclSuccess || rc_ == ncclInProgress,         \
-                  MOE_STATUS_COMM_ERROR, ncclGetErrorString)
-#define MOE_NCCL_CHECK_GOTO(st, call)                                                      \
-    MOE_CHECK_GEN_GOTO(st, ncclResult_t, call, rc_ == ncclSuccess || rc_ == ncclInProgress, \
-                       MOE_STATUS_COMM_ERROR, ncclGetErrorString)
-
 typedef struct nccl_impl {
     ncclComm_t comm;
     cudaStream_t stream;

@@ -106,6 +106,58 @@ moe_status_t moe_error_wrap(moe_status_t status, const char *fmt, ...)
 #define MOE_FAIL_ERRNUM(status, errnum, fmt, ...)                                          \
     MOE_FAIL(status, fmt " failed: %s", ##__VA_ARGS__, strerror(errnum))
 
+/* Keep-the-first-error forms, for teardown paths that go on after a failure: a failing call
+ * sets the error (and `st`) only while `st` is still SUCCESS, so the first cause survives. */
+#define MOE_CHECK_GEN_KEEP(st, type, call, ok, status, describe)                           \
+    do {                                                                                   \
+        type rc_ = (call);                                                                 \
+        if (!(ok) && (st) == MOE_STATUS_SUCCESS)                                           \
+            (st) = moe_error_set((status), __FILE__, __LINE__, "%s failed: %s", #call,     \
+                                 describe(rc_));                                           \
+    } while (0)
+/* A libmoe call (its callee set the message): `st` takes its status only while SUCCESS. */
+#define MOE_TRY_KEEP(st, expr)                                                             \
+    do {                                                                                   \
+        moe_status_t moe_keep_s_ = (expr);                                                 \
+        if ((st) == MOE_STATUS_SUCCESS) (st) = moe_keep_s_;                                \
+    } while (0)
+
+/* The libraries' checks, every one from the generators above. Each expands only where it is
+ * used, so the library's own header (cuda_runtime.h, cublas_v2.h, nccl.h, mpi.h with
+ * comm/mpi_support.h, curl/curl.h) is included there and nowhere here. */
+#define MOE_CUDA_CHECK(call)                                                               \
+    MOE_CHECK_GEN(cudaError_t, call, rc_ == cudaSuccess, MOE_STATUS_BACKEND_ERROR,         \
+                  cudaGetErrorString)
+#define MOE_CUDA_CHECK_GOTO(st, call)                                                      \
+    MOE_CHECK_GEN_GOTO(st, cudaError_t, call, rc_ == cudaSuccess, MOE_STATUS_BACKEND_ERROR, \
+                       cudaGetErrorString)
+#define MOE_CUDA_CHECK_KEEP(st, call)                                                      \
+    MOE_CHECK_GEN_KEEP(st, cudaError_t, call, rc_ == cudaSuccess, MOE_STATUS_BACKEND_ERROR, \
+                       cudaGetErrorString)
+#define MOE_CUBLAS_CHECK(call)                                                             \
+    MOE_CHECK_GEN(cublasStatus_t, call, rc_ == CUBLAS_STATUS_SUCCESS,                      \
+                  MOE_STATUS_BACKEND_ERROR, cublasGetStatusString)
+/* ncclInProgress: a non-blocking communicator's call that is still running */
+#define MOE_NCCL_CHECK(call)                                                               \
+    MOE_CHECK_GEN(ncclResult_t, call, rc_ == ncclSuccess || rc_ == ncclInProgress,         \
+                  MOE_STATUS_COMM_ERROR, ncclGetErrorString)
+#define MOE_NCCL_CHECK_GOTO(st, call)                                                      \
+    MOE_CHECK_GEN_GOTO(st, ncclResult_t, call, rc_ == ncclSuccess || rc_ == ncclInProgress, \
+                       MOE_STATUS_COMM_ERROR, ncclGetErrorString)
+#define MOE_MPI_CHECK(call)                                                                \
+    MOE_CHECK_GEN(int, call, rc_ == MPI_SUCCESS, MOE_STATUS_COMM_ERROR, moe_mpi_describe)
+#define MOE_MPI_CHECK_GOTO(st, call)                                                       \
+    MOE_CHECK_GEN_GOTO(st, int, call, rc_ == MPI_SUCCESS, MOE_STATUS_COMM_ERROR,           \
+                       moe_mpi_describe)
+/* A libcurl call returning a CURLcode; `call` is stringified here, before its macros
+ * (CURL_GLOBAL_DEFAULT) expand. */
+#define MOE_CHECK_CURL(call, status)                                                       \
+    MOE_CHECK_GEN_MSG(CURLcode, call, rc_ == CURLE_OK, status, curl_easy_strerror, "%s", #call)
+/* (the etcd client's calls: a failure there is INTERNAL) */
+#define MOE_CHECK_CURL_GOTO(st, call)                                                      \
+    MOE_CHECK_GEN_MSG_GOTO(st, CURLcode, call, rc_ == CURLE_OK, MOE_STATUS_INTERNAL,       \
+                           curl_easy_strerror, "%s", #call)
+
 /* Handles carry a magic number so that use after destroy or a wrong handle is caught. */
 #define MOE_MAGIC_RUNTIME 0x4d4f4552554e5431ull /* "MOERUNT1" */
 #define MOE_MAGIC_LAYER 0x4d4f454c41595231ull   /* "MOELAYR1" */

@@ -1,6 +1,8 @@
 /* Per-runtime logging to a callback or stderr. */
 #include "log.h"
 
+#include "env.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,11 +21,9 @@ static const char *level_name(moe_log_level_t level)
 
 moe_log_level_t moe_log_level_from_env(moe_log_level_t fallback)
 {
-    const char *v = getenv("MOE_LOG_LEVEL");
-    if (!v) return fallback;
-    for (int l = MOE_LOG_ERROR; l <= MOE_LOG_DEBUG; l++)
-        if (strcmp(v, level_name((moe_log_level_t)l)) == 0) return (moe_log_level_t)l;
-    return fallback;
+    /* the choices error|warn|info|debug are the levels in order */
+    return (moe_log_level_t)(MOE_LOG_ERROR +
+                             moe_env_choice(MOE_ENV_LOG_LEVEL, fallback - MOE_LOG_ERROR, NULL));
 }
 
 void moe_log(const moe_logger_t *logger, moe_log_level_t level, const char *fmt, ...)

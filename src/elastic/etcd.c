@@ -20,10 +20,6 @@
 #include "../core/error.h"
 #include "etcd.h"
 
-#define MOE_CHECK_CURL_GOTO(st, call)                                                      \
-    MOE_CHECK_GEN_MSG_GOTO(st, CURLcode, call, rc_ == CURLE_OK, MOE_STATUS_INTERNAL,       \
-                           curl_easy_strerror, "%s", #call)
-
 /* gRPC's NotFound, which etcd returns for an unknown or expired lease */
 #define GRPC_NOT_FOUND 5
 

@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 #include <moe/elastic.h>
 
+#include "../core/env.h"
 #include "../core/error.h"
 #include "etcd.h"
 
@@ -214,27 +215,22 @@ moe_status_t moe_elastic_member_create_from_env(int32_t rank, moe_elastic_member
     moe_error_clear();
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
-    const char *endpoint = getenv("MOE_ELASTIC_ENDPOINT");
-    if (!endpoint || !*endpoint) return MOE_STATUS_SUCCESS;
+    const char *endpoint = moe_env_string(MOE_ENV_ELASTIC_ENDPOINT, NULL);
+    if (!endpoint) return MOE_STATUS_SUCCESS;
     moe_elastic_member_config_t c = moe_elastic_member_config_default();
     c.endpoint = endpoint;
-    c.prefix = getenv("MOE_ELASTIC_PREFIX");
+    c.prefix = moe_env_string(MOE_ENV_ELASTIC_PREFIX, NULL);
     c.rank = rank;
     MOE_CHECK_ARG(c.prefix && c.prefix[0] == '/',
                   "MOE_ELASTIC_PREFIX (\"%s\") must be set and start with '/' when "
                   "MOE_ELASTIC_ENDPOINT is", c.prefix ? c.prefix : "");
-    const char *slots = getenv("MOE_ELASTIC_SLOTS");
+    const char *slots = moe_env_string(MOE_ENV_ELASTIC_SLOTS, NULL);
     c.slot = slots ? slot_of_rank(slots, rank) : -1;
     MOE_CHECK_ARG(c.slot >= 0, "MOE_ELASTIC_SLOTS (\"%s\") gives no slot to world rank %d",
                   slots ? slots : "", (int)rank);
-    const char *ttl = getenv("MOE_ELASTIC_TTL_MS");
-    if (ttl && *ttl) {
-        char *end;
-        long v = strtol(ttl, &end, 10);
-        MOE_CHECK_ARG(*end == 0 && v > 0 && v < INT32_MAX,
-                      "MOE_ELASTIC_TTL_MS (\"%s\") must be a positive number of ms", ttl);
-        c.ttl_ms = (int32_t)v;
-    }
+    size_t ttl = (size_t)c.ttl_ms;
+    MOE_TRY(moe_env_positive_checked(MOE_ENV_ELASTIC_TTL_MS, INT32_MAX - 1, &ttl, NULL));
+    c.ttl_ms = (int32_t)ttl;
     return moe_elastic_member_create(&c, out);
 }
 

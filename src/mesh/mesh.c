@@ -9,10 +9,12 @@
  */
 #include "mesh.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/env.h"
 #include "../core/error.h"
 
 static const char *const axis_names[MOE_MESH_GROUPS] = {"tp", "ep", "dp", "pp", "edp", "world",
@@ -240,10 +242,11 @@ static moe_status_t validate(const moe_mesh_config_t *cfg, int32_t order[4])
 /* World size announced by a launcher (mpirun, srun), or 1. */
 static int launcher_world_size(void)
 {
-    const char *names[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"};
+    const moe_env_id_t names[] = {MOE_ENV_OMPI_WORLD_SIZE, MOE_ENV_PMI_SIZE, MOE_ENV_PMIX_SIZE,
+                                  MOE_ENV_SLURM_NTASKS};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        const char *v = getenv(names[i]);
-        if (v && atoi(v) > 1) return atoi(v);
+        long v = moe_env_int(names[i], 1, NULL);
+        if (v > 1 && v <= INT_MAX) return (int)v;
     }
     return 1;
 }

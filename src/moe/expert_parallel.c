@@ -41,6 +41,7 @@
 #include <time.h>
 
 #include "../core/clock.h"
+#include "../core/env.h"
 #include "../core/error.h"
 #include "device_buffer.h"
 #include "routing.h"
@@ -82,8 +83,7 @@ moe_status_t moe_dist_create(moe_layer_t *l)
     d->hep = m->host[MOE_AXIS_EP];
     d->htp = m->host[MOE_AXIS_TP];
     d->hdense = m->host[MOE_MESH_DENSE];
-    const char *hash = getenv("MOE_CHECK_TP_INPUTS");
-    d->hash_tp_inputs = hash && strcmp(hash, "0") != 0;
+    d->hash_tp_inputs = moe_env_flag(MOE_ENV_CHECK_TP_INPUTS, false, &l->rt->logger);
     d->P = l->ep_size;
     d->D = D;
     d->dense_rank = m->coord[MOE_AXIS_EP] + m->size[MOE_AXIS_EP] * m->coord[MOE_AXIS_DP];
@@ -110,8 +110,7 @@ moe_status_t moe_dist_create(moe_layer_t *l)
     MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), d->row_order, d->host_first, bytes));
     /* The host worker thread: on when MPI allows other threads (MPI_THREAD_FUNNELED or
      * more; libmoe's own MPI_Init asks for SERIALIZED); MOE_A2A_THREAD=1 / 0 forces it. */
-    const char *wt = getenv("MOE_A2A_THREAD");
-    bool want = wt ? strcmp(wt, "0") != 0 : moe_comm_mpi_threads_ok();
+    bool want = moe_env_flag(MOE_ENV_A2A_THREAD, moe_comm_mpi_threads_ok(), &l->rt->logger);
     d->worker_thread = want && MOE_OPS(l->rt)->device == MOE_DEVICE_HOST && d->ep &&
                        l->cfg.a2a_chunks > 1;
     return MOE_STATUS_SUCCESS;

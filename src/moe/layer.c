@@ -147,7 +147,7 @@ static int init_threads(const moe_layer_t *l, int64_t n)
 {
     if (n < INIT_PARALLEL_MIN) return 1;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t t = moe_env_positive("MOE_INIT_THREADS", cpus < 1 ? 1 : (size_t)cpus, &l->rt->logger);
+    size_t t = moe_env_positive(MOE_ENV_INIT_THREADS, cpus < 1 ? 1 : (size_t)cpus, &l->rt->logger);
     return t > INIT_MAX_THREADS ? INIT_MAX_THREADS : (int)t;
 }
 

@@ -3,11 +3,13 @@
  * failure. Also the tensor allocation and copy entry points, which need the backend. */
 #include "runtime.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/bf16.h"
+#include "../core/env.h"
 #include "../core/error.h"
 #include "../core/tensor.h"
 
@@ -35,11 +37,11 @@ moe_runtime_config_t moe_runtime_config_default(void)
 /* The local rank from the launcher's environment, for picking a GPU (0 without one). */
 static int local_rank_from_env(void)
 {
-    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
-                           "SLURM_LOCALID", "LOCAL_RANK"};
+    const moe_env_id_t names[] = {MOE_ENV_OMPI_LOCAL_RANK, MOE_ENV_MV2_LOCAL_RANK,
+                                  MOE_ENV_SLURM_LOCALID, MOE_ENV_LOCAL_RANK};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        const char *v = getenv(names[i]);
-        if (v) return atoi(v);
+        long v = moe_env_int(names[i], -1, NULL);
+        if (v >= 0 && v <= INT_MAX) return (int)v;
     }
     return 0;
 }

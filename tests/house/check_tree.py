@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Keeps the tree honest about itself (run by CTest as test_house_tree):
 
-1. docs/architecture.md's module table names every folder of code under src/ and kernels/.
-2. Every #include that crosses modules follows the table: module M includes module N only when
-   N is in M's "uses" column (so the layering the doc describes is the one the code has).
+1. docs/architecture.md's module table names every folder of code under src/ and kernels/, and
+   the consumers tools/elastic/ and bench/; CMakeLists.txt's module loop names exactly the
+   src/ folders with a sources.cmake.
+2. The table's "uses" column is the real dependency graph: module M (a folder of src/, kernels/,
+   tools/elastic/ or bench/) uses N when a file of M includes one of N's headers (quoted, or a
+   public <moe/...> header N implements) or calls a function N's headers declare. Every such
+   use must be in M's row, every listed use must be real, and the graph must have no circle.
 3. No doc, comment or result cites a development session ("session 19", "the ninth session",
    "call 7", "run 12"): they describe the code as it is, and git history keeps the past.
 
@@ -25,13 +29,13 @@ for line in arch.splitlines():
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
     if len(cells) < 3 or not line.lstrip().startswith("|"):
         continue
-    m = re.fullmatch(r"`(?:src/)?([a-z_]+)/`", cells[0])
-    if not m:
+    m = re.fullmatch(r"`(?:src/)?([a-z_]+(?:/[a-z_]+)?)/`", cells[0])
+    if not m or m.group(1) == "include/moe":
         continue
     uses = set(re.findall(r"[a-z_]+", cells[-1])) if cells[-1] not in ("—", "-") else set()
     modules[m.group(1)] = uses
 
-code_ext = (".c", ".h", ".cu", ".cuh")
+code_ext = (".c", ".h", ".cu", ".cuh", ".cpp")
 code_dirs = set()
 for top in ("src", "kernels"):
     for dirpath, _, files in os.walk(os.path.join(root, top)):
@@ -45,37 +49,138 @@ for d in sorted(code_dirs):
     name = parts[0] if parts[0] == "kernels" else parts[1]
     if name not in modules:
         problems.append(f"docs/architecture.md's module table has no row for `{d}/`")
+# The library's module list in CMakeLists.txt (ordered: it is also the link order of their
+# libraries) names exactly the src/ folders that list sources, and each has a table row.
+cmake_text = open(os.path.join(root, "CMakeLists.txt"), encoding="utf-8").read()
+listed = re.search(r"foreach\(_module ([a-z_ ]+)\)\s*\n\s*"
+                   r"include\(src/\$\{_module\}/sources.cmake", cmake_text)
+with_sources = {d for d in os.listdir(os.path.join(root, "src"))
+                if os.path.isfile(os.path.join(root, "src", d, "sources.cmake"))}
+if not listed:
+    problems.append("CMakeLists.txt's module loop (foreach(_module ...)) was not found")
+else:
+    in_cmake = listed.group(1).split()
+    for d in sorted(with_sources - set(in_cmake)):
+        problems.append(f"src/{d}/sources.cmake is not in CMakeLists.txt's module loop")
+    for d in sorted(set(in_cmake) - with_sources):
+        problems.append(f"CMakeLists.txt's module loop names {d}, which has no "
+                        f"src/{d}/sources.cmake")
+    for d in in_cmake:
+        if d not in modules:
+            problems.append(f"CMakeLists.txt builds the module {d}, which docs/architecture.md's "
+                            "table lacks")
+for consumer in ("tools/elastic", "bench"):
+    if consumer not in modules:
+        problems.append(f"docs/architecture.md's module table has no row for `{consumer}/`")
+
+# ---- the real dependencies: includes (quoted and <moe/...>) and calls ----------------------
+# A public header belongs to the module that implements it (<moe/moe.h> is only the umbrella).
+public_owner = {"core.h": "core", "layer.h": "moe", "optim.h": "optim", "mesh.h": "mesh",
+                "pipeline.h": "pipeline", "ckpt.h": "ckpt", "train_state.h": "ckpt",
+                "elastic.h": "elastic"}
 
 
-def module_of(path):
-    rel = os.path.relpath(path, root).split(os.sep)
-    if rel[0] == "kernels":
+def module_of(rel):
+    parts = rel.split("/")
+    if parts[0] == "kernels":
         return "kernels"
-    if rel[0] == "src" and len(rel) > 2:
-        return rel[1]
+    if parts[0] == "src" and len(parts) > 2:
+        return parts[1]
+    if parts[:2] == ["include", "moe"]:
+        return public_owner.get(parts[2])
+    if parts[0] == "tools" and len(parts) > 2:
+        return "tools/" + parts[1]
+    if parts[0] == "bench":
+        return "bench"
+    return None  # tests/support (the benchmarks' helpers), the umbrella header
+
+
+def strip_comments(text):
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    return re.sub(r'"(?:[^"\\\n]|\\.)*"', '""', text)
+
+
+sources = {}
+for top in ("src", "kernels", "include", "tools", "bench", os.path.join("tests", "support")):
+    for dirpath, _, files in os.walk(os.path.join(root, top)):
+        for f in files:
+            if f.endswith(code_ext):
+                rel = os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/")
+                sources[rel] = open(os.path.join(root, rel), encoding="utf-8",
+                                    errors="replace").read()
+
+include_re = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<(moe/[^>]+)>)', re.M)
+search_roots = ("src", "kernels", "bench", "tests/support", "tools/elastic")
+# Functions a module's headers declare (or define inline), by name.
+decl_re = re.compile(r"^(?!typedef|return|else|#)[A-Za-z_][\w \t\*]*?[\s\*]([a-z_][a-z0-9_]*)\s*\(",
+                     re.M)
+owner_of_fn = {}
+for rel, text in sources.items():
+    mod = module_of(rel)
+    if mod is None or not rel.endswith((".h", ".cuh")):
+        continue
+    for name in decl_re.findall(strip_comments(text)):
+        if not name.endswith("_t"):
+            owner_of_fn.setdefault(name, mod)
+call_re = re.compile(r"\b([a-z_][a-z0-9_]*)\s*\(")
+
+real = {}  # (user, used) -> an example: "file includes x" / "file calls f"
+for rel, text in sorted(sources.items()):
+    mod = module_of(rel)
+    if mod is None:
+        continue
+    d = os.path.dirname(rel)
+    for quoted, public in include_re.findall(text):
+        cands = ["include/" + public] if public else \
+            [os.path.normpath(os.path.join(d, quoted))] + [r + "/" + quoted for r in search_roots]
+        target = next((c for c in cands if c in sources), None)
+        used = module_of(target) if target else None
+        if used and used != mod:
+            real.setdefault((mod, used), f"{rel} includes {quoted or '<' + public + '>'}")
+    for name in call_re.findall(strip_comments(text)):
+        used = owner_of_fn.get(name)
+        if used and used != mod:
+            real.setdefault((mod, used), f"{rel} calls {name}()")
+
+for (mod, used), example in sorted(real.items()):
+    if mod in modules and used not in modules[mod]:
+        problems.append(f"{mod}/ uses {used}/ ({example}), which docs/architecture.md's "
+                        f"table does not list")
+for mod, uses in sorted(modules.items()):
+    for used in sorted(uses):
+        if (mod, used) not in real:
+            problems.append(f"docs/architecture.md says {mod}/ uses {used}/, but no file of "
+                            f"{mod}/ includes or calls it")
+
+
+# No arrow running back up: the table's "uses" graph has no cycle.
+def find_cycle(graph):
+    state = {}
+    for start in sorted(graph):
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif nxt in graph and state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif nxt in graph and nxt not in state:
+                state[nxt] = 1
+                stack.append((nxt, iter(sorted(graph[nxt]))))
+                path.append(nxt)
     return None
 
 
-include_re = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-for d in sorted(code_dirs):
-    for f in sorted(os.listdir(os.path.join(root, d))):
-        if not f.endswith(code_ext):
-            continue
-        path = os.path.join(root, d, f)
-        src_mod = module_of(path)
-        text = open(path, encoding="utf-8", errors="replace").read()
-        for inc in include_re.findall(text):
-            cands = [os.path.join(root, d, inc), os.path.join(root, "src", inc),
-                     os.path.join(root, "kernels", inc)]
-            target = next((os.path.normpath(c) for c in cands if os.path.exists(c)), None)
-            if target is None:
-                continue
-            dst_mod = module_of(target)
-            if dst_mod is None or dst_mod == src_mod:
-                continue
-            if dst_mod not in modules.get(src_mod, set()):
-                problems.append(f"{os.path.relpath(path, root)} includes {inc} ({dst_mod}/), "
-                                f"which docs/architecture.md does not let {src_mod}/ use")
+cycle = find_cycle(modules)
+if cycle:
+    problems.append("docs/architecture.md's modules use each other in a circle: " +
+                    " -> ".join(cycle))
 
 # ---- no development diary ----------------------------------------------------------------
 ordinals = ("first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|"

@@ -3,3 +3,7 @@
 add_test(NAME test_house_tree
          COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/check_tree.py ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_house_tree PROPERTIES LABELS house TIMEOUT 60)
+# The environment-variable table of src/core/env.h against the code and docs/environment.md.
+add_test(NAME test_house_env
+         COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/check_env.py ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_house_env PROPERTIES LABELS house TIMEOUT 60)

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/env.h"
 #include "elastic/etcd.h"
 #include "etcd_server.h"
 #include "proc.h"
@@ -59,7 +60,7 @@ static void log_tail(const etcd_server_t *s, char *out, size_t len)
 int etcd_server_start(etcd_server_t *s, const char *binary, int ready_ms, char *err, size_t len)
 {
     memset(s, 0, sizeof *s);
-    const char *tmp = getenv("TMPDIR");
+    const char *tmp = moe_env_string(MOE_ENV_TMPDIR, NULL);
     snprintf(s->dir, sizeof s->dir, "%s/moe-etcd-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(s->dir)) {
         snprintf(err, len, "mkdtemp(%s): %s", s->dir, strerror(errno));

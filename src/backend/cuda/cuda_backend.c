@@ -8,6 +8,7 @@
 
 #include "cuda_ctx.h"
 #include "../../../kernels/kernels.h"
+#include "../../core/env.h"
 
 int moe_backend_cuda_device_count(void)
 {
@@ -216,35 +217,26 @@ static moe_status_t make_cublas(cudaStream_t stream, cublasHandle_t *h, void **w
 
 static cuda_gemm_mode_t gemm_mode_from_env(const moe_logger_t *logger)
 {
-    const char *v = getenv("MOE_CUDA_EXPERT_GEMM");
-    if (!v || !*v || strcmp(v, "auto") == 0) return CUDA_GEMM_AUTO;
-    cuda_gemm_mode_t m = strcmp(v, "loop") == 0      ? CUDA_GEMM_LOOP
-                         : strcmp(v, "streams") == 0 ? CUDA_GEMM_STREAMS
-                         : strcmp(v, "batched") == 0 ? CUDA_GEMM_BATCHED
-                         : strcmp(v, "grouped") == 0 ? CUDA_GEMM_GROUPED
-                         : strcmp(v, "hopper") == 0  ? CUDA_GEMM_HOPPER
-                                                     : CUDA_GEMM_AUTO;
-    moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_EXPERT_GEMM=%s: expert GEMM mode %d", v, (int)m);
-    return m;
+    /* in the order of the table's choices auto|loop|streams|batched|grouped|hopper */
+    static const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
+                                             CUDA_GEMM_BATCHED, CUDA_GEMM_GROUPED,
+                                             CUDA_GEMM_HOPPER};
+    return modes[moe_env_choice(MOE_ENV_CUDA_EXPERT_GEMM, 0, logger)];
 }
 
 static cuda_router_mode_t router_mode_from_env(const moe_logger_t *logger)
 {
-    const char *v = getenv("MOE_CUDA_ROUTER");
-    if (!v || !*v || strcmp(v, "auto") == 0) return CUDA_ROUTER_AUTO;
-    cuda_router_mode_t m = strcmp(v, "gemm") == 0    ? CUDA_ROUTER_GEMM
-                           : strcmp(v, "fused") == 0 ? CUDA_ROUTER_FUSED
-                                                     : CUDA_ROUTER_AUTO;
-    moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_ROUTER=%s: router forward mode %d", v, (int)m);
-    return m;
+    /* in the order of the table's choices auto|gemm|fused */
+    static const cuda_router_mode_t modes[] = {CUDA_ROUTER_AUTO, CUDA_ROUTER_GEMM,
+                                               CUDA_ROUTER_FUSED};
+    return modes[moe_env_choice(MOE_ENV_CUDA_ROUTER, 0, logger)];
 }
 
 /* Opt-in: the SwiGLU GEMMs are correct but no faster than cuBLAS + the SwiGLU kernels in a
  * layer step (docs/cuda-backend.md). */
 static bool swiglu_gemm_from_env(int device, const moe_logger_t *logger)
 {
-    const char *v = getenv("MOE_CUDA_SWIGLU_GEMM");
-    if (!v || strcmp(v, "1") != 0) return false;
+    if (!moe_env_flag(MOE_ENV_CUDA_SWIGLU_GEMM, false, logger)) return false;
     bool ok = moe_cuda_swiglu_gemm_supported(device);
     moe_log(logger, MOE_LOG_INFO, "MOE_CUDA_SWIGLU_GEMM=1: %s",
             ok ? "SwiGLU in the expert GEMMs"

@@ -1,4 +1,5 @@
-/* CUDA and cuBLAS status checks for the CUDA backend (see core/error.h for the generator). */
+/* The CUDA and cuBLAS headers with the check family (MOE_CUDA_CHECK, MOE_CUBLAS_CHECK are in
+ * core/error.h). */
 #ifndef MOE_CUDA_CHECK_H
 #define MOE_CUDA_CHECK_H
 
@@ -6,15 +7,5 @@
 #include <cuda_runtime.h>
 
 #include "../../core/error.h"
-
-#define MOE_CUDA_CHECK(call)                                                               \
-    MOE_CHECK_GEN(cudaError_t, call, rc_ == cudaSuccess, MOE_STATUS_BACKEND_ERROR,         \
-                  cudaGetErrorString)
-#define MOE_CUDA_CHECK_GOTO(st, call)                                                      \
-    MOE_CHECK_GEN_GOTO(st, cudaError_t, call, rc_ == cudaSuccess, MOE_STATUS_BACKEND_ERROR, \
-                       cudaGetErrorString)
-#define MOE_CUBLAS_CHECK(call)                                                             \
-    MOE_CHECK_GEN(cublasStatus_t, call, rc_ == CUBLAS_STATUS_SUCCESS,                      \
-                  MOE_STATUS_BACKEND_ERROR, cublasGetStatusString)
 
 #endif /* MOE_CUDA_CHECK_H */
