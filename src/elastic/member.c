@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,12 @@ struct moe_elastic_member {
     int64_t step, resumed_step; /* resumed_step: -1 until RESUMED is reported */
     moe_status_t failed;   /* the thread's first failure */
     char failure[512];
+    char *launcher_key;    /* NULL: not watched */
+    int64_t orphan_ms;
+    struct timespec contact; /* the last request etcd answered */
+    moe_elastic_orphan_fn on_orphan;
+    void *orphan_user;
+    bool orphaned;
 };
 
 static const char *phase_name(moe_elastic_phase_t p)
@@ -49,7 +56,7 @@ moe_elastic_member_config_t moe_elastic_member_config_default(void)
 {
     return (moe_elastic_member_config_t){.struct_size = sizeof(moe_elastic_member_config_t),
                                          .slot = -1, .rank = -1, .ttl_ms = 5000,
-                                         .request_timeout_ms = 2000};
+                                         .request_timeout_ms = 2000, .orphan_ms = 60000};
 }
 
 /* The member key's value; NULL when out of memory. */
@@ -88,6 +95,41 @@ static void deadline_in(struct timespec *ts, int64_t ms)
     }
 }
 
+static int64_t ms_since(const struct timespec *t)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)(now.tv_sec - t->tv_sec) * 1000 + (now.tv_nsec - t->tv_nsec) / 1000000;
+}
+
+/* Why the member is orphaned after a renewal that returned st, or NULL (keep-alive thread). */
+static const char *orphan_cause(moe_elastic_member_t *m, moe_status_t st)
+{
+    if (st == MOE_STATUS_NOT_FOUND) return "its own lease expired: the launcher has given it up";
+    if (st != MOE_STATUS_SUCCESS)
+        return ms_since(&m->contact) > m->orphan_ms ? "etcd unreachable for longer than "
+                                                      "MOE_ELASTIC_ORPHAN_MS" : NULL;
+    clock_gettime(CLOCK_MONOTONIC, &m->contact);
+    if (!m->launcher_key) return NULL;
+    el_kv_t *kvs;
+    size_t n;
+    if (el_etcd_range_prefix(m->etcd, m->launcher_key, &kvs, &n) != MOE_STATUS_SUCCESS)
+        return NULL; /* judged at the next renewal */
+    el_kvs_free(kvs, n);
+    return n ? NULL : "the launcher's lease expired: the launcher is gone";
+}
+
+static void notify_orphan(moe_elastic_member_t *m, const char *why)
+{
+    pthread_mutex_lock(&m->lock);
+    bool first = !m->orphaned;
+    m->orphaned = true;
+    moe_elastic_orphan_fn fn = m->on_orphan;
+    void *user = m->orphan_user;
+    pthread_mutex_unlock(&m->lock);
+    if (first && fn) fn(user, why);
+}
+
 static void *keepalive_main(void *arg)
 {
     moe_elastic_member_t *m = arg;
@@ -112,6 +154,8 @@ static void *keepalive_main(void *arg)
             deadline_in(&next, m->renew_ms);
         }
         if (st == MOE_STATUS_SUCCESS && write) st = put_member(m, phase, step);
+        const char *orphan = renew ? orphan_cause(m, st) : NULL;
+        if (orphan) notify_orphan(m, orphan);
         pthread_mutex_lock(&m->lock);
         if (st != MOE_STATUS_SUCCESS && m->failed == MOE_STATUS_SUCCESS) {
             m->failed = st;
@@ -126,6 +170,7 @@ static void *keepalive_main(void *arg)
 static void member_free(moe_elastic_member_t *m)
 {
     el_etcd_destroy(m->etcd);
+    free(m->launcher_key);
     free(m->prefix);
     free(m->key);
     m->magic = MOE_MAGIC_DEAD;
@@ -138,7 +183,9 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     moe_error_clear();
     MOE_CHECK_ARG(c && out, "config and out must not be NULL");
     *out = NULL;
-    MOE_CHECK_STRUCT_SIZE(c, moe_elastic_member_config_t, sizeof(moe_elastic_member_config_t));
+    MOE_CHECK_STRUCT_SIZE(c, moe_elastic_member_config_t,
+                          offsetof(moe_elastic_member_config_t, launcher_key));
+    bool has_orphan_fields = c->struct_size >= sizeof(moe_elastic_member_config_t);
     MOE_CHECK_ARG(c->endpoint && c->prefix && c->prefix[0] == '/',
                   "elastic member: endpoint and prefix (starting with '/') are required");
     MOE_CHECK_ARG(c->slot >= 0 && c->rank >= 0, "elastic member: slot %d and rank %d must be >= 0",
@@ -152,6 +199,8 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     m->slot = c->slot;
     m->rank = c->rank;
     m->resumed_step = -1;
+    m->orphan_ms = has_orphan_fields && c->orphan_ms > 0 ? c->orphan_ms : 60000;
+    clock_gettime(CLOCK_MONOTONIC, &m->contact);
     int64_t ttl_s = (c->ttl_ms + 999) / 1000;
     moe_status_t st = el_etcd_create(c->endpoint, c->request_timeout_ms, &m->etcd);
     if (st != MOE_STATUS_SUCCESS) {
@@ -161,7 +210,10 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     size_t kl = strlen(c->prefix) + 32;
     m->prefix = strdup(c->prefix);
     m->key = malloc(kl);
-    if (!m->prefix || !m->key) {
+    if (has_orphan_fields && c->launcher_key && *c->launcher_key)
+        m->launcher_key = strdup(c->launcher_key);
+    if (!m->prefix || !m->key || (has_orphan_fields && c->launcher_key && *c->launcher_key &&
+                                  !m->launcher_key)) {
         member_free(m);
         return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "elastic member key");
     }
@@ -235,6 +287,15 @@ moe_status_t moe_elastic_member_create_from_env(int32_t rank, moe_elastic_member
                       "MOE_ELASTIC_TTL_MS (\"%s\") must be a positive number of ms", ttl);
         c.ttl_ms = (int32_t)v;
     }
+    c.launcher_key = getenv("MOE_ELASTIC_LAUNCHER_KEY");
+    const char *orphan = getenv("MOE_ELASTIC_ORPHAN_MS");
+    if (orphan && *orphan) {
+        char *end;
+        long v = strtol(orphan, &end, 10);
+        MOE_CHECK_ARG(*end == 0 && v > 0 && v < INT32_MAX,
+                      "MOE_ELASTIC_ORPHAN_MS (\"%s\") must be a positive number of ms", orphan);
+        c.orphan_ms = (int32_t)v;
+    }
     return moe_elastic_member_create(&c, out);
 }
 
@@ -292,6 +353,18 @@ moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t cod
     free(key);
     free(v);
     return st;
+}
+
+moe_status_t moe_elastic_member_set_orphan_handler(moe_elastic_member_t *m,
+                                                   moe_elastic_orphan_fn fn, void *user)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(m, MOE_MAGIC_MEMBER, "elastic member");
+    pthread_mutex_lock(&m->lock);
+    m->on_orphan = fn;
+    m->orphan_user = user;
+    pthread_mutex_unlock(&m->lock);
+    return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_elastic_member_destroy(moe_elastic_member_t *m)

@@ -1,6 +1,7 @@
 /* The job spec (spec.h): options, and the trainer's model shape from its --print-config. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -27,6 +28,7 @@ void job_spec_usage(FILE *f)
         "  --etcd URL           an existing etcd (http://host:port); default: a private one\n"
         "  --etcd-binary PATH   the private etcd's program, default etcd\n"
         "  --events FILE        JSON-lines events, default elastic-events.jsonl\n"
+        "  --mpirun-log FILE    mpirun's whole output (appended), default elastic-mpirun.log\n"
         "  --job NAME           etcd keys under /moe/NAME/, default job\n"
         "  --mpirun PATH        default mpirun\n"
         "  --mpirun-arg ARG     passed to mpirun (repeatable), e.g. --oversubscribe\n"
@@ -51,6 +53,7 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
     *s = (job_spec_t){.slots = 4, .min_world = 1, .max_world = 0, .ttl_ms = 5000,
                       .max_restarts = 10, .grace_ms = 2000, .start_timeout_ms = 60000,
                       .poll_ms = 100, .etcd_binary = "etcd", .events = "elastic-events.jsonl",
+                      .mpirun_log = "elastic-mpirun.log",
                       .mpirun = "mpirun", .job = "job"};
     int i = 1;
     for (; i < argc && strcmp(argv[i], "--"); i++) {
@@ -69,6 +72,7 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
         else if (!strcmp(a, "--etcd") && v) s->etcd = v, i++;
         else if (!strcmp(a, "--etcd-binary") && v) s->etcd_binary = v, i++;
         else if (!strcmp(a, "--events") && v) s->events = v, i++;
+        else if (!strcmp(a, "--mpirun-log") && v) s->mpirun_log = v, i++;
         else if (!strcmp(a, "--job") && v && *v && !strchr(v, '/')) s->job = v, i++;
         else if (!strcmp(a, "--mpirun") && v) s->mpirun = v, i++;
         else if (!strcmp(a, "--mpirun-arg") && v) {
@@ -135,6 +139,13 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
     static char out[1 << 16];
     int status = proc_run_capture(argv, 120.0, out, sizeof out);
     free(argv);
+    const char *root_ok = getenv("OMPI_ALLOW_RUN_AS_ROOT");
+    if (status != 0 && geteuid() == 0 && !(root_ok && *root_ok)) {
+        snprintf(err, len, "%s refused to run as root (Open MPI needs OMPI_ALLOW_RUN_AS_ROOT=1 "
+                 "and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the environment, or a user that is "
+                 "not root)", s->mpirun);
+        return -1;
+    }
     if (status != 0) {
         snprintf(err, len, "the trainer's --print-config on %d ranks failed (%s %d): its "
                  "arguments or mesh do not fit the job", s->slots,

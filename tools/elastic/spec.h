@@ -25,6 +25,7 @@ typedef struct job_spec {
     const char *etcd;           /* an existing etcd's endpoint; NULL: a private one */
     const char *etcd_binary;
     const char *events;         /* JSON-lines file */
+    const char *mpirun_log;     /* mpirun's whole output (the launcher relays it without noise) */
     const char *mpirun;
     const char *job;            /* keys under /moe/<job>/ */
     const char *mpirun_args[SPEC_MAX_MPIRUN_ARGS];
