@@ -21,6 +21,13 @@
 
 #include <moe/elastic.h>
 
+/* As the trainer does (examples/trainer/membership.c): a rank of a dead launcher ends. */
+static void on_orphaned(void *user, const char *why)
+{
+    (void)user, (void)why;
+    _exit(1);
+}
+
 static void sleep_long(void)
 {
     for (int i = 0; i < 600; i++) sleep(1); /* the launcher ends it long before */
@@ -66,10 +73,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "fake_rank %d: no member: %s\n", rank, moe_last_error());
         return 1;
     }
+    moe_elastic_member_set_orphan_handler(m, on_orphaned, NULL);
     moe_elastic_member_report(m, MOE_ELASTIC_PHASE_RESUMED, 0);
     moe_elastic_member_report(m, MOE_ELASTIC_PHASE_TRAINING, 1);
     usleep(300 * 1000);
-    if (first && !strcmp(mode, "sleep")) sleep_long();
+    if (first && (!strcmp(mode, "sleep") || !strcmp(mode, "early"))) sleep_long();
     if (first && !strcmp(mode, "etcd")) sleep((unsigned)wait_s);
     if (first && !strcmp(mode, "hang")) {
         if (odd) sleep_long();

@@ -210,7 +210,7 @@ static int launcher_lease(const job_spec_t *s, el_etcd_t *etcd, const char *endp
         return -1;
     }
     snprintf(ttl, sizeof ttl, "%d", lease_ms);
-    snprintf(orphan, sizeof orphan, "%d", lease_ms * 3);
+    snprintf(orphan, sizeof orphan, "%d", lease_ms);
     setenv("MOE_ELASTIC_LAUNCHER_KEY", key, 1);
     setenv("MOE_ELASTIC_ORPHAN_MS", orphan, 1);
     return 0;

@@ -277,11 +277,24 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
         }
         if (mpirun_done) {
             if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-                /* every rank exited 0; their exit records (if etcd answers) give the last step */
-                if (read_views(c, v))
-                    for (int k = 0; k < c->world; k++)
-                        if (v[k].exit_step > r->last_step) r->last_step = v[k].exit_step;
-                r->done = true;
+                /* under --enable-recovery mpirun exits 0 even when a rank exited non-zero, so
+                 * the exit records decide; with etcd gone mpirun's word is all there is */
+                if (!read_views(c, v)) {
+                    r->done = true;
+                    break;
+                }
+                for (int k = 0; k < c->world; k++) {
+                    if (v[k].exit_step > r->last_step) r->last_step = v[k].exit_step;
+                    if (!v[k].exited)
+                        add_blame(r, blame, c->slots[k], k, v[k].seen ? "no exit record" :
+                                  "exited before it registered", NULL);
+                }
+                if (!r->n_blamed) {
+                    r->done = true;
+                    break;
+                }
+                reason = "rank lost";
+                snprintf(detail, sizeof detail, "mpirun exited 0, but not every rank finished");
                 break;
             }
             r->mpirun_exited = true;
