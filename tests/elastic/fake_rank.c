@@ -12,7 +12,7 @@
  *   etcd    every rank waits --wait-s seconds after its step, then exits 0 (the test kills
  *           etcd meanwhile)
  * A behaving rank reports exit 0 and exits 0 after 0.3 s. --print-config prints the config
- * JSON the launcher reads (the tiny model on ep=2 x pp=2).
+ * JSON the launcher reads (the tiny model on ep=2 x pp=2, and three of its valid meshes).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +53,8 @@ int main(int argc, char **argv)
         printf("{\"model\": {\"experts\": 4, \"ffn_hidden\": 16, \"layers\": 4}, "
                "\"mesh\": {\"tp\": 1, \"ep\": 2, \"dp\": 1, \"pp\": 2}, "
                "\"train\": {\"steps\": 1, \"batch\": 8, \"microbatches\": 2, "
-               "\"virtual_stages\": 1}, \"ckpt\": {\"dir\": \"%s\", \"every\": 1}}\n",
+               "\"virtual_stages\": 1}, \"ckpt\": {\"dir\": \"%s\", \"every\": 1}, "
+               "\"meshes\": [[1, 1, 1, 1, 2], [1, 2, 1, 1, 2], [1, 2, 1, 2, 2]]}\n",
                ckpt_dir);
         return 0;
     }

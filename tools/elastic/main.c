@@ -438,5 +438,6 @@ out:
     etcd_server_stop(&server);
     events_close(&ev);
     close(lock);
+    trainer_info_free(&info);
     return code;
 }

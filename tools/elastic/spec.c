@@ -1,4 +1,5 @@
 /* The job spec (spec.h): options, and the trainer's model shape from its --print-config. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -124,6 +125,8 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
 {
     char np[16];
     snprintf(np, sizeof np, "%d", s->slots);
+    char np_all[16];
+    snprintf(np_all, sizeof np_all, "%d", s->slots + s->spares);
     char **argv = calloc((size_t)(s->n_mpirun_args + s->n_trainer + 8), sizeof *argv);
     if (!argv) {
         snprintf(err, len, "out of memory");
@@ -136,10 +139,19 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
     for (int i = 0; i < s->n_mpirun_args; i++) argv[n++] = (char *)s->mpirun_args[i];
     for (int i = 0; i < s->n_trainer; i++) argv[n++] = s->trainer[i];
     argv[n++] = "--print-config";
-    static char out[1 << 16];
-    int status = proc_run_capture(argv, 120.0, out, sizeof out);
+    argv[n++] = "--print-meshes"; /* the trainer's own list of valid meshes (mesh_choice.h) */
+    argv[n++] = np_all;
+    size_t cap = 16u << 20;
+    char *out = malloc(cap);
+    if (!out) {
+        free(argv);
+        snprintf(err, len, "out of memory");
+        return -1;
+    }
+    int status = proc_run_capture(argv, 120.0, out, cap);
     free(argv);
     const char *root_ok = getenv("OMPI_ALLOW_RUN_AS_ROOT");
+    if (status != 0) free(out);
     if (status != 0 && geteuid() == 0 && !(root_ok && *root_ok)) {
         snprintf(err, len, "%s refused to run as root (Open MPI needs OMPI_ALLOW_RUN_AS_ROOT=1 "
                  "and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the environment, or a user that is "
@@ -154,13 +166,26 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
     }
     /* the JSON object is the output's first '{' to its end (rank 0 prints it alone) */
     cJSON *root = strchr(out, '{') ? cJSON_Parse(strchr(out, '{')) : NULL;
+    free(out);
     int missing = 0;
     el_model_shape_t *sh = &info->shape;
-    sh->experts = get_i64(root, "model", "experts", &missing);
-    sh->ffn_hidden = get_i64(root, "model", "ffn_hidden", &missing);
-    sh->layers = get_i64(root, "model", "layers", &missing);
-    sh->virtual_stages = get_i64(root, "train", "virtual_stages", &missing);
-    sh->batch = get_i64(root, "train", "batch", &missing);
+    const cJSON *meshes = cJSON_GetObjectItemCaseSensitive(root, "meshes");
+    int n_meshes = cJSON_IsArray(meshes) ? cJSON_GetArraySize(meshes) : 0;
+    el_mesh_t *valid = calloc((size_t)(n_meshes ? n_meshes : 1), sizeof *valid);
+    sh->valid = valid;
+    sh->n_valid = 0;
+    missing |= !cJSON_IsArray(meshes) || !valid;
+    for (const cJSON *m = cJSON_IsArray(meshes) ? meshes->child : NULL; m && valid; m = m->next) {
+        int64_t v[5];
+        bool ok = cJSON_IsArray(m) && cJSON_GetArraySize(m) == 5;
+        for (int k = 0; ok && k < 5; k++) {
+            const cJSON *x = cJSON_GetArrayItem(m, k);
+            ok = cJSON_IsNumber(x);
+            v[k] = ok ? (int64_t)x->valuedouble : 0;
+        }
+        missing |= !ok;
+        if (ok) valid[sh->n_valid++] = (el_mesh_t){v[0], v[1], v[2], v[3], v[4]};
+    }
     sh->job.microbatches = get_i64(root, "train", "microbatches", &missing);
     sh->job.tp = get_i64(root, "mesh", "tp", &missing);
     sh->job.ep = get_i64(root, "mesh", "ep", &missing);
@@ -174,8 +199,8 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
              cJSON_IsString(dir) ? dir->valuestring : "");
     cJSON_Delete(root);
     if (!root || missing) {
-        snprintf(err, len, "the trainer's --print-config is not the JSON moe_train prints "
-                 "(model, mesh, train, ckpt sections)");
+        snprintf(err, len, "the trainer's --print-config --print-meshes N is not the JSON "
+                 "moe_train prints (mesh, train, ckpt sections and the meshes list)");
         return -1;
     }
     if (!info->ckpt_dir[0] || info->ckpt_every <= 0) {
@@ -184,4 +209,11 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
         return -1;
     }
     return 0;
+}
+
+void trainer_info_free(trainer_info_t *info)
+{
+    free((void *)info->shape.valid);
+    info->shape.valid = NULL;
+    info->shape.n_valid = 0;
 }
