@@ -49,16 +49,13 @@ typedef struct moe_elastic_member_config {
     int32_t rank;               /* the world rank, >= 0 */
     int32_t ttl_ms;             /* lease TTL, rounded up to whole seconds; default 5000 */
     int32_t request_timeout_ms; /* each etcd request; default 2000 */
-    /* Fields below were added later: a struct_size that ends before them means their defaults. */
-    const char *launcher_key;   /* the launcher's key on its lease; NULL: not watched. Once it
-                                   is gone (the launcher died), the member is orphaned */
-    int32_t orphan_ms;          /* etcd unreachable this long also orphans; default 60000 */
 } moe_elastic_member_config_t;
 
-/* Called once, from the keep-alive thread, when the member is orphaned: the launcher's key is
- * gone, etcd stayed unreachable for orphan_ms, or the member's own lease expired (the launcher
- * has given the rank up). why is static text for the message. The program should end (a rank
- * left running by a dead launcher is an orphan); the library never ends it. */
+/* Called once, from the keep-alive thread, when the member is orphaned: the launcher's key
+ * (moe_elastic_member_watch_launcher) is gone, etcd stayed unreachable for orphan_ms, or the
+ * member's own lease expired (the launcher has given the rank up). why is static text for the
+ * message. The program should end (a rank left running by a dead launcher is an orphan); the
+ * library never ends it. */
 typedef void (*moe_elastic_orphan_fn)(void *user, const char *why);
 
 MOE_API moe_elastic_member_config_t moe_elastic_member_config_default(void);
@@ -83,6 +80,12 @@ MOE_API moe_status_t moe_elastic_member_report(moe_elastic_member_t *m, moe_elas
  * peer was lost; other: this rank failed). cause may be NULL. */
 MOE_API moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t code,
                                                     const char *cause);
+/* Watches the launcher's key at every renewal: once etcd says it is gone, or etcd has not
+ * answered for orphan_ms (> 0), the member is orphaned. create_from_env calls it with
+ * MOE_ELASTIC_LAUNCHER_KEY and MOE_ELASTIC_ORPHAN_MS (default 60000) when the first is set. */
+MOE_API moe_status_t moe_elastic_member_watch_launcher(moe_elastic_member_t *m,
+                                                       const char *launcher_key,
+                                                       int32_t orphan_ms);
 /* Sets the orphan handler (NULL: none). Not collective. */
 MOE_API moe_status_t moe_elastic_member_set_orphan_handler(moe_elastic_member_t *m,
                                                            moe_elastic_orphan_fn fn, void *user);

@@ -8,7 +8,6 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +37,7 @@ struct moe_elastic_member {
     int64_t step, resumed_step; /* resumed_step: -1 until RESUMED is reported */
     moe_status_t failed;   /* the thread's first failure */
     char failure[512];
-    char *launcher_key;    /* NULL: not watched */
+    char *launcher_key;    /* NULL: not watched (under lock) */
     int64_t orphan_ms;
     struct timespec contact; /* the last request etcd answered */
     moe_elastic_orphan_fn on_orphan;
@@ -56,7 +55,7 @@ moe_elastic_member_config_t moe_elastic_member_config_default(void)
 {
     return (moe_elastic_member_config_t){.struct_size = sizeof(moe_elastic_member_config_t),
                                          .slot = -1, .rank = -1, .ttl_ms = 5000,
-                                         .request_timeout_ms = 2000, .orphan_ms = 60000};
+                                         .request_timeout_ms = 2000};
 }
 
 /* The member key's value; NULL when out of memory. */
@@ -105,15 +104,20 @@ static int64_t ms_since(const struct timespec *t)
 /* Why the member is orphaned after a renewal that returned st, or NULL (keep-alive thread). */
 static const char *orphan_cause(moe_elastic_member_t *m, moe_status_t st)
 {
+    char key[512] = "";
+    pthread_mutex_lock(&m->lock);
+    if (m->launcher_key) snprintf(key, sizeof key, "%s", m->launcher_key);
+    int64_t orphan_ms = m->orphan_ms;
+    pthread_mutex_unlock(&m->lock);
     if (st == MOE_STATUS_NOT_FOUND) return "its own lease expired: the launcher has given it up";
     if (st != MOE_STATUS_SUCCESS)
-        return ms_since(&m->contact) > m->orphan_ms ? "etcd unreachable for longer than "
-                                                      "MOE_ELASTIC_ORPHAN_MS" : NULL;
+        return key[0] && ms_since(&m->contact) > orphan_ms
+                   ? "etcd unreachable for longer than the orphan time" : NULL;
     clock_gettime(CLOCK_MONOTONIC, &m->contact);
-    if (!m->launcher_key) return NULL;
+    if (!key[0]) return NULL;
     el_kv_t *kvs;
     size_t n;
-    if (el_etcd_range_prefix(m->etcd, m->launcher_key, &kvs, &n) != MOE_STATUS_SUCCESS)
+    if (el_etcd_range_prefix(m->etcd, key, &kvs, &n) != MOE_STATUS_SUCCESS)
         return NULL; /* judged at the next renewal */
     el_kvs_free(kvs, n);
     return n ? NULL : "the launcher's lease expired: the launcher is gone";
@@ -183,9 +187,7 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     moe_error_clear();
     MOE_CHECK_ARG(c && out, "config and out must not be NULL");
     *out = NULL;
-    MOE_CHECK_STRUCT_SIZE(c, moe_elastic_member_config_t,
-                          offsetof(moe_elastic_member_config_t, launcher_key));
-    bool has_orphan_fields = c->struct_size >= sizeof(moe_elastic_member_config_t);
+    MOE_CHECK_STRUCT_SIZE(c, moe_elastic_member_config_t, sizeof(moe_elastic_member_config_t));
     MOE_CHECK_ARG(c->endpoint && c->prefix && c->prefix[0] == '/',
                   "elastic member: endpoint and prefix (starting with '/') are required");
     MOE_CHECK_ARG(c->slot >= 0 && c->rank >= 0, "elastic member: slot %d and rank %d must be >= 0",
@@ -199,7 +201,6 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     m->slot = c->slot;
     m->rank = c->rank;
     m->resumed_step = -1;
-    m->orphan_ms = has_orphan_fields && c->orphan_ms > 0 ? c->orphan_ms : 60000;
     clock_gettime(CLOCK_MONOTONIC, &m->contact);
     int64_t ttl_s = (c->ttl_ms + 999) / 1000;
     moe_status_t st = el_etcd_create(c->endpoint, c->request_timeout_ms, &m->etcd);
@@ -210,10 +211,7 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     size_t kl = strlen(c->prefix) + 32;
     m->prefix = strdup(c->prefix);
     m->key = malloc(kl);
-    if (has_orphan_fields && c->launcher_key && *c->launcher_key)
-        m->launcher_key = strdup(c->launcher_key);
-    if (!m->prefix || !m->key || (has_orphan_fields && c->launcher_key && *c->launcher_key &&
-                                  !m->launcher_key)) {
+    if (!m->prefix || !m->key) {
         member_free(m);
         return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "elastic member key");
     }
@@ -287,16 +285,23 @@ moe_status_t moe_elastic_member_create_from_env(int32_t rank, moe_elastic_member
                       "MOE_ELASTIC_TTL_MS (\"%s\") must be a positive number of ms", ttl);
         c.ttl_ms = (int32_t)v;
     }
-    c.launcher_key = getenv("MOE_ELASTIC_LAUNCHER_KEY");
+    const char *launcher = getenv("MOE_ELASTIC_LAUNCHER_KEY");
     const char *orphan = getenv("MOE_ELASTIC_ORPHAN_MS");
+    long orphan_ms = 60000;
     if (orphan && *orphan) {
         char *end;
-        long v = strtol(orphan, &end, 10);
-        MOE_CHECK_ARG(*end == 0 && v > 0 && v < INT32_MAX,
+        orphan_ms = strtol(orphan, &end, 10);
+        MOE_CHECK_ARG(*end == 0 && orphan_ms > 0 && orphan_ms < INT32_MAX,
                       "MOE_ELASTIC_ORPHAN_MS (\"%s\") must be a positive number of ms", orphan);
-        c.orphan_ms = (int32_t)v;
     }
-    return moe_elastic_member_create(&c, out);
+    moe_status_t st = moe_elastic_member_create(&c, out);
+    if (st != MOE_STATUS_SUCCESS || !launcher || !*launcher) return st;
+    st = moe_elastic_member_watch_launcher(*out, launcher, (int32_t)orphan_ms);
+    if (st != MOE_STATUS_SUCCESS) {
+        moe_elastic_member_destroy(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* The thread's first failure as this call's status, or SUCCESS. Called with the lock held. */
@@ -353,6 +358,25 @@ moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t cod
     free(key);
     free(v);
     return st;
+}
+
+moe_status_t moe_elastic_member_watch_launcher(moe_elastic_member_t *m, const char *launcher_key,
+                                               int32_t orphan_ms)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(m, MOE_MAGIC_MEMBER, "elastic member");
+    MOE_CHECK_ARG(launcher_key && *launcher_key && orphan_ms > 0,
+                  "elastic member: a launcher key and orphan_ms %d > 0 are required",
+                  (int)orphan_ms);
+    char *key = strdup(launcher_key);
+    if (!key) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "elastic member launcher key");
+    pthread_mutex_lock(&m->lock);
+    char *old = m->launcher_key;
+    m->launcher_key = key;
+    m->orphan_ms = orphan_ms;
+    pthread_mutex_unlock(&m->lock);
+    free(old); /* the thread reads the key only under the lock, into its own copy */
+    return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_elastic_member_set_orphan_handler(moe_elastic_member_t *m,
