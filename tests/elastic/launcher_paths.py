@@ -18,6 +18,8 @@ no process of its session behind. Then, with every rank sleeping after its step:
   launcher  a second launcher on the same job folder is refused (exit 2, naming the holder);
             the launcher killed with SIGKILL: its mpirun, ranks and etcd end within 15 s; the
             same command again on the folder runs (the events file appended, not truncated).
+  unreachable  --etcd where nobody listens: exit 1, the message naming the endpoint;
+  root      as root without OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM): exit 2, the message naming them.
 The launcher's own output never holds Open MPI's noise lines.
 
 Usage: launcher_paths.py --launcher moe_elastic --fake fake_rank --mpirun MPIRUN --work DIR
@@ -245,7 +247,30 @@ def launcher_path():
             f"SIGKILL left {left}; the same command again: exit {rc2}, starts {len(starts)}")
 
 
-for name, path in (("mpirun", mpirun_path), ("etcd", etcd_path), ("launcher", launcher_path)):
+# as root without Open MPI's two variables mpirun refuses to start: the launcher names the cause
+def root_path():
+    if os.geteuid() != 0:
+        return
+    d = fresh("root")
+    bare = {k: v for k, v in env.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    r = subprocess.run(command(d, "none", -1, "root"), capture_output=True, text=True, env=bare,
+                       timeout=60)
+    verdict("root", r.returncode == 2 and "OMPI_ALLOW_RUN_AS_ROOT=1" in r.stderr,
+            f"exit {r.returncode}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''!r}")
+
+
+# an etcd that does not answer: exit 1 at once, the message naming it
+def unreachable_path():
+    d = fresh("unreachable")
+    r = subprocess.run(command(d, "none", -1, "unreachable", ["--etcd", "http://127.0.0.1:9"]),
+                       capture_output=True, text=True, env=env, timeout=60)
+    verdict("unreachable", r.returncode == 1 and "etcd at http://127.0.0.1:9 unreachable" in
+            r.stderr, f"exit {r.returncode}: "
+            f"{r.stderr.strip().splitlines()[0] if r.stderr.strip() else ''!r}")
+
+
+for name, path in (("mpirun", mpirun_path), ("etcd", etcd_path), ("launcher", launcher_path),
+                   ("root", root_path), ("unreachable", unreachable_path)):
     if wanted(name):
         path()
 sys.exit(1 if failed else 0)

@@ -177,7 +177,8 @@ static void tick(void *user)
 }
 
 /* The launcher's own lease, whose key the ranks watch (MOE_ELASTIC_LAUNCHER_KEY): refused when
- * a live launcher of the job holds it. Returns 0 or -1 with a message. */
+ * a live launcher of the job holds it. Returns 0, -1 (etcd failed) or -2 (held), with a
+ * message. */
 static int launcher_lease(const job_spec_t *s, el_etcd_t *etcd, const char *endpoint,
                           moe_elastic_member_t **out, char *err, size_t len)
 {
@@ -194,7 +195,7 @@ static int launcher_lease(const job_spec_t *s, el_etcd_t *etcd, const char *endp
         snprintf(err, len, "job \"%s\" already has a live launcher in etcd at %s (%s): one "
                  "launcher per job", s->job, endpoint, kvs[0].value);
         el_kvs_free(kvs, n);
-        return -1;
+        return -2;
     }
     el_kvs_free(kvs, n);
     /* long enough to outlast a teardown's waits; the ranks end one TTL after the launcher */
@@ -269,9 +270,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "moe_elastic: %s\n", moe_last_error());
         goto out;
     }
-    if (launcher_lease(&s, etcd, endpoint, &lease, err, sizeof err)) {
+    rc = launcher_lease(&s, etcd, endpoint, &lease, err, sizeof err);
+    if (rc) {
         fprintf(stderr, "moe_elastic: %s\n", err);
-        code = EXIT_ARGS;
+        code = rc == -2 ? EXIT_ARGS : EXIT_LAUNCHER;
         goto out;
     }
     ticker_t *tk = calloc(1, sizeof *tk);
