@@ -382,6 +382,8 @@ int main(int argc, char **argv)
         last_teardown = td;
         recovering = true;
         if (r.last_step > previous_step) previous_step = r.last_step;
+        int64_t settled = watch_last_step(&wc);
+        if (settled > previous_step) previous_step = settled;
         for (int i = 0; i < r.n_blamed; i++) {
             int slot = r.blamed[i];
             if (slot < 0 || slot >= total || failed[slot]) continue;

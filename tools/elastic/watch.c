@@ -348,3 +348,16 @@ double watch_teardown(pid_t mpirun, double grace_s, void (*tick)(void *), void *
     }
     return -1;
 }
+
+int64_t watch_last_step(const watch_config_t *c)
+{
+    rank_view_t *v = calloc((size_t)c->world, sizeof *v);
+    int64_t last = -1;
+    if (v && read_views(c, v))
+        for (int k = 0; k < c->world; k++) {
+            if (v[k].seen && v[k].step > last) last = v[k].step;
+            if (v[k].exited && v[k].exit_step > last) last = v[k].exit_step;
+        }
+    free(v);
+    return last;
+}

@@ -61,6 +61,10 @@ typedef struct watch_result {
 
 /* Watches until done or failure (emitting ranks_up, resumed, first_step, failure). */
 void watch_incarnation(const watch_config_t *c, watch_result_t *r);
+/* The highest step in the incarnation's keys now (-1: none, or etcd did not answer). Read after
+ * the teardown: a rank's last steps reach etcd through its member thread, after the watch's
+ * last poll when the failure was found at once. */
+int64_t watch_last_step(const watch_config_t *c);
 /* Ends the session of mpirun (calling tick while it waits); returns its seconds, or -1 when
  * processes survived SIGKILL. */
 double watch_teardown(pid_t mpirun, double grace_s, void (*tick)(void *), void *tick_user);
