@@ -23,7 +23,8 @@ Every trial must:
     mesh) at that step: bitwise while the mesh is kept, within 1e-5 relative at the first step
     after each resume on a new mesh (later steps on it are reported as their largest
     difference);
-  - leave no process of its session behind.
+  - leave no process of its session behind, and keep Open MPI's noise lines out of the
+    launcher's output (they stay in its mpirun log).
 Then the launcher's limits (min world, max restarts, a job that does not fit: exit 3, 4, 2),
 and --restart trials: the launcher killed (SIGKILL) once a checkpoint past step 2 x
 --ckpt-every is committed, its mpirun, ranks and etcd gone within 15 s, the newest complete
@@ -111,8 +112,9 @@ def trial(n, kind, spares, mesh, rng, ref):
     os.makedirs(d)
     events = os.path.join(d, "events.jsonl")
     cmd = [a.launcher, "--slots", "4", "--spares", str(spares), "--ttl-ms", str(a.ttl_ms),
-           "--grace-ms", "1000", "--max-restarts", "4", "--events", events, "--mpirun",
-           a.mpirun, "--mpirun-arg", "--oversubscribe", "--job", f"{kind}{n}", "--"]
+           "--grace-ms", "1000", "--max-restarts", "4", "--events", events, "--mpirun-log",
+           os.path.join(d, "mpirun.log"), "--mpirun", a.mpirun, "--mpirun-arg",
+           "--oversubscribe", "--job", f"{kind}{n}", "--"]
     cmd += trainer_args(d, mesh)
     env = dict(ENV, OMPI_MCA_orte_tmpdir_base=os.path.join(d, "mpi-session"))
     log = open(os.path.join(d, "launcher.log"), "w")
@@ -170,6 +172,9 @@ def trial(n, kind, spares, mesh, rng, ref):
             os.kill(pid, signal.SIGKILL)
     ev = rows(events)
     done = [e for e in ev if e["event"] == "done"]
+    if any(m in open(os.path.join(d, "launcher.log")).read()
+           for m in ("PMIX ERROR: BAD-PARAM", "] Read -1, expected")):
+        problems.append("Open MPI's noise in the launcher's output")
     if rc is not None and rc != 0:
         problems.append(f"launcher exit {rc}")
     if not done or done[0]["step"] != a.steps:
@@ -243,8 +248,8 @@ def limits():
         os.makedirs(d)
         events = os.path.join(d, "events.jsonl")
         cmd = [a.launcher, "--slots", "4", "--ttl-ms", str(a.ttl_ms), "--grace-ms", "1000",
-               "--events", events, "--mpirun", a.mpirun, "--mpirun-arg", "--oversubscribe",
-               "--job", name] + extra + ["--"] + trainer_args(d, a.meshes[0])
+               "--events", events, "--mpirun-log", os.path.join(d, "mpirun.log"), "--mpirun",
+               a.mpirun, "--mpirun-arg", "--oversubscribe", "--job", name] + extra + ["--"] + trainer_args(d, a.meshes[0])
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=ENV, start_new_session=True)
         up = wait_event(events, lambda e: e["event"] == "first_step", 90)
@@ -262,7 +267,8 @@ def limits():
         print(f"  limit {name}: exit {rc} (want {want}), stop: "
               f"{stop[0]['reason'] if stop else None!r}: {'ok' if good else 'FAIL'}")
         ok &= bool(good)
-    r = subprocess.run([a.launcher, "--slots", "3", "--mpirun", a.mpirun, "--mpirun-arg",
+    r = subprocess.run([a.launcher, "--slots", "3", "--mpirun-log", os.devnull, "--mpirun",
+                        a.mpirun, "--mpirun-arg",
                         "--oversubscribe", "--"] + trainer_args(os.path.join(a.work, "bad"),
                                                                 a.meshes[0]),
                        capture_output=True, text=True, env=ENV, timeout=120)
