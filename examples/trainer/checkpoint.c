@@ -1,6 +1,7 @@
 /* The trainer's checkpoints (checkpoint.h). */
 #include "checkpoint.h"
 
+#include <mpi.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -86,6 +87,34 @@ int trainer_ckpt_progress(trainer_ckpt_t *k)
     return 0;
 }
 
+/* Complete checkpoints newer than the one loaded failed verification (the loader fell back
+ * past them): rank 0 moves each aside as <dir>/.rejected-step-<N>-<unix time> (a hidden name, which the
+ * checkpointer ignores), so training passes that step instead of refusing to save it again,
+ * and the bad copy is kept for a look. Collective (the others wait for the renames). */
+static void set_aside_newer(trainer_ckpt_t *k, const trainer_t *t, int64_t loaded)
+{
+    int64_t steps[64];
+    int32_t n = 0;
+    if (t->plan.world_rank == 0 &&
+        moe_ckpt_list(k->ck, MOE_CKPT_TIER_LOCAL, steps, 64, &n) == MOE_STATUS_SUCCESS) {
+        for (int32_t i = 0; i < n && i < 64; i++) {
+            if (steps[i] <= loaded) continue;
+            char from[2048], to[2048];
+            snprintf(to, sizeof to, "%s/.rejected-step-%lld-%lld", t->cfg->ckpt_dir,
+                     (long long)steps[i], (long long)time(NULL));
+            snprintf(from, sizeof from, "%s/step-%012lld", t->cfg->ckpt_dir, (long long)steps[i]);
+            if (rename(from, to) != 0) {
+                snprintf(from, sizeof from, "%s/step-%lld", t->cfg->ckpt_dir, (long long)steps[i]);
+                if (rename(from, to) != 0) continue;
+            }
+            fprintf(stderr, "moe_train: resume: the checkpoint of step %lld failed "
+                    "verification; moved aside to %s, resuming from step %lld\n",
+                    (long long)steps[i], to, (long long)loaded);
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)
 {
     int64_t step = -1;
@@ -100,6 +129,7 @@ int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)
                 (long long)step);
         return -1;
     }
+    set_aside_newer(k, t, step);
     t->step = step;
     return 0;
 }

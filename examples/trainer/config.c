@@ -309,6 +309,13 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
             c->plan = 1;
             continue;
         }
+        if (!strcmp(a, "--print-meshes")) { /* the elastic launcher's question */
+            char *end;
+            c->print_meshes = i + 1 < argc ? strtoll(argv[++i], &end, 10) : 0;
+            if (c->print_meshes < 1 || c->print_meshes > 4096 || *end)
+                return fail(err, len, "--print-meshes: needs a number of ranks in 1..4096");
+            continue;
+        }
         if (!strcmp(a, "--resume")) { /* a switch; --ckpt.resume takes a value */
             c->resume = 1;
             continue;
@@ -418,6 +425,32 @@ double trainer_lr(const trainer_config_t *c)
     return c->lr > 0 ? c->lr : 3e-3 * fmin(1.0, sqrt(256.0 / (double)c->hidden));
 }
 
+/* Every mesh of at most max_world ranks that trainer_config_validate accepts for c's model, as
+ * [[tp, ep, dp, pp, microbatches], ...]: the elastic launcher picks its meshes from this list
+ * (src/elastic/mesh_choice.h), so the trainer's rule is the only one. */
+static cJSON *valid_meshes(const trainer_config_t *c, int64_t max_world)
+{
+    cJSON *list = cJSON_CreateArray();
+    trainer_config_t m = *c;
+    char err[512];
+    for (int64_t w = 1; w <= max_world; w++)
+        for (m.tp = 1; m.tp <= w; m.tp++)
+            for (m.ep = 1; w % m.tp == 0 && m.ep <= w / m.tp; m.ep++)
+                for (m.pp = 1; (w / m.tp) % m.ep == 0 && m.pp <= w / m.tp / m.ep; m.pp++) {
+                    if ((w / m.tp / m.ep) % m.pp) continue;
+                    m.dp = w / m.tp / m.ep / m.pp;
+                    for (m.microbatches = 1; m.microbatches <= c->batch; m.microbatches++) {
+                        if (c->batch % m.microbatches || trainer_config_validate(&m, (int)w, err,
+                                                                                 sizeof err))
+                            continue;
+                        const double v[5] = {(double)m.tp, (double)m.ep, (double)m.dp,
+                                             (double)m.pp, (double)m.microbatches};
+                        cJSON_AddItemToArray(list, cJSON_CreateDoubleArray(v, 5));
+                    }
+                }
+    return list;
+}
+
 char *trainer_config_to_json(const trainer_config_t *c)
 {
     cJSON *root = cJSON_CreateObject();
@@ -442,6 +475,7 @@ char *trainer_config_to_json(const trainer_config_t *c)
         }
         }
     }
+    if (c->print_meshes > 0) cJSON_AddItemToObject(root, "meshes", valid_meshes(c, c->print_meshes));
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     return text;
@@ -451,7 +485,8 @@ void trainer_config_usage(FILE *out)
 {
     fprintf(out,
             "usage: mpirun -np N moe_train [--config FILE] [--mesh tp=..,ep=..,dp=..,pp=..]\n"
-            "                [--resume] [--print-config] [--plan] [--help] [--KEY VALUE ...]\n"
+            "                [--resume] [--print-config [--print-meshes N]] [--plan] [--help]\n"
+            "                [--KEY VALUE ...]\n"
             "Trains a byte-level MoE language model (docs/trainer.md). Every key of the JSON\n"
             "config is a flag; flags override the file, which overrides the default.\n\n");
     for (int i = 0; i < NKNOBS; i++) {

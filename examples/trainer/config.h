@@ -50,6 +50,7 @@ typedef struct trainer_config {
     double peak_tflops;
     /* what to do */
     int print_config, help, plan;
+    int64_t print_meshes; /* with print_config: every valid mesh of up to this many ranks */
 } trainer_config_t;
 
 /* Set c to the embedded default (no file needed). */

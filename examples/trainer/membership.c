@@ -4,6 +4,8 @@
  * rank by its lease, and a rank that cannot renew it is ended by the launcher.
  */
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "membership.h"
 
@@ -18,12 +20,25 @@ static void check(moe_status_t st, const char *what)
     }
 }
 
+/* The launcher is gone (or gave this rank up): nobody will end this rank, so it ends itself
+ * at once, from the member's thread, whatever the training thread is blocked in. */
+static void on_orphaned(void *user, const char *why)
+{
+    (void)user;
+    char msg[256];
+    int n = snprintf(msg, sizeof msg, "moe_train: elastic: %s; ending this rank\n", why);
+    ssize_t w = write(STDERR_FILENO, msg, n > 0 && (size_t)n < sizeof msg ? (size_t)n : 0);
+    (void)w; /* nothing left to tell if stderr is gone */
+    _exit(1);
+}
+
 int membership_join(int rank)
 {
     if (moe_elastic_member_create_from_env(rank, &member) != MOE_STATUS_SUCCESS) {
         fprintf(stderr, "moe_train: elastic member of rank %d: %s\n", rank, moe_last_error());
         return -1;
     }
+    if (member) moe_elastic_member_set_orphan_handler(member, on_orphaned, NULL);
     return 0;
 }
 

@@ -16,6 +16,9 @@
  *   MOE_ELASTIC_PREFIX    the incarnation's keys, "/moe/<job>/inc/<n>"
  *   MOE_ELASTIC_SLOTS     the slot of each world rank, "0,1,2,4" (rank r has the r-th)
  *   MOE_ELASTIC_TTL_MS    the lease TTL
+ *   MOE_ELASTIC_LAUNCHER_KEY  the launcher's own key on its lease, "/moe/<job>/launcher/member/0"
+ *   MOE_ELASTIC_ORPHAN_MS     how long etcd may stay unreachable before the rank counts as
+ *                             orphaned
  * moe_elastic_member_create_from_env reads them; without MOE_ELASTIC_ENDPOINT the program was
  * not started by the launcher and no member is made.
  *
@@ -48,6 +51,13 @@ typedef struct moe_elastic_member_config {
     int32_t request_timeout_ms; /* each etcd request; default 2000 */
 } moe_elastic_member_config_t;
 
+/* Called once, from the keep-alive thread, when the member is orphaned: the launcher's key
+ * (moe_elastic_member_watch_launcher) is gone, etcd stayed unreachable for orphan_ms, or the
+ * member's own lease expired (the launcher has given the rank up). why is static text for the
+ * message. The program should end (a rank left running by a dead launcher is an orphan); the
+ * library never ends it. */
+typedef void (*moe_elastic_orphan_fn)(void *user, const char *why);
+
 MOE_API moe_elastic_member_config_t moe_elastic_member_config_default(void);
 
 /* Grants the lease, writes the member key (phase STARTED) and starts the keep-alive thread,
@@ -70,6 +80,15 @@ MOE_API moe_status_t moe_elastic_member_report(moe_elastic_member_t *m, moe_elas
  * peer was lost; other: this rank failed). cause may be NULL. */
 MOE_API moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t code,
                                                     const char *cause);
+/* Watches the launcher's key at every renewal: once etcd says it is gone, or etcd has not
+ * answered for orphan_ms (> 0), the member is orphaned. create_from_env calls it with
+ * MOE_ELASTIC_LAUNCHER_KEY and MOE_ELASTIC_ORPHAN_MS (default 60000) when the first is set. */
+MOE_API moe_status_t moe_elastic_member_watch_launcher(moe_elastic_member_t *m,
+                                                       const char *launcher_key,
+                                                       int32_t orphan_ms);
+/* Sets the orphan handler (NULL: none). Not collective. */
+MOE_API moe_status_t moe_elastic_member_set_orphan_handler(moe_elastic_member_t *m,
+                                                           moe_elastic_orphan_fn fn, void *user);
 /* Stops the keep-alive thread and revokes the lease (its member key goes with it). NULL is a
  * no-op. Returns the member's first failure, if any; the member is freed either way. */
 MOE_API moe_status_t moe_elastic_member_destroy(moe_elastic_member_t *m);

@@ -53,6 +53,12 @@
     X(ELASTIC_SLOTS, "MOE_ELASTIC_SLOTS", STRING, "unset", "world rank -> launcher slot")  \
     X(ELASTIC_TTL_MS, "MOE_ELASTIC_TTL_MS", POSITIVE, "the member config's ttl_ms",        \
       "membership lease (ms); a bad value is an error")                                    \
+    X(ELASTIC_LAUNCHER_KEY, "MOE_ELASTIC_LAUNCHER_KEY", STRING, "unset",                   \
+      "set by moe_elastic: its lease's key, which ranks watch")                            \
+    X(ELASTIC_ORPHAN_MS, "MOE_ELASTIC_ORPHAN_MS", POSITIVE, "60000",                       \
+      "how long a rank outlives its launcher's lease (ms); a bad value is an error")       \
+    X(OMPI_ALLOW_ROOT, "OMPI_ALLOW_RUN_AS_ROOT", STRING, "unset",                          \
+      "Open MPI's consent to run as root; moe_elastic names it when missing")              \
     X(OMPI_LOCAL_RANK, "OMPI_COMM_WORLD_LOCAL_RANK", INT, "unset",                         \
       "set by Open MPI: picks the GPU")                                                    \
     X(MV2_LOCAL_RANK, "MV2_COMM_WORLD_LOCAL_RANK", INT, "unset",                           \

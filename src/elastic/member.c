@@ -38,6 +38,12 @@ struct moe_elastic_member {
     int64_t step, resumed_step; /* resumed_step: -1 until RESUMED is reported */
     moe_status_t failed;   /* the thread's first failure */
     char failure[512];
+    char *launcher_key;    /* NULL: not watched (under lock) */
+    int64_t orphan_ms;
+    struct timespec contact; /* the last request etcd answered */
+    moe_elastic_orphan_fn on_orphan;
+    void *orphan_user;
+    bool orphaned;
 };
 
 static const char *phase_name(moe_elastic_phase_t p)
@@ -89,6 +95,46 @@ static void deadline_in(struct timespec *ts, int64_t ms)
     }
 }
 
+static int64_t ms_since(const struct timespec *t)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)(now.tv_sec - t->tv_sec) * 1000 + (now.tv_nsec - t->tv_nsec) / 1000000;
+}
+
+/* Why the member is orphaned after a renewal that returned st, or NULL (keep-alive thread). */
+static const char *orphan_cause(moe_elastic_member_t *m, moe_status_t st)
+{
+    char key[512] = "";
+    pthread_mutex_lock(&m->lock);
+    if (m->launcher_key) snprintf(key, sizeof key, "%s", m->launcher_key);
+    int64_t orphan_ms = m->orphan_ms;
+    pthread_mutex_unlock(&m->lock);
+    if (st == MOE_STATUS_NOT_FOUND) return "its own lease expired: the launcher has given it up";
+    if (st != MOE_STATUS_SUCCESS)
+        return key[0] && ms_since(&m->contact) > orphan_ms
+                   ? "etcd unreachable for longer than the orphan time" : NULL;
+    clock_gettime(CLOCK_MONOTONIC, &m->contact);
+    if (!key[0]) return NULL;
+    el_kv_t *kvs;
+    size_t n;
+    if (el_etcd_range_prefix(m->etcd, key, &kvs, &n) != MOE_STATUS_SUCCESS)
+        return NULL; /* judged at the next renewal */
+    el_kvs_free(kvs, n);
+    return n ? NULL : "the launcher's lease expired: the launcher is gone";
+}
+
+static void notify_orphan(moe_elastic_member_t *m, const char *why)
+{
+    pthread_mutex_lock(&m->lock);
+    bool first = !m->orphaned;
+    m->orphaned = true;
+    moe_elastic_orphan_fn fn = m->on_orphan;
+    void *user = m->orphan_user;
+    pthread_mutex_unlock(&m->lock);
+    if (first && fn) fn(user, why);
+}
+
 static void *keepalive_main(void *arg)
 {
     moe_elastic_member_t *m = arg;
@@ -113,6 +159,8 @@ static void *keepalive_main(void *arg)
             deadline_in(&next, m->renew_ms);
         }
         if (st == MOE_STATUS_SUCCESS && write) st = put_member(m, phase, step);
+        const char *orphan = renew ? orphan_cause(m, st) : NULL;
+        if (orphan) notify_orphan(m, orphan);
         pthread_mutex_lock(&m->lock);
         if (st != MOE_STATUS_SUCCESS && m->failed == MOE_STATUS_SUCCESS) {
             m->failed = st;
@@ -127,6 +175,7 @@ static void *keepalive_main(void *arg)
 static void member_free(moe_elastic_member_t *m)
 {
     el_etcd_destroy(m->etcd);
+    free(m->launcher_key);
     free(m->prefix);
     free(m->key);
     m->magic = MOE_MAGIC_DEAD;
@@ -153,6 +202,7 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     m->slot = c->slot;
     m->rank = c->rank;
     m->resumed_step = -1;
+    clock_gettime(CLOCK_MONOTONIC, &m->contact);
     int64_t ttl_s = (c->ttl_ms + 999) / 1000;
     moe_status_t st = el_etcd_create(c->endpoint, c->request_timeout_ms, &m->etcd);
     if (st != MOE_STATUS_SUCCESS) {
@@ -231,7 +281,17 @@ moe_status_t moe_elastic_member_create_from_env(int32_t rank, moe_elastic_member
     size_t ttl = (size_t)c.ttl_ms;
     MOE_TRY(moe_env_positive_checked(MOE_ENV_ELASTIC_TTL_MS, INT32_MAX - 1, &ttl, NULL));
     c.ttl_ms = (int32_t)ttl;
-    return moe_elastic_member_create(&c, out);
+    const char *launcher = moe_env_string(MOE_ENV_ELASTIC_LAUNCHER_KEY, NULL);
+    size_t orphan_ms = 60000;
+    MOE_TRY(moe_env_positive_checked(MOE_ENV_ELASTIC_ORPHAN_MS, INT32_MAX - 1, &orphan_ms, NULL));
+    moe_status_t st = moe_elastic_member_create(&c, out);
+    if (st != MOE_STATUS_SUCCESS || !launcher || !*launcher) return st;
+    st = moe_elastic_member_watch_launcher(*out, launcher, (int32_t)orphan_ms);
+    if (st != MOE_STATUS_SUCCESS) {
+        moe_elastic_member_destroy(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* The thread's first failure as this call's status, or SUCCESS. Called with the lock held. */
@@ -288,6 +348,37 @@ moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t cod
     free(key);
     free(v);
     return st;
+}
+
+moe_status_t moe_elastic_member_watch_launcher(moe_elastic_member_t *m, const char *launcher_key,
+                                               int32_t orphan_ms)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(m, MOE_MAGIC_MEMBER, "elastic member");
+    MOE_CHECK_ARG(launcher_key && *launcher_key && orphan_ms > 0,
+                  "elastic member: a launcher key and orphan_ms %d > 0 are required",
+                  (int)orphan_ms);
+    char *key = strdup(launcher_key);
+    if (!key) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "elastic member launcher key");
+    pthread_mutex_lock(&m->lock);
+    char *old = m->launcher_key;
+    m->launcher_key = key;
+    m->orphan_ms = orphan_ms;
+    pthread_mutex_unlock(&m->lock);
+    free(old); /* the thread reads the key only under the lock, into its own copy */
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_elastic_member_set_orphan_handler(moe_elastic_member_t *m,
+                                                   moe_elastic_orphan_fn fn, void *user)
+{
+    moe_error_clear();
+    MOE_CHECK_HANDLE(m, MOE_MAGIC_MEMBER, "elastic member");
+    pthread_mutex_lock(&m->lock);
+    m->on_orphan = fn;
+    m->orphan_user = user;
+    pthread_mutex_unlock(&m->lock);
+    return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_elastic_member_destroy(moe_elastic_member_t *m)

@@ -23,8 +23,14 @@ Every trial must:
     mesh) at that step: bitwise while the mesh is kept, within 1e-5 relative at the first step
     after each resume on a new mesh (later steps on it are reported as their largest
     difference);
-  - leave no process of its session behind.
-Then the launcher's limits (min world, max restarts, a job that does not fit: exit 3, 4, 2).
+  - leave no process of its session behind, and keep Open MPI's noise lines out of the
+    launcher's output (they stay in its mpirun log).
+Then the launcher's limits (min world, max restarts, a job that does not fit: exit 3, 4, 2),
+and --restart trials: the launcher killed (SIGKILL) once a checkpoint past step 2 x
+--ckpt-every is committed, its mpirun, ranks and etcd gone within 15 s, the newest complete
+checkpoint corrupted (a byte of a data file flipped), and the same command again: it must move
+that step aside (a checkpoint_rejected event), resume from the one before, finish with every
+loss equal to the uninterrupted run's, and keep the first run's metrics rows (not truncated).
 Prints one line per trial, then trials / recovered / time-to-recover (signal to the first
 step of the recovered incarnation) median and max; exits 1 when any trial fails, 77 (skip)
 without etcd.
@@ -52,7 +58,7 @@ p.add_argument("--trainer", required=True)
 p.add_argument("--mpirun", required=True)
 p.add_argument("--config", required=True)
 p.add_argument("--work", required=True)
-for kind, n in (("kill", 20), ("stop", 10), ("double", 3), ("recovery", 3)):
+for kind, n in (("kill", 20), ("stop", 10), ("double", 3), ("recovery", 3), ("restart", 3)):
     p.add_argument(f"--{kind}", type=int, default=n)
 p.add_argument("--seed", type=int, default=1)
 p.add_argument("--steps", type=int, default=300)
@@ -106,8 +112,9 @@ def trial(n, kind, spares, mesh, rng, ref):
     os.makedirs(d)
     events = os.path.join(d, "events.jsonl")
     cmd = [a.launcher, "--slots", "4", "--spares", str(spares), "--ttl-ms", str(a.ttl_ms),
-           "--grace-ms", "1000", "--max-restarts", "4", "--events", events, "--mpirun",
-           a.mpirun, "--mpirun-arg", "--oversubscribe", "--job", f"{kind}{n}", "--"]
+           "--grace-ms", "1000", "--max-restarts", "4", "--events", events, "--mpirun-log",
+           os.path.join(d, "mpirun.log"), "--mpirun", a.mpirun, "--mpirun-arg",
+           "--oversubscribe", "--job", f"{kind}{n}", "--"]
     cmd += trainer_args(d, mesh)
     env = dict(ENV, OMPI_MCA_orte_tmpdir_base=os.path.join(d, "mpi-session"))
     log = open(os.path.join(d, "launcher.log"), "w")
@@ -165,6 +172,9 @@ def trial(n, kind, spares, mesh, rng, ref):
             os.kill(pid, signal.SIGKILL)
     ev = rows(events)
     done = [e for e in ev if e["event"] == "done"]
+    if any(m in open(os.path.join(d, "launcher.log")).read()
+           for m in ("PMIX ERROR: BAD-PARAM", "] Read -1, expected")):
+        problems.append("Open MPI's noise in the launcher's output")
     if rc is not None and rc != 0:
         problems.append(f"launcher exit {rc}")
     if not done or done[0]["step"] != a.steps:
@@ -238,8 +248,8 @@ def limits():
         os.makedirs(d)
         events = os.path.join(d, "events.jsonl")
         cmd = [a.launcher, "--slots", "4", "--ttl-ms", str(a.ttl_ms), "--grace-ms", "1000",
-               "--events", events, "--mpirun", a.mpirun, "--mpirun-arg", "--oversubscribe",
-               "--job", name] + extra + ["--"] + trainer_args(d, a.meshes[0])
+               "--events", events, "--mpirun-log", os.path.join(d, "mpirun.log"), "--mpirun",
+               a.mpirun, "--mpirun-arg", "--oversubscribe", "--job", name] + extra + ["--"] + trainer_args(d, a.meshes[0])
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=ENV, start_new_session=True)
         up = wait_event(events, lambda e: e["event"] == "first_step", 90)
@@ -257,7 +267,8 @@ def limits():
         print(f"  limit {name}: exit {rc} (want {want}), stop: "
               f"{stop[0]['reason'] if stop else None!r}: {'ok' if good else 'FAIL'}")
         ok &= bool(good)
-    r = subprocess.run([a.launcher, "--slots", "3", "--mpirun", a.mpirun, "--mpirun-arg",
+    r = subprocess.run([a.launcher, "--slots", "3", "--mpirun-log", os.devnull, "--mpirun",
+                        a.mpirun, "--mpirun-arg",
                         "--oversubscribe", "--"] + trainer_args(os.path.join(a.work, "bad"),
                                                                 a.meshes[0]),
                        capture_output=True, text=True, env=ENV, timeout=120)
@@ -266,6 +277,99 @@ def limits():
           f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''!r}: "
           f"{'ok' if good else 'FAIL'}")
     return ok and good
+
+
+def alive(pid):
+    try:
+        st = open(f"/proc/{pid}/stat").read()
+        return st[st.rindex(")") + 2] != "Z"
+    except OSError:
+        return False
+
+
+def committed(ckpt):
+    try:
+        names = os.listdir(ckpt)
+    except OSError:
+        return []
+    return sorted(int(n[5:]) for n in names if n.startswith("step-") and
+                  os.path.exists(os.path.join(ckpt, n, "manifest.json")))
+
+
+def restart_trial(n, mesh, ref):
+    d = os.path.join(a.work, f"restart{n:02d}")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    events = os.path.join(d, "events.jsonl")
+    ckpt = os.path.join(d, "ckpt")
+    cmd = [a.launcher, "--slots", "4", "--ttl-ms", str(a.ttl_ms), "--grace-ms", "1000",
+           "--events", events, "--mpirun-log", os.path.join(d, "mpirun.log"), "--mpirun",
+           a.mpirun, "--mpirun-arg", "--oversubscribe", "--job", f"restart{n}", "--"]
+    cmd += trainer_args(d, mesh)
+    problems = []
+    log = open(os.path.join(d, "launcher.log"), "a")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV,
+                            start_new_session=True)
+    end = time.monotonic() + 90
+    while time.monotonic() < end and not [s for s in committed(ckpt) if s > 2 * a.ckpt_every]:
+        time.sleep(0.02)
+    st = wait_event(events, lambda e: e["event"] == "start", 1)
+    up = wait_event(events, lambda e: e["event"] == "ranks_up", 1)
+    launch = wait_event(events, lambda e: e["event"] == "launch", 1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    pids = ([st["etcd_pid"]] if st else []) + ([launch["mpirun_pid"]] if launch else []) + \
+        ([r["pid"] for r in up["ranks"]] if up else [])
+    end = time.monotonic() + 15
+    while time.monotonic() < end and any(alive(q) for q in pids):
+        time.sleep(0.1)
+    left = [q for q in pids if alive(q)]
+    if left or not up:
+        problems.append(f"after the launcher's SIGKILL: left {left}, ranks up {bool(up)}")
+    for q in left:
+        os.kill(q, signal.SIGKILL)
+    first_rows = rows(os.path.join(d, "metrics.jsonl"))
+    steps = committed(ckpt)
+    bad = steps[-1] if steps else None
+    if bad is not None:
+        data = os.path.join(ckpt, f"step-{bad:012d}", "rank-00000.bin")
+        with open(data, "r+b") as f:
+            b = f.read(1)
+            f.seek(0)
+            f.write(bytes([b[0] ^ 0xFF]))
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV,
+                            start_new_session=True)
+    try:
+        rc = proc.wait(timeout=TRIAL_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        rc = proc.wait()
+    log.close()
+    ev = rows(events)
+    rejected = [e["step"] for e in ev if e["event"] == "checkpoint_rejected"]
+    resumed = [e["step"] for e in ev if e["event"] == "resumed"]
+    done = [e for e in ev if e["event"] == "done"]
+    mr = rows(os.path.join(d, "metrics.jsonl"))
+    if rc != 0 or not done or done[-1]["step"] != a.steps:
+        problems.append(f"the same command again: exit {rc}, done {done[-1] if done else None}")
+    if rejected != [bad]:
+        problems.append(f"rejected {rejected}, the corrupted step was {bad}")
+    if not resumed or resumed[-1] != (steps[-2] if len(steps) > 1 else 0):
+        problems.append(f"resumed at {resumed}, checkpoints {steps}")
+    if mr[:len(first_rows)] != first_rows or not first_rows:
+        problems.append("the first run's metrics rows were not kept")
+    missing = sorted(set(range(1, a.steps + 1)) - {r["step"] for r in mr})
+    if missing:
+        problems.append(f"steps never logged: {missing[:5]}...")
+    for r in mr:
+        if r["loss"] != ref.get(r["step"]):
+            problems.append(f"step {r['step']}: loss {r['loss']!r} != {ref.get(r['step'])!r}")
+            break
+    print(f"  restart{n:02d} {mesh} checkpoints {steps[-3:]} corrupted {bad} resumed {resumed} "
+          f"rejected {rejected}: {'ok' if not problems else 'FAIL'}", flush=True)
+    for q in problems:
+        print("     ", q)
+    return not problems, None
 
 
 refs = {mesh: reference(mesh) for mesh in a.meshes}
@@ -278,6 +382,9 @@ for kind in ("kill", "stop", "double", "recovery"):
         mesh = a.meshes[(n // 2) % len(a.meshes)]
         results.append(trial(n, kind, 1 if n % 2 == 0 else 0, mesh, rng, refs[mesh]))
         n += 1
+for i in range(a.restart):
+    mesh = a.meshes[i % len(a.meshes)]
+    results.append(restart_trial(i, mesh, refs[mesh]))
 ok = [r for r in results if r[0]]
 times = [t for good, t in results if good and t is not None]
 print(f"trials {len(results)}  recovered {len(ok)}  time-to-recover median "

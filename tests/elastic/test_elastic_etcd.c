@@ -194,6 +194,43 @@ static void test_member_from_env(void **state)
     unsetenv("MOE_ELASTIC_ENDPOINT");
 }
 
+static void on_orphaned(void *user, const char *why)
+{
+    snprintf((char *)user, 128, "%s", why);
+}
+
+/* a rank watching its launcher's key (as from MOE_ELASTIC_LAUNCHER_KEY) is orphaned once the
+ * launcher's lease is gone: its handler runs within about a renewal, with the cause */
+static void test_member_orphaned(void **state)
+{
+    (void)state;
+    moe_elastic_member_config_t c = moe_elastic_member_config_default();
+    c.endpoint = server.endpoint;
+    c.prefix = "/t/orphan/launcher";
+    c.slot = 0;
+    c.rank = 0;
+    c.ttl_ms = 2000;
+    moe_elastic_member_t *launcher, *rank;
+    assert_int_equal(moe_elastic_member_create(&c, &launcher), MOE_STATUS_SUCCESS);
+    c.prefix = "/t/orphan/inc/0";
+    c.slot = 3;
+    assert_int_equal(moe_elastic_member_create(&c, &rank), MOE_STATUS_SUCCESS);
+    static char why[128];
+    why[0] = 0;
+    assert_int_equal(moe_elastic_member_watch_launcher(rank, "/t/orphan/launcher/member/0", 60000),
+                     MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_elastic_member_set_orphan_handler(rank, on_orphaned, why),
+                     MOE_STATUS_SUCCESS);
+    usleep(1500 * 1000); /* renewals while the launcher lives: not orphaned */
+    assert_string_equal(why, "");
+    assert_int_equal(moe_elastic_member_destroy(launcher), MOE_STATUS_SUCCESS); /* revoked */
+    double t0 = proc_now();
+    while (!why[0] && proc_now() - t0 < 3) usleep(20 * 1000);
+    assert_non_null(strstr(why, "launcher"));
+    assert_int_equal(moe_elastic_member_watch_launcher(rank, NULL, 1), MOE_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(moe_elastic_member_destroy(rank), MOE_STATUS_SUCCESS);
+}
+
 int main(void)
 {
     char err[512];
@@ -212,6 +249,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_member),
         cmocka_unit_test(test_member_from_env),
+        cmocka_unit_test(test_member_orphaned),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     el_etcd_destroy(etcd);

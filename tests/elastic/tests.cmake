@@ -25,7 +25,7 @@ if(TARGET moe_train AND TARGET moe_elastic)
                      --launcher $<TARGET_FILE:moe_elastic> --trainer $<TARGET_FILE:moe_train>
                      --mpirun ${MPIEXEC_EXECUTABLE} --config ${PROJECT_SOURCE_DIR}/tests/trainer/tiny.json
                      --work ${CMAKE_CURRENT_BINARY_DIR}/elastic-chaos
-                     --kill 4 --stop 2 --double 1 --recovery 1 --seed 1)
+                     --kill 4 --stop 2 --double 1 --recovery 1 --restart 1 --seed 1)
     # not labelled mpi: the sanitizer pass (.ci/run) runs the elastic unit tests, and the
     # trials' timing (a stopped rank found within the TTL + 1.5 s) is left to the optimised build
     set_tests_properties(test_elastic_chaos PROPERTIES TIMEOUT 600 LABELS "elastic;chaos"

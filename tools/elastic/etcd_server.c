@@ -57,9 +57,29 @@ static void log_tail(const etcd_server_t *s, char *out, size_t len)
     if (n && out[n - 1] == '\n') out[n - 1] = 0;
 }
 
+/* Starts the server process on s's folder and ports. */
+static int spawn(etcd_server_t *s)
+{
+    char cluster[96], data[300], logp[300];
+    snprintf(cluster, sizeof cluster, "moe-elastic=%s", s->peer);
+    snprintf(data, sizeof data, "%s/data", s->dir);
+    snprintf(logp, sizeof logp, "%s/etcd.log", s->dir);
+    char *argv[] = {s->binary, "--name", "moe-elastic", "--data-dir", data,
+                    "--listen-client-urls", s->endpoint, "--advertise-client-urls", s->endpoint,
+                    "--listen-peer-urls", s->peer, "--initial-advertise-peer-urls", s->peer,
+                    "--initial-cluster", cluster, NULL};
+    s->pid = proc_spawn_session(argv, logp);
+    if (s->pid < 0) {
+        s->pid = 0;
+        return -1;
+    }
+    return 0;
+}
+
 int etcd_server_start(etcd_server_t *s, const char *binary, int ready_ms, char *err, size_t len)
 {
     memset(s, 0, sizeof *s);
+    snprintf(s->binary, sizeof s->binary, "%s", binary ? binary : "etcd");
     const char *tmp = moe_env_string(MOE_ENV_TMPDIR, NULL);
     snprintf(s->dir, sizeof s->dir, "%s/moe-etcd-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(s->dir)) {
@@ -72,22 +92,10 @@ int etcd_server_start(etcd_server_t *s, const char *binary, int ready_ms, char *
         etcd_server_stop(s);
         return -1;
     }
-    char client[64], peer[64], cluster[96], data[300], logp[300];
-    snprintf(client, sizeof client, "http://127.0.0.1:%d", cport);
-    snprintf(peer, sizeof peer, "http://127.0.0.1:%d", pport);
-    snprintf(cluster, sizeof cluster, "moe-elastic=%s", peer);
-    snprintf(data, sizeof data, "%s/data", s->dir);
-    snprintf(logp, sizeof logp, "%s/etcd.log", s->dir);
-    snprintf(s->endpoint, sizeof s->endpoint, "%s", client);
-    const char *bin = binary ? binary : "etcd";
-    char *argv[] = {(char *)bin, "--name", "moe-elastic", "--data-dir", data,
-                    "--listen-client-urls", client, "--advertise-client-urls", client,
-                    "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                    "--initial-cluster", cluster, NULL};
-    s->pid = proc_spawn_session(argv, logp);
-    if (s->pid < 0) {
-        snprintf(err, len, "starting %s: %s", bin, strerror(errno));
-        s->pid = 0;
+    snprintf(s->endpoint, sizeof s->endpoint, "http://127.0.0.1:%d", cport);
+    snprintf(s->peer, sizeof s->peer, "http://127.0.0.1:%d", pport);
+    if (spawn(s)) {
+        snprintf(err, len, "starting %s: %s", s->binary, strerror(errno));
         etcd_server_stop(s);
         return -1;
     }
@@ -111,12 +119,19 @@ int etcd_server_start(etcd_server_t *s, const char *binary, int ready_ms, char *
     if (!ready) {
         char tail[400];
         log_tail(s, tail, sizeof tail);
-        snprintf(err, len, "etcd at %s %s within %d ms (%s: %s)", s->endpoint,
-                 s->pid ? "did not answer" : "exited", ready_ms, logp, tail);
+        snprintf(err, len, "etcd at %s %s within %d ms (%s/etcd.log: %s)", s->endpoint,
+                 s->pid ? "did not answer" : "exited", ready_ms, s->dir, tail);
         etcd_server_stop(s);
         return -1;
     }
     return 0;
+}
+
+int etcd_server_supervise(etcd_server_t *s, int *wait_status)
+{
+    if (s->pid <= 0 || waitpid(s->pid, wait_status, WNOHANG) != s->pid) return 0;
+    s->pid = 0;
+    return spawn(s) ? -1 : 1;
 }
 
 void etcd_server_stop(etcd_server_t *s)

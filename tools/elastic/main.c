@@ -12,12 +12,19 @@
  * with --resume: every rank loads the latest complete checkpoint, resharded to the new mesh.
  * It stops with a message and an exit code below min_world ranks, without a valid mesh, or
  * after max_restarts; every wait has a deadline.
+ *
+ * Every incarnation, the first included, runs with --resume, so the same command again on a
+ * job folder continues from its newest complete checkpoint; the folder's lock (job_lock.h)
+ * keeps a second launcher out. The launcher holds its own lease in etcd, whose key the ranks
+ * watch: a dead launcher's ranks end (and its mpirun and private etcd get SIGTERM at once).
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -26,9 +33,12 @@
 #include "elastic/mesh_choice.h"
 #include "etcd_server.h"
 #include "events.h"
+#include "job_lock.h"
 #include "proc.h"
+#include "relay.h"
 #include "spec.h"
 #include "watch.h"
+#include <moe/elastic.h>
 
 enum { EXIT_DONE = 0, EXIT_LAUNCHER = 1, EXIT_ARGS = 2, EXIT_TOO_FEW = 3, EXIT_RESTARTS = 4,
        EXIT_SIGNALLED = 130 };
@@ -71,7 +81,7 @@ static void stop_event(events_t *ev, const char *why, int code)
 
 /* Starts an incarnation on the given slots and mesh; returns mpirun's pid or -1. */
 static pid_t launch(const job_spec_t *s, const char *endpoint, const char *prefix,
-                    const int *slots, int world, const el_mesh_t *m, bool resume)
+                    const int *slots, int world, const el_mesh_t *m)
 {
     char slot_list[4096] = "", ttl[16], np[16], mesh[128], mb[32];
     for (int i = 0; i < world; i++) {
@@ -92,7 +102,8 @@ static pid_t launch(const job_spec_t *s, const char *endpoint, const char *prefi
     int n = 0;
     const char *fixed[] = {s->mpirun, "-np", np, "--enable-recovery", "-x", "MOE_ELASTIC_ENDPOINT",
                            "-x", "MOE_ELASTIC_PREFIX", "-x", "MOE_ELASTIC_SLOTS", "-x",
-                           "MOE_ELASTIC_TTL_MS"};
+                           "MOE_ELASTIC_TTL_MS", "-x", "MOE_ELASTIC_LAUNCHER_KEY", "-x",
+                           "MOE_ELASTIC_ORPHAN_MS"};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) argv[n++] = (char *)fixed[i];
     for (int i = 0; i < s->n_mpirun_args; i++) argv[n++] = (char *)s->mpirun_args[i];
     for (int i = 0; i < s->n_trainer; i++) argv[n++] = s->trainer[i];
@@ -100,10 +111,110 @@ static pid_t launch(const job_spec_t *s, const char *endpoint, const char *prefi
     argv[n++] = mesh;
     argv[n++] = "--train.microbatches";
     argv[n++] = mb;
-    if (resume) argv[n++] = "--resume";
-    pid_t pid = proc_spawn_session(argv, NULL);
+    argv[n++] = "--resume"; /* from the newest complete checkpoint, the first incarnation too */
+    pid_t pid = proc_spawn_session(argv, s->mpirun_log);
     free(argv);
     return pid;
+}
+
+/* What the launcher does at every poll, whatever it waits for. */
+typedef struct ticker {
+    events_t *ev;
+    etcd_server_t *server;  /* the private etcd, or one with pid 0 */
+    relay_t relay;
+    pid_t mpirun;           /* the running incarnation's (its status is the watch's) */
+    const char *ckpt_dir;
+    char rejected[64][128]; /* checkpoints the trainer moved aside, already reported */
+    int n_rejected;
+    bool etcd_lost;         /* the private etcd could not be restarted */
+} ticker_t;
+
+/* The trainer moves a checkpoint that failed verification aside as .rejected-step-<N>-...
+ * (docs/elastic.md); each is reported once. */
+static void report_rejected(ticker_t *t)
+{
+    DIR *d = opendir(t->ckpt_dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, ".rejected-", 10) || strlen(e->d_name) >= sizeof t->rejected[0])
+            continue;
+        bool known = false;
+        for (int i = 0; i < t->n_rejected && !known; i++) known = !strcmp(t->rejected[i], e->d_name);
+        if (known || t->n_rejected == (int)(sizeof t->rejected / sizeof *t->rejected)) continue;
+        snprintf(t->rejected[t->n_rejected++], sizeof t->rejected[0], "%s", e->d_name);
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddNumberToObject(f, "step", (double)strtoll(e->d_name + strlen(".rejected-step-"),
+                                                          NULL, 10));
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", t->ckpt_dir, e->d_name);
+        cJSON_AddStringToObject(f, "moved_to", path);
+        cJSON_AddStringToObject(f, "why", "failed verification at resume; training passes it");
+        events_emit(t->ev, "checkpoint_rejected", f);
+    }
+    closedir(d);
+}
+
+static void tick(void *user)
+{
+    ticker_t *t = user;
+    int status = 0;
+    int sup = t->server->pid > 0 ? etcd_server_supervise(t->server, &status) : 0;
+    if (sup) {
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "endpoint", t->server->endpoint);
+        cJSON_AddStringToObject(f, "how", WIFSIGNALED(status) ? "killed by a signal" : "exited");
+        cJSON_AddNumberToObject(f, "code", WIFSIGNALED(status) ? WTERMSIG(status)
+                                                                : WEXITSTATUS(status));
+        cJSON_AddBoolToObject(f, "restarted", sup > 0);
+        events_emit(t->ev, "etcd_exited", f);
+        t->etcd_lost = sup < 0;
+    }
+    relay_pump(&t->relay, false);
+    pid_t keep[2] = {t->mpirun, t->server->pid};
+    proc_reap_children(keep, 2);
+    report_rejected(t);
+}
+
+/* The launcher's own lease, whose key the ranks watch (MOE_ELASTIC_LAUNCHER_KEY): refused when
+ * a live launcher of the job holds it. Returns 0, -1 (etcd failed) or -2 (held), with a
+ * message. */
+static int launcher_lease(const job_spec_t *s, el_etcd_t *etcd, const char *endpoint,
+                          moe_elastic_member_t **out, char *err, size_t len)
+{
+    char prefix[300], key[340], ttl[16], orphan[16];
+    snprintf(prefix, sizeof prefix, "/moe/%s/launcher", s->job);
+    snprintf(key, sizeof key, "%s/member/0", prefix);
+    el_kv_t *kvs;
+    size_t n;
+    if (el_etcd_range_prefix(etcd, key, &kvs, &n) != MOE_STATUS_SUCCESS) {
+        snprintf(err, len, "etcd at %s unreachable: %s", endpoint, moe_last_error());
+        return -1;
+    }
+    if (n) {
+        snprintf(err, len, "job \"%s\" already has a live launcher in etcd at %s (%s): one "
+                 "launcher per job", s->job, endpoint, kvs[0].value);
+        el_kvs_free(kvs, n);
+        return -2;
+    }
+    el_kvs_free(kvs, n);
+    /* long enough to outlast a teardown's waits; the ranks end one TTL after the launcher */
+    int lease_ms = s->ttl_ms * 3 > 10000 ? s->ttl_ms * 3 : 10000;
+    moe_elastic_member_config_t c = moe_elastic_member_config_default();
+    c.endpoint = endpoint;
+    c.prefix = prefix;
+    c.slot = 0;
+    c.rank = 0;
+    c.ttl_ms = lease_ms;
+    if (moe_elastic_member_create(&c, out) != MOE_STATUS_SUCCESS) {
+        snprintf(err, len, "the launcher's lease in etcd at %s: %s", endpoint, moe_last_error());
+        return -1;
+    }
+    snprintf(ttl, sizeof ttl, "%d", lease_ms);
+    snprintf(orphan, sizeof orphan, "%d", lease_ms);
+    setenv("MOE_ELASTIC_LAUNCHER_KEY", key, 1);
+    setenv("MOE_ELASTIC_ORPHAN_MS", orphan, 1);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -121,6 +232,11 @@ int main(int argc, char **argv)
     }
     trainer_info_t info;
     if (trainer_info_query(&s, &info, err, sizeof err)) {
+        fprintf(stderr, "moe_elastic: %s\n", err);
+        return EXIT_ARGS;
+    }
+    int lock = job_lock_take(info.ckpt_dir, 30.0, err, sizeof err);
+    if (lock < 0) {
         fprintf(stderr, "moe_elastic: %s\n", err);
         return EXIT_ARGS;
     }
@@ -146,31 +262,51 @@ int main(int argc, char **argv)
         endpoint = server.endpoint;
     }
     el_etcd_t *etcd = NULL;
+    moe_elastic_member_t *lease = NULL;
     int code = EXIT_LAUNCHER;
+    bool *failed = NULL;
+    int *active = NULL;
     if (el_etcd_create(endpoint, 2000, &etcd) != MOE_STATUS_SUCCESS) {
         fprintf(stderr, "moe_elastic: %s\n", moe_last_error());
         goto out;
     }
-
+    rc = launcher_lease(&s, etcd, endpoint, &lease, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "moe_elastic: %s\n", err);
+        code = rc == -2 ? EXIT_ARGS : EXIT_LAUNCHER;
+        goto out;
+    }
+    ticker_t *tk = calloc(1, sizeof *tk);
     int total = s.slots + s.spares;
-    bool *failed = calloc((size_t)total, sizeof *failed);
-    int *active = calloc((size_t)total, sizeof *active);
-    if (!failed || !active) goto out;
+    failed = calloc((size_t)total, sizeof *failed);
+    active = calloc((size_t)total, sizeof *active);
+    if (!failed || !active || !tk) {
+        free(tk);
+        goto out;
+    }
+    tk->ev = &ev;
+    tk->server = &server;
+    tk->ckpt_dir = info.ckpt_dir;
+    relay_open(&tk->relay, s.mpirun_log);
     el_mesh_t mesh = info.shape.job;
     int world = s.slots;
     for (int i = 0; i < world; i++) active[i] = i;
     {
         cJSON *f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "etcd", endpoint);
+        cJSON_AddNumberToObject(f, "etcd_pid", server.pid);
+        cJSON_AddNumberToObject(f, "launcher_pid", getpid());
         cJSON_AddNumberToObject(f, "slots", s.slots);
         cJSON_AddNumberToObject(f, "spares", s.spares);
         cJSON_AddNumberToObject(f, "ttl_ms", s.ttl_ms);
         cJSON_AddNumberToObject(f, "steps", (double)info.steps);
         cJSON_AddItemToObject(f, "mesh", mesh_json(&mesh, active, world));
+        cJSON_AddStringToObject(f, "mpirun_log", s.mpirun_log);
         events_emit(&ev, "start", f);
     }
     int64_t previous_step = -1;
     double last_detected = 0, last_teardown = 0;
+    bool recovering = false;
     for (int inc = 0, restarts = 0;; inc++) {
         char prefix[256], key[320], val[64];
         snprintf(prefix, sizeof prefix, "/moe/%s/inc/%d", s.job, inc);
@@ -179,18 +315,20 @@ int main(int argc, char **argv)
         snprintf(key, sizeof key, "/moe/%s/incarnation", s.job);
         snprintf(val, sizeof val, "%d", inc);
         if (el_etcd_put(etcd, key, val, 0) != MOE_STATUS_SUCCESS) {
-            fprintf(stderr, "moe_elastic: %s\n", moe_last_error());
+            snprintf(err, sizeof err, "etcd at %s unreachable: %s", endpoint, moe_last_error());
+            stop_event(&ev, err, EXIT_LAUNCHER);
             break;
         }
-        pid_t mpirun = launch(&s, endpoint, prefix, active, world, &mesh, inc > 0);
+        pid_t mpirun = launch(&s, endpoint, prefix, active, world, &mesh);
         if (mpirun < 0) {
             fprintf(stderr, "moe_elastic: could not start %s\n", s.mpirun);
             break;
         }
+        tk->mpirun = mpirun;
         cJSON *f = cJSON_CreateObject();
         cJSON_AddNumberToObject(f, "incarnation", inc);
         cJSON_AddNumberToObject(f, "mpirun_pid", mpirun);
-        cJSON_AddBoolToObject(f, "resume", inc > 0);
+        cJSON_AddBoolToObject(f, "resume", true);
         cJSON_AddItemToObject(f, "mesh", mesh_json(&mesh, active, world));
         events_emit(&ev, "launch", f);
         watch_config_t wc = {.etcd = etcd, .events = &ev, .prefix = prefix, .incarnation = inc,
@@ -198,28 +336,23 @@ int main(int argc, char **argv)
                              .start_timeout_s = s.start_timeout_ms / 1000.0,
                              .poll_s = s.poll_ms / 1000.0,
                              .peer_lost_grace_s = 2 * s.ttl_ms / 1000.0,
-                             .stop = &stop_requested};
+                             .stop = &stop_requested, .tick = tick, .tick_user = tk,
+                             .endpoint = endpoint, .recovering = recovering,
+                             .previous_step = previous_step, .failed_at = last_detected,
+                             .teardown_s = last_teardown};
         watch_result_t r;
         watch_incarnation(&wc, &r);
-        if (inc > 0 && r.resume_step >= 0) {
-            f = cJSON_CreateObject();
-            cJSON_AddNumberToObject(f, "incarnation", inc);
-            cJSON_AddNumberToObject(f, "resume_step", (double)r.resume_step);
-            cJSON_AddNumberToObject(f, "steps_lost", (double)(previous_step - r.resume_step));
-            cJSON_AddNumberToObject(f, "teardown_s", last_teardown);
-            cJSON_AddNumberToObject(f, "detection_to_launch_s", r.launched_at - last_detected);
-            events_emit(&ev, "recovery", f);
-        }
         if (r.done) {
             f = cJSON_CreateObject();
             cJSON_AddNumberToObject(f, "incarnations", inc + 1);
             cJSON_AddNumberToObject(f, "restarts", restarts);
-            cJSON_AddNumberToObject(f, "step", (double)r.last_step);
+            cJSON_AddNumberToObject(f, "step", (double)(r.last_step >= 0 ? r.last_step
+                                                                           : info.steps));
             events_emit(&ev, "done", f);
             code = EXIT_DONE;
             break;
         }
-        double td = watch_teardown(mpirun, s.grace_ms / 1000.0);
+        double td = watch_teardown(mpirun, s.grace_ms / 1000.0, tick, tk);
         f = cJSON_CreateObject();
         cJSON_AddNumberToObject(f, "incarnation", inc);
         cJSON_AddNumberToObject(f, "teardown_s", td);
@@ -233,9 +366,24 @@ int main(int argc, char **argv)
             code = EXIT_SIGNALLED;
             break;
         }
+        if (tk->etcd_lost) {
+            snprintf(err, sizeof err, "the private etcd at %s exited and could not be started "
+                     "again", endpoint);
+            stop_event(&ev, err, EXIT_LAUNCHER);
+            break;
+        }
+        if (r.mpirun_exited && !r.n_registered) {
+            snprintf(err, sizeof err, "%s exited before any rank registered: see %s", s.mpirun,
+                     s.mpirun_log);
+            stop_event(&ev, err, EXIT_LAUNCHER);
+            break;
+        }
         last_detected = r.detected_at;
         last_teardown = td;
+        recovering = true;
         if (r.last_step > previous_step) previous_step = r.last_step;
+        int64_t settled = watch_last_step(&wc);
+        if (settled > previous_step) previous_step = settled;
         for (int i = 0; i < r.n_blamed; i++) {
             int slot = r.blamed[i];
             if (slot < 0 || slot >= total || failed[slot]) continue;
@@ -252,14 +400,21 @@ int main(int argc, char **argv)
             break;
         }
         int healthy[WATCH_MAX_RANKS], n_healthy = 0;
-        for (int i = 0; i < total; i++)
+        char failed_list[1024] = "";
+        for (int i = 0; i < total; i++) {
             if (!failed[i]) healthy[n_healthy++] = i;
+            else {
+                size_t l = strlen(failed_list);
+                snprintf(failed_list + l, sizeof failed_list - l, "%s%d", l ? "," : "", i);
+            }
+        }
         int max_world = n_healthy < s.max_world ? n_healthy : s.max_world;
         el_mesh_t next;
         if (max_world < s.min_world ||
             el_choose_mesh(&info.shape, max_world, s.min_world, &next) != MOE_STATUS_SUCCESS) {
-            snprintf(err, sizeof err, "%d healthy slots (min world %d): %s", n_healthy,
-                     s.min_world, max_world < s.min_world ? "too few" : moe_last_error());
+            snprintf(err, sizeof err, "%d healthy slots of %d (failed: %s; min world %d): %s",
+                     n_healthy, total, failed_list, s.min_world,
+                     max_world < s.min_world ? "too few" : moe_last_error());
             stop_event(&ev, err, EXIT_TOO_FEW);
             code = EXIT_TOO_FEW;
             break;
@@ -274,12 +429,19 @@ int main(int argc, char **argv)
         events_emit(&ev, "mesh", f);
         mesh = next;
     }
+    tk->mpirun = 0;
+    tick(tk); /* the last lines, the last zombies */
+    relay_pump(&tk->relay, true);
+    free(tk);
+out:
     free(failed);
     free(active);
-out:
     if (code != EXIT_DONE) fprintf(stderr, "moe_elastic: stopped (exit %d)\n", code);
+    moe_elastic_member_destroy(lease);
     el_etcd_destroy(etcd);
     etcd_server_stop(&server);
     events_close(&ev);
+    close(lock);
+    trainer_info_free(&info);
     return code;
 }

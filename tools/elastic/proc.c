@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,9 +33,13 @@ double proc_wall(void)
 
 pid_t proc_spawn_session(char *const argv[], const char *log_path)
 {
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0) return pid;
     setsid();
+    /* ends with the launcher (mpirun ends its ranks on SIGTERM), so nothing outlives it */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
     if (log_path) {
         int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (fd >= 0) {
@@ -198,4 +203,65 @@ int proc_run_capture(char *const argv[], double timeout_s, char *out, size_t len
     }
     proc_kill_session(pid, SIGKILL); /* anything it left behind */
     return status;
+}
+
+/* The value of OMPI_COMM_WORLD_RANK in pid's environment, or -1. */
+static int world_rank_of(pid_t pid)
+{
+    char path[64], buf[1 << 15];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    static const char var[] = "OMPI_COMM_WORLD_RANK=";
+    for (char *p = buf; p < buf + n; p += strlen(p) + 1)
+        if (!strncmp(p, var, sizeof var - 1)) return atoi(p + sizeof var - 1);
+    return -1;
+}
+
+typedef struct ranks {
+    pid_t *pids;
+    int world;
+    pid_t sid;
+} ranks_t;
+
+static void collect_rank(pid_t pid, char st, pid_t pp, void *user)
+{
+    ranks_t *r = user;
+    if (st == 'Z') return;
+    int k = world_rank_of(pid);
+    if (k < 0 || k >= r->world) return;
+    char pst;
+    pid_t ppp, psid;
+    /* a rank's own children inherit its variables: the rank is the one whose parent is not */
+    if (stat_of(pp, &pst, &ppp, &psid) && psid == r->sid && world_rank_of(pp) == k) return;
+    r->pids[k] = pid;
+}
+
+void proc_session_ranks(pid_t sid, pid_t *pids, int world)
+{
+    for (int k = 0; k < world; k++) pids[k] = 0;
+    ranks_t r = {pids, world, sid};
+    each_in_session(sid, collect_rank, &r);
+}
+
+void proc_reap_children(const pid_t *keep, int n_keep)
+{
+    DIR *d = opendir("/proc");
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end, st;
+        long pid = strtol(e->d_name, &end, 10);
+        pid_t pp, se;
+        if (*end || pid <= 0 || !stat_of((pid_t)pid, &st, &pp, &se)) continue;
+        if (st != 'Z' || pp != getpid()) continue;
+        bool kept = false;
+        for (int i = 0; i < n_keep; i++) kept |= keep[i] == (pid_t)pid;
+        if (!kept) waitpid((pid_t)pid, NULL, WNOHANG);
+    }
+    closedir(d);
 }

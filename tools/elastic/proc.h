@@ -14,7 +14,8 @@ double proc_now(void);   /* monotonic seconds */
 double proc_wall(void);  /* Unix time, seconds */
 
 /* fork + setsid + exec argv[0] (searched on PATH) with this process's environment; stdout and
- * stderr to log_path (appended) when not NULL. Returns the pid (= the session id) or -1. */
+ * stderr to log_path (appended) when not NULL. The child gets SIGTERM when the launcher dies
+ * (PR_SET_PDEATHSIG). Returns the pid (= the session id) or -1. */
 pid_t proc_spawn_session(char *const argv[], const char *log_path);
 /* Runs argv in its own session with stdout into out (NUL-terminated, truncated to len) and
  * stderr inherited; killed (the whole session) after timeout_s. Returns the wait status, or -1
@@ -29,6 +30,13 @@ size_t proc_kill_session(pid_t sid, int sig);
 /* Reaps the zombies of session sid that are this process's children (orphans reparented to
  * it: the launcher is their subreaper). */
 void proc_reap_session(pid_t sid);
+/* pids[k]: the live process of session sid whose OMPI_COMM_WORLD_RANK is k (0: none seen), for
+ * k < world. Open MPI gives every rank that variable before it runs the program, so a rank is
+ * found before it registers anywhere. */
+void proc_session_ranks(pid_t sid, pid_t *pids, int world);
+/* Reaps every exited child of this process (the launcher is the subreaper of its incarnations'
+ * orphans) except the pids in keep, whose exit status the caller reads itself. */
+void proc_reap_children(const pid_t *keep, int n_keep);
 /* The state letter of /proc/<pid>/stat (R, S, D, T stopped, Z zombie), 0 when gone. */
 char proc_state(pid_t pid);
 

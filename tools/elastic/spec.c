@@ -1,9 +1,12 @@
 /* The job spec (spec.h): options, and the trainer's model shape from its --print-config. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "core/env.h"
 #include "proc.h"
 #include "spec.h"
 #include "watch.h"
@@ -27,6 +30,7 @@ void job_spec_usage(FILE *f)
         "  --etcd URL           an existing etcd (http://host:port); default: a private one\n"
         "  --etcd-binary PATH   the private etcd's program, default etcd\n"
         "  --events FILE        JSON-lines events, default elastic-events.jsonl\n"
+        "  --mpirun-log FILE    mpirun's whole output (appended), default elastic-mpirun.log\n"
         "  --job NAME           etcd keys under /moe/NAME/, default job\n"
         "  --mpirun PATH        default mpirun\n"
         "  --mpirun-arg ARG     passed to mpirun (repeatable), e.g. --oversubscribe\n"
@@ -51,6 +55,7 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
     *s = (job_spec_t){.slots = 4, .min_world = 1, .max_world = 0, .ttl_ms = 5000,
                       .max_restarts = 10, .grace_ms = 2000, .start_timeout_ms = 60000,
                       .poll_ms = 100, .etcd_binary = "etcd", .events = "elastic-events.jsonl",
+                      .mpirun_log = "elastic-mpirun.log",
                       .mpirun = "mpirun", .job = "job"};
     int i = 1;
     for (; i < argc && strcmp(argv[i], "--"); i++) {
@@ -69,6 +74,7 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
         else if (!strcmp(a, "--etcd") && v) s->etcd = v, i++;
         else if (!strcmp(a, "--etcd-binary") && v) s->etcd_binary = v, i++;
         else if (!strcmp(a, "--events") && v) s->events = v, i++;
+        else if (!strcmp(a, "--mpirun-log") && v) s->mpirun_log = v, i++;
         else if (!strcmp(a, "--job") && v && *v && !strchr(v, '/')) s->job = v, i++;
         else if (!strcmp(a, "--mpirun") && v) s->mpirun = v, i++;
         else if (!strcmp(a, "--mpirun-arg") && v) {
@@ -120,6 +126,8 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
 {
     char np[16];
     snprintf(np, sizeof np, "%d", s->slots);
+    char np_all[16];
+    snprintf(np_all, sizeof np_all, "%d", s->slots + s->spares);
     char **argv = calloc((size_t)(s->n_mpirun_args + s->n_trainer + 8), sizeof *argv);
     if (!argv) {
         snprintf(err, len, "out of memory");
@@ -132,9 +140,25 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
     for (int i = 0; i < s->n_mpirun_args; i++) argv[n++] = (char *)s->mpirun_args[i];
     for (int i = 0; i < s->n_trainer; i++) argv[n++] = s->trainer[i];
     argv[n++] = "--print-config";
-    static char out[1 << 16];
-    int status = proc_run_capture(argv, 120.0, out, sizeof out);
+    argv[n++] = "--print-meshes"; /* the trainer's own list of valid meshes (mesh_choice.h) */
+    argv[n++] = np_all;
+    size_t cap = 16u << 20;
+    char *out = malloc(cap);
+    if (!out) {
+        free(argv);
+        snprintf(err, len, "out of memory");
+        return -1;
+    }
+    int status = proc_run_capture(argv, 120.0, out, cap);
     free(argv);
+    const char *root_ok = moe_env_string(MOE_ENV_OMPI_ALLOW_ROOT, NULL);
+    if (status != 0) free(out);
+    if (status != 0 && geteuid() == 0 && !(root_ok && *root_ok)) {
+        snprintf(err, len, "%s refused to run as root (Open MPI needs OMPI_ALLOW_RUN_AS_ROOT=1 "
+                 "and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the environment, or a user that is "
+                 "not root)", s->mpirun);
+        return -1;
+    }
     if (status != 0) {
         snprintf(err, len, "the trainer's --print-config on %d ranks failed (%s %d): its "
                  "arguments or mesh do not fit the job", s->slots,
@@ -143,13 +167,26 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
     }
     /* the JSON object is the output's first '{' to its end (rank 0 prints it alone) */
     cJSON *root = strchr(out, '{') ? cJSON_Parse(strchr(out, '{')) : NULL;
+    free(out);
     int missing = 0;
     el_model_shape_t *sh = &info->shape;
-    sh->experts = get_i64(root, "model", "experts", &missing);
-    sh->ffn_hidden = get_i64(root, "model", "ffn_hidden", &missing);
-    sh->layers = get_i64(root, "model", "layers", &missing);
-    sh->virtual_stages = get_i64(root, "train", "virtual_stages", &missing);
-    sh->batch = get_i64(root, "train", "batch", &missing);
+    const cJSON *meshes = cJSON_GetObjectItemCaseSensitive(root, "meshes");
+    int n_meshes = cJSON_IsArray(meshes) ? cJSON_GetArraySize(meshes) : 0;
+    el_mesh_t *valid = calloc((size_t)(n_meshes ? n_meshes : 1), sizeof *valid);
+    sh->valid = valid;
+    sh->n_valid = 0;
+    missing |= !cJSON_IsArray(meshes) || !valid;
+    for (const cJSON *m = cJSON_IsArray(meshes) ? meshes->child : NULL; m && valid; m = m->next) {
+        int64_t v[5];
+        bool ok = cJSON_IsArray(m) && cJSON_GetArraySize(m) == 5;
+        for (int k = 0; ok && k < 5; k++) {
+            const cJSON *x = cJSON_GetArrayItem(m, k);
+            ok = cJSON_IsNumber(x);
+            v[k] = ok ? (int64_t)x->valuedouble : 0;
+        }
+        missing |= !ok;
+        if (ok) valid[sh->n_valid++] = (el_mesh_t){v[0], v[1], v[2], v[3], v[4]};
+    }
     sh->job.microbatches = get_i64(root, "train", "microbatches", &missing);
     sh->job.tp = get_i64(root, "mesh", "tp", &missing);
     sh->job.ep = get_i64(root, "mesh", "ep", &missing);
@@ -163,8 +200,8 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
              cJSON_IsString(dir) ? dir->valuestring : "");
     cJSON_Delete(root);
     if (!root || missing) {
-        snprintf(err, len, "the trainer's --print-config is not the JSON moe_train prints "
-                 "(model, mesh, train, ckpt sections)");
+        snprintf(err, len, "the trainer's --print-config --print-meshes N is not the JSON "
+                 "moe_train prints (mesh, train, ckpt sections and the meshes list)");
         return -1;
     }
     if (!info->ckpt_dir[0] || info->ckpt_every <= 0) {
@@ -173,4 +210,11 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
         return -1;
     }
     return 0;
+}
+
+void trainer_info_free(trainer_info_t *info)
+{
+    free((void *)info->shape.valid);
+    info->shape.valid = NULL;
+    info->shape.n_valid = 0;
 }

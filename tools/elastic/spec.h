@@ -25,6 +25,7 @@ typedef struct job_spec {
     const char *etcd;           /* an existing etcd's endpoint; NULL: a private one */
     const char *etcd_binary;
     const char *events;         /* JSON-lines file */
+    const char *mpirun_log;     /* mpirun's whole output (the launcher relays it without noise) */
     const char *mpirun;
     const char *job;            /* keys under /moe/<job>/ */
     const char *mpirun_args[SPEC_MAX_MPIRUN_ARGS];
@@ -43,8 +44,12 @@ typedef struct trainer_info {
     char ckpt_dir[1024];
 } trainer_info_t;
 
-/* Runs the trainer with --print-config on the job's slots (so its own checks run on the job's
- * mesh) and reads the shape. Returns 0, or -1 with a message in err. */
+/* Runs the trainer with --print-config --print-meshes <slots + spares> on the job's slots (so
+ * its own checks run on the job's mesh) and reads the job's mesh, its settings and the list of
+ * meshes the trainer accepts (info->shape.valid, owned: trainer_info_free). Returns 0, or -1
+ * with a message in err. */
 int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, size_t len);
+
+void trainer_info_free(trainer_info_t *info);
 
 #endif /* MOE_TOOLS_SPEC_H */

@@ -22,7 +22,9 @@ typedef struct rank_view {
     int exit_code;
     int64_t exit_step;
     char cause[400];
-    pid_t pid;
+    pid_t pid;             /* from the member key */
+    pid_t proc_pid;        /* the rank's process, from mpirun's session or the member key */
+    double gone_at;        /* when its process was first seen gone (0: not yet) */
     char phase[16];
     int64_t step, resumed_step;
 } rank_view_t;
@@ -119,6 +121,65 @@ static cJSON *pid_list(const watch_config_t *c, const rank_view_t *v)
     return a;
 }
 
+/* The recovery event, at the recovered incarnation's first step. */
+static void recovery_event(const watch_config_t *c, const watch_result_t *r, double now)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "incarnation", c->incarnation);
+    cJSON_AddNumberToObject(f, "resume_step", (double)r->resume_step);
+    cJSON_AddNumberToObject(f, "steps_lost", (double)(c->previous_step - r->resume_step));
+    cJSON_AddNumberToObject(f, "teardown_s", c->teardown_s);
+    cJSON_AddNumberToObject(f, "detection_to_launch_s", r->launched_at - c->failed_at);
+    cJSON_AddNumberToObject(f, "detection_to_step_s", now - c->failed_at);
+    events_emit(c->events, "recovery", f);
+}
+
+/* Reports etcd going away or coming back (once each way). */
+static void etcd_state(const watch_config_t *c, bool answered, bool *down, double *down_since,
+                       double now)
+{
+    if (!answered && !*down) {
+        *down = true;
+        *down_since = now;
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "endpoint", c->endpoint ? c->endpoint : "");
+        cJSON_AddStringToObject(f, "error", moe_last_error());
+        cJSON_AddStringToObject(f, "effect", "ranks train on; failures are found by their "
+                                "processes until etcd answers");
+        events_emit(c->events, "etcd_unreachable", f);
+    } else if (answered && *down) {
+        *down = false;
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "endpoint", c->endpoint ? c->endpoint : "");
+        cJSON_AddNumberToObject(f, "down_s", now - *down_since);
+        events_emit(c->events, "etcd_reachable", f);
+    }
+}
+
+/* Rank processes gone without an exit record, or stopped. A gone process is blamed only once
+ * a read of etcd made after it was seen gone still shows no exit record (a rank writes its
+ * record and then exits: one poll may see the exit before the record), or, with etcd down,
+ * after a second. */
+static void check_processes(const watch_config_t *c, rank_view_t *v, bool read, double now,
+                            watch_result_t *r, cJSON *blame)
+{
+    pid_t found[WATCH_MAX_RANKS];
+    proc_session_ranks(c->mpirun, found, c->world);
+    for (int k = 0; k < c->world; k++) {
+        if (!v[k].proc_pid) v[k].proc_pid = found[k] ? found[k] : v[k].pid;
+        if (!v[k].proc_pid || v[k].exited) continue;
+        char st = proc_state(v[k].proc_pid);
+        if (st == 'T' || st == 't') {
+            add_blame(r, blame, c->slots[k], k, "stopped", "process stopped");
+        } else if (st == 0 || st == 'Z') {
+            if (!v[k].gone_at) v[k].gone_at = now;
+            else if (read || now - v[k].gone_at > 1.0)
+                add_blame(r, blame, c->slots[k], k, v[k].seen ? "process gone" :
+                          "process gone before it registered", NULL);
+        }
+    }
+}
+
 void watch_incarnation(const watch_config_t *c, watch_result_t *r)
 {
     memset(r, 0, sizeof *r);
@@ -133,8 +194,8 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
         r->detected_at = proc_now();
         return;
     }
-    double peer_lost_at = 0;
-    bool up = false, resumed = false, stepped = false, mpirun_done = false;
+    double peer_lost_at = 0, etcd_down_since = 0;
+    bool up = false, resumed = false, stepped = false, mpirun_done = false, etcd_down = false;
     int status = 0;
     double t_up = 0, t_resumed = 0;
     const char *reason = NULL;
@@ -146,9 +207,11 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
             reason = "launcher stopped";
             break;
         }
+        if (c->tick) c->tick(c->tick_user);
         if (!mpirun_done && waitpid(c->mpirun, &status, WNOHANG) == c->mpirun) mpirun_done = true;
         bool read = read_views(c, v);
         double now = proc_now();
+        etcd_state(c, read, &etcd_down, &etcd_down_since, now);
         int n_seen = 0, n_resumed = 0;
         for (int k = 0; k < c->world; k++) {
             n_seen += v[k].seen;
@@ -156,6 +219,7 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
             if (v[k].present && v[k].step > r->last_step) r->last_step = v[k].step;
             if (v[k].exited && v[k].exit_step > r->last_step) r->last_step = v[k].exit_step;
         }
+        r->n_registered = n_seen;
         if (!up && n_seen == c->world) {
             up = true;
             t_up = now;
@@ -185,6 +249,7 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
                 cJSON_AddNumberToObject(f, "first_step_s", now - t_resumed);
                 cJSON_AddNumberToObject(f, "since_launch_s", now - r->launched_at);
                 events_emit(c->events, "first_step", f);
+                if (c->recovering) recovery_event(c, r, now);
             }
         }
         /* failures, in order of what they say about the culprit */
@@ -197,6 +262,8 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
             if (v[k].seen && !v[k].present && !v[k].exited)
                 add_blame(r, blame, c->slots[k], k, "lease expired", NULL);
         }
+        /* after mpirun's own end its ranks' ends are its doing, not theirs */
+        if (!mpirun_done) check_processes(c, v, read, now, r, blame);
         for (int k = 0; read && !peer_lost_at && k < c->world; k++)
             if (v[k].exited && v[k].exit_code == MOE_EXIT_PEER_LOST) peer_lost_at = now;
         if (peer_lost_at && !r->n_blamed && now - peer_lost_at > c->peer_lost_grace_s)
@@ -205,25 +272,33 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
                     add_blame(r, blame, c->slots[k], k, "hung", "its peers lost it; it still runs");
         if (r->n_blamed) {
             reason = "rank lost";
-            blame_dead_processes(c, v, r, blame);
+            if (!mpirun_done) blame_dead_processes(c, v, r, blame);
             break;
         }
         if (mpirun_done) {
-            bool all_ok = true;
-            for (int k = 0; k < c->world; k++) all_ok &= v[k].exited && v[k].exit_code == 0;
-            if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && all_ok) {
-                read_views(c, v); /* the exit records' steps */
-                for (int k = 0; k < c->world; k++)
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+                /* under --enable-recovery mpirun exits 0 even when a rank exited non-zero, so
+                 * the exit records decide; with etcd gone mpirun's word is all there is */
+                if (!read_views(c, v)) {
+                    r->done = true;
+                    break;
+                }
+                for (int k = 0; k < c->world; k++) {
                     if (v[k].exit_step > r->last_step) r->last_step = v[k].exit_step;
-                r->done = true;
+                    if (!v[k].exited)
+                        add_blame(r, blame, c->slots[k], k, v[k].seen ? "no exit record" :
+                                  "exited before it registered", NULL);
+                }
+                if (!r->n_blamed) {
+                    r->done = true;
+                    break;
+                }
+                reason = "rank lost";
+                snprintf(detail, sizeof detail, "mpirun exited 0, but not every rank finished");
                 break;
             }
-            read_views(c, v); /* the last reports of ranks that ended with mpirun */
-            for (int k = 0; k < c->world; k++)
-                if (!v[k].exited || (v[k].exit_code != 0 && v[k].exit_code != MOE_EXIT_PEER_LOST))
-                    add_blame(r, blame, c->slots[k], k, v[k].exited ? "exit code" : "no exit record",
-                              v[k].cause);
-            snprintf(detail, sizeof detail, "mpirun %s %d",
+            r->mpirun_exited = true;
+            snprintf(detail, sizeof detail, "mpirun %s %d; no rank failed, so none is blamed",
                      WIFSIGNALED(status) ? "killed by signal" : "exited with",
                      WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
             reason = "mpirun exited";
@@ -252,7 +327,7 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
     free(v);
 }
 
-double watch_teardown(pid_t mpirun, double grace_s)
+double watch_teardown(pid_t mpirun, double grace_s, void (*tick)(void *), void *tick_user)
 {
     double t0 = proc_now();
     pid_t pids[WATCH_MAX_RANKS * 4];
@@ -265,10 +340,24 @@ double watch_teardown(pid_t mpirun, double grace_s)
         while (proc_now() < end) {
             waitpid(mpirun, NULL, WNOHANG);
             proc_reap_session(mpirun);
+            if (tick) tick(tick_user);
             if (proc_session(mpirun, pids, 1) == 0) return proc_now() - t0;
             usleep(10 * 1000);
         }
         proc_kill_session(mpirun, SIGKILL);
     }
     return -1;
+}
+
+int64_t watch_last_step(const watch_config_t *c)
+{
+    rank_view_t *v = calloc((size_t)c->world, sizeof *v);
+    int64_t last = -1;
+    if (v && read_views(c, v))
+        for (int k = 0; k < c->world; k++) {
+            if (v[k].seen && v[k].step > last) last = v[k].step;
+            if (v[k].exited && v[k].exit_step > last) last = v[k].exit_step;
+        }
+    free(v);
+    return last;
 }

@@ -3,12 +3,17 @@
  * (moe/elastic.h), until the job is done or an incarnation fails; then its end (the whole
  * session: SIGTERM, SIGKILL after the grace period; stopped ranks SIGKILLed at once).
  *
- * A failure is: a rank's lease expired (its member key is gone without an exit record: a
- * rank killed, stopped or hung), a rank reported an exit code other than 0 and
- * MOE_EXIT_PEER_LOST, ranks reported a lost peer (MOE_EXIT_PEER_LOST) and a rank that holds
- * its lease still runs peer_lost_grace_s later (hung where its keep-alive thread is not),
- * mpirun exited non-zero, or not every rank registered within the start timeout. The slots to blame are those, plus any rank whose process is then found gone or
- * stopped (two ranks lost at once); ranks that only report a lost peer are survivors.
+ * A failure is: a rank's process gone without an exit record, or stopped (ranks are found in
+ * mpirun's session by their OMPI_COMM_WORLD_RANK before they register, so a rank lost during
+ * start-up is blamed at once); a rank's lease expired (its member key is gone without an exit
+ * record: a rank killed, stopped or hung where its process cannot be seen); a rank reported an
+ * exit code other than 0 and MOE_EXIT_PEER_LOST; ranks reported a lost peer and a rank that
+ * holds its lease still runs peer_lost_grace_s later (hung where its keep-alive thread is
+ * not); mpirun exited (not a rank's failure: only ranks with a failing exit record are
+ * blamed); or not every rank registered within the start timeout (the unregistered ones are
+ * blamed). The slots to blame are those, plus any rank whose process is then found gone or
+ * stopped (two ranks lost at once); ranks that only report a lost peer are survivors. mpirun
+ * exiting 0 is the job done, whether or not etcd still answers.
  */
 #ifndef MOE_TOOLS_WATCH_H
 #define MOE_TOOLS_WATCH_H
@@ -32,11 +37,21 @@ typedef struct watch_config {
     pid_t mpirun;            /* leader of the incarnation's session */
     double start_timeout_s, poll_s, peer_lost_grace_s;
     volatile int *stop;      /* set by a signal: end the incarnation */
+    void (*tick)(void *user); /* called at every poll (etcd's supervision, the relay, reaping) */
+    void *tick_user;
+    const char *endpoint;    /* named in the etcd events */
+    /* after a failure: the recovery event is emitted at this incarnation's first step */
+    bool recovering;
+    int64_t previous_step;   /* the highest step reached before */
+    double failed_at;        /* monotonic s: the failure's detection */
+    double teardown_s;       /* the failed incarnation's end */
 } watch_config_t;
 
 typedef struct watch_result {
     bool done;               /* mpirun exited 0: the trainer finished */
     bool stopped;            /* *stop was set */
+    bool mpirun_exited;      /* mpirun ended by itself (killed or failed) with no rank to blame */
+    int n_registered;        /* ranks that registered */
     int n_blamed;
     int blamed[WATCH_MAX_RANKS];   /* slots to mark failed */
     int64_t last_step;       /* the highest step any rank reported */
@@ -46,7 +61,12 @@ typedef struct watch_result {
 
 /* Watches until done or failure (emitting ranks_up, resumed, first_step, failure). */
 void watch_incarnation(const watch_config_t *c, watch_result_t *r);
-/* Ends the session of mpirun; returns its seconds, or -1 when processes survived SIGKILL. */
-double watch_teardown(pid_t mpirun, double grace_s);
+/* The highest step in the incarnation's keys now (-1: none, or etcd did not answer). Read after
+ * the teardown: a rank's last steps reach etcd through its member thread, after the watch's
+ * last poll when the failure was found at once. */
+int64_t watch_last_step(const watch_config_t *c);
+/* Ends the session of mpirun (calling tick while it waits); returns its seconds, or -1 when
+ * processes survived SIGKILL. */
+double watch_teardown(pid_t mpirun, double grace_s, void (*tick)(void *), void *tick_user);
 
 #endif /* MOE_TOOLS_WATCH_H */
