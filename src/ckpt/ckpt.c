@@ -22,60 +22,6 @@
 #include "../core/error.h"
 #include "ckpt_internal.h"
 
-/* ---- shared by the handle's files ---------------------------------------------------------- */
-
-void ckpt_set_async_error(moe_ckpt_t *ck, moe_status_t st, const char *what)
-{
-    pthread_mutex_lock(&ck->mu);
-    if (ck->async_err == MOE_STATUS_SUCCESS) {
-        ck->async_err = st;
-        snprintf(ck->async_msg, sizeof ck->async_msg, "%s: %s", what, moe_last_error());
-    }
-    ck->st.state = MOE_CKPT_FAILED;
-    pthread_cond_broadcast(&ck->cv);
-    pthread_mutex_unlock(&ck->mu);
-    moe_log(ck->log, MOE_LOG_ERROR, "checkpoint: %s: %s", what, moe_last_error());
-}
-
-moe_status_t ckpt_take_async_error(moe_ckpt_t *ck, bool uploads)
-{
-    pthread_mutex_lock(&ck->mu);
-    moe_status_t st = ck->async_err;
-    char msg[1024];
-    if (st != MOE_STATUS_SUCCESS) {
-        snprintf(msg, sizeof msg, "%s", ck->async_msg);
-        ck->async_err = MOE_STATUS_SUCCESS;
-        ck->async_msg[0] = 0;
-        if (ck->st.state == MOE_CKPT_FAILED) ck->st.state = MOE_CKPT_IDLE;
-    } else if (uploads && ck->mirror_err != MOE_STATUS_SUCCESS) {
-        st = ck->mirror_err;
-        snprintf(msg, sizeof msg, "%s", ck->mirror_msg);
-        ck->mirror_err = MOE_STATUS_SUCCESS;
-        ck->mirror_msg[0] = 0;
-    }
-    pthread_mutex_unlock(&ck->mu);
-    if (st != MOE_STATUS_SUCCESS) return MOE_FAIL(st, "background checkpoint work failed: %s", msg);
-    return MOE_STATUS_SUCCESS;
-}
-
-bool ckpt_error_pending_locked(const moe_ckpt_t *ck, bool uploads)
-{
-    return ck->async_err != MOE_STATUS_SUCCESS ||
-           (uploads && ck->mirror_err != MOE_STATUS_SUCCESS);
-}
-
-void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len)
-{
-    char name[64];
-    ck_step_dirname(step, name, sizeof name);
-    snprintf(buf, len, "%s/%s", ck->dir, name);
-}
-
-bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads)
-{
-    return ck->st.pending_saves > 0 || (uploads && ckpt_mirror_busy_locked(ck));
-}
-
 /* ---- config -------------------------------------------------------------------------------- */
 
 moe_ckpt_config_t moe_ckpt_config_default(void)
