@@ -64,7 +64,7 @@
 #include "../runtime/runtime.h"
 
 #define CK_FORMAT_NAME "libmoe-checkpoint"
-#define CK_FORMAT_VERSION 2
+#define CK_FORMAT_VERSION 3
 #define CK_ALIGN 4096u
 #define CK_MANIFEST "manifest.json"
 #define CK_MAX_NAME 255

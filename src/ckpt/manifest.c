@@ -334,6 +334,7 @@ char *ck_manifest_build(int64_t step, uint64_t chunk_bytes, int32_t world, const
         while ((it = cJSON_DetachItemFromArray(arr, 0)) != NULL) cJSON_AddItemToArray(tensors, it);
         cJSON_Delete(arr);
     }
+    cJSON_AddNumberToObject(m, "piece_count", cJSON_GetArraySize(tensors));
     char *s = cJSON_Print(m);
     cJSON_Delete(m);
     return s;
