@@ -220,6 +220,8 @@ moe_status_t ck_load_dir(moe_runtime_t *rt, const char *stepdir, int64_t step,
 /* ==== the checkpointer handle ================================================================ */
 
 #define MOE_MAGIC_CKPT 0x4d4f45434b505431ull /* "MOECKPT1" */
+/* moe_ckpt_destroy's limit on the last upload (moe_ckpt_destroy_within takes another). */
+#define CKPT_DESTROY_TIMEOUT_MS 30000
 
 /* One pinned staging buffer of chunk_bytes: it carries the file range [off, off + len) of a
  * save from save_async to the writer thread and goes back to the free list once written. */
@@ -298,6 +300,7 @@ struct moe_ckpt {
     ck_s3_t *s3;
 
     int64_t last_saved_step;
+    int32_t destroy_timeout_ms;          /* moe_ckpt_destroy's limit (MOE_CKPT_DESTROY_...) */
     moe_ckpt_status_t st;
     moe_status_t async_err;              /* the local tier's first unreported failure */
     char async_msg[1024];
