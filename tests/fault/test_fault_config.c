@@ -13,6 +13,8 @@
  *                  rank 1 top_k 0 (its own config invalid)
  *   tp inputs      (tp = 2, ep = 2) rank 1 forwards 16 tokens where its tp peer forwards 32;
  *                  with MOE_CHECK_TP_INPUTS=1, rank 1's 32 tokens differ from its peer's
+ *   comm           rank 2 comm=MPI where the others say AUTO (host backend: both resolve to
+ *                  MPI, accepted); rank 1 comm=NCCL (refused, naming the resolved values)
  *   optimizer      (ep = 4) rank 2 lr 0.002; rank 3 weight_decay 0.1 and eps 1e-6; rank 0
  *                  beta2 2 (its own config invalid); at the first step, rank 1 alone clipping
  *                  (max_grad_norm 1), then rank 2 alone a cosine schedule
@@ -316,6 +318,23 @@ static void expect_pipeline_refused(moe_runtime_t *rt, float lr, float grad_scal
     if (st == MOE_STATUS_SUCCESS) moe_pipeline_destroy(pp);
 }
 
+/* comm is compared as resolved: AUTO and MPI agree on the host backend, NCCL does not. */
+static void t_comm_resolved(void)
+{
+    moe_runtime_t *rt = NULL;
+    setup_t s = base();
+    if (fault_rank == 2) s.mesh.comm = MOE_COMM_MPI;
+    s.rt.mesh = &s.mesh;
+    moe_status_t st = moe_runtime_create(&s.rt, &rt);
+    FCHECK(st == MOE_STATUS_SUCCESS, "AUTO and MPI on the host backend: %s", moe_last_error());
+    if (st == MOE_STATUS_SUCCESS) moe_runtime_destroy(rt);
+    s = base();
+    if (fault_rank == 1) s.mesh.comm = MOE_COMM_NCCL;
+    const char *n[] = {"comm (resolved: 1 MPI, 2 NCCL) is 1 on world rank 0 and 2 on world rank 1",
+                       NULL};
+    expect_refused(&s, "comm NCCL on one rank", n);
+}
+
 static void t_optimizer_and_pipeline(void)
 {
     moe_runtime_t *rt = runtime(1, 4);
@@ -355,6 +374,7 @@ int main(int argc, char **argv)
     t_runtime();
     t_layer();
     t_tp_inputs();
+    t_comm_resolved();
     t_optimizer_and_pipeline();
     /* the world is still usable */
     setup_t s = base();
