@@ -22,7 +22,7 @@
 #include "../core/error.h"
 #include "ckpt_internal.h"
 
-/* ---- gathering the piece lists --------------------------------------------------------------- */
+/* ---- gathering the piece lists ------------------------------------------------------------- */
 
 /* Rank 0 receives every rank's piece list (JSON text) and file size. */
 static moe_status_t gather_pieces(moe_ckpt_t *ck, moe_comm_t *c, const char *mine,
@@ -237,7 +237,7 @@ void *ckpt_writer_main(void *arg)
     return NULL;
 }
 
-/* ---- what is pending ------------------------------------------------------------------------ */
+/* ---- what is pending ----------------------------------------------------------------------- */
 
 bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads)
 {

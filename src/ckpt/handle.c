@@ -5,7 +5,6 @@
  * back into the handle's other files (ckpt_internal.h draws their order).
  */
 #include <dirent.h>
-#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -57,7 +56,7 @@ bool ckpt_error_pending_locked(const moe_ckpt_t *ck, bool uploads)
            (uploads && ck->mirror_err != MOE_STATUS_SUCCESS);
 }
 
-/* ---- steps on local disk -------------------------------------------------------------------- */
+/* ---- steps on local disk ------------------------------------------------------------------- */
 
 void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len)
 {

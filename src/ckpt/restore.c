@@ -5,7 +5,6 @@
  * fetched again from its S3 copy by rank 0, and a step bad everywhere falls back to the next
  * older one. A bad request (names, shapes) fails at once without a fallback.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
