@@ -119,10 +119,17 @@ MOE_API moe_ckpt_tensor_t moe_ckpt_tensor_whole(const char *name, const moe_tens
  * the bucket probe (an unreachable S3 is only logged: the mirror retries later). */
 MOE_API moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
                                      moe_ckpt_t **out);
-/* Waits for every queued save to finish and for the newest step's upload to finish or fail
- * (one more try when it failed before), then runs local retention and frees the
- * checkpointer. Returns the first background error not yet reported (the local tier's
- * first, then the mirror's). Collective. destroy(NULL) is a no-op. */
+/* Waits for every queued save to finish (no limit: the local tier), then for the newest
+ * step's upload to finish or fail (one more try when it failed before) for at most
+ * upload_timeout_ms (>= 0; 0: not at all), cancelling it after that; then runs local
+ * retention and frees the checkpointer. Returns the local tier's first unreported error,
+ * else the mirror's state as it is at the end: SUCCESS when the newest committed step is on
+ * S3 (an earlier failure that a later upload repaired is not reported), TIMEOUT when the
+ * limit cut the upload short, else the mirror's failure. The checkpointer is freed whatever
+ * the result. Collective (every rank passes the same limit). destroy(NULL) is a no-op. */
+MOE_API moe_status_t moe_ckpt_destroy_within(moe_ckpt_t *ck, int64_t upload_timeout_ms);
+/* moe_ckpt_destroy_within with the default limit: 30000 ms, or MOE_CKPT_DESTROY_TIMEOUT_MS
+ * (read at create). */
 MOE_API moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck);
 /* Stops background work as soon as possible (in-flight writes are abandoned and never
  * committed; uploads are cancelled), then frees the checkpointer. Not collective. */

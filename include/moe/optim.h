@@ -61,6 +61,9 @@ typedef struct moe_adamw_config {
 } moe_adamw_config_t;
 
 MOE_API moe_adamw_config_t moe_adamw_config_default(void);
+/* Collective over the runtime's pp stage (tp x ep x dp): the ranks compare lr, beta1, beta2,
+ * eps and weight_decay, and a difference is INVALID_ARGUMENT on every rank, naming the field
+ * and both values. */
 MOE_API moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *config,
                                       moe_adamw_t **out);
 MOE_API moe_status_t moe_adamw_destroy(moe_adamw_t *opt);
@@ -101,7 +104,9 @@ MOE_API moe_status_t moe_adamw_start_grad_sync(moe_adamw_t *opt, moe_layer_t *la
 /* One update of every registered parameter. With a mesh, gradients are first all-reduced
  * (averaged) over their data-parallel groups: reductions not started by
  * moe_adamw_start_grad_sync start here, then all are waited for. So the call is collective
- * (over the world when max_grad_norm is set).
+ * (over the world when max_grad_norm is set, and at the first step, which compares
+ * max_grad_norm and the schedule across the world: a difference is INVALID_ARGUMENT on every
+ * rank, naming the field and both values).
  * [in] lr > 0: this rate for this step (no schedule); MOE_ADAMW_LR_CONFIGURED: the configured
  * rate through the schedule. 0 is accepted as MOE_ADAMW_LR_CONFIGURED for programs written
  * before the constant (logged once per optimizer); any other value is INVALID_ARGUMENT. */

@@ -199,8 +199,10 @@ MOE_API moe_pipeline_config_t moe_pipeline_config_default(void);
 /* Build the executor for this rank's pp stage (the runtime's mesh coordinate on MOE_AXIS_PP;
  * a runtime without a mesh, or pp = 1, is a single stage running forward, loss and backward
  * per microbatch). [in] rt, config (act_ndim/act_shape required), callbacks (forward and
- * backward required; loss required on the last stage) [out] out. Not collective; the
- * callbacks struct is copied. */
+ * backward required; loss required on the last stage) [out] out. Collective over the
+ * runtime's pp stage (tp x ep x dp): its ranks compare lr and grad_scale, and a difference is
+ * INVALID_ARGUMENT on every rank, naming the field and both values. The callbacks struct is
+ * copied. */
 MOE_API moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t *config,
                                          const moe_pipeline_callbacks_t *callbacks,
                                          moe_pipeline_t **out);

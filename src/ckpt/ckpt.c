@@ -22,60 +22,6 @@
 #include "../core/error.h"
 #include "ckpt_internal.h"
 
-/* ---- shared by the handle's files ---------------------------------------------------------- */
-
-void ckpt_set_async_error(moe_ckpt_t *ck, moe_status_t st, const char *what)
-{
-    pthread_mutex_lock(&ck->mu);
-    if (ck->async_err == MOE_STATUS_SUCCESS) {
-        ck->async_err = st;
-        snprintf(ck->async_msg, sizeof ck->async_msg, "%s: %s", what, moe_last_error());
-    }
-    ck->st.state = MOE_CKPT_FAILED;
-    pthread_cond_broadcast(&ck->cv);
-    pthread_mutex_unlock(&ck->mu);
-    moe_log(ck->log, MOE_LOG_ERROR, "checkpoint: %s: %s", what, moe_last_error());
-}
-
-moe_status_t ckpt_take_async_error(moe_ckpt_t *ck, bool uploads)
-{
-    pthread_mutex_lock(&ck->mu);
-    moe_status_t st = ck->async_err;
-    char msg[1024];
-    if (st != MOE_STATUS_SUCCESS) {
-        snprintf(msg, sizeof msg, "%s", ck->async_msg);
-        ck->async_err = MOE_STATUS_SUCCESS;
-        ck->async_msg[0] = 0;
-        if (ck->st.state == MOE_CKPT_FAILED) ck->st.state = MOE_CKPT_IDLE;
-    } else if (uploads && ck->mirror_err != MOE_STATUS_SUCCESS) {
-        st = ck->mirror_err;
-        snprintf(msg, sizeof msg, "%s", ck->mirror_msg);
-        ck->mirror_err = MOE_STATUS_SUCCESS;
-        ck->mirror_msg[0] = 0;
-    }
-    pthread_mutex_unlock(&ck->mu);
-    if (st != MOE_STATUS_SUCCESS) return MOE_FAIL(st, "background checkpoint work failed: %s", msg);
-    return MOE_STATUS_SUCCESS;
-}
-
-bool ckpt_error_pending_locked(const moe_ckpt_t *ck, bool uploads)
-{
-    return ck->async_err != MOE_STATUS_SUCCESS ||
-           (uploads && ck->mirror_err != MOE_STATUS_SUCCESS);
-}
-
-void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len)
-{
-    char name[64];
-    ck_step_dirname(step, name, sizeof name);
-    snprintf(buf, len, "%s/%s", ck->dir, name);
-}
-
-bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads)
-{
-    return ck->st.pending_saves > 0 || (uploads && ckpt_mirror_busy_locked(ck));
-}
-
 /* ---- config -------------------------------------------------------------------------------- */
 
 moe_ckpt_config_t moe_ckpt_config_default(void)
@@ -215,6 +161,7 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     ck->loading_step = -1;
     ck->mir_want = ck->mir_round = ck->mir_failed = ck->mir_reconcile = ck->mir_drain_tried = -1;
     ck->last_saved_step = -1;
+    ck->destroy_timeout_ms = env_int("MOE_CKPT_DESTROY_TIMEOUT_MS", CKPT_DESTROY_TIMEOUT_MS, lg);
     ck->st.struct_size = sizeof ck->st;
     ck->st.last_committed_step = ck->st.last_uploaded_step = -1;
     ck->st.direct_io = c.use_direct_io != 0;
@@ -320,20 +267,70 @@ static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms,
     return MOE_STATUS_SUCCESS;
 }
 
+/* The mirror's state at the end of destroy, after the local tier's error: SUCCESS when the
+ * newest committed step (and a reconciled one) is on S3, whatever failed before; else the
+ * mirror's unreported failure, or TIMEOUT when destroy's limit cut the upload short. */
+static moe_status_t mirror_outcome(moe_ckpt_t *ck, bool timed_out, int64_t limit_ms)
+{
+    if (!ck->s3) return MOE_STATUS_SUCCESS;
+    pthread_mutex_lock(&ck->mu);
+    int64_t want = ck->mir_reconcile > ck->mir_want ? ck->mir_reconcile : ck->mir_want;
+    bool up = ck->mir_want <= ck->st.last_uploaded_step && ck->mir_reconcile < 0;
+    moe_status_t err = ck->mirror_err;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ck->mirror_msg);
+    ck->mirror_err = MOE_STATUS_SUCCESS;
+    ck->mirror_msg[0] = 0;
+    pthread_mutex_unlock(&ck->mu);
+    if (up) return MOE_STATUS_SUCCESS;
+    if (timed_out)
+        return MOE_FAIL(MOE_STATUS_TIMEOUT, "step %" PRId64 " is not on S3: its upload did not "
+                        "finish within destroy's limit (%" PRId64 " ms) and was cancelled%s%s",
+                        want, limit_ms, err ? "; before that: " : "", err ? msg : "");
+    if (err != MOE_STATUS_SUCCESS)
+        return MOE_FAIL(err, "background checkpoint work failed: %s", msg);
+    return MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "step %" PRId64 " is not on S3", want);
+}
+
 moe_status_t moe_ckpt_destroy(moe_ckpt_t *ck)
 {
     moe_error_clear();
     if (!ck) return MOE_STATUS_SUCCESS;
     MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    return moe_ckpt_destroy_within(ck, ck->destroy_timeout_ms);
+}
+
+moe_status_t moe_ckpt_destroy_within(moe_ckpt_t *ck, int64_t upload_timeout_ms)
+{
+    moe_error_clear();
+    if (!ck) return MOE_STATUS_SUCCESS;
+    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_CHECK_ARG(upload_timeout_ms >= 0, "upload_timeout_ms is %" PRId64 "; it must be >= 0",
+                  upload_timeout_ms);
     /* drain everything, whatever fails on the way: every save committed or failed, and the
-     * newest step's upload tried once more (not for ever: S3 may be down) */
+     * newest step's upload tried once more (not for ever: S3 may be down), for at most
+     * upload_timeout_ms */
     pthread_mutex_lock(&ck->mu);
     ck->mir_draining = true;
     ck->mir_drain_tried = -1;
     pthread_cond_broadcast(&ck->cv);
     pthread_mutex_unlock(&ck->mu);
-    moe_status_t st = wait_idle(ck, true, -1, false);
-    if (st == MOE_STATUS_SUCCESS) st = ckpt_take_async_error(ck, true);
+    moe_status_t st = wait_idle(ck, false, -1, false);
+    bool timed_out = false;
+    if (st == MOE_STATUS_SUCCESS && ck->s3) {
+        st = wait_idle(ck, true, upload_timeout_ms, false);
+        if (st == MOE_STATUS_TIMEOUT) { /* every rank times out together (ckpt_progress) */
+            timed_out = true;
+            st = MOE_STATUS_SUCCESS;
+            pthread_mutex_lock(&ck->mu);
+            ck->aborting = true; /* no further uploads start; the cancelled one is not news */
+            pthread_cond_broadcast(&ck->cv);
+            pthread_mutex_unlock(&ck->mu);
+            ck_s3_cancel(ck->s3);
+        }
+    }
+    if (st == MOE_STATUS_SUCCESS) st = ckpt_take_async_error(ck, false);
+    if (st == MOE_STATUS_SUCCESS) st = mirror_outcome(ck, timed_out, upload_timeout_ms);
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", moe_last_error());
     pthread_mutex_lock(&ck->mu);

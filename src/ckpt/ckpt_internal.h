@@ -4,22 +4,28 @@
  * The components (prefix ck_), each unaware of the handle:
  *   manifest.c  the on-disk format: layout of a rank's data file, manifest.json in and out,
  *               name/path validation (docs/checkpoint-format.md is the spec)
+ *   request.c   the checks of a caller's tensor list (save and load)
  *   writer.c    one data file written from pinned segments: io_uring + O_DIRECT, registered
  *               buffers, several requests in flight; pwrite fallback; the file-system helpers
  *   load.c      verify + read + reshard (box intersection) into the caller's tensors
  *   sigv4.c     AWS Signature V4 and the payload hashes (SHA-256), on libcrypto
  *   s3.c        the S3 client over libcurl: signed requests, multipart, retries
- * The checkpointer handle (struct moe_ckpt below; prefix ckpt_ for what its files share):
- *   ckpt.c      the public API's handle: config defaults, create / destroy / abort, status,
- *               poll, wait and the async error
- *   snapshot.c  save_async: the caller's tensors through pinned staging segments into this
- *               rank's data file (checksums, io_uring writes, fsync, rename)
+ * The checkpointer handle (struct moe_ckpt below; prefix ckpt_ for what its files share), its
+ * files top-down; each calls only the files below it:
+ *   ckpt.c      create / destroy / abort, config defaults, status, poll, wait     } the public
+ *   snapshot.c  save_async: checks, the job, the snapshot into staging segments   } entry points
+ *   restore.c   list and load: candidates newest first, fallback to older steps   } (one each)
+ *               and S3 copies
  *   commit.c    the writer thread, the commit (agreement between ranks, rank 0's manifest),
- *               local retention, the collective progress on the training thread
+ *               local retention, what is pending, the collective progress on the training
+ *               thread
+ *   shard.c     the staging segments and one save's data file on the writer thread
+ *               (checksums, io_uring writes, fsync, rename)
  *   mirror.c    the S3 thread: the newest committed step to S3 (one upload in flight, the
  *               newest waiting, failed steps tried again), the upload rounds of several
  *               ranks, the reconcile at create, S3 retention
- *   restore.c   list and load: candidates newest first, fallback to older steps and S3 copies
+ *   handle.c    what all of them share: the async error, step paths, the list of complete
+ *               local steps, the agreement of ranks on one value
  *
  * Data flow of one save (rank r, step N):
  *   save_async (training thread)          writer thread                    S3 thread
@@ -58,7 +64,7 @@
 #include "../runtime/runtime.h"
 
 #define CK_FORMAT_NAME "libmoe-checkpoint"
-#define CK_FORMAT_VERSION 2
+#define CK_FORMAT_VERSION 3
 #define CK_ALIGN 4096u
 #define CK_MANIFEST "manifest.json"
 #define CK_MAX_NAME 255
@@ -105,9 +111,6 @@ void ck_rank_filename(int32_t rank, char *buf, size_t len); /* "rank-00003.bin" 
 int ck_cmp_i64(const void *a, const void *b);
 bool ck_parse_step_dirname(const char *s, int64_t *step);
 void ck_manifest_free(ck_manifest_t *m);
-/* The tensor's box in its global tensor: global_shape and offset as given, or, where no global
- * shape was given (all zero), the local shape at offset 0. */
-void ck_tensor_box(const moe_ckpt_tensor_t *e, int64_t *global, int64_t *offset);
 void ck_pieces_free(ck_piece_t *p, int32_t n);
 /* Pieces of a save: validate the user's tensors and cut expert-split pieces; offsets in the
  * rank file assigned (aligned), returns the file size. */
@@ -127,6 +130,13 @@ moe_status_t ck_manifest_read(const char *stepdir, ck_manifest_t *out);
 /* Open a file of a checkpoint for reading: NOT_FOUND when missing, CORRUPT when it is not a
  * regular file (a FIFO would block the open for ever). */
 moe_status_t ck_open_regular(const char *path, int *fd);
+
+/* ---- request.c ---- */
+/* The tensor's box in its global tensor: global_shape and offset as given, or, where no global
+ * shape was given (all zero), the local shape at offset 0. */
+void ck_tensor_box(const moe_ckpt_tensor_t *e, int64_t *global, int64_t *offset);
+/* Validate a save or load request (names, shapes, boxes, expert ids) without a checkpoint. */
+moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count);
 
 /* ---- writer.c ---- */
 typedef struct ck_writer ck_writer_t;
@@ -206,12 +216,12 @@ moe_status_t ck_sigv4_sign(const ck_sigv4_request_t *r, char **creq, char **sts,
  * problems of the checkpoint (fall back) and INVALID_ARGUMENT for problems of the request. */
 moe_status_t ck_load_dir(moe_runtime_t *rt, const char *stepdir, int64_t step,
                          const moe_ckpt_tensor_t *t, int32_t count);
-/* Validate a load request (names, shapes) without a checkpoint. */
-moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count);
 
 /* ==== the checkpointer handle ================================================================ */
 
 #define MOE_MAGIC_CKPT 0x4d4f45434b505431ull /* "MOECKPT1" */
+/* moe_ckpt_destroy's limit on the last upload (moe_ckpt_destroy_within takes another). */
+#define CKPT_DESTROY_TIMEOUT_MS 30000
 
 /* One pinned staging buffer of chunk_bytes: it carries the file range [off, off + len) of a
  * save from save_async to the writer thread and goes back to the free list once written. */
@@ -290,6 +300,7 @@ struct moe_ckpt {
     ck_s3_t *s3;
 
     int64_t last_saved_step;
+    int32_t destroy_timeout_ms;          /* moe_ckpt_destroy's limit (MOE_CKPT_DESTROY_...) */
     moe_ckpt_status_t st;
     moe_status_t async_err;              /* the local tier's first unreported failure */
     char async_msg[1024];
@@ -297,41 +308,27 @@ struct moe_ckpt {
     char mirror_msg[1024];
 };
 
-/* ---- ckpt.c ---- */
+/* ---- handle.c (beneath every other file of the handle) ---- */
 /* Record a background failure (first one wins until reported). Caller holds no lock. */
 void ckpt_set_async_error(moe_ckpt_t *ck, moe_status_t st, const char *what);
 /* Return and clear the pending local error (with uploads: else the mirror's) as this
  * thread's error. */
 moe_status_t ckpt_take_async_error(moe_ckpt_t *ck, bool uploads);
-/* <dir>/step-<N> */
-void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len);
-/* Saves (and, with uploads, S3 uploads) still pending; the caller holds ck->mu. */
-bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads);
 /* An unreported failure a wait should return now (the mirror's only with uploads); the
  * caller holds ck->mu. */
 bool ckpt_error_pending_locked(const moe_ckpt_t *ck, bool uploads);
-
-/* ---- snapshot.c ---- */
-/* Writer thread: write job j's data file from its segments into stepdir (tmp, fsync, rename,
- * fsync dir); on success *pieces_json is this rank's piece list with the checksums. */
-moe_status_t ckpt_write_job(moe_ckpt_t *ck, ckpt_job_t *j, char *stepdir, char **pieces_json);
-void ckpt_job_free(ckpt_job_t *j);
-
-/* ---- commit.c ---- */
+/* <dir>/step-<N> */
+void ckpt_step_path(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len);
+/* Complete local checkpoints (a step directory with manifest.json), ascending, each step once
+ * (malloc'd). */
+moe_status_t ckpt_local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n);
+/* The directory of complete local step `step` into buf: <dir>/step-<12 digits>, else any
+ * other spelling of the number ("step-4"); false (buf: the padded name) when there is none. */
+bool ckpt_local_step_dir(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len);
 /* Every rank contributes v; *out gets their min or max (v itself without a communicator). */
 moe_status_t ckpt_agree(moe_comm_t *c, int32_t v, moe_reduce_op_t op, int32_t *out);
-/* The writer thread (arg: the handle): writes, commits (world of one) and retention. */
-void *ckpt_writer_main(void *arg);
-/* Commit the saves every rank has made durable, agree on a finished upload round (rank 0
- * then puts the manifest) and start the next one. With drain, repeat until nothing is
- * pending on any rank (saves, and uploads when asked), or timeout_ms passes on some rank, or
- * (stop_on_error) some rank has an unreported error. Collective; a no-op in a world of one. */
-moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms,
-                           bool stop_on_error);
-/* Wait until every queued save is committed (or failed), without taking the async error. */
-moe_status_t ckpt_drain_saves(moe_ckpt_t *ck);
 
-/* ---- mirror.c ---- */
+/* ---- mirror.c (uses handle.c) ---- */
 /* The S3 thread (arg: the handle). */
 void *ckpt_mirror_main(void *arg);
 /* Rank 0 at create: the newest local step, when S3 has neither it nor a newer one, becomes
@@ -354,12 +351,31 @@ int64_t ckpt_mirror_pending_locked(const moe_ckpt_t *ck);
 void ckpt_mirror_start_round(moe_ckpt_t *ck);
 moe_status_t ckpt_mirror_agree_upload(moe_ckpt_t *ck);
 
-/* ---- restore.c ---- */
-/* Complete local checkpoints (a step directory with manifest.json), ascending, each step once
- * (malloc'd). */
-moe_status_t ckpt_local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n);
-/* The directory of complete local step `step` into buf: <dir>/step-<12 digits>, else any
- * other spelling of the number ("step-4"); false (buf: the padded name) when there is none. */
-bool ckpt_local_step_dir(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len);
+/* ---- shard.c (uses handle.c) ---- */
+/* Take a free staging segment, allocating one while under budget, else waiting for the
+ * writer to release one. */
+moe_status_t ckpt_seg_acquire(moe_ckpt_t *ck, ckpt_seg_t **out);
+/* Return a segment to the free list (also the writer's completion callback: ck, segment). */
+void ckpt_seg_release(void *ck, void *seg);
+/* Writer thread: write job j's data file from its segments into stepdir (tmp, fsync, rename,
+ * fsync dir); on success *pieces_json is this rank's piece list with the checksums. */
+moe_status_t ckpt_write_job(moe_ckpt_t *ck, ckpt_job_t *j, char *stepdir, char **pieces_json);
+void ckpt_job_free(ckpt_job_t *j);
+
+/* ---- commit.c (uses shard.c, mirror.c, handle.c) ---- */
+/* The writer thread (arg: the handle): writes, commits (world of one) and retention. */
+void *ckpt_writer_main(void *arg);
+/* Saves (and, with uploads, S3 uploads) still pending; the caller holds ck->mu. */
+bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads);
+/* Commit the saves every rank has made durable, agree on a finished upload round (rank 0
+ * then puts the manifest) and start the next one. With drain, repeat until nothing is
+ * pending on any rank (saves, and uploads when asked), or timeout_ms passes on some rank, or
+ * (stop_on_error) some rank has an unreported error. Collective; a no-op in a world of one. */
+moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t timeout_ms,
+                           bool stop_on_error);
+/* Wait until every queued save is committed (or failed), without taking the async error. */
+moe_status_t ckpt_drain_saves(moe_ckpt_t *ck);
+
+/* ckpt.c, snapshot.c and restore.c hold the public calls and declare nothing here. */
 
 #endif /* MOE_CKPT_INTERNAL_H */

@@ -22,14 +22,7 @@
 #include "../core/error.h"
 #include "ckpt_internal.h"
 
-/* ---- agreement between ranks --------------------------------------------------------------- */
-
-moe_status_t ckpt_agree(moe_comm_t *c, int32_t v, moe_reduce_op_t op, int32_t *out)
-{
-    *out = v;
-    if (!c) return MOE_STATUS_SUCCESS;
-    return moe_comm_allreduce_copy(c, &v, out, 1, MOE_COMM_I32, op);
-}
+/* ---- gathering the piece lists ------------------------------------------------------------- */
 
 /* Rank 0 receives every rank's piece list (JSON text) and file size. */
 static moe_status_t gather_pieces(moe_ckpt_t *ck, moe_comm_t *c, const char *mine,
@@ -242,6 +235,13 @@ void *ckpt_writer_main(void *arg)
         if (ck->world == 1) ckpt_job_free(j);
     }
     return NULL;
+}
+
+/* ---- what is pending ----------------------------------------------------------------------- */
+
+bool ckpt_busy_locked(const moe_ckpt_t *ck, bool uploads)
+{
+    return ck->st.pending_saves > 0 || (uploads && ckpt_mirror_busy_locked(ck));
 }
 
 /* ---- collective progress (world > 1), on the training thread ------------------------------- */

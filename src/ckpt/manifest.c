@@ -123,17 +123,6 @@ void ck_pieces_free(ck_piece_t *p, int32_t n)
     free(p);
 }
 
-void ck_tensor_box(const moe_ckpt_tensor_t *e, int64_t *global, int64_t *offset)
-{
-    const moe_tensor_t *x = &e->tensor;
-    bool given = false;
-    for (int d = 0; d < x->ndim; d++) given |= e->global_shape[d] != 0;
-    for (int d = 0; d < x->ndim; d++) {
-        global[d] = given ? e->global_shape[d] : x->shape[d];
-        offset[d] = given ? e->offset[d] : 0;
-    }
-}
-
 void ck_manifest_free(ck_manifest_t *m)
 {
     if (!m) return;
@@ -144,84 +133,6 @@ void ck_manifest_free(ck_manifest_t *m)
 }
 
 /* ---- layout of a save -------------------------------------------------------------------- */
-
-static int cmp_str_ptr(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count)
-{
-    MOE_CHECK_ARG(count >= 0, "tensor count is %d", count);
-    MOE_CHECK_ARG(count == 0 || t != NULL, "tensors is NULL with count %d", count);
-    for (int32_t i = 0; i < count; i++) {
-        const moe_ckpt_tensor_t *e = &t[i];
-        MOE_CHECK_ARG(ck_valid_name(e->name),
-                      "tensors[%d].name is %s%s%s: names are 1..255 characters of "
-                      "[A-Za-z0-9._/-] in /-separated parts other than . and ..", i, e->name ? "\"" : "", e->name ? e->name : "NULL",
-                      e->name ? "\"" : "");
-        const moe_tensor_t *x = &e->tensor;
-        MOE_CHECK_ARG(moe_dtype_size(x->dtype) != 0, "tensor %s: unknown dtype %d", e->name,
-                      (int)x->dtype);
-        MOE_CHECK_ARG(x->ndim >= 1 && x->ndim <= MOE_MAX_DIMS, "tensor %s: ndim %d (1..%d)",
-                      e->name, x->ndim, MOE_MAX_DIMS);
-        MOE_CHECK_ARG(x->device == MOE_DEVICE_HOST || x->device == MOE_DEVICE_CUDA,
-                      "tensor %s: unknown device %d", e->name, (int)x->device);
-        int64_t gs[MOE_MAX_DIMS], go[MOE_MAX_DIMS];
-        ck_tensor_box(e, gs, go);
-        int64_t numel = 1;
-        for (int d = 0; d < x->ndim; d++) {
-            MOE_CHECK_ARG(x->shape[d] >= 0, "tensor %s: shape[%d] = %" PRId64, e->name, d,
-                          x->shape[d]);
-            numel *= x->shape[d];
-            int64_t g = gs[d], o = go[d];
-            MOE_CHECK_ARG(o >= 0 && g >= 0, "tensor %s: offset[%d] = %" PRId64
-                          ", global_shape[%d] = %" PRId64, e->name, d, o, d, g);
-            if (!(e->expert_ids && d == e->expert_dim))
-                MOE_CHECK_ARG(o + x->shape[d] <= g,
-                              "tensor %s: dimension %d: offset %" PRId64 " + local %" PRId64
-                              " exceeds global %" PRId64, e->name, d, o, x->shape[d], g);
-        }
-        MOE_CHECK_ARG(numel == 0 || x->data != NULL, "tensor %s: data is NULL", e->name);
-        MOE_CHECK_ARG(e->expert_dim >= -1 && e->expert_dim < x->ndim,
-                      "tensor %s: expert_dim %d (ndim %d)", e->name, e->expert_dim, x->ndim);
-        if (e->expert_ids) {
-            int ed = e->expert_dim;
-            MOE_CHECK_ARG(ed >= 0, "tensor %s: expert_ids given but expert_dim is -1", e->name);
-            for (int d = 0; d < ed; d++)
-                MOE_CHECK_ARG(x->shape[d] == 1,
-                              "tensor %s: expert_ids need every dimension before expert_dim %d"
-                              " to have extent 1 (dimension %d has %" PRId64 ")", e->name, ed,
-                              d, x->shape[d]);
-            int64_t g = gs[ed];
-            for (int64_t k = 0; k < x->shape[ed]; k++) {
-                MOE_CHECK_ARG(e->expert_ids[k] >= 0 && e->expert_ids[k] < g,
-                              "tensor %s: expert_ids[%" PRId64 "] = %d outside [0, %" PRId64 ")",
-                              e->name, k, e->expert_ids[k], g);
-                for (int64_t j = 0; j < k; j++)
-                    MOE_CHECK_ARG(e->expert_ids[j] != e->expert_ids[k],
-                                  "tensor %s: expert id %d appears twice", e->name,
-                                  e->expert_ids[k]);
-            }
-        }
-    }
-    if (count > 1) {
-        const char **names = malloc(sizeof *names * (size_t)count);
-        if (!names) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "name table");
-        for (int32_t i = 0; i < count; i++) names[i] = t[i].name;
-        qsort(names, (size_t)count, sizeof *names, cmp_str_ptr);
-        for (int32_t i = 1; i < count; i++)
-            if (!strcmp(names[i - 1], names[i])) {
-                moe_status_t st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
-                                           "tensor name \"%s\" appears more than once",
-                                           names[i]);
-                free(names);
-                return st;
-            }
-        free(names);
-    }
-    return MOE_STATUS_SUCCESS;
-}
 
 static uint64_t align_up(uint64_t x) { return (x + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN; }
 
@@ -423,6 +334,7 @@ char *ck_manifest_build(int64_t step, uint64_t chunk_bytes, int32_t world, const
         while ((it = cJSON_DetachItemFromArray(arr, 0)) != NULL) cJSON_AddItemToArray(tensors, it);
         cJSON_Delete(arr);
     }
+    cJSON_AddNumberToObject(m, "piece_count", cJSON_GetArraySize(tensors));
     char *s = cJSON_Print(m);
     cJSON_Delete(m);
     return s;
@@ -499,39 +411,36 @@ static bool has_nul(const char *text, size_t len)
     return false;
 }
 
-moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
+/* The header: format, version, library version, checksum kind, step, chunk size, mesh and
+ * (version 3) the piece count. */
+static moe_status_t parse_header(const cJSON *m, ck_manifest_t *out, uint64_t *npieces)
 {
-    memset(out, 0, sizeof *out);
-    if (has_nul(text, len)) return BAD("contains a NUL character (raw or \\u0000)");
-    cJSON *m = cJSON_ParseWithLength(text, len);
-    if (!m) return BAD("not valid JSON");
-    moe_status_t st = MOE_STATUS_SUCCESS;
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(m, "format");
     uint64_t ver, step, chunk;
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, CK_FORMAT_NAME)) {
-        st = BAD("\"format\" is not \"%s\"", CK_FORMAT_NAME);
-        goto fail;
+        return BAD("\"format\" is not \"%s\"", CK_FORMAT_NAME);
     }
-    if (!get_u64(m, "format_version", &ver) || ver != CK_FORMAT_VERSION) {
-        st = BAD("unsupported format_version (this library reads %d: version 1 has no piece "
-                 "bindings)", CK_FORMAT_VERSION);
-        goto fail;
+    if (!get_u64(m, "format_version", &ver) || ver < 2 || ver > CK_FORMAT_VERSION) {
+        return BAD("unsupported format_version (this library reads 2 and %d: version 1 has no "
+                   "piece bindings)", CK_FORMAT_VERSION);
+    }
+    /* version 3 counts its pieces, so a piece entry removed is damage, not a missing tensor */
+    *npieces = UINT64_MAX;
+    if (ver >= 3 && !get_u64(m, "piece_count", npieces)) {
+        return BAD("\"piece_count\" is missing or invalid");
     }
     const cJSON *lib = cJSON_GetObjectItemCaseSensitive(m, "library_version");
     const cJSON *sum = cJSON_GetObjectItemCaseSensitive(m, "checksum");
     if (!cJSON_IsString(lib)) {
-        st = BAD("\"library_version\" (a string) is missing");
-        goto fail;
+        return BAD("\"library_version\" (a string) is missing");
     }
     if (!cJSON_IsString(sum) || strcmp(sum->valuestring, "xxh3_64") != 0) {
         bool named = cJSON_IsString(sum);
-        st = BAD("\"checksum\" is %s%.40s%s; this library knows \"xxh3_64\"", named ? "\"" : "",
-                 named ? sum->valuestring : "missing", named ? "\"" : "");
-        goto fail;
+        return BAD("\"checksum\" is %s%.40s%s; this library knows \"xxh3_64\"",
+                   named ? "\"" : "", named ? sum->valuestring : "missing", named ? "\"" : "");
     }
     if (!get_u64(m, "step", &step) || !get_u64(m, "chunk_bytes", &chunk) || chunk == 0) {
-        st = BAD("missing or invalid step / chunk_bytes");
-        goto fail;
+        return BAD("missing or invalid step / chunk_bytes");
     }
     out->step = (int64_t)step;
     out->chunk_bytes = chunk;
@@ -539,164 +448,142 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
     const char *axes[4] = {"tp", "ep", "dp", "pp"};
     uint64_t w = 0;
     if (!cJSON_IsObject(mesh) || !get_u64(mesh, "world", &w) || w < 1 || w > (1u << 20)) {
-        st = BAD("missing or invalid mesh");
-        goto fail;
+        return BAD("missing or invalid mesh");
     }
     out->world = (int32_t)w;
     for (int a = 0; a < 4; a++) {
         uint64_t v = 1;
         if (!get_u64(mesh, axes[a], &v) || v < 1 || v > w) {
-            st = BAD("mesh.%s is missing or invalid", axes[a]);
-            goto fail;
+            return BAD("mesh.%s is missing or invalid", axes[a]);
         }
         out->mesh[a] = (int32_t)v;
     }
-    const cJSON *files = cJSON_GetObjectItemCaseSensitive(m, "files");
-    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(m, "tensors");
-    if (!cJSON_IsArray(files) || !cJSON_IsArray(tensors)) {
-        st = BAD("\"files\" and \"tensors\" must be arrays");
-        goto fail;
-    }
-    int nf = cJSON_GetArraySize(files), nt = cJSON_GetArraySize(tensors);
-    out->files = calloc((size_t)(nf ? nf : 1), sizeof *out->files);
-    out->pieces = calloc((size_t)(nt ? nt : 1), sizeof *out->pieces);
-    if (!out->files || !out->pieces) {
-        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest tables");
-        goto fail;
-    }
+    return MOE_STATUS_SUCCESS;
+}
+
+/* The "files" array: plain names inside the step directory, each once. */
+static moe_status_t parse_files(const cJSON *files, ck_manifest_t *out)
+{
     const cJSON *x;
     cJSON_ArrayForEach(x, files)
     {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(x, "path");
         uint64_t bytes, rank;
         if (!cJSON_IsString(p) || !get_u64(x, "bytes", &bytes) || !get_u64(x, "rank", &rank)) {
-            st = BAD("files[%d] lacks path / bytes / rank", out->nfiles);
-            goto fail;
+            return BAD("files[%d] lacks path / bytes / rank", out->nfiles);
         }
         if (!ck_valid_file_name(p->valuestring)) {
-            st = BAD("files[%d].path \"%.80s\" is not a plain file name inside the checkpoint "
-                     "directory (rejected)", out->nfiles, p->valuestring);
-            goto fail;
+            return BAD("files[%d].path \"%.80s\" is not a plain file name inside the checkpoint "
+                       "directory (rejected)", out->nfiles, p->valuestring);
         }
         for (int32_t j = 0; j < out->nfiles; j++)
             if (!strcmp(out->files[j].path, p->valuestring)) {
-                st = BAD("file \"%s\" listed twice", p->valuestring);
-                goto fail;
+                return BAD("file \"%s\" listed twice", p->valuestring);
             }
         ck_file_t *f = &out->files[out->nfiles++];
         f->path = strdup(p->valuestring);
         f->bytes = bytes;
         if (!f->path) {
-            st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest path");
-            goto fail;
+            return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest path");
         }
     }
-    cJSON_ArrayForEach(x, tensors)
+    return MOE_STATUS_SUCCESS;
+}
+
+/* One entry of "tensors" as piece q (index idx): name, dtype, box, place in its file, chunk
+ * checksums and the binding over all of them. */
+static moe_status_t parse_piece(const cJSON *x, int idx, ck_manifest_t *out, ck_piece_t *q)
+{
+    uint64_t chunk = out->chunk_bytes;
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(x, "dtype");
+    const cJSON *fl = cJSON_GetObjectItemCaseSensitive(x, "file");
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(x, "xxh3_64");
+    if (!cJSON_IsString(nm) || !ck_valid_name(nm->valuestring)) {
+        return BAD("tensors[%d].name is missing or invalid", idx);
+    }
+    q->name = strdup(nm->valuestring);
+    if (!q->name) {
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest name");
+    }
+    if (!cJSON_IsString(dt) || !parse_dtype(dt->valuestring, &q->dtype)) {
+        return BAD("tensor %s: dtype missing or not f32/bf16", q->name);
+    }
+    int n1 = get_shape(x, "global_shape", q->global_shape);
+    int n2 = get_shape(x, "slice_start", q->start);
+    int n3 = get_shape(x, "slice_shape", q->extent);
+    if (n1 < 0 || n1 != n2 || n1 != n3) {
+        return BAD("tensor %s: global_shape / slice_start / slice_shape malformed", q->name);
+    }
+    q->ndim = n1;
+    uint64_t numel = 1, gnumel = 1;
+    for (int d = 0; d < q->ndim; d++) {
+        if (q->start[d] + q->extent[d] > q->global_shape[d]) {
+            return BAD("tensor %s: slice exceeds the global shape in dimension %d", q->name, d);
+        }
+        if (__builtin_mul_overflow(numel, (uint64_t)q->extent[d], &numel) ||
+            __builtin_mul_overflow(gnumel, (uint64_t)q->global_shape[d], &gnumel) ||
+            (double)gnumel > MAX_EXACT) {
+            return BAD("tensor %s: global shape has more than 2^53 elements", q->name);
+        }
+    }
+    if (!cJSON_IsString(fl)) {
+        return BAD("tensor %s: file missing", q->name);
+    }
+    if (!ck_valid_file_name(fl->valuestring)) {
+        return BAD("tensor %s: file \"%.80s\" is not a plain file name inside the checkpoint "
+                   "directory (rejected)", q->name, fl->valuestring);
+    }
+    q->file = -1;
+    for (int32_t j = 0; j < out->nfiles; j++)
+        if (!strcmp(out->files[j].path, fl->valuestring)) q->file = j;
+    if (q->file < 0) {
+        return BAD("tensor %s: file \"%s\" is not in \"files\"", q->name, fl->valuestring);
+    }
+    if (!get_u64(x, "offset", &q->offset) || !get_u64(x, "length", &q->length) ||
+        q->length != numel * moe_dtype_size(q->dtype) ||
+        q->offset + q->length > out->files[q->file].bytes) {
+        return BAD("tensor %s: offset/length invalid or outside its file", q->name);
+    }
+    if (q->offset % CK_ALIGN != 0) {
+        return BAD("tensor %s: offset %" PRIu64 " is not a multiple of %u", q->name, q->offset,
+                   CK_ALIGN);
+    }
+    uint64_t want = (q->length + chunk - 1) / chunk;
+    if (!cJSON_IsArray(cs) || (uint64_t)cJSON_GetArraySize(cs) != want) {
+        return BAD("tensor %s: expected %" PRIu64 " xxh3_64 checksums", q->name, want);
+    }
+    q->nchunks = (uint32_t)want;
+    q->xxh = calloc(want ? want : 1, sizeof *q->xxh);
+    if (!q->xxh) {
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "checksums");
+    }
+    uint32_t c = 0;
+    const cJSON *h;
+    cJSON_ArrayForEach(h, cs)
     {
-        int idx = out->npieces;
-        ck_piece_t *q = &out->pieces[out->npieces++];
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
-        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(x, "dtype");
-        const cJSON *fl = cJSON_GetObjectItemCaseSensitive(x, "file");
-        const cJSON *cs = cJSON_GetObjectItemCaseSensitive(x, "xxh3_64");
-        if (!cJSON_IsString(nm) || !ck_valid_name(nm->valuestring)) {
-            st = BAD("tensors[%d].name is missing or invalid", idx);
-            goto fail;
-        }
-        q->name = strdup(nm->valuestring);
-        if (!q->name) {
-            st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest name");
-            goto fail;
-        }
-        if (!cJSON_IsString(dt) || !parse_dtype(dt->valuestring, &q->dtype)) {
-            st = BAD("tensor %s: dtype missing or not f32/bf16", q->name);
-            goto fail;
-        }
-        int n1 = get_shape(x, "global_shape", q->global_shape);
-        int n2 = get_shape(x, "slice_start", q->start);
-        int n3 = get_shape(x, "slice_shape", q->extent);
-        if (n1 < 0 || n1 != n2 || n1 != n3) {
-            st = BAD("tensor %s: global_shape / slice_start / slice_shape malformed", q->name);
-            goto fail;
-        }
-        q->ndim = n1;
-        uint64_t numel = 1, gnumel = 1;
-        for (int d = 0; d < q->ndim; d++) {
-            if (q->start[d] + q->extent[d] > q->global_shape[d]) {
-                st = BAD("tensor %s: slice exceeds the global shape in dimension %d", q->name, d);
-                goto fail;
-            }
-            if (__builtin_mul_overflow(numel, (uint64_t)q->extent[d], &numel) ||
-                __builtin_mul_overflow(gnumel, (uint64_t)q->global_shape[d], &gnumel) ||
-                (double)gnumel > MAX_EXACT) {
-                st = BAD("tensor %s: global shape has more than 2^53 elements", q->name);
-                goto fail;
-            }
-        }
-        if (!cJSON_IsString(fl)) {
-            st = BAD("tensor %s: file missing", q->name);
-            goto fail;
-        }
-        if (!ck_valid_file_name(fl->valuestring)) {
-            st = BAD("tensor %s: file \"%.80s\" is not a plain file name inside the checkpoint "
-                     "directory (rejected)", q->name, fl->valuestring);
-            goto fail;
-        }
-        q->file = -1;
-        for (int32_t j = 0; j < out->nfiles; j++)
-            if (!strcmp(out->files[j].path, fl->valuestring)) q->file = j;
-        if (q->file < 0) {
-            st = BAD("tensor %s: file \"%s\" is not in \"files\"", q->name, fl->valuestring);
-            goto fail;
-        }
-        if (!get_u64(x, "offset", &q->offset) || !get_u64(x, "length", &q->length) ||
-            q->length != numel * moe_dtype_size(q->dtype) ||
-            q->offset + q->length > out->files[q->file].bytes) {
-            st = BAD("tensor %s: offset/length invalid or outside its file", q->name);
-            goto fail;
-        }
-        if (q->offset % CK_ALIGN != 0) {
-            st = BAD("tensor %s: offset %" PRIu64 " is not a multiple of %u", q->name, q->offset,
-                     CK_ALIGN);
-            goto fail;
-        }
-        uint64_t want = (q->length + chunk - 1) / chunk;
-        if (!cJSON_IsArray(cs) || (uint64_t)cJSON_GetArraySize(cs) != want) {
-            st = BAD("tensor %s: expected %" PRIu64 " xxh3_64 checksums", q->name, want);
-            goto fail;
-        }
-        q->nchunks = (uint32_t)want;
-        q->xxh = calloc(want ? want : 1, sizeof *q->xxh);
-        if (!q->xxh) {
-            st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "checksums");
-            goto fail;
-        }
-        uint32_t c = 0;
-        const cJSON *h;
-        cJSON_ArrayForEach(h, cs)
-        {
-            if (!cJSON_IsString(h) || !parse_hex64(h->valuestring, &q->xxh[c++])) {
-                st = BAD("tensor %s: checksum %u is not 16 lower-case hex digits", q->name,
-                         c - 1);
-                goto fail;
-            }
-        }
-        const cJSON *bd = cJSON_GetObjectItemCaseSensitive(x, "binding_xxh3_64");
-        uint64_t want_b, have_b;
-        if (!cJSON_IsString(bd) || !parse_hex64(bd->valuestring, &have_b)) {
-            st = BAD("tensor %s: binding_xxh3_64 missing or not 16 lower-case hex digits", q->name);
-            goto fail;
-        }
-        st = piece_binding(out->step, chunk, q, out->files[q->file].path, &want_b);
-        if (st != MOE_STATUS_SUCCESS) goto fail;
-        if (want_b != have_b) {
-            st = BAD("tensor %s: the piece at offset %" PRIu64 " of %s does not match its binding "
-                     "(%016" PRIx64 ", computed %016" PRIx64 "): the manifest was altered",
-                     q->name, q->offset, out->files[q->file].path, have_b, want_b);
-            goto fail;
+        if (!cJSON_IsString(h) || !parse_hex64(h->valuestring, &q->xxh[c++])) {
+            return BAD("tensor %s: checksum %u is not 16 lower-case hex digits", q->name,
+                       c - 1);
         }
     }
-    /* the pieces of one tensor describe one tensor: the same dtype and global shape */
+    const cJSON *bd = cJSON_GetObjectItemCaseSensitive(x, "binding_xxh3_64");
+    uint64_t want_b, have_b;
+    if (!cJSON_IsString(bd) || !parse_hex64(bd->valuestring, &have_b)) {
+        return BAD("tensor %s: binding_xxh3_64 missing or not 16 lower-case hex digits", q->name);
+    }
+    MOE_TRY(piece_binding(out->step, chunk, q, out->files[q->file].path, &want_b));
+    if (want_b != have_b) {
+        return BAD("tensor %s: the piece at offset %" PRIu64 " of %s does not match its binding "
+                   "(%016" PRIx64 ", computed %016" PRIx64 "): the manifest was altered",
+                   q->name, q->offset, out->files[q->file].path, have_b, want_b);
+    }
+    return MOE_STATUS_SUCCESS;
+}
+
+/* The pieces of one tensor describe one tensor: the same dtype and global shape. */
+static moe_status_t check_tensors_agree(const ck_manifest_t *out)
+{
     for (int32_t i = 0; i < out->npieces; i++)
         for (int32_t j = 0; j < i; j++) {
             const ck_piece_t *a = &out->pieces[j], *b = &out->pieces[i];
@@ -704,12 +591,47 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
             bool same = a->dtype == b->dtype && a->ndim == b->ndim;
             for (int d = 0; same && d < a->ndim; d++)
                 same = a->global_shape[d] == b->global_shape[d];
-            if (!same) {
-                st = BAD("the pieces of tensor %s disagree on its dtype or global shape", a->name);
-                goto fail;
-            }
+            if (!same)
+                return BAD("the pieces of tensor %s disagree on its dtype or global shape",
+                           a->name);
             break; /* b agrees with an earlier piece, which agrees with the first */
         }
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (has_nul(text, len)) return BAD("contains a NUL character (raw or \\u0000)");
+    cJSON *m = cJSON_ParseWithLength(text, len);
+    if (!m) return BAD("not valid JSON");
+    uint64_t npieces;
+    moe_status_t st = parse_header(m, out, &npieces);
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(m, "files");
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(m, "tensors");
+    if (st == MOE_STATUS_SUCCESS && (!cJSON_IsArray(files) || !cJSON_IsArray(tensors)))
+        st = BAD("\"files\" and \"tensors\" must be arrays");
+    if (st != MOE_STATUS_SUCCESS) goto fail;
+    int nf = cJSON_GetArraySize(files), nt = cJSON_GetArraySize(tensors);
+    if (npieces != UINT64_MAX && npieces != (uint64_t)nt) {
+        st = BAD("\"tensors\" has %d entries where \"piece_count\" says %" PRIu64
+                 ": a piece entry was removed or added", nt, npieces);
+        goto fail;
+    }
+    out->files = calloc((size_t)(nf ? nf : 1), sizeof *out->files);
+    out->pieces = calloc((size_t)(nt ? nt : 1), sizeof *out->pieces);
+    if (!out->files || !out->pieces) {
+        st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest tables");
+        goto fail;
+    }
+    MOE_TRY_GOTO(st, parse_files(files, out));
+    const cJSON *x;
+    cJSON_ArrayForEach(x, tensors)
+    {
+        int idx = out->npieces++;
+        MOE_TRY_GOTO(st, parse_piece(x, idx, out, &out->pieces[idx]));
+    }
+    MOE_TRY_GOTO(st, check_tensors_agree(out));
     cJSON_Delete(m);
     return MOE_STATUS_SUCCESS;
 fail:

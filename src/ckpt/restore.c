@@ -5,7 +5,6 @@
  * fetched again from its S3 copy by rank 0, and a step bad everywhere falls back to the next
  * older one. A bad request (names, shapes) fails at once without a fallback.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -19,67 +18,6 @@
 #include "ckpt_internal.h"
 
 /* ---- list ---------------------------------------------------------------------------------- */
-
-moe_status_t ckpt_local_steps(const moe_ckpt_t *ck, int64_t **out, int32_t *n)
-{
-    *out = NULL;
-    *n = 0;
-    DIR *d = opendir(ck->dir);
-    if (!d) return MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "opendir(%s)", ck->dir);
-    int32_t cap = 16, cnt = 0;
-    int64_t *v = malloc(sizeof *v * (size_t)cap);
-    struct dirent *e;
-    char path[PATH_MAX];
-    while (v && (e = readdir(d)) != NULL) {
-        int64_t step;
-        if (!ck_parse_step_dirname(e->d_name, &step)) continue;
-        snprintf(path, sizeof path, "%s/%s/%s", ck->dir, e->d_name, CK_MANIFEST);
-        if (!ck_file_exists(path)) continue;
-        if (cnt == cap) {
-            int64_t *nv = realloc(v, sizeof *v * (size_t)(cap *= 2));
-            if (!nv) {
-                free(v);
-                v = NULL;
-                break;
-            }
-            v = nv;
-        }
-        v[cnt++] = step;
-    }
-    closedir(d);
-    if (!v) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "step list");
-    qsort(v, (size_t)cnt, sizeof *v, ck_cmp_i64);
-    int32_t u = 0; /* "step-4" and "step-000000000004" are one step */
-    for (int32_t i = 0; i < cnt; i++)
-        if (u == 0 || v[u - 1] != v[i]) v[u++] = v[i];
-    *out = v;
-    *n = u;
-    return MOE_STATUS_SUCCESS;
-}
-
-bool ckpt_local_step_dir(const moe_ckpt_t *ck, int64_t step, char *buf, size_t len)
-{
-    char mpath[PATH_MAX + 32];
-    ckpt_step_path(ck, step, buf, len);
-    snprintf(mpath, sizeof mpath, "%s/%s", buf, CK_MANIFEST);
-    if (ck_file_exists(mpath)) return true;
-    /* another spelling of the number (the spec lets writers omit the padding) */
-    DIR *d = opendir(ck->dir);
-    if (!d) return false;
-    struct dirent *e;
-    bool found = false;
-    while (!found && (e = readdir(d)) != NULL) {
-        int64_t s;
-        if (!ck_parse_step_dirname(e->d_name, &s) || s != step) continue;
-        snprintf(mpath, sizeof mpath, "%s/%s/%s", ck->dir, e->d_name, CK_MANIFEST);
-        if (!ck_file_exists(mpath)) continue;
-        snprintf(buf, len, "%s/%s", ck->dir, e->d_name);
-        found = true;
-    }
-    closedir(d);
-    if (!found) ckpt_step_path(ck, step, buf, len);
-    return found;
-}
 
 moe_status_t moe_ckpt_list(moe_ckpt_t *ck, moe_ckpt_tier_t tier, int64_t *steps, int32_t capacity,
                            int32_t *count)

@@ -1,73 +1,20 @@
 /*
- * The snapshot of one save through the pinned staging segments, both ends of their queue:
- * save_async on the training thread copies (D2H or memcpy) each chunk_bytes range of this
- * rank's data file into a free segment and queues it; the writer thread checksums each
- * segment's piece chunks, writes it (io_uring, O_DIRECT) and returns it to the free list,
- * then fsyncs and renames the data file. save_async returns once every byte is staged, so
- * the tensors are reusable while the write goes on.
+ * moe_ckpt_save_async, the training thread's side of a save: the checks, the job queued for
+ * the writer thread (commit.c), and the snapshot: each chunk_bytes range of this rank's data
+ * file copied (D2H or memcpy) into a staging segment (shard.c) and queued on the job.
+ * save_async returns once every byte is staged, so the tensors are reusable while the write
+ * goes on.
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <xxhash.h>
 
 #include "../core/clock.h"
 #include "../core/error.h"
 #include "ckpt_internal.h"
-
-/* ---- staging segments ---------------------------------------------------------------------- */
-
-/* Take a free staging segment, allocating one while under budget, else waiting for the
- * writer to release one. */
-static moe_status_t seg_acquire(moe_ckpt_t *ck, ckpt_seg_t **out)
-{
-    pthread_mutex_lock(&ck->mu);
-    for (;;) {
-        if (ck->free_segs) {
-            ckpt_seg_t *s = ck->free_segs;
-            ck->free_segs = s->next;
-            pthread_mutex_unlock(&ck->mu);
-            *out = s;
-            return MOE_STATUS_SUCCESS;
-        }
-        if (ck->nsegs < ck->max_segs) {
-            ckpt_seg_t *s = &ck->segs[ck->nsegs];
-            pthread_mutex_unlock(&ck->mu);
-            MOE_TRY(MOE_OPS(ck->rt)->alloc_pinned(MOE_CTX(ck->rt), ck->cfg.chunk_bytes,
-                                                   (void **)&s->buf));
-            if (((uintptr_t)s->buf & (CK_ALIGN - 1)) != 0) {
-                MOE_OPS(ck->rt)->free_pinned(MOE_CTX(ck->rt), s->buf);
-                s->buf = NULL;
-                return MOE_FAIL(MOE_STATUS_INTERNAL, "pinned staging buffer is not 4096-aligned");
-            }
-            pthread_mutex_lock(&ck->mu);
-            s->slot = ck->nsegs++;
-            pthread_mutex_unlock(&ck->mu);
-            *out = s;
-            return MOE_STATUS_SUCCESS;
-        }
-        pthread_cond_wait(&ck->cv, &ck->mu);
-    }
-}
-
-/* Return a segment to the free list: the writer's completion callback (ck, segment). */
-static void seg_release(void *vck, void *vseg)
-{
-    moe_ckpt_t *ck = vck;
-    ckpt_seg_t *s = vseg;
-    pthread_mutex_lock(&ck->mu);
-    s->next = ck->free_segs;
-    ck->free_segs = s;
-    pthread_cond_broadcast(&ck->cv);
-    pthread_mutex_unlock(&ck->mu);
-}
 
 /* ---- the training thread: save_async ------------------------------------------------------- */
 
@@ -144,7 +91,7 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
     int32_t pi = 0;
     for (uint64_t off = 0; off < j->file_bytes && st == MOE_STATUS_SUCCESS; off += chunk) {
         ckpt_seg_t *s = NULL;
-        st = seg_acquire(ck, &s);
+        st = ckpt_seg_acquire(ck, &s);
         if (st != MOE_STATUS_SUCCESS) break;
         s->off = off;
         s->len = j->file_bytes - off < chunk ? (size_t)(j->file_bytes - off) : (size_t)chunk;
@@ -162,16 +109,15 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
             if (b > pos) pos = b;
         }
         if (pos < end) memset(s->buf + (pos - off), 0, (size_t)(end - pos));
+        if (st != MOE_STATUS_SUCCESS) {
+            ckpt_seg_release(ck, s);
+            break;
+        }
         pthread_mutex_lock(&ck->mu);
         s->next = NULL;
-        if (st != MOE_STATUS_SUCCESS) {
-            s->next = ck->free_segs;
-            ck->free_segs = s;
-        } else {
-            if (j->q_tail) j->q_tail->next = s;
-            else j->q_head = s;
-            j->q_tail = s;
-        }
+        if (j->q_tail) j->q_tail->next = s;
+        else j->q_head = s;
+        j->q_tail = s;
         pthread_cond_broadcast(&ck->cv);
         pthread_mutex_unlock(&ck->mu);
     }
@@ -186,149 +132,3 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
     return MOE_STATUS_SUCCESS;
 }
 
-/* ---- the writer thread: the data file ------------------------------------------------------ */
-
-/* Feed a segment's bytes to the per-chunk checksums of the pieces it overlaps. Segments of a
- * job arrive in file order, so one streaming state per job suffices. */
-static void hash_segment(moe_ckpt_t *ck, ckpt_job_t *j, const ckpt_seg_t *s)
-{
-    uint64_t chunk = ck->cfg.chunk_bytes;
-    uint64_t lo = s->off, hi = s->off + s->len;
-    while (j->hp < j->npieces) {
-        ck_piece_t *p = &j->pieces[j->hp];
-        uint64_t pe = p->offset + p->length;
-        if (p->length == 0 || pe <= lo) {
-            j->hp++;
-            continue;
-        }
-        if (p->offset >= hi) break;
-        uint64_t a = p->offset > lo ? p->offset : lo;
-        uint64_t b = pe < hi ? pe : hi;
-        while (a < b) {
-            uint64_t rel = a - p->offset;
-            uint64_t c = rel / chunk, cend = p->offset + (c + 1) * chunk;
-            if (cend > pe) cend = pe;
-            uint64_t e = cend < b ? cend : b;
-            if (rel % chunk == 0) XXH3_64bits_reset(j->hs);
-            XXH3_64bits_update(j->hs, s->buf + (a - s->off), (size_t)(e - a));
-            if (e == cend) p->xxh[c] = XXH3_64bits_digest(j->hs);
-            a = e;
-        }
-        if (pe <= hi) {
-            j->hp++;
-            continue;
-        }
-        break;
-    }
-}
-
-/* Wait for the next filled segment of job j; NULL once the job has no more. While none is
- * ready, completions of writes in flight are reaped: they free the segments save_async may
- * be waiting for. */
-static ckpt_seg_t *next_segment(moe_ckpt_t *ck, ckpt_job_t *j)
-{
-    for (;;) {
-        pthread_mutex_lock(&ck->mu);
-        if (j->q_head || j->all_queued) {
-            ckpt_seg_t *s = j->q_head;
-            if (s) {
-                j->q_head = s->next;
-                if (!j->q_head) j->q_tail = NULL;
-            }
-            pthread_mutex_unlock(&ck->mu);
-            return s;
-        }
-        if (!ck_writer_pending(ck->w)) {
-            while (!j->q_head && !j->all_queued) pthread_cond_wait(&ck->cv, &ck->mu);
-            pthread_mutex_unlock(&ck->mu);
-            continue;
-        }
-        pthread_mutex_unlock(&ck->mu);
-        ck_writer_reap_one(ck->w);
-    }
-}
-
-moe_status_t ckpt_write_job(moe_ckpt_t *ck, ckpt_job_t *j, char *stepdir, char **pieces_json)
-{
-    moe_status_t st = MOE_STATUS_SUCCESS;
-    char tmp[PATH_MAX + 64], fin[PATH_MAX + 64], name[32];
-    ck_rank_filename(ck->rank, name, sizeof name);
-    snprintf(tmp, sizeof tmp, "%s/%s.tmp", stepdir, name);
-    snprintf(fin, sizeof fin, "%s/%s", stepdir, name);
-    bool opened = false;
-    if (j->snap_failed && j->npieces == 0) /* a placeholder for a save refused at once */
-        return MOE_FAIL(MOE_STATUS_ABORTED, "the save of step %" PRId64 " was refused", j->step);
-    if (mkdir(stepdir, 0755) != 0 && errno != EEXIST) {
-        st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "mkdir(%s)", stepdir);
-    } else {
-        st = ck_fsync_dir(ck->dir);
-        if (st == MOE_STATUS_SUCCESS) st = ck_writer_open(ck->w, tmp);
-        opened = st == MOE_STATUS_SUCCESS;
-    }
-    if (ck->defer_writer && j->file_bytes <= (uint64_t)ck->max_segs * ck->cfg.chunk_bytes) {
-        /* The whole state fits in staging: start hashing and writing only once the snapshot is
-         * complete. Measured on an H200 host (bench/results/): with the writer running
-         * concurrently the 8 GiB snapshot stalled 0.40 s (median; D2H at 21 GB/s), deferred it
-         * stalled 0.156 s (55 GB/s, the plain D2H rate) for +0.2 s until durable. */
-        pthread_mutex_lock(&ck->mu);
-        while (!j->all_queued) pthread_cond_wait(&ck->cv, &ck->mu);
-        pthread_mutex_unlock(&ck->mu);
-    }
-    j->hs = XXH3_createState();
-    if (!j->hs && st == MOE_STATUS_SUCCESS) st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "XXH3 state");
-    ckpt_seg_t *s;
-    while ((s = next_segment(ck, j)) != NULL) {
-        bool abort_now;
-        pthread_mutex_lock(&ck->mu);
-        abort_now = ck->aborting;
-        pthread_mutex_unlock(&ck->mu);
-        if (abort_now && st == MOE_STATUS_SUCCESS)
-            st = MOE_FAIL(MOE_STATUS_ABORTED, "checkpointer aborted");
-        if (st != MOE_STATUS_SUCCESS || j->snap_failed) {
-            seg_release(ck, s);
-            continue;
-        }
-        if (!s->registered) {
-            ck_writer_register(ck->w, s->slot, s->buf, ck->cfg.chunk_bytes);
-            s->registered = true;
-        }
-        hash_segment(ck, j, s);
-        size_t len = s->len;
-        uint64_t off = s->off;
-        st = ck_writer_write(ck->w, s->slot, s->buf, len, off, s, seg_release, ck);
-        if (st == MOE_STATUS_SUCCESS) {
-            pthread_mutex_lock(&ck->mu);
-            ck->st.bytes_written += len;
-            pthread_mutex_unlock(&ck->mu);
-        }
-    }
-    if (j->snap_failed && st == MOE_STATUS_SUCCESS)
-        st = MOE_FAIL(MOE_STATUS_ABORTED, "the snapshot of step %" PRId64 " failed", j->step);
-    if (opened) {
-        if (st == MOE_STATUS_SUCCESS) {
-            st = ck_writer_finish(ck->w);
-        } else {
-            ck_writer_cancel(ck->w);
-        }
-        pthread_mutex_lock(&ck->mu);
-        ck->st.direct_io = ck_writer_direct(ck->w);
-        pthread_mutex_unlock(&ck->mu);
-    }
-    if (st == MOE_STATUS_SUCCESS && rename(tmp, fin) != 0)
-        st = MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "rename(%s)", tmp);
-    if (st == MOE_STATUS_SUCCESS) st = ck_fsync_dir(stepdir);
-    if (st != MOE_STATUS_SUCCESS && opened) unlink(tmp);
-    if (st == MOE_STATUS_SUCCESS) {
-        *pieces_json = ck_pieces_to_json(j->step, ck->cfg.chunk_bytes, j->pieces, j->npieces);
-        if (!*pieces_json) st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "piece list");
-    }
-    return st;
-}
-
-void ckpt_job_free(ckpt_job_t *j)
-{
-    ck_pieces_free(j->pieces, j->npieces);
-    if (j->hs) XXH3_freeState(j->hs);
-    free(j->mine);
-    free(j);
-}

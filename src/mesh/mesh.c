@@ -177,7 +177,7 @@ static moe_status_t resolve_backend(moe_mesh_t *m, const moe_mesh_config_t *cfg,
     }
     /* (host id, device) of every rank: an all-reduce of a table each rank fills one row of */
     int W = m->world_size;
-    int64_t *tab = calloc((size_t)W * 2, sizeof *tab);
+    int64_t *tab = calloc((size_t)W * 2 + 1, sizeof *tab); /* + ranks asking for NCCL */
     if (!tab) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "device table");
     char host[256] = "";
     FILE *f = fopen("/proc/sys/kernel/hostname", "r");
@@ -189,7 +189,8 @@ static moe_status_t resolve_backend(moe_mesh_t *m, const moe_mesh_config_t *cfg,
     for (const char *p = host; *p && *p != '\n'; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
     tab[2 * m->world_rank] = (int64_t)(h >> 1);
     tab[2 * m->world_rank + 1] = device_index;
-    moe_status_t st = moe_comm_allreduce(m->host[MOE_AXIS_WORLD], tab, tab, (size_t)W * 2,
+    tab[2 * W] = cfg->comm == MOE_COMM_NCCL;
+    moe_status_t st = moe_comm_allreduce(m->host[MOE_AXIS_WORLD], tab, tab, (size_t)W * 2 + 1,
                                          MOE_COMM_I64, MOE_REDUCE_SUM);
     int dup_a = -1, dup_b = -1;
     for (int a = 0; a < W && st == MOE_STATUS_SUCCESS && dup_a < 0; a++)
@@ -200,13 +201,15 @@ static moe_status_t resolve_backend(moe_mesh_t *m, const moe_mesh_config_t *cfg,
                 break;
             }
     int dev = dup_a >= 0 ? (int)tab[2 * dup_a + 1] : -1;
+    bool asked_nccl = tab[2 * W] > 0;
     if (st != MOE_STATUS_SUCCESS) return st; /* tab is leaked: MPI may still write it */
     free(tab);
-    if (dup_a >= 0) {
-        if (cfg->comm == MOE_COMM_NCCL)
+    if (dup_a >= 0) { /* every rank fails where one asked for NCCL: AUTO alone would go on */
+        if (asked_nccl)
             return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
-                            "comm=NCCL needs one GPU per rank, but world ranks %d and %d share "
-                            "GPU %d; use comm=MPI (staged through pinned memory) to share GPUs",
+                            "comm=NCCL (on some rank) needs one GPU per rank, but world ranks "
+                            "%d and %d share GPU %d; use comm=MPI (staged through pinned "
+                            "memory) to share GPUs",
                             dup_a, dup_b, dev);
         moe_log(logger, MOE_LOG_INFO,
                 "mesh: world ranks %d and %d share GPU %d; using the MPI communicator", dup_a,
@@ -251,10 +254,23 @@ static int launcher_world_size(void)
     return 1;
 }
 
-/* The mesh config every rank must hold alike. The rank order reads as its axes fastest first,
+/* The communicator this rank's config leads to, as far as it can tell alone: MPI when asked,
+ * or when AUTO has no CUDA backend or no NCCL; else NCCL (AUTO falls back to MPI only where
+ * two ranks share a GPU, which every rank learns from the same table in resolve_backend). */
+static int32_t comm_choice(const moe_mesh_config_t *cfg, const moe_backend_t *backend)
+{
+    bool cuda = backend && backend->ops->device == MOE_DEVICE_CUDA;
+    if (cfg->comm == MOE_COMM_NCCL) return MOE_COMM_NCCL;
+    if (cfg->comm == MOE_COMM_MPI || !cuda || !moe_comm_have_nccl()) return MOE_COMM_MPI;
+    return MOE_COMM_NCCL;
+}
+
+/* The mesh config every rank must hold alike; comm as resolved (AUTO and an explicit choice
+ * that lead to the same communicator agree). The rank order reads as its axes fastest first,
  * one digit each (1 tp, 2 ep, 3 dp, 4 pp): "tp-ep-dp-pp" is 1234. */
 static moe_status_t agree_config(moe_mesh_t *m, const moe_mesh_config_t *cfg,
-                                 const int32_t order[4], moe_status_t local)
+                                 const moe_backend_t *backend, const int32_t order[4],
+                                 moe_status_t local)
 {
     int64_t order_code = 0;
     for (int i = 0; i < 4; i++) order_code = order_code * 10 + order[i] + 1;
@@ -264,7 +280,7 @@ static moe_status_t agree_config(moe_mesh_t *m, const moe_mesh_config_t *cfg,
         moe_agree_int("dp", cfg->dp),
         moe_agree_int("pp", cfg->pp),
         moe_agree_int("rank_order (axes fastest first: 1 tp, 2 ep, 3 dp, 4 pp)", order_code),
-        moe_agree_int("comm", cfg->comm),
+        moe_agree_int("comm (resolved: 1 MPI, 2 NCCL)", comm_choice(cfg, backend)),
         moe_agree_int("timeout_ms", cfg->timeout_ms),
     };
     return moe_comm_agree(m->host[MOE_AXIS_WORLD], "the mesh config", f,
@@ -273,7 +289,8 @@ static moe_status_t agree_config(moe_mesh_t *m, const moe_mesh_config_t *cfg,
 
 /* The world's host communicator, its watch, and the agreement on the config. A rank whose own
  * config is invalid (`local`) still joins, so that the others learn it at once. */
-static moe_status_t join_world(moe_mesh_t *m, const moe_mesh_config_t *cfg, int32_t order[4],
+static moe_status_t join_world(moe_mesh_t *m, const moe_mesh_config_t *cfg,
+                               const moe_backend_t *backend, int32_t order[4],
                                moe_status_t local, const moe_logger_t *logger, int64_t product)
 {
     int wr = 0, ws = 1;
@@ -291,7 +308,7 @@ static moe_status_t join_world(moe_mesh_t *m, const moe_mesh_config_t *cfg, int3
     MOE_TRY(moe_comm_mpi_create(cfg->mpi_comm, "world", timeout, NULL, logger,
                                 &m->host[MOE_AXIS_WORLD]));
     MOE_TRY(moe_comm_watch_create(m->host[MOE_AXIS_WORLD], &m->watch));
-    return agree_config(m, cfg, order, local);
+    return agree_config(m, cfg, backend, order, local);
 }
 
 /* Destroy the communicators and the watch (each leaks what MPI may still touch once the
@@ -351,7 +368,7 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
     }
     MOE_TRY_GOTO(st, moe_comm_mpi_acquire());
     m->mpi_initialised = true; /* balanced by a release in destroy */
-    MOE_TRY_GOTO(st, join_world(m, cfg, order, local, logger, product));
+    MOE_TRY_GOTO(st, join_world(m, cfg, backend, order, local, logger, product));
     int wr = m->world_rank, ws = m->world_size;
     m->size[MOE_AXIS_TP] = cfg->tp;
     m->size[MOE_AXIS_EP] = cfg->ep;

@@ -41,6 +41,7 @@ struct moe_adamw {
     float last_lr;           /* the rate of the last step */
     double last_grad_norm;   /* its global gradient norm before clipping; -1: not measured */
     bool warned_lr_zero;     /* the lr = 0 compatibility note is logged once */
+    bool step_settings_agreed; /* the first step compared the schedule and clipping */
 };
 
 moe_adamw_config_t moe_adamw_config_default(void)
@@ -60,6 +61,40 @@ static moe_status_t validate(const moe_adamw_config_t *c)
     return MOE_STATUS_SUCCESS;
 }
 
+/* The ranks of a pp stage hold replicas and shards of the same parameters: a different rate,
+ * decay or moment setting on one of them makes the replicas drift apart silently. A rank
+ * whose own config is invalid (`local`) still joins, so the others learn. */
+static moe_status_t agree_config(moe_runtime_t *rt, const moe_adamw_config_t *c,
+                                 moe_status_t local)
+{
+    moe_agree_field_t f[] = {
+        moe_agree_f32("lr", c->lr),
+        moe_agree_f32("beta1", c->beta1),
+        moe_agree_f32("beta2", c->beta2),
+        moe_agree_f32("eps", c->eps),
+        moe_agree_f32("weight_decay", c->weight_decay),
+    };
+    return moe_mesh_agree(rt->mesh, MOE_MESH_STAGE, "the optimizer config", f,
+                          (int)(sizeof f / sizeof f[0]), local);
+}
+
+/* The settings made after create, compared at the first step over the world: clipping takes
+ * a world-wide norm (one rank alone clipping waits for ever on the others), the schedule
+ * sets every rank's rate. */
+static moe_status_t agree_step_settings(moe_adamw_t *opt)
+{
+    const moe_lr_schedule_t *s = &opt->schedule;
+    moe_agree_field_t f[] = {
+        moe_agree_f32("max_grad_norm (moe_adamw_set_grad_clip)", opt->max_grad_norm),
+        moe_agree_int("schedule decay (0 constant, 1 linear, 2 cosine)", s->decay),
+        moe_agree_int("schedule warmup_steps", s->warmup_steps),
+        moe_agree_int("schedule decay_steps", s->decay_steps),
+        moe_agree_f32("schedule min_lr_ratio", s->min_lr_ratio),
+    };
+    return moe_mesh_agree(opt->rt->mesh, MOE_AXIS_WORLD, "the optimizer's clipping and schedule",
+                          f, (int)(sizeof f / sizeof f[0]), MOE_STATUS_SUCCESS);
+}
+
 moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *config,
                               moe_adamw_t **out)
 {
@@ -72,7 +107,7 @@ moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *confi
         MOE_CHECK_STRUCT_SIZE(config, moe_adamw_config_t, sizeof(moe_adamw_config_t));
         c = *config;
     }
-    MOE_TRY(validate(&c));
+    MOE_TRY(agree_config(rt, &c, validate(&c)));
     moe_adamw_t *opt = calloc(1, sizeof *opt);
     if (!opt) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "optimizer allocation");
     opt->magic = MOE_MAGIC_ADAMW;
@@ -343,6 +378,10 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
         moe_status_t st = moe_grad_sync_wait(&opt->params[i].sync);
         opt->params[i].sync_started = false;
         MOE_TRY(st); /* the first failure is the one to report */
+    }
+    if (!opt->step_settings_agreed) { /* before the clipping norm, which they decide */
+        MOE_TRY(agree_step_settings(opt));
+        opt->step_settings_agreed = true;
     }
     float scale = grad_scale / (float)moe_grad_replicas(rt), clip;
     MOE_TRY(clip_factor(opt, scale, &clip));

@@ -204,6 +204,60 @@ static void pipeline_free(moe_pipeline_t *pp)
     free(pp);
 }
 
+/* The checks of one rank's config (act_dtype resolved by the caller). */
+static moe_status_t check_config(const moe_runtime_t *rt, const moe_pipeline_config_t *c,
+                                 const moe_pipeline_callbacks_t *callbacks)
+{
+    const moe_mesh_t *mesh = rt->mesh;
+    int32_t p = mesh->size[MOE_AXIS_PP], s = mesh->coord[MOE_AXIS_PP];
+    MOE_CHECK_ARG(c->microbatches >= 1, "microbatches is %d; expected >= 1", c->microbatches);
+    MOE_CHECK_ARG(c->virtual_stages >= 1, "virtual_stages is %d; expected >= 1",
+                  c->virtual_stages);
+    /* tags 2*unit+1 must stay below the communicators' user tag limit */
+    MOE_CHECK_ARG((int64_t)c->microbatches * c->virtual_stages <= PIPE_MAX_UNITS,
+                  "microbatches x virtual_stages is %lld; at most %d",
+                  (long long)c->microbatches * c->virtual_stages, PIPE_MAX_UNITS);
+    MOE_CHECK_ARG(c->act_ndim >= 1 && c->act_ndim <= MOE_MAX_DIMS,
+                  "act_ndim is %d; expected 1..%d (the stage boundary tensor's shape)",
+                  c->act_ndim, MOE_MAX_DIMS);
+    for (int d = 0; d < c->act_ndim; d++)
+        MOE_CHECK_ARG(c->act_shape[d] >= 1, "act_shape[%d] is %lld; expected >= 1", d,
+                      (long long)c->act_shape[d]);
+    MOE_CHECK_ARG(c->act_dtype == MOE_DTYPE_F32 || c->act_dtype == MOE_DTYPE_BF16,
+                  "act_dtype is %d; expected F32 (0) or BF16 (1)", (int)c->act_dtype);
+    MOE_CHECK_ARG(c->prepost >= 1, "prepost is %d; expected >= 1", c->prepost);
+    MOE_CHECK_ARG(c->issue >= MOE_PIPE_ISSUE_AUTO && c->issue <= MOE_PIPE_ISSUE_ORDERED,
+                  "issue is %d; expected AUTO (0), PREPOST (1) or ORDERED (2)", (int)c->issue);
+    MOE_CHECK_ARG(callbacks->forward != NULL, "callbacks->forward is NULL");
+    MOE_CHECK_ARG(callbacks->backward != NULL, "callbacks->backward is NULL");
+    MOE_CHECK_ARG(p > 1 || c->virtual_stages == 1,
+                  "virtual_stages is %d but the mesh has a single pp stage", c->virtual_stages);
+    MOE_CHECK_ARG(c->virtual_stages == 1 || c->microbatches % p == 0,
+                  "interleaving needs microbatches (%d) divisible by the pp size (%d)",
+                  c->microbatches, p);
+    MOE_CHECK_ARG(s != p - 1 || callbacks->loss != NULL,
+                  "callbacks->loss is NULL on the last stage (%d of %d)", s, p);
+    MOE_CHECK_ARG(p == 1 || mesh->comm[MOE_AXIS_PP] != NULL,
+                  "the mesh has pp=%d but no pp communicator", p);
+    return MOE_STATUS_SUCCESS;
+}
+
+/* The step's lr and grad_scale: the ranks of a pp stage hold replicas and shards of the same
+ * parameters, and a difference on one of them makes the replicas drift apart silently. A
+ * rank whose own config is invalid (`local`) still joins, so the others learn. */
+static moe_status_t agree_config(moe_runtime_t *rt, const moe_pipeline_config_t *c,
+                                 moe_status_t local)
+{
+    moe_agree_field_t f[] = {
+        moe_agree_f32("lr (<= 0: the optimizer's configured rate, shown as 0)",
+                      c->lr > 0 ? c->lr : 0),
+        moe_agree_f32("grad_scale (<= 0: 1/microbatches, shown as 0)",
+                      c->grad_scale > 0 ? c->grad_scale : 0),
+    };
+    return moe_mesh_agree(rt->mesh, MOE_MESH_STAGE, "the pipeline config", f,
+                          (int)(sizeof f / sizeof f[0]), local);
+}
+
 moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t *config,
                                  const moe_pipeline_callbacks_t *callbacks, moe_pipeline_t **out)
 {
@@ -217,38 +271,10 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
         MOE_CHECK_STRUCT_SIZE(config, moe_pipeline_config_t, sizeof(moe_pipeline_config_t));
         c = *config;
     }
+    if ((int)c.act_dtype == -1) c.act_dtype = rt->backend.ops->compute_dtype;
+    MOE_TRY(agree_config(rt, &c, check_config(rt, &c, callbacks)));
     const moe_mesh_t *mesh = rt->mesh;
     int32_t p = mesh->size[MOE_AXIS_PP], s = mesh->coord[MOE_AXIS_PP];
-    MOE_CHECK_ARG(c.microbatches >= 1, "microbatches is %d; expected >= 1", c.microbatches);
-    MOE_CHECK_ARG(c.virtual_stages >= 1, "virtual_stages is %d; expected >= 1",
-                  c.virtual_stages);
-    /* tags 2*unit+1 must stay below the communicators' user tag limit */
-    MOE_CHECK_ARG((int64_t)c.microbatches * c.virtual_stages <= PIPE_MAX_UNITS,
-                  "microbatches x virtual_stages is %lld; at most %d",
-                  (long long)c.microbatches * c.virtual_stages, PIPE_MAX_UNITS);
-    MOE_CHECK_ARG(c.act_ndim >= 1 && c.act_ndim <= MOE_MAX_DIMS,
-                  "act_ndim is %d; expected 1..%d (the stage boundary tensor's shape)",
-                  c.act_ndim, MOE_MAX_DIMS);
-    for (int d = 0; d < c.act_ndim; d++)
-        MOE_CHECK_ARG(c.act_shape[d] >= 1, "act_shape[%d] is %lld; expected >= 1", d,
-                      (long long)c.act_shape[d]);
-    if ((int)c.act_dtype == -1) c.act_dtype = rt->backend.ops->compute_dtype;
-    MOE_CHECK_ARG(c.act_dtype == MOE_DTYPE_F32 || c.act_dtype == MOE_DTYPE_BF16,
-                  "act_dtype is %d; expected F32 (0) or BF16 (1)", (int)c.act_dtype);
-    MOE_CHECK_ARG(c.prepost >= 1, "prepost is %d; expected >= 1", c.prepost);
-    MOE_CHECK_ARG(c.issue >= MOE_PIPE_ISSUE_AUTO && c.issue <= MOE_PIPE_ISSUE_ORDERED,
-                  "issue is %d; expected AUTO (0), PREPOST (1) or ORDERED (2)", (int)c.issue);
-    MOE_CHECK_ARG(callbacks->forward != NULL, "callbacks->forward is NULL");
-    MOE_CHECK_ARG(callbacks->backward != NULL, "callbacks->backward is NULL");
-    MOE_CHECK_ARG(p > 1 || c.virtual_stages == 1,
-                  "virtual_stages is %d but the mesh has a single pp stage", c.virtual_stages);
-    MOE_CHECK_ARG(c.virtual_stages == 1 || c.microbatches % p == 0,
-                  "interleaving needs microbatches (%d) divisible by the pp size (%d)",
-                  c.microbatches, p);
-    MOE_CHECK_ARG(s != p - 1 || callbacks->loss != NULL,
-                  "callbacks->loss is NULL on the last stage (%d of %d)", s, p);
-    MOE_CHECK_ARG(p == 1 || mesh->comm[MOE_AXIS_PP] != NULL,
-                  "the mesh has pp=%d but no pp communicator", p);
 
     moe_pipeline_t *pp = calloc(1, sizeof *pp);
     if (!pp) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "pipeline allocation");

@@ -17,6 +17,9 @@
  *   - 8: "checksum" or "library_version" missing, a checksum name other than xxh3_64, an
  *     offset off the 4096 grid (its checksum recomputed), a \u0000 inside a file name, an
  *     unpadded step directory "step-4" (listed, and loadable).
+ *   - 43: one piece's entry deleted (opt/v's, or one expert slice of experts.w), and the
+ *     "piece_count" that would show it deleted too: CORRUPT and a fallback, where it used to
+ *     read as a request for a tensor never saved (INVALID_ARGUMENT, no fallback).
  * Where an edit could only be caught by the binding, the test re-binds the edited piece by
  * the spec's rule (docs/checkpoint-format.md), so the loader's own check must catch it. */
 #include <setjmp.h>
@@ -328,13 +331,15 @@ static void test_random_single_byte_damage(void **st)
     restore_manifest();
 }
 
-/* Issue items 5 and 6, with every edited piece re-bound: only the loader's checks remain. */
+/* Issue items 5 and 6, with every edited piece re-bound and the piece count raised to match:
+ * only the loader's checks of the pieces themselves remain. */
 static void insert_piece(cJSON *m, cJSON *p, int order)
 {
     rebind(m, p);
     cJSON *tensors = cJSON_GetObjectItem(m, "tensors");
     if (order == 0) cJSON_InsertItemInArray(tensors, 0, p);
     else cJSON_AddItemToArray(tensors, p);
+    cJSON_ReplaceItemInObject(m, "piece_count", cJSON_CreateNumber(cJSON_GetArraySize(tensors)));
 }
 
 /* a copy of opt/v's piece renamed opt/m, before or after opt/m's own */
@@ -402,6 +407,32 @@ static void test_swapped_pieces_detected(void **st)
     swap_items(piece(m, "experts.w", 0), piece(m, "experts.w", 1), "slice_start");
     write_json(m);
     expect_fallback("does not match its binding");
+}
+
+/* Issue 43: a manifest counts its pieces, so a deleted entry is damage (a fallback), while a
+ * tensor never saved is still the request's error (test_damage_is_corrupt). */
+static void test_deleted_piece_is_corrupt(void **st)
+{
+    (void)st;
+    const char *victims[2] = {"opt/v", "experts.w"};
+    for (int v = 0; v < 2; v++) {
+        cJSON *m = manifest_json();
+        cJSON *tensors = cJSON_GetObjectItem(m, "tensors"), *x;
+        int i = 0;
+        cJSON_ArrayForEach(x, tensors)
+        {
+            if (!strcmp(cJSON_GetObjectItem(x, "name")->valuestring, victims[v])) break;
+            i++;
+        }
+        cJSON_DeleteItemFromArray(tensors, i);
+        write_json(m);
+        expect_fallback("a piece entry was removed or added");
+    }
+    cJSON *m = manifest_json();
+    cJSON_DeleteItemFromArray(cJSON_GetObjectItem(m, "tensors"), 1);
+    cJSON_DeleteItemFromObject(m, "piece_count");
+    write_json(m);
+    expect_fallback("\"piece_count\" is missing");
 }
 
 /* Issue item 8: the spec's required keys and value rules. */
@@ -502,6 +533,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_swapped_pieces_detected, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offset_off_the_grid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_required_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deleted_piece_is_corrupt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_checksum_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nul_in_a_file_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fifo_does_not_block, setup, teardown),

@@ -9,7 +9,12 @@
  *     50 ms, backoff at most 500 ms: several failed attempts, each path taken many times);
  *   - reconcile at start-up: steps saved while no mirror ran (a crash, an outage) are not on
  *     S3; a checkpointer created with the mirror uploads the newest of them, and keeps it
- *     locally until it is up even when retention (keep_last 1) would remove it. */
+ *     locally until it is up even when retention (keep_last 1) would remove it;
+ *   - destroy reports the mirror as it is at the end: an upload that failed during an outage
+ *     and was never reported, repaired by a later step's upload, is no error; during an
+ *     outage with the default retries (one more try would take ~40 s), destroy returns
+ *     TIMEOUT within its limit (moe_ckpt_destroy_within, 1 s here) plus the cancellation;
+ *     MOE_CKPT_DESTROY_TIMEOUT_MS sets moe_ckpt_destroy's limit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -250,12 +255,95 @@ static void test_reconcile_at_start(void **st)
     ct_free(&s);
 }
 
+/* Poll the status (up to 60 s) until pred holds. */
+static moe_ckpt_status_t status_until(moe_ckpt_t *ck, bool (*pred)(const moe_ckpt_status_t *),
+                                      const char *what)
+{
+    moe_ckpt_status_t x = {.struct_size = sizeof x};
+    for (double t0 = now_s(); now_s() - t0 < 60; sleep_ms(50)) {
+        TEST_OK(moe_ckpt_status(ck, &x));
+        if (pred(&x)) return x;
+    }
+    fail_msg("status: %s did not happen within 60 s", what);
+    return x;
+}
+
+static bool some_upload_failed(const moe_ckpt_status_t *x) { return x->upload_failures > 0; }
+static bool step3_on_s3(const moe_ckpt_status_t *x) { return x->last_uploaded_step == 3; }
+
+/* Issue 43: destroy returned the stale failure of step 2's upload although step 3, uploaded
+ * after the outage, had made the mirror whole again. */
+static void test_destroy_reports_the_end_state(void **st)
+{
+    (void)st;
+    ct_state_t s;
+    ct_init(&s);
+    moe_ckpt_config_t c = mirror_config(g_dir, "endstate", 3);
+    moe_ckpt_t *ck = NULL;
+    TEST_OK(moe_ckpt_create(g_rt, &c, &ck));
+    save_committed(ck, &s, 1);
+    TEST_OK(moe_ckpt_wait(ck, 1, 60000));
+    s3_fixture_stop(&g_s3);
+    save_committed(ck, &s, 2);
+    status_until(ck, some_upload_failed, "a failed upload during the outage");
+    assert_true(s3_fixture_restart(&g_s3, BUCKET));
+    save_committed(ck, &s, 3);
+    status_until(ck, step3_on_s3, "step 3 on S3");
+    moe_status_t r = moe_ckpt_destroy(ck); /* the failure of step 2 was never taken */
+    if (r != MOE_STATUS_SUCCESS)
+        fail_msg("destroy with the newest step on S3: %s (%s)", moe_status_string(r),
+                 moe_last_error());
+    ct_free(&s);
+}
+
+/* Issue 43: destroy blocked 70-79 s during an outage (one more try of the newest step with
+ * the default retries); now it waits its limit, cancels and says so. */
+static void test_destroy_wait_is_bounded(void **st)
+{
+    (void)st;
+    ct_state_t s;
+    ct_init(&s);
+    moe_ckpt_config_t c = mirror_config(g_dir, "bounded", 3);
+    moe_ckpt_config_t d = moe_ckpt_config_default();
+    c.s3_max_retries = d.s3_max_retries;
+    c.s3_retry_base_ms = d.s3_retry_base_ms;
+    c.s3_retry_max_ms = d.s3_retry_max_ms;
+    moe_ckpt_t *ck = NULL;
+    TEST_OK(moe_ckpt_create(g_rt, &c, &ck));
+    save_committed(ck, &s, 1);
+    TEST_OK(moe_ckpt_wait(ck, 1, 60000));
+    s3_fixture_stop(&g_s3);
+    save_committed(ck, &s, 2);
+    double t0 = now_s();
+    moe_status_t r = moe_ckpt_destroy_within(ck, 1000);
+    double took = now_s() - t0;
+    print_message("destroy during the outage: %.2f s, %s (%s)\n", took, moe_status_string(r),
+                  moe_last_error());
+    assert_int_equal(r, MOE_STATUS_TIMEOUT);
+    assert_non_null(strstr(moe_last_error(), "step 2 is not on S3"));
+    assert_non_null(strstr(moe_last_error(), "within destroy's limit (1000 ms)"));
+    assert_true(took >= 0.9 && took < 4.0);
+    assert_true(s3_fixture_restart(&g_s3, BUCKET));
+    /* the local tier lost nothing */
+    c = ct_config(g_dir);
+    TEST_OK(moe_ckpt_create(g_rt, &c, &ck));
+    memset(s.a, 0, CT_A_N * 4);
+    int64_t got = -1;
+    TEST_OK(moe_ckpt_load_latest(ck, s.t, 3, &got));
+    assert_int_equal(got, 2);
+    assert_true(ct_check(&s, 2));
+    TEST_OK(moe_ckpt_destroy(ck));
+    ct_free(&s);
+}
+
 int main(void)
 {
     g_have_s3 = s3_fixture_start(&g_s3, BUCKET);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_outage_costs_no_local_checkpoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_at_start, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_reports_the_end_state, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_wait_is_bounded, setup, teardown),
     };
     int r = cmocka_run_group_tests(tests, NULL, NULL);
     if (g_have_s3) s3_fixture_destroy(&g_s3);

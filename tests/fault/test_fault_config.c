@@ -13,6 +13,12 @@
  *                  rank 1 top_k 0 (its own config invalid)
  *   tp inputs      (tp = 2, ep = 2) rank 1 forwards 16 tokens where its tp peer forwards 32;
  *                  with MOE_CHECK_TP_INPUTS=1, rank 1's 32 tokens differ from its peer's
+ *   comm           rank 2 comm=MPI where the others say AUTO (host backend: both resolve to
+ *                  MPI, accepted); rank 1 comm=NCCL (refused, naming the resolved values)
+ *   optimizer      (ep = 4) rank 2 lr 0.002; rank 3 weight_decay 0.1 and eps 1e-6; rank 0
+ *                  beta2 2 (its own config invalid); at the first step, rank 1 alone clipping
+ *                  (max_grad_norm 1), then rank 2 alone a cosine schedule
+ *   pipeline       (ep = 4) rank 1 lr 0.01; rank 3 grad_scale 0.5
  * and at the end a valid runtime, so the world is still usable after all of them.
  */
 #include <stdlib.h>
@@ -236,6 +242,129 @@ static void t_tp_inputs(void)
     FCHECK(moe_runtime_destroy(rt) == MOE_STATUS_SUCCESS, "destroy: %s", moe_last_error());
 }
 
+/* ---- optimizer and pipeline configs ------------------------------------------------------- */
+
+static void expect_msg(moe_status_t st, double dt, const char *what, const char *const *needles)
+{
+    const char *msg = moe_last_error();
+    FCHECK(st == MOE_STATUS_INVALID_ARGUMENT, "%s: %s (%s)", what, moe_status_string(st), msg);
+    FCHECK(dt < FAST_S, "%s: took %.2f s", what, dt);
+    for (int i = 0; needles[i]; i++)
+        FCHECK(strstr(msg, needles[i]) != NULL, "%s: message lacks '%s': %s", what, needles[i],
+               msg);
+    fprintf(stderr, "rank %d: %s refused after %.2f s: %s\n", fault_rank, what, dt, msg);
+}
+
+static void expect_adamw_refused(moe_runtime_t *rt, const moe_adamw_config_t *c,
+                                 const char *what, const char *const *needles)
+{
+    moe_adamw_t *opt = (moe_adamw_t *)0x1;
+    double t0 = fault_now_s();
+    moe_status_t st = moe_adamw_create(rt, c, &opt);
+    expect_msg(st, fault_now_s() - t0, what, needles);
+    FCHECK(opt == NULL, "%s: an optimizer came back", what);
+    if (st == MOE_STATUS_SUCCESS) moe_adamw_destroy(opt);
+}
+
+/* A valid optimizer on every rank; `set` changes this rank's clipping or schedule; the first
+ * step must be refused on every rank. */
+static void expect_first_step_refused(moe_runtime_t *rt, int which, const char *what,
+                                      const char *const *needles)
+{
+    moe_adamw_t *opt = NULL;
+    moe_status_t st = moe_adamw_create(rt, NULL, &opt);
+    FCHECK(st == MOE_STATUS_SUCCESS, "%s: create: %s", what, moe_last_error());
+    if (st != MOE_STATUS_SUCCESS) return;
+    if (which == 0 && fault_rank == 1) moe_adamw_set_grad_clip(opt, 1.0f);
+    if (which == 1 && fault_rank == 2) {
+        moe_lr_schedule_t sc = {MOE_LR_COSINE, 10, 100, 0.1f};
+        FCHECK(moe_adamw_set_lr_schedule(opt, &sc) == MOE_STATUS_SUCCESS, "schedule: %s",
+               moe_last_error());
+    }
+    double t0 = fault_now_s();
+    st = moe_adamw_step(opt, MOE_ADAMW_LR_CONFIGURED, 1.0f);
+    expect_msg(st, fault_now_s() - t0, what, needles);
+    moe_adamw_destroy(opt);
+}
+
+static moe_status_t nop_stage(void *u, int32_t c, int32_t mb, const moe_tensor_t *x,
+                              moe_tensor_t *y)
+{
+    (void)u, (void)c, (void)mb, (void)x, (void)y;
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t nop_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_tensor_t *dy,
+                             double *l)
+{
+    (void)u, (void)mb, (void)y, (void)dy;
+    *l = 0;
+    return MOE_STATUS_SUCCESS;
+}
+
+static void expect_pipeline_refused(moe_runtime_t *rt, float lr, float grad_scale,
+                                    const char *what, const char *const *needles)
+{
+    moe_pipeline_config_t c = moe_pipeline_config_default();
+    c.act_ndim = 2, c.act_shape[0] = 4, c.act_shape[1] = 16;
+    c.lr = lr, c.grad_scale = grad_scale;
+    moe_pipeline_callbacks_t cb = {.forward = nop_stage, .loss = nop_loss,
+                                   .backward = nop_stage};
+    moe_pipeline_t *pp = (moe_pipeline_t *)0x1;
+    double t0 = fault_now_s();
+    moe_status_t st = moe_pipeline_create(rt, &c, &cb, &pp);
+    expect_msg(st, fault_now_s() - t0, what, needles);
+    FCHECK(pp == NULL, "%s: a pipeline came back", what);
+    if (st == MOE_STATUS_SUCCESS) moe_pipeline_destroy(pp);
+}
+
+/* comm is compared as resolved: AUTO and MPI agree on the host backend, NCCL does not. */
+static void t_comm_resolved(void)
+{
+    moe_runtime_t *rt = NULL;
+    setup_t s = base();
+    if (fault_rank == 2) s.mesh.comm = MOE_COMM_MPI;
+    s.rt.mesh = &s.mesh;
+    moe_status_t st = moe_runtime_create(&s.rt, &rt);
+    FCHECK(st == MOE_STATUS_SUCCESS, "AUTO and MPI on the host backend: %s", moe_last_error());
+    if (st == MOE_STATUS_SUCCESS) moe_runtime_destroy(rt);
+    s = base();
+    if (fault_rank == 1) s.mesh.comm = MOE_COMM_NCCL;
+    const char *n[] = {"comm (resolved: 1 MPI, 2 NCCL) is 1 on world rank 0 and 2 on world rank 1",
+                       NULL};
+    expect_refused(&s, "comm NCCL on one rank", n);
+}
+
+static void t_optimizer_and_pipeline(void)
+{
+    moe_runtime_t *rt = runtime(1, 4);
+    if (!rt) return;
+    moe_adamw_config_t c = moe_adamw_config_default();
+    if (fault_rank == 2) c.lr = 0.002f;
+    const char *n1[] = {"the optimizer config differs", "lr is", "on world rank 2", NULL};
+    expect_adamw_refused(rt, &c, "optimizer lr", n1);
+    c = moe_adamw_config_default();
+    if (fault_rank == 3) c.weight_decay = 0.1f, c.eps = 1e-6f;
+    const char *n2[] = {"weight_decay is", "eps is", "on world rank 3", NULL};
+    expect_adamw_refused(rt, &c, "optimizer weight_decay and eps", n2);
+    c = moe_adamw_config_default();
+    if (fault_rank == 0) c.beta2 = 2.0f;
+    const char *own[] = {"beta2", NULL};
+    const char *told[] = {"world rank 0 refused it", "beta2", NULL};
+    expect_adamw_refused(rt, &c, "invalid optimizer", fault_rank == 0 ? own : told);
+
+    const char *n3[] = {"max_grad_norm", "0 on world rank 0 and 1 on world rank 1", NULL};
+    expect_first_step_refused(rt, 0, "clipping on one rank", n3);
+    const char *n4[] = {"schedule decay", "0 on world rank 0 and 2 on world rank 2", NULL};
+    expect_first_step_refused(rt, 1, "a schedule on one rank", n4);
+
+    const char *n5[] = {"the pipeline config differs", "lr (", "on world rank 1", NULL};
+    expect_pipeline_refused(rt, fault_rank == 1 ? 0.01f : 0.0f, 0.0f, "pipeline lr", n5);
+    const char *n6[] = {"grad_scale (", "0 on world rank 0 and 0.5 on world rank 3", NULL};
+    expect_pipeline_refused(rt, 0.0f, fault_rank == 3 ? 0.5f : 0.0f, "pipeline grad_scale", n6);
+    FCHECK(moe_runtime_destroy(rt) == MOE_STATUS_SUCCESS, "destroy: %s", moe_last_error());
+}
+
 int main(int argc, char **argv)
 {
     fault_init(&argc, &argv, 4);
@@ -245,6 +374,8 @@ int main(int argc, char **argv)
     t_runtime();
     t_layer();
     t_tp_inputs();
+    t_comm_resolved();
+    t_optimizer_and_pipeline();
     /* the world is still usable */
     setup_t s = base();
     s.rt.mesh = &s.mesh;
