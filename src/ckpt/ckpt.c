@@ -161,7 +161,7 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     ck->loading_step = -1;
     ck->mir_want = ck->mir_round = ck->mir_failed = ck->mir_reconcile = ck->mir_drain_tried = -1;
     ck->last_saved_step = -1;
-    ck->destroy_timeout_ms = env_int("MOE_CKPT_DESTROY_TIMEOUT_MS", CKPT_DESTROY_TIMEOUT_MS, lg);
+    ck->destroy_timeout_ms = env_int(MOE_ENV_CKPT_DESTROY_TIMEOUT_MS, CKPT_DESTROY_TIMEOUT_MS, lg);
     ck->st.struct_size = sizeof ck->st;
     ck->st.last_committed_step = ck->st.last_uploaded_step = -1;
     ck->st.direct_io = c.use_direct_io != 0;

@@ -42,6 +42,8 @@
       "the ckpt config's s3_retry_base_ms", "first S3 retry back-off (ms)")                \
     X(CKPT_S3_RETRY_MAX_MS, "MOE_CKPT_S3_RETRY_MAX_MS", POSITIVE,                          \
       "the ckpt config's s3_retry_max_ms", "longest S3 retry back-off (ms)")               \
+    X(CKPT_DESTROY_TIMEOUT_MS, "MOE_CKPT_DESTROY_TIMEOUT_MS", POSITIVE, "30000",          \
+      "how long moe_ckpt_destroy waits for the newest step's upload (ms)")                 \
     X(CKPT_DEFER_WRITER, "MOE_CKPT_DEFER_WRITER", FLAG, "1",                               \
       "start the checkpoint writer after the snapshot (0: with it)")                       \
     X(CKPT_NO_URING, "MOE_CKPT_NO_URING", FLAG, "0",                                       \
