@@ -605,7 +605,7 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
     if (has_nul(text, len)) return BAD("contains a NUL character (raw or \\u0000)");
     cJSON *m = cJSON_ParseWithLength(text, len);
     if (!m) return BAD("not valid JSON");
-    uint64_t npieces;
+    uint64_t npieces = UINT64_MAX; /* set by parse_header */
     moe_status_t st = parse_header(m, out, &npieces);
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(m, "files");
     const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(m, "tensors");
