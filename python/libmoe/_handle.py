@@ -98,13 +98,14 @@ class Handle:
             raise exc
 
     def _close_with(self, destroy):
-        """Close through another C function than the usual destroy (e.g. an abort)."""
+        """Close through another C function than the usual destroy (e.g. an abort); returns
+        the first error instead of raising it, as _destroy does."""
         detached = self._finalizer.detach() if self._finalizer is not None else None
         if detached is None:
-            return
+            return None
         self._closed_here = True
         _, _, (_, ptr, keep, children), _ = detached
-        _destroy(destroy, ptr, keep, children)
+        return _destroy(destroy, ptr, keep, children)
 
     def __enter__(self):
         return self

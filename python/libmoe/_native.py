@@ -96,6 +96,7 @@ SIGNATURES = {
     "moe_ckpt_tensor_whole": (S.CkptTensor, [_str, _pT]),
     "moe_ckpt_create": (STATUS, [_vp, C.POINTER(S.CkptConfig), _pvp]),
     "moe_ckpt_destroy": (STATUS, [_vp]),
+    "moe_ckpt_destroy_within": (STATUS, [_vp, _i64]),
     "moe_ckpt_abort": (None, [_vp]),
     "moe_ckpt_save_async": (STATUS, [_vp, _i64, _pCT, _i32]),
     "moe_ckpt_status": (STATUS, [_vp, C.POINTER(S.CkptStatus)]),
@@ -137,6 +138,8 @@ SIGNATURES = {
     "moe_elastic_member_create_from_env": (STATUS, [_i32, _pvp]),
     "moe_elastic_member_report": (STATUS, [_vp, _e, _i64]),
     "moe_elastic_member_report_exit": (STATUS, [_vp, _i32, _str]),
+    "moe_elastic_member_watch_launcher": (STATUS, [_vp, _str, _i32]),
+    "moe_elastic_member_set_orphan_handler": (STATUS, [_vp, S.ORPHAN_FN, _vp]),
     "moe_elastic_member_destroy": (STATUS, [_vp]),
 }
 

@@ -12,6 +12,8 @@ status_t = C.c_int
 Dims = C.c_int64 * MAX_DIMS
 
 LOG_FN = C.CFUNCTYPE(None, enum_t, C.c_char_p, C.c_void_p)
+# moe_elastic_orphan_fn(user, why)
+ORPHAN_FN = C.CFUNCTYPE(None, C.c_void_p, C.c_char_p)
 
 
 class Tensor(C.Structure):

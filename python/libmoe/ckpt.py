@@ -193,6 +193,15 @@ class Checkpointer(Handle):
         self._lib.moe_ckpt_list(self.ptr, tier, steps, count.value, C.byref(count))
         return list(steps[:count.value])
 
+    def close_within(self, upload_timeout_ms):
+        """close() with its own bound on the wait for the newest step's S3 upload
+        (moe_ckpt_destroy_within; close() waits 30 s or MOE_CKPT_DESTROY_TIMEOUT_MS): raises
+        Error(TIMEOUT) naming the step when the bound cut the upload short. Collective."""
+        exc = self._close_with(
+            lambda ptr: self._lib.moe_ckpt_destroy_within(ptr, int(upload_timeout_ms)))
+        if exc is not None:
+            raise exc
+
     def abort(self):
         """Stop background work as soon as possible and free the checkpointer (not
         collective); abandoned writes are never committed."""

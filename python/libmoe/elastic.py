@@ -6,6 +6,7 @@ import ctypes as C
 import os
 
 from . import _native
+from . import _structs as S
 from ._config import fill
 from ._handle import Handle
 from .enums import ElasticPhase, to_enum
@@ -54,6 +55,19 @@ class Member(Handle):
         (step: the last optimizer step done). libmoe's thread writes it; this never waits on
         etcd, but raises the member's first failure to renew (the lease expired)."""
         self._lib.moe_elastic_member_report(self.ptr, int(to_enum(ElasticPhase, phase)), step)
+
+    def watch_launcher(self, launcher_key, orphan_ms=60000):
+        """Watch the launcher's lease key: when it is gone, or etcd stays unreachable for
+        orphan_ms, the member is orphaned and the orphan handler runs."""
+        self._lib.moe_elastic_member_watch_launcher(self.ptr, os.fsencode(launcher_key),
+                                                    int(orphan_ms))
+
+    def set_orphan_handler(self, fn):
+        """fn(why: str), called once from libmoe's keep-alive thread when the member is
+        orphaned (the program should end); None removes it."""
+        cb = None if fn is None else S.ORPHAN_FN(lambda _user, why: fn(why.decode()))
+        self._lib.moe_elastic_member_set_orphan_handler(self.ptr, cb, None)
+        self._orphan_cb = cb  # C holds the pointer: keep the callback alive with the member
 
     def report_exit(self, code, cause=None):
         """Write the exit record <prefix>/exit/<slot> (it outlives the process) before the

@@ -3,7 +3,9 @@ into other buffers, a layer's parameters through Entry.of_param, a whole trainin
 (TrainState), errors and abort."""
 import array
 import os
+import socket
 import tempfile
+import time
 import unittest
 
 import libmoe
@@ -98,6 +100,25 @@ class CheckpointTest(unittest.TestCase):
                     self.assertEqual(layer2.param(name).tolist(), layer.param(name).tolist())
                 layer2.close()  # the set and the optimizer point into it: they close first
                 self.assertTrue(state2.closed and opt2.closed)
+
+    def test_close_within(self):
+        ck = libmoe.Checkpointer(self.rt, self.tmp.name, **self.opts)
+        ck.save_async(1, {"a": array.array("f", [1.0] * 1000)})
+        ck.close_within(1)  # no mirror: nothing to wait for past the local save
+        self.assertTrue(ck.closed)
+        self.assertEqual(libmoe.Checkpointer(self.rt, self.tmp.name, **self.opts).list(), [1])
+        with socket.socket() as s:  # a port nothing listens on: the mirror cannot upload
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ck = libmoe.Checkpointer(self.rt, self.tmp.name, s3_endpoint=f"http://127.0.0.1:{port}",
+                                 s3_bucket="b", **self.opts)
+        ck.save_async(2, {"a": array.array("f", [2.0] * 1000)})
+        t0 = time.monotonic()
+        with self.assertRaises(libmoe.Error) as cm:
+            ck.close_within(300)
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertIn(cm.exception.status, (libmoe.Status.TIMEOUT, libmoe.Status.REMOTE_ERROR))
+        self.assertTrue(ck.closed)
 
     def test_bad_directory_and_abort(self):
         blocker = os.path.join(self.tmp.name, "file")

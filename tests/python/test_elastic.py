@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.error
@@ -161,6 +162,18 @@ class ElasticTest(unittest.TestCase):
             m.report_exit(0)
         e = self.etcd.get("/py/nocause/exit/0")
         self.assertEqual((e["code"], e["step"], e["cause"]), (0, 0, ""))
+
+    def test_orphaned_when_the_launcher_goes(self):
+        launcher = libmoe.Member(self.etcd.endpoint, "/py/orphan/launcher", 0, 0, ttl_ms=2000)
+        seen = threading.Event()
+        why = []
+        with libmoe.Member(self.etcd.endpoint, "/py/orphan/inc/0", 3, 0, ttl_ms=2000) as m:
+            m.watch_launcher("/py/orphan/launcher/member/0", 60000)
+            m.set_orphan_handler(lambda w: (why.append(w), seen.set()))
+            self.assertFalse(seen.wait(1.5))  # the launcher's lease lives: not orphaned
+            launcher.close()  # revokes the lease, so its key goes
+            self.assertTrue(seen.wait(5), "no orphan callback after the launcher's key went")
+            self.assertIn("launcher", why[0])
 
     def test_bad_config_is_refused(self):
         with self.assertRaises(libmoe.Error) as cm:
