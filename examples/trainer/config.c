@@ -229,9 +229,21 @@ static int load_json(trainer_config_t *c, const char *path, char *err, size_t le
     fclose(f);
     if (!text) return fail(err, len, "--config %s: out of memory", path);
     text[got] = '\0';
-    cJSON *root = cJSON_Parse(text);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+    if (!root) {
+        /* cJSON stops where the text stops being JSON: name the line and column */
+        size_t at = end ? (size_t)(end - text) : 0, line = 1, col = 1;
+        for (size_t i = 0; i < at && text[i]; i++, col++)
+            if (text[i] == '\n') line++, col = 0;
+        int rc = got == 0 ? fail(err, len, "--config %s: empty file", path)
+                 : fail(err, len, "--config %s: invalid JSON at line %zu, column %zu%s", path,
+                        line, col, at >= got ? " (the text ends early)" : "");
+        free(text);
+        return rc;
+    }
     free(text);
-    if (!root || !cJSON_IsObject(root)) {
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return fail(err, len, "--config %s: not a JSON object", path);
     }
@@ -260,22 +272,30 @@ static int load_json(trainer_config_t *c, const char *path, char *err, size_t le
     return rc;
 }
 
-/* --mesh tp=2,ep=2,dp=1,pp=1 (any subset, in any order). */
+/* --mesh tp=2,ep=2,dp=1,pp=1: the whole mesh, axes in any order; an axis left out is 1 (so
+ * `--mesh ep=2` is a 2-rank mesh whatever the config file set). An axis named twice is refused. */
 static int set_mesh(trainer_config_t *c, const char *v, char *err, size_t len)
 {
     char buf[256];
     if (strlen(v) >= sizeof buf) return fail(err, len, "--mesh: too long");
     strcpy(buf, v);
+    trainer_config_t m = *c;
+    m.tp = m.ep = m.dp = m.pp = 1;
+    int named[4] = {0};
+    static const char *const axes[4] = {"tp", "ep", "dp", "pp"};
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         if (!eq) return fail(err, len, "--mesh: \"%s\" is not axis=size", tok);
         *eq = '\0';
+        int a = 0;
+        while (a < 4 && strcmp(tok, axes[a]) != 0) a++;
+        if (a == 4) return fail(err, len, "--mesh: unknown axis \"%s\" (tp, ep, dp, pp)", tok);
+        if (named[a]++) return fail(err, len, "--mesh: axis %s given twice in \"%s\"", tok, v);
         char key[32];
         snprintf(key, sizeof key, "mesh.%s", tok);
-        const knob_t *k = find(key);
-        if (!k) return fail(err, len, "--mesh: unknown axis \"%s\" (tp, ep, dp, pp)", tok);
-        if (set_text(c, k, eq + 1, "--mesh", err, len)) return -1;
+        if (set_text(&m, find(key), eq + 1, "--mesh", err, len)) return -1;
     }
+    c->tp = m.tp, c->ep = m.ep, c->dp = m.dp, c->pp = m.pp;
     return 0;
 }
 
@@ -287,6 +307,7 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
             if (i + 1 >= argc) return fail(err, len, "--config: needs a file");
             if (load_json(c, argv[++i], err, len)) return -1;
         }
+    int paths_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--config")) {
@@ -317,6 +338,8 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
                 k = &knobs[j];
         if (!k) return fail(err, len, "%s: unknown flag (see --help)", a);
         if (k->type == K_PATHS) { /* every following non-flag argument */
+            if (paths_given++)
+                return fail(err, len, "%s: given twice; list every path after one %s", a, a);
             int n = 0;
             while (i + 1 + n < argc && strncmp(argv[i + 1 + n], "--", 2) != 0) n++;
             if (n == 0) return fail(err, len, "%s: needs at least one path", a);
