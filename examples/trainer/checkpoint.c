@@ -97,6 +97,15 @@ int trainer_ckpt_progress(trainer_ckpt_t *k)
     return 0;
 }
 
+int64_t trainer_ckpt_newest(trainer_ckpt_t *k)
+{
+    int64_t step = -1;
+    int32_t count = 0;
+    if (moe_ckpt_list(k->ck, MOE_CKPT_TIER_LOCAL, &step, 1, &count) != MOE_STATUS_SUCCESS)
+        return -1; /* unreadable: the first save reports it */
+    return count > 0 ? step : -1;
+}
+
 int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)
 {
     int64_t step = -1;

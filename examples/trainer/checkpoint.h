@@ -37,6 +37,8 @@ int trainer_ckpt_save(trainer_ckpt_t *k, trainer_t *t, int64_t step);
  * all-reduces (moe_ckpt_wait with a zero timeout), otherwise nothing. Returns 0, or -1 on a
  * checkpoint error. */
 int trainer_ckpt_progress(trainer_ckpt_t *k);
+/* The newest complete checkpoint's step in the local directory, -1 when there is none. */
+int64_t trainer_ckpt_newest(trainer_ckpt_t *k);
 /* Load the newest complete checkpoint; t->step becomes its step. Returns 0 when loaded, 1 when
  * there is none, -1 on failure. Collective. */
 int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t);

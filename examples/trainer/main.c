@@ -131,6 +131,21 @@ int main(int argc, char **argv)
     runtime = t.rt;
     trainer_ckpt_t ck = {0};
     if (c.ckpt_dir[0] && trainer_ckpt_open(&ck, &t, c.ckpt_dir)) die("checkpoint open");
+    /* a fresh run would fail at its first save over the old steps: say so before training */
+    int64_t old_step = ck.ck && !c.resume ? trainer_ckpt_newest(&ck) : -1;
+    if (!all_agree(old_step < 0)) {
+        if (rank == 0)
+            fprintf(stderr, "moe_train: %s already holds checkpoints (newest: step %lld): pass "
+                    "--resume to continue from it, or another --ckpt-dir\n", c.ckpt_dir,
+                    (long long)old_step);
+        trainer_ckpt_close(&ck);
+        trainer_teardown(&t);
+        corpus_free(&corpus);
+        trainer_config_free(&c);
+        membership_leave(2, "ckpt.dir holds checkpoints and --resume was not given");
+        MPI_Finalize();
+        return 2;
+    }
     if (c.resume) {
         int r = trainer_ckpt_resume(&ck, &t);
         if (r < 0) die("resume");

@@ -140,7 +140,13 @@ elif a.mode == "resume":
     saved = sorted(os.listdir(last_only)) if os.path.isdir(last_only) else []
     if not saved or not saved[-1].endswith("2") or "checkpoint: step 2 saved" not in r.stdout:
         failures.append(f"--ckpt-dir alone: {saved}, {r.stdout!r}")
-    print("  metrics once per step, finished resume, save after the last step checked")
+    # a fresh run over a directory that holds checkpoints stops before training, naming it
+    r = mpirun(2, ["--config", a.config, "--mesh", "ep=2", "--ckpt-dir", last_only,
+                   "--steps", "2"], expect=2)
+    if "pass --resume" not in r.stderr:
+        failures.append(f"a fresh run over old checkpoints: {r.stderr!r}")
+    print("  metrics once per step, finished resume, save after the last step, old "
+          "checkpoints without --resume checked")
 
 elif a.mode == "flags":
     bad_key = os.path.join(a.work, "bad-key.json")
