@@ -14,7 +14,9 @@ MODE:
                checkpoint resumed on another mesh (dp=2, pp=2): the first loss within 1e-5 of
                the uninterrupted run's step 4. A resume that replays steps leaves each step
                once in the metrics file; --resume on a finished run says so; --ckpt-dir
-               without --ckpt-every saves after the last step and prints it.
+               without --ckpt-every saves after the last step and prints it; a fresh run over
+               old checkpoints stops; an unreachable S3 mirror ends the run with exit 0 and
+               one warning.
   flags        bad flags, values, keys, meshes, config files and data fail naming them (exit
                2); --help exits 0; --print-config prints JSON that reads back to the same
                config, and prints a mesh other than the world's.
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -42,9 +45,9 @@ a = p.parse_args()
 failures = []
 
 
-def mpirun(np, args, expect=0, capture=True):
+def mpirun(np, args, expect=0, capture=True, env=None):
     cmd = [a.mpirun, "-np", str(np), "--oversubscribe", a.trainer] + args
-    r = subprocess.run(cmd, capture_output=capture, text=True, timeout=600)
+    r = subprocess.run(cmd, capture_output=capture, text=True, timeout=600, env=env)
     if expect is not None and r.returncode != expect:
         print(r.stdout, r.stderr)
         raise SystemExit(f"FAIL: {' '.join(cmd)} exited {r.returncode}, expected {expect}")
@@ -145,8 +148,22 @@ elif a.mode == "resume":
                    "--steps", "2"], expect=2)
     if "pass --resume" not in r.stderr:
         failures.append(f"a fresh run over old checkpoints: {r.stderr!r}")
+    # an unreachable S3 mirror: the run ends with exit 0 and one warning from the trainer
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
+               MOE_CKPT_S3_MAX_RETRIES="1", MOE_CKPT_S3_RETRY_BASE_MS="50",
+               MOE_CKPT_S3_RETRY_MAX_MS="200")
+    no_s3 = os.path.join(a.work, "no-s3")
+    shutil.rmtree(no_s3, ignore_errors=True)
+    r = mpirun(2, ["--config", a.config, "--mesh", "ep=2", "--ckpt-dir", no_s3, "--steps", "2",
+                   "--ckpt.s3_endpoint", f"http://127.0.0.1:{port}", "--ckpt.s3_bucket", "b"],
+               env=env)
+    if r.stderr.count("moe_train: warning: the S3 mirror failed") != 1 or "done:" not in r.stdout:
+        failures.append(f"unreachable S3: {r.stdout!r} {r.stderr[-2000:]!r}")
     print("  metrics once per step, finished resume, save after the last step, old "
-          "checkpoints without --resume checked")
+          "checkpoints without --resume, an unreachable S3 mirror checked")
 
 elif a.mode == "flags":
     bad_key = os.path.join(a.work, "bad-key.json")
