@@ -57,12 +57,12 @@ static const knob_t knobs[] = {
     {"optim.warmup_steps", NULL, K_INT, OFF(warmup_steps), 0, "linear warm-up steps"},
     {"optim.decay", NULL, K_STR, STR(decay), "constant | linear | cosine (to the last step)"},
     {"optim.min_lr_ratio", NULL, K_FLOAT, OFF(min_lr_ratio), 0, "decay floor, fraction of lr"},
-    {"data.paths", "--data", K_PATHS, OFF(paths), 0, "files or folders read as bytes"},
+    {"data.paths", "--data", K_PATHS, OFF(paths), 0, "files, folders (text files) as bytes"},
     {"data.val_fraction", NULL, K_FLOAT, OFF(val_fraction), 0, "held-out tail of the corpus"},
     {"data.eval_every", "--eval-every", K_INT, OFF(eval_every), 0, "steps between evaluations"},
     {"data.eval_batches", NULL, K_INT, OFF(eval_batches), 0, "batches per evaluation"},
     {"ckpt.dir", "--ckpt-dir", K_STR, STR(ckpt_dir), "checkpoint directory, \"\": none"},
-    {"ckpt.every", "--ckpt-every", K_INT, OFF(ckpt_every), 0, "steps between checkpoints"},
+    {"ckpt.every", "--ckpt-every", K_INT, OFF(ckpt_every), 0, "steps between saves (0: last only)"},
     {"ckpt.keep_last", NULL, K_INT, OFF(keep_last), 0, "checkpoints kept"},
     {"ckpt.resume", "--resume", K_BOOL, OFF(resume), 0, "continue from the latest checkpoint"},
     {"ckpt.s3_endpoint", NULL, K_STR, STR(s3_endpoint), "S3 mirror endpoint (AWS_* credentials)"},
@@ -455,7 +455,9 @@ void trainer_config_usage(FILE *out)
             "usage: mpirun -np N moe_train [--config FILE] [--mesh tp=..,ep=..,dp=..,pp=..]\n"
             "                [--resume] [--print-config] [--help] [--KEY VALUE ...]\n"
             "Trains a byte-level MoE language model (docs/trainer.md). Every key of the JSON\n"
-            "config is a flag; flags override the file, which overrides the default.\n\n");
+            "config is a flag; flags override the file, which overrides the default.\n"
+            "--mesh sets the whole mesh (an axis left out is 1); --data takes every path up to\n"
+            "the next flag, once.\n\n");
     for (int i = 0; i < NKNOBS; i++) {
         char flag[64];
         snprintf(flag, sizeof flag, "--%s%s%s", knobs[i].key, knobs[i].alias ? ", " : "",

@@ -97,7 +97,8 @@ int corpus_load(corpus_t *c, char *const *paths, int n, double val_fraction, int
     if (c->train_size < 4096 || val < 1024) {
         /* the smallest corpus with 4096 training and 1024 validation bytes at this fraction */
         size_t need = (size_t)ceil(1024 / val_fraction);
-        if ((double)need * (1 - val_fraction) < 4096) need = (size_t)ceil(4096 / (1 - val_fraction));
+        if ((double)need * (1 - val_fraction) < 4096)
+            need = (size_t)ceil(4096 / (1 - val_fraction));
         return fail(err, len, "data.paths: %zu bytes in %d files give %zu training and %zu "
                     "validation bytes (data.val_fraction %g); the trainer needs at least 4096 "
                     "and 1024: at this fraction at least %zu bytes", c->size, c->files,
