@@ -4,7 +4,7 @@
 # examples/trainer/example.json on the licenses in /usr/share/common-licenses, reporting
 # validation bits per byte against the unigram baseline. Extra arguments go to the trainer
 # (e.g. --steps 100, --mesh tp=2,pp=2). Metrics land in build/example-metrics.jsonl
-# (python3 scripts/plot_metrics.py build/example-metrics.jsonl draws them). It also builds
+# (scripts/plot_metrics.py build/example-metrics.jsonl draws them). It also builds
 # the README's next programs: the elastic launcher build/tools/moe_elastic and the minimal
 # example build/examples/moe_train_layer.
 set -euo pipefail
