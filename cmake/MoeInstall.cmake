@@ -1,6 +1,8 @@
 # install(): the shared and static libraries, the public headers, a CMake package
 # (find_package(libmoe) -> libmoe::moe, and libmoe::moe_static with its dependencies) and a
-# pkg-config file (pkg-config --cflags --libs libmoe; --static adds the private dependencies).
+# pkg-config files (pkg-config --cflags --libs libmoe; pkg-config --static --cflags --libs
+# libmoe-static: the static library and its private dependencies). The trainer (moe_train) and
+# the elastic launcher (moe_elastic) install as tools in bin/ (examples/, tools/).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -56,5 +58,14 @@ if(MOE_HAVE_CUDA)
 endif()
 list(APPEND MOE_PC_LIBS_PRIVATE -lpthread -lm)
 list(JOIN MOE_PC_LIBS_PRIVATE " " MOE_PC_LIBS_PRIVATE)
+# libmoe.pc links the shared library (-lmoe, which the linker prefers to libmoe.a when both are
+# installed); libmoe-static.pc names the archive itself, so `pkg-config --static libmoe-static`
+# links it statically beside an installed libmoe.so.
+set(MOE_PC_NAME libmoe)
+set(MOE_PC_LIBS "-L\${libdir} -lmoe")
 configure_file(cmake/libmoe.pc.in ${CMAKE_CURRENT_BINARY_DIR}/libmoe.pc @ONLY)
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/libmoe.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+set(MOE_PC_NAME libmoe-static)
+set(MOE_PC_LIBS "\${libdir}/libmoe.a")
+configure_file(cmake/libmoe.pc.in ${CMAKE_CURRENT_BINARY_DIR}/libmoe-static.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/libmoe.pc ${CMAKE_CURRENT_BINARY_DIR}/libmoe-static.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,12 +1,14 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plot a moe_train metrics file (JSON lines, one object per step) as one PNG.
 
-  python3 scripts/plot_metrics.py METRICS.jsonl [OUT.png]
+  scripts/plot_metrics.py METRICS.jsonl [OUT.png]
 
 Top panel: training loss and validation loss in bits per byte against steps, with the
 unigram baseline the run has to beat. Below it, one heatmap per MoE layer: the share of the
 layer's routed slots each expert took at each step (a balanced router is a flat 1/E band).
-Needs matplotlib (Debian: python3-matplotlib, installed by scripts/setup-deps.sh --tests).
+Needs matplotlib: Debian's python3-matplotlib, which scripts/setup-deps.sh installs for the
+system's /usr/bin/python3 (hence that interpreter above: a python3 earlier on PATH, such as
+pyenv's, does not see Debian's packages).
 """
 import json
 import math

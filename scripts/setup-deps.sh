@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install libmoe's build dependencies on Debian/Ubuntu (idempotent, non-interactive).
-#   scripts/setup-deps.sh           build + example trainer + the elastic launcher's etcd
-#   scripts/setup-deps.sh --tests   also what the tests need (CMocka, Python with botocore and
-#                                   matplotlib, the S3 test server)
+#   scripts/setup-deps.sh           build + example trainer (and matplotlib for its plot,
+#                                   scripts/plot_metrics.py) + the elastic launcher's etcd
+#   scripts/setup-deps.sh --tests   also what the tests need (CMocka, Python with botocore,
+#                                   the S3 test server)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 with_tests=0
@@ -11,10 +12,10 @@ with_tests=0
 # etcd-server: the rendezvous of tools/elastic's moe_elastic, which starts a private etcd on
 # loopback for a single-host job (and tests/elastic starts one too)
 pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin liburing-dev libcjson-dev
-      libcurl4-openssl-dev libssl-dev libxxhash-dev etcd-server)
-# python3-botocore: AWS's own SigV4 signer, in the signature-verifying front of the S3 tests;
-# python3-matplotlib: scripts/plot_metrics.py, run by test_trainer_train when present
-[ $with_tests = 1 ] && pkgs+=(libcmocka-dev python3 python3-botocore python3-matplotlib)
+      libcurl4-openssl-dev libssl-dev libxxhash-dev etcd-server python3 python3-matplotlib)
+# python3-matplotlib above: scripts/plot_metrics.py, the README's step after example.sh
+# python3-botocore: AWS's own SigV4 signer, in the signature-verifying front of the S3 tests
+[ $with_tests = 1 ] && pkgs+=(libcmocka-dev python3-botocore)
 # the Python wheel: built offline by scripts/python-wheel.sh (python3-build, -wheel,
 # -setuptools, patchelf), installed by tests/python/test_wheel.py into a plain venv
 # (python3-venv, pip); python3-torch (Debian's, older than the custom-op API) runs

@@ -25,6 +25,8 @@ int trainer_ckpt_open(trainer_ckpt_t *k, trainer_t *t, const char *dir)
 {
     memset(k, 0, sizeof *k);
     const trainer_config_t *c = t->cfg;
+    k->verbose = t->plan.world_rank == 0;
+    snprintf(k->dir, sizeof k->dir, "%s", dir);
     moe_ckpt_config_t cc = moe_ckpt_config_default();
     cc.dir = dir;
     cc.keep_last = (int32_t)c->keep_last;
@@ -34,6 +36,7 @@ int trainer_ckpt_open(trainer_ckpt_t *k, trainer_t *t, const char *dir)
         cc.s3_bucket = c->s3_bucket;
         cc.s3_endpoint = c->s3_endpoint[0] ? c->s3_endpoint : NULL;
         cc.s3_prefix = c->s3_prefix;
+        k->s3 = 1;
     }
     if (moe_ckpt_create(t->rt, &cc, &k->ck) != MOE_STATUS_SUCCESS) return report("moe_ckpt_create");
     if (moe_train_state_create(&k->state) != MOE_STATUS_SUCCESS)
@@ -73,7 +76,15 @@ int trainer_ckpt_save(trainer_ckpt_t *k, trainer_t *t, int64_t step)
     k->last_stall_s = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
     if (st != MOE_STATUS_SUCCESS) return report("checkpoint save");
     k->uncommitted = 1;
+    k->pending = step;
     return 0;
+}
+
+static void committed(trainer_ckpt_t *k)
+{
+    if (k->verbose && k->uncommitted)
+        printf("checkpoint: step %lld saved in %s\n", (long long)k->pending, k->dir);
+    k->uncommitted = 0;
 }
 
 int trainer_ckpt_progress(trainer_ckpt_t *k)
@@ -83,7 +94,7 @@ int trainer_ckpt_progress(trainer_ckpt_t *k)
     moe_status_t st = moe_ckpt_wait(k->ck, 0, 0);
     if (st == MOE_STATUS_TIMEOUT) return 0; /* still being written somewhere: next step */
     if (st != MOE_STATUS_SUCCESS) return report("checkpoint commit");
-    k->uncommitted = 0;
+    committed(k);
     return 0;
 }
 
@@ -115,6 +126,15 @@ static void set_aside_newer(trainer_ckpt_t *k, const trainer_t *t, int64_t loade
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+int64_t trainer_ckpt_newest(trainer_ckpt_t *k)
+{
+    int64_t step = -1;
+    int32_t count = 0;
+    if (moe_ckpt_list(k->ck, MOE_CKPT_TIER_LOCAL, &step, 1, &count) != MOE_STATUS_SUCCESS)
+        return -1; /* unreadable: the first save reports it */
+    return count > 0 ? step : -1;
+}
+
 int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)
 {
     int64_t step = -1;
@@ -137,8 +157,22 @@ int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)
 int trainer_ckpt_close(trainer_ckpt_t *k)
 {
     int rc = 0;
-    if (k->ck && moe_ckpt_wait(k->ck, 1, -1) != MOE_STATUS_SUCCESS) rc = report("checkpoint wait");
-    if (moe_ckpt_destroy(k->ck) != MOE_STATUS_SUCCESS && rc == 0) rc = report("checkpoint close");
+    /* the local tier first: its failure fails the run */
+    if (k->ck && moe_ckpt_wait(k->ck, 0, -1) != MOE_STATUS_SUCCESS) rc = report("checkpoint wait");
+    else if (k->ck) committed(k);
+    moe_ckpt_status_t st = {.struct_size = sizeof st, .last_uploaded_step = -1};
+    if (k->ck) moe_ckpt_status(k->ck, &st);
+    /* destroy waits for the newest step's upload and returns the mirror's error, if any */
+    if (moe_ckpt_destroy(k->ck) != MOE_STATUS_SUCCESS && rc == 0) {
+        if (!k->s3) rc = report("checkpoint close");
+        else if (k->verbose) {
+            char have[48] = "no step";
+            if (st.last_uploaded_step >= 0)
+                snprintf(have, sizeof have, "step %lld", (long long)st.last_uploaded_step);
+            fprintf(stderr, "moe_train: warning: the S3 mirror failed (%s); the newest steps "
+                    "are only in %s (S3 has %s)\n", moe_last_error(), k->dir, have);
+        }
+    }
     moe_train_state_destroy(k->state);
     memset(k, 0, sizeof *k);
     return rc;

@@ -18,10 +18,15 @@ typedef struct trainer_ckpt {
     float data[4];       /* the seed in 16-bit limbs */
     double last_stall_s; /* time the last save held training */
     int uncommitted;     /* a save is not yet known committed on every rank */
+    int64_t pending;     /* the step of that save */
+    int verbose;         /* rank 0: print each commit */
+    int s3;              /* an S3 mirror is configured */
+    char dir[512];
 } trainer_ckpt_t;
 
 /* Open the checkpointer on dir (with the config's S3 mirror) and list the trainer's state.
- * Collective. Returns 0 on success. */
+ * Rank 0 prints "checkpoint: step N saved in DIR" once each save is committed. Collective.
+ * Returns 0 on success. */
 int trainer_ckpt_open(trainer_ckpt_t *k, trainer_t *t, const char *dir);
 /* Save the state as `step` (asynchronous). Collective. */
 int trainer_ckpt_save(trainer_ckpt_t *k, trainer_t *t, int64_t step);
@@ -32,10 +37,15 @@ int trainer_ckpt_save(trainer_ckpt_t *k, trainer_t *t, int64_t step);
  * all-reduces (moe_ckpt_wait with a zero timeout), otherwise nothing. Returns 0, or -1 on a
  * checkpoint error. */
 int trainer_ckpt_progress(trainer_ckpt_t *k);
+/* The newest complete checkpoint's step in the local directory, -1 when there is none. */
+int64_t trainer_ckpt_newest(trainer_ckpt_t *k);
 /* Load the newest complete checkpoint; t->step becomes its step. Returns 0 when loaded, 1 when
  * there is none, -1 on failure. Collective. */
 int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t);
-/* Wait for queued saves and close. Collective. Returns 0 when every save is durable. */
+/* Wait for queued saves and close. Collective. Returns 0 when every save is committed
+ * locally: the S3 mirror never fails a run (checkpointing.md: the local tier does not depend
+ * on it); when the newest step could not be mirrored, rank 0 prints one warning naming the
+ * newest mirrored step and the cause. */
 int trainer_ckpt_close(trainer_ckpt_t *k);
 
 #endif /* TRAINER_CHECKPOINT_H */

@@ -60,12 +60,12 @@ static const knob_t knobs[] = {
     {"optim.warmup_steps", NULL, K_INT, OFF(warmup_steps), 0, "linear warm-up steps"},
     {"optim.decay", NULL, K_STR, STR(decay), "constant | linear | cosine (to the last step)"},
     {"optim.min_lr_ratio", NULL, K_FLOAT, OFF(min_lr_ratio), 0, "decay floor, fraction of lr"},
-    {"data.paths", "--data", K_PATHS, OFF(paths), 0, "files or folders read as bytes"},
+    {"data.paths", "--data", K_PATHS, OFF(paths), 0, "files, folders (text files) as bytes"},
     {"data.val_fraction", NULL, K_FLOAT, OFF(val_fraction), 0, "held-out tail of the corpus"},
     {"data.eval_every", "--eval-every", K_INT, OFF(eval_every), 0, "steps between evaluations"},
     {"data.eval_batches", NULL, K_INT, OFF(eval_batches), 0, "batches per evaluation"},
     {"ckpt.dir", "--ckpt-dir", K_STR, STR(ckpt_dir), "checkpoint directory, \"\": none"},
-    {"ckpt.every", "--ckpt-every", K_INT, OFF(ckpt_every), 0, "steps between checkpoints"},
+    {"ckpt.every", "--ckpt-every", K_INT, OFF(ckpt_every), 0, "steps between saves (0: last only)"},
     {"ckpt.keep_last", NULL, K_INT, OFF(keep_last), 0, "checkpoints kept"},
     {"ckpt.resume", "--resume", K_BOOL, OFF(resume), 0, "continue from the latest checkpoint"},
     {"ckpt.s3_endpoint", NULL, K_STR, STR(s3_endpoint), "S3 mirror endpoint (AWS_* credentials)"},
@@ -233,9 +233,21 @@ static int load_json(trainer_config_t *c, const char *path, char *err, size_t le
     fclose(f);
     if (!text) return fail(err, len, "--config %s: out of memory", path);
     text[got] = '\0';
-    cJSON *root = cJSON_Parse(text);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+    if (!root) {
+        /* cJSON stops where the text stops being JSON: name the line and column */
+        size_t at = end ? (size_t)(end - text) : 0, line = 1, col = 1;
+        for (size_t i = 0; i < at && text[i]; i++, col++)
+            if (text[i] == '\n') line++, col = 0;
+        int rc = got == 0 ? fail(err, len, "--config %s: empty file", path)
+                 : fail(err, len, "--config %s: invalid JSON at line %zu, column %zu%s", path,
+                        line, col, at >= got ? " (the text ends early)" : "");
+        free(text);
+        return rc;
+    }
     free(text);
-    if (!root || !cJSON_IsObject(root)) {
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return fail(err, len, "--config %s: not a JSON object", path);
     }
@@ -264,22 +276,30 @@ static int load_json(trainer_config_t *c, const char *path, char *err, size_t le
     return rc;
 }
 
-/* --mesh tp=2,ep=2,dp=1,pp=1 (any subset, in any order). */
+/* --mesh tp=2,ep=2,dp=1,pp=1: the whole mesh, axes in any order; an axis left out is 1 (so
+ * `--mesh ep=2` is a 2-rank mesh whatever the config file set). An axis named twice is refused. */
 static int set_mesh(trainer_config_t *c, const char *v, char *err, size_t len)
 {
     char buf[256];
     if (strlen(v) >= sizeof buf) return fail(err, len, "--mesh: too long");
     strcpy(buf, v);
+    trainer_config_t m = *c;
+    m.tp = m.ep = m.dp = m.pp = 1;
+    int named[4] = {0};
+    static const char *const axes[4] = {"tp", "ep", "dp", "pp"};
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         if (!eq) return fail(err, len, "--mesh: \"%s\" is not axis=size", tok);
         *eq = '\0';
+        int a = 0;
+        while (a < 4 && strcmp(tok, axes[a]) != 0) a++;
+        if (a == 4) return fail(err, len, "--mesh: unknown axis \"%s\" (tp, ep, dp, pp)", tok);
+        if (named[a]++) return fail(err, len, "--mesh: axis %s given twice in \"%s\"", tok, v);
         char key[32];
         snprintf(key, sizeof key, "mesh.%s", tok);
-        const knob_t *k = find(key);
-        if (!k) return fail(err, len, "--mesh: unknown axis \"%s\" (tp, ep, dp, pp)", tok);
-        if (set_text(c, k, eq + 1, "--mesh", err, len)) return -1;
+        if (set_text(&m, find(key), eq + 1, "--mesh", err, len)) return -1;
     }
+    c->tp = m.tp, c->ep = m.ep, c->dp = m.dp, c->pp = m.pp;
     return 0;
 }
 
@@ -291,6 +311,7 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
             if (i + 1 >= argc) return fail(err, len, "--config: needs a file");
             if (load_json(c, argv[++i], err, len)) return -1;
         }
+    int paths_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--config")) {
@@ -332,6 +353,8 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
                 k = &knobs[j];
         if (!k) return fail(err, len, "%s: unknown flag (see --help)", a);
         if (k->type == K_PATHS) { /* every following non-flag argument */
+            if (paths_given++)
+                return fail(err, len, "%s: given twice; list every path after one %s", a, a);
             int n = 0;
             while (i + 1 + n < argc && strncmp(argv[i + 1 + n], "--", 2) != 0) n++;
             if (n == 0) return fail(err, len, "%s: needs at least one path", a);
@@ -488,7 +511,9 @@ void trainer_config_usage(FILE *out)
             "                [--resume] [--print-config [--print-meshes N]] [--plan] [--help]\n"
             "                [--KEY VALUE ...]\n"
             "Trains a byte-level MoE language model (docs/trainer.md). Every key of the JSON\n"
-            "config is a flag; flags override the file, which overrides the default.\n\n");
+            "config is a flag; flags override the file, which overrides the default.\n"
+            "--mesh sets the whole mesh (an axis left out is 1); --data takes every path up to\n"
+            "the next flag, once.\n\n");
     for (int i = 0; i < NKNOBS; i++) {
         char flag[64];
         snprintf(flag, sizeof flag, "--%s%s%s", knobs[i].key, knobs[i].alias ? ", " : "",

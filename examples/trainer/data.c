@@ -19,13 +19,20 @@ static int fail(char *err, size_t len, const char *fmt, ...)
     return -1;
 }
 
-static int append_file(corpus_t *c, const char *path, int verbose, char *err, size_t len)
+/* A file named in data.paths is read whatever it holds; one found in a folder only when it is
+ * text: no NUL byte in its first 8000 bytes (git's test), so a folder's images are skipped. */
+static int append_file(corpus_t *c, const char *path, int top, int verbose, char *err, size_t len)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return fail(err, len, "data.paths: %s: %s", path, strerror(errno));
     uint8_t buf[65536];
     size_t n, total = 0;
     while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        if (total == 0 && !top && memchr(buf, 0, n < 8000 ? n : 8000)) {
+            fclose(f);
+            if (verbose) printf("data: %s skipped (binary)\n", path);
+            return 0;
+        }
         uint8_t *grown = realloc(c->bytes, c->size + n);
         if (!grown) {
             fclose(f);
@@ -53,7 +60,7 @@ static int append_path(corpus_t *c, const char *path, int top, int verbose, char
     if (lstat(path, &st) != 0) return fail(err, len, "data.paths: %s: %s", path, strerror(errno));
     if (S_ISLNK(st.st_mode) && !top) return 0; /* the target is read under its own name */
     if (stat(path, &st) != 0) return fail(err, len, "data.paths: %s: %s", path, strerror(errno));
-    if (S_ISREG(st.st_mode)) return append_file(c, path, verbose, err, len);
+    if (S_ISREG(st.st_mode)) return append_file(c, path, top, verbose, err, len);
     if (!S_ISDIR(st.st_mode)) return 0;
     DIR *d = opendir(path);
     if (!d) return fail(err, len, "data.paths: %s: %s", path, strerror(errno));
@@ -87,9 +94,16 @@ int corpus_load(corpus_t *c, char *const *paths, int n, double val_fraction, int
         if (append_path(c, paths[i], 1, verbose, err, len)) return -1;
     size_t val = (size_t)((double)c->size * val_fraction);
     c->train_size = c->size - val;
-    if (c->train_size < 4096 || val < 1024)
-        return fail(err, len, "data.paths: %zu bytes in %d files; need at least 4096 training "
-                    "and 1024 validation bytes", c->size, c->files);
+    if (c->train_size < 4096 || val < 1024) {
+        /* the smallest corpus with 4096 training and 1024 validation bytes at this fraction */
+        size_t need = (size_t)ceil(1024 / val_fraction);
+        if ((double)need * (1 - val_fraction) < 4096)
+            need = (size_t)ceil(4096 / (1 - val_fraction));
+        return fail(err, len, "data.paths: %zu bytes in %d files give %zu training and %zu "
+                    "validation bytes (data.val_fraction %g); the trainer needs at least 4096 "
+                    "and 1024: at this fraction at least %zu bytes", c->size, c->files,
+                    c->train_size, val, val_fraction, need + 1);
+    }
     double hist[256] = {0};
     for (size_t i = 0; i < c->train_size; i++) hist[c->bytes[i]]++;
     double h = 0;

@@ -64,7 +64,8 @@ static int prepare(trainer_config_t *c, corpus_t *corpus, int argc, char **argv,
 {
     char err[512] = "";
     int bad = trainer_config_parse_args(c, argc, argv, err, sizeof err) ||
-              (!c->help && trainer_config_validate(c, world, err, sizeof err));
+              (!c->help && trainer_config_validate(c, c->print_config ? 0 : world, err,
+                                                   sizeof err));
     if (!all_agree(!bad)) {
         if (rank == 0) fprintf(stderr, "moe_train: %s\n", err[0] ? err : "bad arguments");
         return 2;
@@ -126,14 +127,41 @@ int main(int argc, char **argv)
         return rc;
     }
     trainer_t t;
-    if (!all_agree(trainer_setup(&t, &c, &corpus) == 0)) die("set-up");
+    int setup_ok = trainer_setup(&t, &c, &corpus) == 0, any_ok = 0;
+    MPI_Allreduce(&setup_ok, &any_ok, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!any_ok) { /* the same failure everywhere, already printed once: a plain exit */
+        corpus_free(&corpus);
+        trainer_config_free(&c);
+        membership_leave(1, "set-up failed");
+        MPI_Finalize();
+        return 1;
+    }
+    if (!all_agree(setup_ok)) die("set-up");
     runtime = t.rt;
     trainer_ckpt_t ck = {0};
     if (c.ckpt_dir[0] && trainer_ckpt_open(&ck, &t, c.ckpt_dir)) die("checkpoint open");
+    /* a fresh run would fail at its first save over the old steps: say so before training */
+    int64_t old_step = ck.ck && !c.resume ? trainer_ckpt_newest(&ck) : -1;
+    if (!all_agree(old_step < 0)) {
+        if (rank == 0)
+            fprintf(stderr, "moe_train: %s already holds checkpoints (newest: step %lld): pass "
+                    "--resume to continue from it, or another --ckpt-dir\n", c.ckpt_dir,
+                    (long long)old_step);
+        trainer_ckpt_close(&ck);
+        trainer_teardown(&t);
+        corpus_free(&corpus);
+        trainer_config_free(&c);
+        membership_leave(2, "ckpt.dir holds checkpoints and --resume was not given");
+        MPI_Finalize();
+        return 2;
+    }
     if (c.resume) {
         int r = trainer_ckpt_resume(&ck, &t);
         if (r < 0) die("resume");
         if (rank == 0 && r == 0) printf("resume: step %lld from %s\n", (long long)t.step, c.ckpt_dir);
+        if (rank == 0 && r == 0 && t.step >= c.steps)
+            printf("resume: the run is complete (train.steps %lld); nothing to train\n",
+                   (long long)c.steps);
         if (rank == 0 && r == 1) printf("resume: no checkpoint in %s; starting at step 0\n", c.ckpt_dir);
     }
     membership_resumed(t.step);
@@ -148,6 +176,7 @@ int main(int argc, char **argv)
                (long long)c.ffn_hidden, (long long)c.batch, (long long)c.context,
                (long long)c.microbatches);
 
+    int64_t first_step = t.step;
     double t_start = now(), val = -1, tokens = 0;
     while (t.step < c.steps) {
         double t0 = now(), loss;
@@ -165,7 +194,7 @@ int main(int argc, char **argv)
         double c0 = now();
         if (trainer_ckpt_progress(&ck)) die("checkpoint commit");
         r.ckpt_stall_s = now() - c0;
-        if (ck.ck && c.ckpt_every > 0 && (t.step % c.ckpt_every == 0 || t.step == c.steps)) {
+        if (ck.ck && ((c.ckpt_every > 0 && t.step % c.ckpt_every == 0) || t.step == c.steps)) {
             if (trainer_ckpt_save(&ck, &t, t.step)) die("checkpoint save");
             r.ckpt_stall_s += ck.last_stall_s;
         }
@@ -174,11 +203,15 @@ int main(int argc, char **argv)
     }
     double elapsed = now() - t_start;
     if (ck.ck && trainer_ckpt_close(&ck)) die("checkpoint close");
+    char span[96]; /* after a resume the time and rate are this run's steps only */
+    if (first_step > 0)
+        snprintf(span, sizeof span, "step %lld; steps %lld-%lld (this run)", (long long)t.step,
+                 (long long)first_step + 1, (long long)t.step);
+    else snprintf(span, sizeof span, "%lld steps", (long long)t.step);
     if (rank == 0 && val >= 0)
-        printf("done: %lld steps in %.1f s (%.0f tok/s); validation %.4f bits/byte = %.1f%% of "
-               "the unigram baseline %.4f\n", (long long)t.step, elapsed,
-               elapsed > 0 ? tokens / elapsed : 0, val / log(2.0),
-               100 * val / log(2.0) / corpus.unigram_bits, corpus.unigram_bits);
+        printf("done: %s in %.1f s (%.0f tok/s); validation %.4f bits/byte = %.1f%% of the "
+               "unigram baseline %.4f\n", span, elapsed, elapsed > 0 ? tokens / elapsed : 0,
+               val / log(2.0), 100 * val / log(2.0) / corpus.unigram_bits, corpus.unigram_bits);
     metrics_close(&mx);
     trainer_teardown(&t);
     corpus_free(&corpus);

@@ -1,14 +1,48 @@
 /* The trainer's progress lines and JSON-lines metrics (metrics.h). */
 #include "metrics.h"
 
-#include "memplan.h"
-
+#include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
+#include "memplan.h"
+
 #define HOST_PEAK_TFLOPS 0.05
 #define CUDA_PEAK_TFLOPS 774.0 /* the H200's measured bf16 GEMM rate (bench/results) */
+
+/* A resumed run replays the steps after its checkpoint: drop the file's lines of those steps
+ * (written by the run that stopped), so every step appears once. */
+static int drop_after(const char *path, int64_t step)
+{
+    FILE *in = fopen(path, "r");
+    if (!in) return 0; /* no file yet */
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        perror(tmp);
+        fclose(in);
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, in) > 0) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
+        if (!cJSON_IsNumber(s) || s->valuedouble <= (double)step) fputs(line, out);
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(in);
+    if (fclose(out) != 0 || rename(tmp, path) != 0) {
+        perror(path);
+        return -1;
+    }
+    return 0;
+}
 
 int metrics_open(metrics_t *mx, const trainer_t *t, double unigram_bits)
 {
@@ -22,6 +56,7 @@ int metrics_open(metrics_t *mx, const trainer_t *t, double unigram_bits)
     mx->tokens_per_step = (double)(c->batch * c->context);
     mx->unigram_bits = unigram_bits;
     if (t->plan.world_rank != 0 || !c->metrics[0]) return 0;
+    if (c->resume && drop_after(c->metrics, t->step)) return -1;
     mx->jsonl = fopen(c->metrics, c->resume ? "a" : "w");
     if (!mx->jsonl) {
         perror(c->metrics);

@@ -159,7 +159,11 @@ static int make_runtime(trainer_t *t)
     rc.backend = !strcmp(c->backend, "cuda") ? MOE_BACKEND_CUDA : MOE_BACKEND_HOST;
     rc.seed = (uint64_t)c->seed;
     rc.mesh = &mc;
-    if (moe_runtime_create(&rc, &t->rt) != MOE_STATUS_SUCCESS) return report("moe_runtime_create");
+    /* a failure every rank shares (no GPU for --backend cuda) is printed once, by rank 0 */
+    int ok = moe_runtime_create(&rc, &t->rt) == MOE_STATUS_SUCCESS, any_ok = 0, world_rank = 0;
+    MPI_Allreduce(&ok, &any_ok, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (!ok) return any_ok || world_rank == 0 ? report("moe_runtime_create") : -1;
     plan_t *p = &t->plan;
     int32_t size;
     moe_runtime_axis(t->rt, MOE_AXIS_WORLD, &p->world_rank, &p->world);

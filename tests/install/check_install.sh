@@ -3,7 +3,9 @@
 #  - the consumer through find_package(libmoe) and through pkg-config, shared library;
 #  - the README's example program (extracted from README.md), through pkg-config;
 #  - the consumer linked statically: find_package(libmoe COMPONENTS static) -> libmoe::moe_static,
-#    and pkg-config --static on a prefix that holds the static library alone;
+#    pkg-config --static libmoe-static beside the shared library, and pkg-config --static
+#    libmoe on a prefix that holds the static library alone;
+#  - the installed tools moe_train and moe_elastic (--help);
 # and check the SONAME and that only moe_* symbols are exported.
 # Usage: check_install.sh BUILD_DIR SRC_DIR
 set -euo pipefail
@@ -39,6 +41,11 @@ cmake -S "$src/tests/install/consumer" -B "$tmp/cmake-static" -DCMAKE_PREFIX_PAT
 cmake --build "$tmp/cmake-static" > /dev/null
 no_shared_libmoe "$tmp/cmake-static/consumer"
 "$tmp/cmake-static/consumer"
+# beside the shared library: libmoe-static.pc names the archive itself
+cc -o "$tmp/pc-static-beside" "$src/tests/install/consumer/main.c" \
+  $(pc "$libdir" --static --cflags --libs libmoe-static)
+no_shared_libmoe "$tmp/pc-static-beside"
+"$tmp/pc-static-beside"
 # a static-only install: the same prefix without the shared library
 cp -a "$tmp/prefix" "$tmp/static-prefix"
 static_libdir="$tmp/static-prefix/${libdir#"$tmp/prefix/"}"
@@ -47,6 +54,12 @@ cc -o "$tmp/pc-static-consumer" "$src/tests/install/consumer/main.c" \
   $(pc "$static_libdir" --static --cflags --libs libmoe)
 no_shared_libmoe "$tmp/pc-static-consumer"
 "$tmp/pc-static-consumer"
+
+# the tools: the trainer (found its libmoe.so through its RPATH) and the elastic launcher
+if [ -f "$build/examples/moe_train" ]; then
+  "$tmp/prefix/bin/moe_train" --help | grep -q "usage:" || { echo "installed moe_train --help failed"; exit 1; }
+  "$tmp/prefix/bin/moe_elastic" --help | grep -q -- "--slots" || { echo "installed moe_elastic --help failed"; exit 1; }
+fi
 
 # the SONAME carries major.minor, and only moe_* symbols are exported
 soname=$(objdump -p "$libdir/libmoe.so" | awk '/SONAME/ {print $2}')

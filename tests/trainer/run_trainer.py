@@ -12,9 +12,14 @@ MODE:
   resume       6 steps straight vs 3 steps, checkpoint, --resume to 6 on the same mesh
                (ep=2): losses of steps 4..6 and the final state bitwise equal; the step-3
                checkpoint resumed on another mesh (dp=2, pp=2): the first loss within 1e-5 of
-               the uninterrupted run's step 4.
-  flags        bad flags, values, keys and meshes fail naming them (exit 2); --help exits 0;
-               --print-config prints JSON that reads back to the same config.
+               the uninterrupted run's step 4. A resume that replays steps leaves each step
+               once in the metrics file; --resume on a finished run says so; --ckpt-dir
+               without --ckpt-every saves after the last step and prints it; a fresh run over
+               old checkpoints stops; an unreachable S3 mirror ends the run with exit 0 and
+               one warning.
+  flags        bad flags, values, keys, meshes, config files and data fail naming them (exit
+               2); --help exits 0; --print-config prints JSON that reads back to the same
+               config, and prints a mesh other than the world's.
   train        the example config (--example-config) for --steps steps on 4 ranks
                (pp=2, ep=2): the final validation bits per byte <= 80% of the unigram baseline;
                then scripts/plot_metrics.py draws the metrics when matplotlib is present.
@@ -31,6 +36,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -47,9 +53,9 @@ a = p.parse_args()
 failures = []
 
 
-def mpirun(np, args, expect=0, capture=True):
+def mpirun(np, args, expect=0, capture=True, env=None):
     cmd = [a.mpirun, "-np", str(np), "--oversubscribe", a.trainer] + args
-    r = subprocess.run(cmd, capture_output=capture, text=True, timeout=600)
+    r = subprocess.run(cmd, capture_output=capture, text=True, timeout=600, env=env)
     if expect is not None and r.returncode != expect:
         print(r.stdout, r.stderr)
         raise SystemExit(f"FAIL: {' '.join(cmd)} exited {r.returncode}, expected {expect}")
@@ -107,6 +113,9 @@ elif a.mode == "resume":
     moved = os.path.join(a.work, "moved-ckpt")
     shutil.rmtree(moved, ignore_errors=True)
     shutil.copytree(first_ck, moved)
+    replay_ck = os.path.join(a.work, "replay-ckpt")
+    shutil.rmtree(replay_ck, ignore_errors=True)
+    shutil.copytree(first_ck, replay_ck)
     metrics = os.path.join(a.work, "first", "metrics.jsonl")
     mpirun(2, ["--config", a.config, "--mesh", "ep=2", "--ckpt-dir", first_ck,
                "--ckpt-every", "3", "--metrics", metrics, "--steps", "6", "--resume"])
@@ -120,15 +129,69 @@ elif a.mode == "resume":
                other, "--steps", "4", "--resume"])
     rows = [json.loads(l) for l in open(other)]
     check_losses("ep=2 -> dp=2,pp=2", rows, straight[3:], 1, 1e-5)
+    # a resume from step 3 with the metrics of all 6 steps (a run that stopped after step 6
+    # but whose newest checkpoint is step 3): steps 4..6 are replayed and appear once
+    replay = os.path.join(a.work, "replay.jsonl")
+    shutil.copy(os.path.join(a.work, "straight", "metrics.jsonl"), replay)
+    mpirun(2, ["--config", a.config, "--mesh", "ep=2", "--ckpt-dir", replay_ck, "--metrics",
+               replay, "--steps", "6", "--resume"])
+    rows = [json.loads(l) for l in open(replay)]
+    if [r["step"] for r in rows] != list(range(1, 7)):
+        failures.append(f"metrics after a replaying resume hold steps {[r['step'] for r in rows]}")
+    else:
+        check_losses("replayed", rows[3:], straight[3:], 3, 0)
+    # a finished run says so
+    r = mpirun(2, ["--config", a.config, "--mesh", "ep=2", "--ckpt-dir", first_ck,
+                   "--steps", "6", "--resume"])
+    if "the run is complete" not in r.stdout:
+        failures.append(f"--resume on a finished run did not say so: {r.stdout!r}")
+    # --ckpt-dir without --ckpt-every: one save, after the last step, and it is printed
+    last_only = os.path.join(a.work, "last-only")
+    shutil.rmtree(last_only, ignore_errors=True)
+    r = mpirun(2, ["--config", a.config, "--mesh", "ep=2", "--ckpt-dir", last_only,
+                   "--steps", "2"])
+    saved = sorted(os.listdir(last_only)) if os.path.isdir(last_only) else []
+    if not saved or not saved[-1].endswith("2") or "checkpoint: step 2 saved" not in r.stdout:
+        failures.append(f"--ckpt-dir alone: {saved}, {r.stdout!r}")
+    # a fresh run over a directory that holds checkpoints stops before training, naming it
+    r = mpirun(2, ["--config", a.config, "--mesh", "ep=2", "--ckpt-dir", last_only,
+                   "--steps", "2"], expect=2)
+    if "pass --resume" not in r.stderr:
+        failures.append(f"a fresh run over old checkpoints: {r.stderr!r}")
+    # an unreachable S3 mirror: the run ends with exit 0 and one warning from the trainer
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
+               MOE_CKPT_S3_MAX_RETRIES="1", MOE_CKPT_S3_RETRY_BASE_MS="50",
+               MOE_CKPT_S3_RETRY_MAX_MS="200")
+    no_s3 = os.path.join(a.work, "no-s3")
+    shutil.rmtree(no_s3, ignore_errors=True)
+    r = mpirun(2, ["--config", a.config, "--mesh", "ep=2", "--ckpt-dir", no_s3, "--steps", "2",
+                   "--ckpt.s3_endpoint", f"http://127.0.0.1:{port}", "--ckpt.s3_bucket", "b"],
+               env=env)
+    if r.stderr.count("moe_train: warning: the S3 mirror failed") != 1 or "done:" not in r.stdout:
+        failures.append(f"unreachable S3: {r.stdout!r} {r.stderr[-2000:]!r}")
+    print("  metrics once per step, finished resume, save after the last step, old "
+          "checkpoints without --resume, an unreachable S3 mirror checked")
 
 elif a.mode == "flags":
     bad_key = os.path.join(a.work, "bad-key.json")
     os.makedirs(a.work, exist_ok=True)
     json.dump({"model": {"hiden": 8}}, open(bad_key, "w"))
+    truncated, empty, small = (os.path.join(a.work, n) for n in ("truncated.json", "empty.json",
+                                                                  "small.txt"))
+    open(truncated, "w").write('{"model": {"layers": 2,\n "hidden": ')
+    open(empty, "w").close()
+    open(small, "w").write("x" * 10000)
     cases = [(["--backend", "gpu"], "train.backend"), (["--seed", "foo"], "--seed"),
              (["--steps", "3x"], "--steps"), (["--model.heads", "3"], "model.heads"),
-             (["--frobnicate"], "--frobnicate"), (["--mesh", "ep=3"], "mpirun started 1"),
-             (["--mesh", "xp=2"], "xp"), (["--config", bad_key], "model.hiden")]
+             (["--frobnicate"], "--frobnicate"), (["--mesh", "ep=2"], "mpirun started 1"),
+             (["--mesh", "xp=2"], "xp"), (["--config", bad_key], "model.hiden"),
+             (["--mesh", "ep=2,pp=2,ep=1"], "ep given twice"),
+             (["--data", "a", "--data", "b"], "--data: given twice"),
+             (["--config", truncated], "line 2, column"), (["--config", empty], "empty file"),
+             (["--data", small], "500 validation bytes")]
     for args, named in cases:
         r = mpirun(1, ["--config", a.config] + args, expect=2)
         ok = named in r.stderr
@@ -145,6 +208,11 @@ elif a.mode == "flags":
     again = mpirun(1, ["--config", again_path, "--print-config"]).stdout
     if json.loads(printed) != json.loads(again) or json.loads(printed)["model"]["hidden"] != 24:
         failures.append("--print-config does not read back to the same config")
+    # the effective config of a mesh other than this world's (its shape is still checked)
+    r = mpirun(1, ["--config", a.config, "--mesh", "ep=2,pp=2", "--print-config"])
+    if json.loads(r.stdout)["mesh"]["pp"] != 2 or json.loads(r.stdout)["mesh"]["tp"] != 1:
+        failures.append(f"--print-config --mesh ep=2,pp=2: {r.stdout!r}")
+    mpirun(1, ["--config", a.config, "--mesh", "ep=3", "--print-config"], expect=2)
     print("  --help, --print-config round trip checked")
 
 elif a.mode == "train":

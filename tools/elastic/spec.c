@@ -204,6 +204,14 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
                  "moe_train prints (mesh, train, ckpt sections and the meshes list)");
         return -1;
     }
+    /* --print-config checks the mesh's shape but not the world (it prints any config) */
+    const el_mesh_t *jm = &sh->job;
+    if (jm->tp * jm->ep * jm->dp * jm->pp != s->slots) {
+        snprintf(err, len, "the trainer's --print-config mesh tp*ep*dp*pp = "
+                 "%lld*%lld*%lld*%lld does not fit the job's %d slots", (long long)jm->tp,
+                 (long long)jm->ep, (long long)jm->dp, (long long)jm->pp, s->slots);
+        return -1;
+    }
     if (!info->ckpt_dir[0] || info->ckpt_every <= 0) {
         snprintf(err, len, "the trainer needs ckpt.dir and ckpt.every > 0 (--ckpt-dir, "
                  "--ckpt-every): a restart resumes from its checkpoints");
