@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 
-from session import session_left
+from session import alive, session_left
 
 p = argparse.ArgumentParser()
 p.add_argument("--launcher", required=True)
@@ -279,14 +279,6 @@ def limits():
     return ok and good
 
 
-def alive(pid):
-    try:
-        st = open(f"/proc/{pid}/stat").read()
-        return st[st.rindex(")") + 2] != "Z"
-    except OSError:
-        return False
-
-
 def committed(ckpt):
     try:
         names = os.listdir(ckpt)
@@ -356,8 +348,13 @@ def restart_trial(n, mesh, ref):
         problems.append(f"rejected {rejected}, the corrupted step was {bad}")
     if not resumed or resumed[-1] != (steps[-2] if len(steps) > 1 else 0):
         problems.append(f"resumed at {resumed}, checkpoints {steps}")
-    if mr[:len(first_rows)] != first_rows or not first_rows:
-        problems.append("the first run's metrics rows were not kept")
+    # the rerun replays the steps after the checkpoint it resumed from: the trainer drops the
+    # first run's rows of those steps, keeps every earlier one, and writes each step once
+    kept = [r for r in first_rows if resumed and r["step"] <= resumed[-1]]
+    if mr[:len(kept)] != kept or not first_rows:
+        problems.append("the first run's metrics rows up to the resumed step were not kept")
+    if len({r["step"] for r in mr}) != len(mr):
+        problems.append("a step appears twice in the metrics file")
     missing = sorted(set(range(1, a.steps + 1)) - {r["step"] for r in mr})
     if missing:
         problems.append(f"steps never logged: {missing[:5]}...")

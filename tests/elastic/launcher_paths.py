@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from session import session_left
+from session import alive, session_left
 
 p = argparse.ArgumentParser()
 p.add_argument("--launcher", required=True)
@@ -114,14 +114,6 @@ def zombie_children(pid):
         if fields[0] == "Z" and int(fields[1]) == pid:
             z.append(int(q))
     return z
-
-
-def alive(pid):
-    try:
-        st = open(f"/proc/{pid}/stat").read()
-        return st[st.rindex(")") + 2] != "Z"
-    except OSError:
-        return False
 
 
 def noisy(d):

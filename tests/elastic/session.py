@@ -15,3 +15,12 @@ def session_left(sid):
         if int(fields[3]) == sid and fields[0] != "Z":
             left.append(int(pid))
     return left
+
+
+def alive(pid):
+    """Whether process pid still runs (a zombie counts as gone)."""
+    try:
+        st = open(f"/proc/{pid}/stat").read()
+        return st[st.rindex(")") + 2] != "Z"
+    except OSError:
+        return False
