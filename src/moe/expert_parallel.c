@@ -377,8 +377,17 @@ static moe_status_t pipeline(moe_layer_t *l, moe_slot_t *s, const void *tok_in, 
                 int64_t n = ds->rc[q], lo = chunk_lo(n, c, C), hi = chunk_lo(n, c + 1, C);
                 if (hi == lo) continue;
                 void *p = (char *)exp_out + (size_t)(ds->rd[q] + lo) * H * a;
-                MOE_TRY_GOTO(st, moe_comm_allreduce(d->tp, p, p, (size_t)(hi - lo) * H, d->act_dt,
-                                                    MOE_REDUCE_SUM));
+                st = moe_comm_allreduce(d->tp, p, p, (size_t)(hi - lo) * H, d->act_dt,
+                                        MOE_REDUCE_SUM);
+                /* tp ranks fed different tokens route different rows: the sums then differ
+                 * in size, which is how that mistake shows without the hash check */
+                if (st != MOE_STATUS_SUCCESS) {
+                    moe_error_wrap(st, "summing the experts' rows over tp failed; the likely "
+                                   "cause: the tp ranks were fed different tokens, so they "
+                                   "routed different rows (MOE_CHECK_TP_INPUTS=1 compares the "
+                                   "tokens at every forward)");
+                    goto fail;
+                }
             }
         MOE_TRY_GOTO(st, a2a_start(l, ds, c, true, exp_out, tok_out, &comb[c]));
         started_c++;
