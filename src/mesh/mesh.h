@@ -21,7 +21,7 @@
  * host[] are MPI communicators over the same groups for small host-side control messages
  * (counts, statistics). On the host backend they are the same objects.
  *
- * All of them share the mesh's watch (comm/watch.h): the first failure of any poisons the
+ * All of them share the mesh's watch (comm/peer_watch.h): the first failure of any poisons the
  * mesh, and destroy then leaks what MPI may still touch and leaves MPI unfinalised.
  */
 #ifndef MOE_MESH_INTERNAL_H

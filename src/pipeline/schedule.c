@@ -41,17 +41,17 @@ static void push(moe_pipeline_schedule_t *sc, moe_pipeline_op_t op, int32_t mb, 
 static void push_forward(moe_pipeline_schedule_t *sc, int32_t mb, int32_t chunk)
 {
     int32_t s = sc->stage, p = sc->stages, vs = chunk * p + s, nv = p * sc->virtual_stages;
-    if (vs > 0) push(sc, MOE_PIPE_RECV_ACT, mb, chunk, (s + p - 1) % p);
-    push(sc, MOE_PIPE_FORWARD, mb, chunk, -1);
-    if (vs < nv - 1) push(sc, MOE_PIPE_SEND_ACT, mb, chunk, (s + 1) % p);
+    if (vs > 0) push(sc, MOE_PIPELINE_RECV_ACT, mb, chunk, (s + p - 1) % p);
+    push(sc, MOE_PIPELINE_FORWARD, mb, chunk, -1);
+    if (vs < nv - 1) push(sc, MOE_PIPELINE_SEND_ACT, mb, chunk, (s + 1) % p);
 }
 
 static void push_backward(moe_pipeline_schedule_t *sc, int32_t mb, int32_t chunk)
 {
     int32_t s = sc->stage, p = sc->stages, vs = chunk * p + s, nv = p * sc->virtual_stages;
-    if (vs < nv - 1) push(sc, MOE_PIPE_RECV_GRAD, mb, chunk, (s + 1) % p);
-    push(sc, MOE_PIPE_BACKWARD, mb, chunk, -1);
-    if (vs > 0) push(sc, MOE_PIPE_SEND_GRAD, mb, chunk, (s + p - 1) % p);
+    if (vs < nv - 1) push(sc, MOE_PIPELINE_RECV_GRAD, mb, chunk, (s + 1) % p);
+    push(sc, MOE_PIPELINE_BACKWARD, mb, chunk, -1);
+    if (vs > 0) push(sc, MOE_PIPELINE_SEND_GRAD, mb, chunk, (s + p - 1) % p);
 }
 
 /* The microbatch and chunk of forward (or backward) unit k of an interleaved schedule. */
@@ -212,12 +212,12 @@ moe_status_t moe_pipeline_schedule_info(const moe_pipeline_schedule_t *sc, int32
 const char *moe_pipeline_op_string(moe_pipeline_op_t op)
 {
     switch (op) {
-    case MOE_PIPE_FORWARD: return "forward";
-    case MOE_PIPE_BACKWARD: return "backward";
-    case MOE_PIPE_SEND_ACT: return "send_act";
-    case MOE_PIPE_RECV_ACT: return "recv_act";
-    case MOE_PIPE_SEND_GRAD: return "send_grad";
-    case MOE_PIPE_RECV_GRAD: return "recv_grad";
+    case MOE_PIPELINE_FORWARD: return "forward";
+    case MOE_PIPELINE_BACKWARD: return "backward";
+    case MOE_PIPELINE_SEND_ACT: return "send_act";
+    case MOE_PIPELINE_RECV_ACT: return "recv_act";
+    case MOE_PIPELINE_SEND_GRAD: return "send_grad";
+    case MOE_PIPELINE_RECV_GRAD: return "recv_grad";
     }
     return "unknown";
 }
