@@ -13,7 +13,6 @@
 #include "../core/error.h"
 #include "ckpt_internal.h"
 
-#define MOE_MAGIC_TRAIN_STATE 0x4d4f455354415431ull /* "MOESTAT1" */
 #define STEP_LIMBS 4
 
 typedef struct state_entry {

@@ -21,7 +21,6 @@
 #include "../core/error.h"
 #include "etcd.h"
 
-#define MOE_MAGIC_MEMBER 0x4d4f454d454d4231ull /* "MOEMEMB1" */
 #define MAX_RENEW_MS 1000                      /* renew at least this often, whatever the TTL */
 
 struct moe_elastic_member {

@@ -8,10 +8,6 @@
 #include <moe/pipeline.h>
 #include <stdbool.h>
 
-/* Handle magics (the module's own, beside the ones in core/error.h). */
-#define MOE_MAGIC_PIPE_SCHED 0x4d4f455343484431ull /* "MOESCHD1" */
-#define MOE_MAGIC_PIPELINE 0x4d4f455049504531ull   /* "MOEPIPE1" */
-
 struct moe_pipeline_schedule {
     uint64_t magic;
     int32_t stages, microbatches, stage, warmup, virtual_stages;
