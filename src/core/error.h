@@ -179,6 +179,14 @@ moe_status_t moe_error_wrap(moe_status_t status, const char *fmt, ...)
                             "%s is not a live handle (destroyed or wrong kind)", what);    \
     } while (0)
 
+/* The opening of a public call on a handle: the thread's last error cleared, then the handle
+ * checked (MOE_CHECK_HANDLE; `what` names it in the message). */
+#define MOE_ENTRY(h, magic_value, what)                                                    \
+    do {                                                                                   \
+        moe_error_clear();                                                                 \
+        MOE_CHECK_HANDLE(h, magic_value, what);                                            \
+    } while (0)
+
 /* Checks that the caller's config struct is at least as large as the first ABI version. */
 #define MOE_CHECK_STRUCT_SIZE(ptr, type, first_field_end)                                  \
     MOE_CHECK_ARG((ptr)->struct_size >= (first_field_end) &&                               \

@@ -350,8 +350,7 @@ moe_status_t moe_pipeline_destroy(moe_pipeline_t *pp)
 moe_status_t moe_pipeline_get_schedule(const moe_pipeline_t *pp,
                                        const moe_pipeline_schedule_t **out)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(pp, MOE_MAGIC_PIPELINE, "pipeline");
+    MOE_ENTRY(pp, MOE_MAGIC_PIPELINE, "pipeline");
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = pp->sched;
     return MOE_STATUS_SUCCESS;
@@ -359,8 +358,7 @@ moe_status_t moe_pipeline_get_schedule(const moe_pipeline_t *pp,
 
 moe_status_t moe_pipeline_stats(const moe_pipeline_t *pp, moe_pipeline_stats_t *stats)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(pp, MOE_MAGIC_PIPELINE, "pipeline");
+    MOE_ENTRY(pp, MOE_MAGIC_PIPELINE, "pipeline");
     MOE_CHECK_ARG(stats != NULL, "stats is NULL");
     MOE_CHECK_STRUCT_SIZE(stats, moe_pipeline_stats_t, sizeof(moe_pipeline_stats_t));
     size_t sz = stats->struct_size < sizeof *stats ? stats->struct_size : sizeof *stats;
@@ -659,8 +657,7 @@ static void abandon_microbatches(moe_pipeline_t *pp)
 
 moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(pp, MOE_MAGIC_PIPELINE, "pipeline");
+    MOE_ENTRY(pp, MOE_MAGIC_PIPELINE, "pipeline");
     if (pp->broken)
         return MOE_FAIL(MOE_STATUS_ABORTED, "a transfer of an earlier batch failed on stage "
                         "%d; the pp communicator is unusable", pp->stage);

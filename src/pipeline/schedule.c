@@ -157,8 +157,7 @@ moe_status_t moe_pipeline_schedule_create_interleaved(int32_t stages, int32_t mi
 moe_status_t moe_pipeline_schedule_virtual_stages(const moe_pipeline_schedule_t *sc,
                                                   int32_t *virtual_stages)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     MOE_CHECK_ARG(virtual_stages != NULL, "virtual_stages is NULL");
     *virtual_stages = sc->virtual_stages;
     return MOE_STATUS_SUCCESS;
@@ -175,8 +174,7 @@ moe_status_t moe_pipeline_schedule_destroy(moe_pipeline_schedule_t *sc)
 
 moe_status_t moe_pipeline_schedule_length(const moe_pipeline_schedule_t *sc, int32_t *count)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     MOE_CHECK_ARG(count != NULL, "count is NULL");
     *count = sc->count;
     return MOE_STATUS_SUCCESS;
@@ -185,8 +183,7 @@ moe_status_t moe_pipeline_schedule_length(const moe_pipeline_schedule_t *sc, int
 moe_status_t moe_pipeline_schedule_action(const moe_pipeline_schedule_t *sc, int32_t index,
                                           moe_pipeline_action_t *action)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     MOE_CHECK_ARG(action != NULL, "action is NULL");
     MOE_CHECK_ARG(index >= 0 && index < sc->count, "index %d is outside 0..%d", index,
                   sc->count - 1);
@@ -197,8 +194,7 @@ moe_status_t moe_pipeline_schedule_action(const moe_pipeline_schedule_t *sc, int
 moe_status_t moe_pipeline_schedule_info(const moe_pipeline_schedule_t *sc, int32_t *stages,
                                         int32_t *microbatches, int32_t *stage, int32_t *warmup)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     if (stages) *stages = sc->stages;
     if (microbatches) *microbatches = sc->microbatches;
     if (stage) *stage = sc->stage;
@@ -239,8 +235,7 @@ static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
 moe_status_t moe_pipeline_schedule_to_string(const moe_pipeline_schedule_t *sc, char *buf,
                                               size_t size, size_t *needed)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     MOE_CHECK_ARG(buf != NULL || size == 0, "buf is NULL but size is %zu", size);
     size_t len = 0;
     append(buf, size, &len, "stage %d/%d m=%d", sc->stage, sc->stages, sc->microbatches);
