@@ -60,8 +60,8 @@
 #include <moe/ckpt.h>
 #include <xxhash.h>
 
-#include "../core/log.h"
-#include "../runtime/runtime.h"
+#include "core/log.h"
+#include "runtime/runtime.h"
 
 #define CK_FORMAT_NAME "libmoe-checkpoint"
 #define CK_FORMAT_VERSION 3

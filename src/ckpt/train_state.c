@@ -10,7 +10,7 @@
 #include <moe/train_state.h>
 #include <moe/mesh.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 #define STEP_LIMBS 4

@@ -22,8 +22,8 @@
 
 #include <moe/core.h>
 
-#include "../backend/backend.h"
-#include "../core/log.h"
+#include "backend/backend.h"
+#include "core/log.h"
 #include "peer_watch.h"
 
 typedef enum moe_comm_dtype {

@@ -10,7 +10,7 @@
 
 #include <moe/core.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 typedef struct moe_comm moe_comm_t;
 

@@ -16,8 +16,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/clock.h"
-#include "../core/error.h"
+#include "core/clock.h"
+#include "core/error.h"
 #include "comm.h"
 #include "mpi_support.h"
 

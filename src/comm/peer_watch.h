@@ -35,7 +35,7 @@
 
 #include <moe/core.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 
 typedef struct moe_comm moe_comm_t;
 typedef struct moe_comm_req moe_comm_req_t;

@@ -17,8 +17,8 @@
 #include <cjson/cJSON.h>
 #include <moe/elastic.h>
 
-#include "../core/env.h"
-#include "../core/error.h"
+#include "core/env.h"
+#include "core/error.h"
 #include "etcd.h"
 
 #define MAX_RENEW_MS 1000                      /* renew at least this often, whatever the TTL */

@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/env.h"
-#include "../core/error.h"
-#include "../core/tensor.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/tensor.h"
 #include "device_buffer.h"
 #include "expert_parallel.h"
 #include "layer_internal.h"

@@ -31,9 +31,9 @@
 
 #include <moe/mesh.h>
 
-#include "../backend/backend.h"
-#include "../comm/comm.h"
-#include "../core/log.h"
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "core/log.h"
 
 #define MOE_MESH_DENSE 6 /* index of the dense (ep x dp) group in comm[] / host[] */
 #define MOE_MESH_STAGE 7 /* index of the stage (tp x ep x dp) group; host[] only */

@@ -13,9 +13,9 @@
 
 #include <moe/optim.h>
 
-#include "../core/error.h"
-#include "../core/tensor.h"
-#include "../runtime/runtime.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "runtime/runtime.h"
 #include "clip.h"
 #include "grad_sync.h"
 

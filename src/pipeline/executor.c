@@ -32,10 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/clock.h"
-#include "../core/error.h"
-#include "../core/log.h"
-#include "../runtime/runtime.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "runtime/runtime.h"
 
 typedef struct pipe_buf {
     moe_tensor_t t;

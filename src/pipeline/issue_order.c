@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 typedef struct msg_key {
     int32_t tick, sender, kind, unit;

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 static void push(moe_pipeline_schedule_t *sc, moe_pipeline_op_t op, int32_t mb, int32_t chunk,
                  int32_t peer)

@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/bf16.h"
-#include "../core/env.h"
-#include "../core/error.h"
-#include "../core/tensor.h"
+#include "core/bf16.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/tensor.h"
 
 int moe_version(void) { return MOE_VERSION; }
 

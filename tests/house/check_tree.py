@@ -8,9 +8,10 @@
    tools/elastic/ or bench/) uses N when a file of M includes one of N's headers (quoted, or a
    public <moe/...> header N implements) or calls a function N's headers declare. Every such
    use must be in M's row, every listed use must be real, and the graph must have no circle.
-3. tests/ mirrors src/: every src/ module has its tests in tests/<module>/, and every folder
+3. Includes are relative to the include roots (src/, kernels/), never "../".
+4. tests/ mirrors src/: every src/ module has its tests in tests/<module>/, and every folder
    of tests/ is a module's or tests a named part of the tree outside src/.
-4. No doc, comment or result cites a development session ("session 19", "the ninth session",
+5. No doc, comment or result cites a development session ("session 19", "the ninth session",
    "call 7", "run 12"): they describe the code as it is, and git history keeps the past.
 
 Usage: check_tree.py SOURCE_DIR. Exits 1 listing every violation.
@@ -144,6 +145,24 @@ for rel, text in sorted(sources.items()):
         used = owner_of_fn.get(name)
         if used and used != mod:
             real.setdefault((mod, used), f"{rel} calls {name}()")
+
+# Includes name a header from an include root (include/, src/, kernels/, or the including
+# file's own folder), never by climbing out of it with "../".
+included_from = dict(sources)
+for top in ("tests", "examples"):
+    for dirpath, _, files in os.walk(os.path.join(root, top)):
+        if "node_modules" in dirpath:
+            continue
+        for f in files:
+            if f.endswith(code_ext):
+                rel = os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/")
+                included_from.setdefault(rel, open(os.path.join(root, rel), encoding="utf-8",
+                                                   errors="replace").read())
+for rel, text in sorted(included_from.items()):
+    for quoted, _ in include_re.findall(text):
+        if quoted.startswith("../"):
+            problems.append(f'{rel} includes "{quoted}": name it from an include root '
+                            f'(src/ or kernels/), not relative to the file')
 
 for (mod, used), example in sorted(real.items()):
     if mod in modules and used not in modules[mod]:
