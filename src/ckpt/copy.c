@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- one segment's bytes --------------------------------------------------------------------- */
