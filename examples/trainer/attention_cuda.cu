@@ -89,30 +89,29 @@ static __device__ __forceinline__ uint32_t pack(float lo, float hi)
  * (elements 0,1 and 2,3). ST is the shared row stride in elements. */
 
 /* the A operand a[16x16] at (r0, c0) of a row-major tile */
-template <int ST> static __device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *s,
-                                                                int r0, int c0)
+template <int ST>
+static __device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *s, int r0, int c0)
 {
     int l = threadIdx.x & 31;
     ldsm4(a, s + (r0 + (l & 7) + ((l >> 3) & 1) * 8) * ST + c0 + (l >> 4) * 8);
 }
 /* B operands of the n-tiles n0 and n0+8 (b[0..1], b[2..3]) at k-step k0 from a tile stored
  * [n][k] (B = tile^T: the keys of q k^T) */
-template <int ST> static __device__ __forceinline__ void frag_b_nk(uint32_t b[4], const bf16 *s,
-                                                                   int n0, int k0)
+template <int ST>
+static __device__ __forceinline__ void frag_b_nk(uint32_t b[4], const bf16 *s, int n0, int k0)
 {
     int l = threadIdx.x & 31;
     ldsm4(b, s + (n0 + (l & 7) + (l >> 4) * 8) * ST + k0 + ((l >> 3) & 1) * 8);
 }
 /* the same from a tile stored [k][n] (B = tile: the values of P v) */
-template <int ST> static __device__ __forceinline__ void frag_b_kn(uint32_t b[4], const bf16 *s,
-                                                                   int k0, int n0)
+template <int ST>
+static __device__ __forceinline__ void frag_b_kn(uint32_t b[4], const bf16 *s, int k0, int n0)
 {
     int l = threadIdx.x & 31;
     ldsm4_trans(b, s + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ST + n0 + (l >> 4) * 8);
 }
 /* an accumulator's n-tiles 2kk and 2kk+1 as the A operand of k-step kk */
-static __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4],
-                                                const float c1[4])
+static __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4], const float c1[4])
 {
     a[0] = pack(c0[0], c0[1]);
     a[1] = pack(c0[2], c0[3]);
@@ -221,8 +220,7 @@ __global__ void __launch_bounds__(THREADS)
     bf16 *sq = reinterpret_cast<bf16 *>(smem), *sk = sq + TILE * ST, *sv = sk + 2 * TILE * ST;
     int bh = blockIdx.x, s = bh / nh, h = bh % nh;
     int qb = gridDim.y - 1 - blockIdx.y; /* the longest blocks first */
-    int q0 = qb * TILE, warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2,
-        c = threadIdx.x & 3;
+    int q0 = qb * TILE, warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
     int64_t W = 3 * (int64_t)H;
     const bf16 *q = qkv + (int64_t)s * T * W + (int64_t)h * d, *k = q + H, *v = q + 2 * H;
 
@@ -260,7 +258,7 @@ __global__ void __launch_bounds__(THREADS)
                 mma(x[2 * np], qf[kk], b[0], b[1]);
                 mma(x[2 * np + 1], qf[kk], b[2], b[3]);
             }
-        /* the diagonal tile holds the causal mask (and any keys past T: later than every row) */
+            /* the diagonal tile holds the causal mask (and any keys past T: later than every row) */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -304,8 +302,7 @@ __global__ void __launch_bounds__(THREADS)
         int row = row0 + 8 * half;
         if (c == 0 && row < T) lse[(int64_t)bh * T + row] = m[half] + log2f(l[half]);
     }
-    store_rows<D>(acc, o + (int64_t)s * T * H + (int64_t)h * d, H, row0 - g, T, d, inv[0],
-                  inv[1]);
+    store_rows<D>(acc, o + (int64_t)s * T * H + (int64_t)h * d, H, row0 - g, T, d, inv[0], inv[1]);
 }
 
 /* ---- backward ------------------------------------------------------------------------------ */
@@ -423,8 +420,7 @@ __global__ void __launch_bounds__(THREADS)
          *sv = sk + 2 * TILE * ST;
     int bh = blockIdx.x, s = bh / nh, h = bh % nh;
     int qb = gridDim.y - 1 - blockIdx.y;
-    int q0 = qb * TILE, warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2,
-        c = threadIdx.x & 3;
+    int q0 = qb * TILE, warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
     int64_t W = 3 * (int64_t)H;
     const bf16 *q = qkv + (int64_t)s * T * W + (int64_t)h * d, *k = q + H, *v = q + 2 * H;
     const bf16 *go = d_o + (int64_t)s * T * H + (int64_t)h * d;
@@ -470,13 +466,12 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                ds[nt][e] = p[nt][e] * (ds[nt][e] - row_delta[e >> 1]);
+            for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - row_delta[e >> 1]);
         accumulate_kn<ST, TILE, DT>(dq, ds, kt); /* dq += dS k */
         __syncthreads();
     }
-    store_rows<D>(dq, dqkv + (int64_t)s * T * W + (int64_t)h * d, W, q0 + warp * 16, T, d,
-                  scale, scale);
+    store_rows<D>(dq, dqkv + (int64_t)s * T * W + (int64_t)h * d, W, q0 + warp * 16, T, d, scale,
+                  scale);
 }
 
 /* ---- launchers ----------------------------------------------------------------------------- */
@@ -500,8 +495,8 @@ static size_t tile_bytes(int D, int rows) { return sizeof(bf16) * (size_t)rows *
 template <typename K, typename... A>
 static cudaError_t launch(K kernel, dim3 grid, size_t bytes, cudaStream_t st, A... args)
 {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)bytes);
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (e != cudaSuccess) return e;
     kernel<<<grid, THREADS, bytes, st>>>(args...);
     return cudaGetLastError();
@@ -515,8 +510,8 @@ static bool shape_ok(const attention_cuda_shape_t *a)
 }
 
 template <int D>
-static cudaError_t forward_d(const attention_cuda_shape_t *a, const bf16 *qkv, bf16 *o,
-                             float *lse, cudaStream_t st)
+static cudaError_t forward_d(const attention_cuda_shape_t *a, const bf16 *qkv, bf16 *o, float *lse,
+                             cudaStream_t st)
 {
     int T = (int)a->T, d = (int)(a->H / a->nh);
     dim3 grid((unsigned)(a->S * a->nh), (unsigned)((T + TILE - 1) / TILE));
@@ -533,17 +528,17 @@ static cudaError_t backward_d(const attention_cuda_shape_t *a, const bf16 *qkv, 
     int T = (int)a->T, H = (int)a->H, nh = (int)a->nh, d = H / nh;
     int64_t N = a->S * a->T, warps = N * nh;
     float scale = 1.f / sqrtf((float)d), scale2 = scale * LOG2E;
-    attention_delta_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, st>>>(
-        o, d_o, delta, N, T, H, nh, d);
+    attention_delta_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, st>>>(o, d_o, delta, N,
+                                                                                 T, H, nh, d);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     unsigned BH = (unsigned)(a->S * nh), tiles = (unsigned)((T + TILE - 1) / TILE);
     size_t dkdv_bytes = 2 * tile_bytes(D, TILE) + 4 * tile_bytes(D, MQ) + sizeof(float) * 4 * MQ;
-    e = launch(attention_dkdv_kernel<D, MQ>, dim3(BH, tiles), dkdv_bytes, st, qkv, d_o, lse,
-               delta, dqkv, T, H, nh, d, scale, scale2);
+    e = launch(attention_dkdv_kernel<D, MQ>, dim3(BH, tiles), dkdv_bytes, st, qkv, d_o, lse, delta,
+               dqkv, T, H, nh, d, scale, scale2);
     if (e != cudaSuccess) return e;
-    return launch(attention_dq_kernel<D>, dim3(BH, tiles), 6 * tile_bytes(D, TILE), st, qkv,
-                  d_o, lse, delta, dqkv, T, H, nh, d, scale, scale2);
+    return launch(attention_dq_kernel<D>, dim3(BH, tiles), 6 * tile_bytes(D, TILE), st, qkv, d_o,
+                  lse, delta, dqkv, T, H, nh, d, scale, scale2);
 }
 
 extern "C" cudaError_t attention_cuda_forward(const attention_cuda_shape_t *a, const void *qkv,

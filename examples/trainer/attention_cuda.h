@@ -35,9 +35,9 @@ cudaError_t attention_cuda_forward(const attention_cuda_shape_t *a, const void *
                                    float *lse, cudaStream_t stream);
 /* [in] qkv, o, lse from forward, d_o [N,H]; delta: f32 scratch [S*nh*T] (do . o per row)
  * [out] dqkv [N,3H] (written, not accumulated). */
-cudaError_t attention_cuda_backward(const attention_cuda_shape_t *a, const void *qkv,
-                                    const void *o, const float *lse, const void *d_o,
-                                    float *delta, void *dqkv, cudaStream_t stream);
+cudaError_t attention_cuda_backward(const attention_cuda_shape_t *a, const void *qkv, const void *o,
+                                    const float *lse, const void *d_o, float *delta, void *dqkv,
+                                    cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -7,9 +7,10 @@
  * Outputs are poisoned (NaN) before each call, so an element left unwritten fails.
  *
  * Bounds: bf16 keeps 8 significant bits (2^-9 relative per value). The kernels round P to bf16
- * before P v (and dS before dS k, dS^T q), and o, dq, dk, dv once at the end; the reference
- * is fp32 throughout: a few roundings of 2^-9, so 1e-2 relative norm error (measured on the
- * H200: see the test's output).
+ * before P v, and o once at the end: 1e-2 for o. The gradients also go through dS = P (dP -
+ * delta) with delta from the rounded o, a difference that cancels, and dS rounded before
+ * dS k and dS^T q: 2e-2 for dq, dk, dv. The reference is fp32 throughout. Every case is
+ * printed before the checks, so a failure shows all of them.
  * Also: the backward run twice gives the same bits (fixed summation order), and a head dim
  * the kernels do not take (12, 136) is refused with cudaErrorInvalidValue. Exits 77 without
  * a GPU.
@@ -29,7 +30,8 @@
 #include "core/bf16.h"
 #include "test_support.h"
 
-#define BOUND 1e-2
+#define OUT_BOUND 1e-2
+#define GRAD_BOUND 2e-2
 
 #define CUDA_OK(call) assert_int_equal((call), cudaSuccess)
 
@@ -92,7 +94,8 @@ static double part_err(const float *got, const float *ref, int64_t N, int64_t H,
     return e;
 }
 
-static void check_case(test_rng_t *rng, const attn_case_t *c)
+/* 1 when every check of the case passed */
+static int check_case(test_rng_t *rng, const attn_case_t *c)
 {
     int64_t S = c->S, T = c->T, nh = c->nh, H = nh * c->d, N = S * T;
     attention_cuda_shape_t shape = {S, T, H, nh};
@@ -134,14 +137,13 @@ static void check_case(test_rng_t *rng, const attn_case_t *c)
     double eo = test_rel_err(o, o_ref, (int64_t)no);
     double eq = part_err(dqkv, dqkv_ref, N, H, 0), ek = part_err(dqkv, dqkv_ref, N, H, 1),
            ev = part_err(dqkv, dqkv_ref, N, H, 2);
-    printf("S %lld T %lld heads %lld d %lld: o %.2e  dq %.2e  dk %.2e  dv %.2e (bound %.0e)\n",
-           (long long)S, (long long)T, (long long)nh, (long long)c->d, eo, eq, ek, ev, BOUND);
-    /* !(e <= bound): a NaN (an unwritten element) fails too */
-    assert_false(!(eo <= BOUND));
-    assert_false(!(eq <= BOUND));
-    assert_false(!(ek <= BOUND));
-    assert_false(!(ev <= BOUND));
-    assert_memory_equal(first, again, sizeof *first * nqkv);
+    int same = !memcmp(first, again, sizeof *first * nqkv);
+    /* e <= bound is false for a NaN (an unwritten element) too */
+    int ok = eo <= OUT_BOUND && eq <= GRAD_BOUND && ek <= GRAD_BOUND && ev <= GRAD_BOUND && same;
+    printf("S %lld T %lld heads %lld d %lld: o %.2e  dq %.2e  dk %.2e  dv %.2e  backward twice "
+           "%s: %s\n",
+           (long long)S, (long long)T, (long long)nh, (long long)c->d, eo, eq, ek, ev,
+           same ? "equal" : "DIFFERENT", ok ? "ok" : "FAILED");
 
     free(first);
     free(again);
@@ -160,6 +162,7 @@ static void check_case(test_rng_t *rng, const attn_case_t *c)
     free(o_ref);
     free(dqkv_ref);
     free(probs);
+    return ok;
 }
 
 static void test_attention_matches_host(void **state)
@@ -174,7 +177,10 @@ static void test_attention_matches_host(void **state)
         {3, 19, 2, 8},    /* padded to 16 */
         {1, 130, 3, 32},  /* padded to 32 (test_trainer_cuda's head dim), three heads */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&rng, &cases[i]);
+    int failed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        failed += !check_case(&rng, &cases[i]);
+    assert_int_equal(failed, 0);
 }
 
 static void test_attention_refuses_head_dims(void **state)
