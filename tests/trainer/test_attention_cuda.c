@@ -10,8 +10,8 @@
  * before P v, and o once at the end: 1e-2 for o. The gradients also go through dS = P (dP -
  * delta) with delta from the rounded o, a difference that cancels, and dS rounded before
  * dS k and dS^T q: 2e-2 for dq, dk, dv. The reference is fp32 throughout. Measured on the
- * H200: o within 1.8e-3, dq, dk, dv within 3.9e-3. Every case is
- * printed before the checks, so a failure shows all of them.
+ * H200: o within 1.8e-3, dq, dk, dv within 3.9e-3. Every case is printed before the checks,
+ * so a failure shows all of them.
  * Also: the backward run twice gives the same bits (fixed summation order), and a head dim
  * the kernels do not take (12, 136) is refused with cudaErrorInvalidValue. Exits 77 without
  * a GPU.
