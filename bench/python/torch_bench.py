@@ -263,12 +263,12 @@ def summarise(recs, c_api, bench_moe, out_md):
     lines = [
         "# Python wrapper overhead (libmoe.Layer, libmoe.torch.MoELayer)", "",
         "One training step of the MoE layer on one GPU: gradients discarded, forward, backward "
-        "with dx, random bf16 inputs. The C API (`python/tests/step_bench.c`) and the Python "
+        "with dx, random bf16 inputs. The C API (`bench/python/step_bench.c`) and the Python "
         "wrapper run the same calls on the same shapes, timed the same way; bench_moe's layer "
         "step (`layer.md`, expert GEMM mode auto) and PyTorch's eager layer "
         "(`bench/torch_moe.py`) are from the same call.", "",
-        f"- command: `bash python/tests/device_check.sh` (build, `step_bench`, "
-        f"`MOE_CUDA_EXPERT_GEMM=auto bench_moe layer`, `python/tests/torch_bench.py`)",
+        f"- command: `bash tests/python/device_check.sh` (build, `step_bench`, "
+        f"`MOE_CUDA_EXPERT_GEMM=auto bench_moe layer`, `bench/python/torch_bench.py`)",
         f"- date: {TODAY[:10]}; GPU: {GPU}; commit: {commit()}",
         f"- software: PyTorch {torch.__version__}, CUDA {torch.version.cuda}, libmoe "
         f"{libmoe.version()}", "",
