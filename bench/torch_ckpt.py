@@ -11,7 +11,8 @@ Each method saves it into --dir, one warm-up save, then --runs timed saves, medi
                    (the state staged to host memory), durable = until its future completes
 DCP runs in a process group of one (gloo). Prints one JSON line per save and one summary line
 per method; a method that fails prints {"error": ...} and the others still run.
-Usage: torch_ckpt.py [--gib 8] [--tensors 32] [--runs 5] [--dir /tmp]
+Usage: torch_ckpt.py [--gib 8] [--tensors 32] [--runs 5] [--dir /tmp] [--methods a,b]
+(--methods: a comma-separated subset of torch.save, dcp.save, dcp.async_save; default all)
 """
 import argparse
 import json
@@ -69,7 +70,12 @@ def main():
     ap.add_argument("--tensors", type=int, default=32)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--methods", default=",".join(METHODS))
     args = ap.parse_args()
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        ap.error(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
     impl = f"torch {torch.__version__}"
     total = int(args.gib * 2**30) // args.tensors // 2 * 2 * args.tensors
     n = total // args.tensors // 2
@@ -81,7 +87,8 @@ def main():
                             world_size=1)
     base = tempfile.mkdtemp(prefix="torch-ckpt-bench-", dir=args.dir)
     try:
-        for name, fn in METHODS.items():
+        for name in methods:
+            fn = METHODS[name]
             stalls, durables = [], []
             try:
                 for run in range(-1, args.runs):

@@ -68,10 +68,14 @@ static void seed_limbs(uint64_t seed, float *out)
 
 int trainer_ckpt_save(trainer_ckpt_t *k, trainer_t *t, int64_t step)
 {
-    seed_limbs((uint64_t)t->cfg->seed, k->data);
+    /* the caller's stall: the fence of k->data (an earlier save may still copy it) and the
+     * save call; the copy itself runs under the next steps, whose optimizer waits for it */
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    moe_status_t st = moe_ckpt_save_train_state(k->ck, step, k->state);
+    moe_status_t st = moe_ckpt_fence(k->ck);
+    if (st != MOE_STATUS_SUCCESS) return report("checkpoint fence");
+    seed_limbs((uint64_t)t->cfg->seed, k->data);
+    st = moe_ckpt_save_train_state(k->ck, step, k->state);
     clock_gettime(CLOCK_MONOTONIC, &b);
     k->last_stall_s = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
     if (st != MOE_STATUS_SUCCESS) return report("checkpoint save");

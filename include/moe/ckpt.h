@@ -3,8 +3,11 @@
  *
  * A short tour:
  *   moe_ckpt_create()       on a runtime: a local directory (NVMe), optionally an S3 mirror.
- *   moe_ckpt_save_async()   snapshots named, sharded tensors into pinned host memory and
- *                           returns; a background thread writes them (io_uring, O_DIRECT),
+ *   moe_ckpt_save_async()   starts the snapshot of named, sharded tensors into pinned host
+ *                           memory and returns; the copy runs beside the training that
+ *                           follows (the next write of the tensors waits for it: libmoe's
+ *                           optimizer step and layers by themselves, the caller through
+ *                           moe_ckpt_fence); a background thread writes them (io_uring, O_DIRECT),
  *                           the ranks agree, rank 0 writes the commit marker, and a second
  *                           background thread mirrors the newest committed step to S3.
  *   moe_ckpt_wait/poll/status  progress and errors of the background work.
@@ -138,16 +141,29 @@ MOE_API void moe_ckpt_abort(moe_ckpt_t *ck);
 /* [in] step >= 0, strictly greater than every step saved before by this checkpointer;
  * [in] tensors[count]: see moe_ckpt_tensor_t. Collective over the world (every rank calls it
  * with the same step; tensor lists may differ by rank).
- * Returns once every tensor is copied into pinned host memory (device tensors: after the
- * runtime's stream has completed the work enqueued before the call, then device->host copies);
- * the caller may then modify or free the tensors. When the state exceeds the pinned budget,
- * the call waits for the writer to release staging segments (bounded memory, longer stall).
+ * The bytes saved are the tensors' state at the call: for device tensors the state after
+ * the work enqueued on the runtime's stream before it. The call starts the copy into pinned
+ * host memory and returns without waiting for it: device tensors are copied on the CUDA
+ * backend's copy stream (the work enqueued after the call runs beside the copy); host
+ * tensors are copied in the call on the CUDA backend, by the checkpointer's copy thread on
+ * the host backend. Until the copy is done the tensors must be neither written nor freed:
+ * libmoe's own writes of them wait for it by themselves (moe_adamw_step, the layer's
+ * expert-bias update); any other write or free must come after moe_ckpt_fence (or wait,
+ * load_*, destroy). When the state exceeds the pinned budget, the call waits for the writer
+ * to release staging segments (bounded memory, longer stall).
  * A background failure of an earlier local save is returned here (and cleared); the new save
  * is then not made. Mirror failures are never returned here. With several ranks, a save
  * refused on one rank (bad argument, earlier failure) fails on every rank: the others get
  * ABORTED from a later call. */
 MOE_API moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step,
                                          const moe_ckpt_tensor_t *tensors, int32_t count);
+
+/* Orders the caller's next writes of the tensors of every save so far after their snapshot
+ * copies. Device tensors: work enqueued on the runtime's stream from now on waits for the
+ * copies on the device; the host does not wait (a write from another stream must first wait
+ * for this stream). Host tensors: returns once they are copied (at once on the CUDA backend,
+ * which copies them in save_async). Not collective; never waits for disk or S3. */
+MOE_API moe_status_t moe_ckpt_fence(moe_ckpt_t *ck);
 
 typedef enum moe_ckpt_state {
     MOE_CKPT_IDLE = 0,        /* nothing queued */
@@ -167,7 +183,8 @@ typedef struct moe_ckpt_status {
                                      waiting (0..2; 3 with a reconciled step) */
     uint64_t bytes_written;       /* data bytes written locally since create */
     uint64_t bytes_uploaded;
-    double last_stall_s;          /* time spent in the last save_async */
+    double last_stall_s;          /* time spent in the last save_async (the caller's stall;
+                                     the copy itself runs after it returns) */
     double last_durable_s;        /* save_async start -> commit marker durable, last save */
     int32_t direct_io;            /* 1 while O_DIRECT is in use, 0 after the fallback */
     /* Fields below were added later (copied only when struct_size covers them). */

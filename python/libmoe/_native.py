@@ -99,6 +99,7 @@ SIGNATURES = {
     "moe_ckpt_destroy_within": (STATUS, [_vp, _i64]),
     "moe_ckpt_abort": (None, [_vp]),
     "moe_ckpt_save_async": (STATUS, [_vp, _i64, _pCT, _i32]),
+    "moe_ckpt_fence": (STATUS, [_vp]),
     "moe_ckpt_status": (STATUS, [_vp, C.POINTER(S.CkptStatus)]),
     "moe_ckpt_poll": (RAW, [_vp, C.c_int]),
     "moe_ckpt_wait": (RAW, [_vp, C.c_int, _i64]),

@@ -126,7 +126,13 @@ class Checkpointer(Handle):
         return once they are copied; the write continues in the background. Collective."""
         arr, count, keep = _entries(tensors, writable=False)
         self._lib.moe_ckpt_save_async(self.ptr, step, arr, count)
+        self.fence()  # the copy may still read the arrays, which Python may free after this
         del keep
+
+    def fence(self):
+        """Order the next writes of every saved tensor after its snapshot copy (moe_ckpt_fence):
+        host tensors are copied on return."""
+        self._lib.moe_ckpt_fence(self.ptr)
 
     def save_train_state(self, step, state):
         """Save a TrainState as step (asynchronous, collective)."""

@@ -180,6 +180,23 @@ typedef struct moe_backend_ops {
      * its operations after it with an event */
     void *(*stream)(void *ctx);
 
+    /* Snapshot copies (the checkpointer), optional: NULL on the host backend, where the
+     * checkpointer copies host memory on a thread of its own. The copies run on a copy stream
+     * of their own, so that the work enqueued after them overlaps them.
+     *   snapshot_begin  the copy stream waits for the work enqueued so far (the host does not)
+     *   snapshot_copy   device -> pinned copy of bytes, enqueued on the copy stream
+     *   snapshot_mark   *event (created when NULL) marks the copies enqueued so far
+     *   event_wait      blocks the calling thread (any thread) until the event's copies are
+     *                   done; their failure is returned
+     *   event_fence     work enqueued from now on waits for the event's copies (no host wait)
+     *   event_destroy   (an event still pending is released once it completes) */
+    moe_status_t (*snapshot_begin)(void *ctx);
+    moe_status_t (*snapshot_copy)(void *ctx, void *dst, const void *src, size_t bytes);
+    moe_status_t (*snapshot_mark)(void *ctx, void **event);
+    moe_status_t (*event_wait)(void *ctx, void *event);
+    moe_status_t (*event_fence)(void *ctx, void *event);
+    void (*event_destroy)(void *ctx, void *event);
+
     /* element-wise conversion of n values between the compute dtype and f32 */
     moe_status_t (*act_to_f32)(void *ctx, float *dst, const void *src, int64_t n);
     moe_status_t (*f32_to_act)(void *ctx, void *dst, const float *src, int64_t n);

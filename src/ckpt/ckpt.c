@@ -52,18 +52,24 @@ moe_ckpt_tensor_t moe_ckpt_tensor_whole(const char *name, const moe_tensor_t *t)
  * failure path of create (any part may be missing). */
 static void free_handle(moe_ckpt_t *ck)
 {
-    if (ck->writer_started || ck->s3_started) {
+    if (ck->writer_started || ck->s3_started || ck->copier_started) {
         pthread_mutex_lock(&ck->mu);
         ck->stop = true;
         pthread_cond_broadcast(&ck->cv);
         pthread_mutex_unlock(&ck->mu);
+        /* the writer may wait for the copy thread, which copies what is queued, then ends */
         if (ck->writer_started) pthread_join(ck->writer_th, NULL);
+        if (ck->copier_started) pthread_join(ck->copier_th, NULL);
         if (ck->s3_started) pthread_join(ck->s3_th, NULL);
     }
+    moe_runtime_remove_fence(ck->rt, ck);
+    ckpt_fences_free(ck);
     ck_writer_destroy(ck->w);
     ck_s3_destroy(ck->s3);
-    for (int i = 0; i < ck->nsegs; i++)
+    for (int i = 0; i < ck->nsegs; i++) {
+        if (ck->segs[i].event) MOE_OPS(ck->rt)->event_destroy(MOE_CTX(ck->rt), ck->segs[i].event);
         if (ck->segs[i].buf) MOE_OPS(ck->rt)->free_pinned(MOE_CTX(ck->rt), ck->segs[i].buf);
+    }
     free(ck->segs);
     while (ck->done) { /* durable but never agreed on (abort): never committed */
         ckpt_job_t *j = ck->done;
@@ -167,6 +173,7 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     ck->st.direct_io = c.use_direct_io != 0;
     ck->max_segs = (int)(c.pinned_budget_bytes / c.chunk_bytes);
     ck->defer_writer = moe_env_flag(MOE_ENV_CKPT_DEFER_WRITER, true, lg);
+    ck->device_copies = MOE_OPS(rt)->snapshot_copy != NULL;
     ck->segs = calloc((size_t)ck->max_segs, sizeof *ck->segs);
     moe_status_t st = MOE_STATUS_SUCCESS;
     if (!ck->dir || !ck->segs) {
@@ -217,6 +224,12 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     MOE_CHECK_PTHREAD_GOTO(st, pthread_create(&ck->writer_th, NULL, ckpt_writer_main, ck),
                            MOE_STATUS_INTERNAL);
     ck->writer_started = true;
+    if (!ck->device_copies) {
+        MOE_CHECK_PTHREAD_GOTO(st, pthread_create(&ck->copier_th, NULL, ckpt_copier_main, ck),
+                               MOE_STATUS_INTERNAL);
+        ck->copier_started = true;
+    }
+    MOE_TRY_GOTO(st, moe_runtime_add_fence(rt, ckpt_fence_writes, ck));
     if (ck->s3) {
         MOE_CHECK_PTHREAD_GOTO(st, pthread_create(&ck->s3_th, NULL, ckpt_mirror_main, ck),
                                MOE_STATUS_INTERNAL);

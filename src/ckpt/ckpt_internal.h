@@ -19,6 +19,8 @@
  *   commit.c    the writer thread, the commit (agreement between ranks, rank 0's manifest),
  *               local retention, what is pending, the collective progress on the training
  *               thread
+ *   copy.c      the snapshot's copies (CUDA copy stream, or the host's copy thread)
+ *               and the fences that order later writes of the tensors after them
  *   shard.c     the staging segments and one save's data file on the writer thread
  *               (checksums, io_uring writes, fsync, rename)
  *   mirror.c    the S3 thread: the newest committed step to S3 (one upload in flight, the
@@ -32,8 +34,9 @@
  *   layout pieces in rank-r.bin  ------>  open step-N/rank-r.bin.tmp
  *   for each chunk_bytes range:           (state fits the budget: wait
  *     take a free pinned segment            for the whole snapshot)
- *     D2H / memcpy the bytes in   ------>  for each filled segment:
- *   return (tensors reusable)               XXH3 of each piece chunk, io_uring writes
+ *     start its copy (copy.c)     ------>  for each segment, once copied:
+ *   return (the next write of the           XXH3 of each piece chunk, io_uring writes
+ *   tensors waits for the copy)
  *                                           (O_DIRECT), segment back to the free list
  *                                         fsync, rename rank-r.bin, fsync dir
  *   commit: agree (allreduce MIN), gather piece lists, rank 0 writes manifest.json
@@ -230,6 +233,8 @@ typedef struct ckpt_seg {
     bool registered;
     uint64_t off;                /* file offset of buf[0] */
     size_t len;
+    void *event;                 /* CUDA: marks this segment's copies (the writer waits) */
+    struct ckpt_job *job;        /* host: the save the copy thread fills it for */
     struct ckpt_seg *next;
 } ckpt_seg_t;
 
@@ -239,7 +244,10 @@ typedef struct ckpt_job {
     ck_piece_t *pieces;
     int32_t npieces;
     uint64_t file_bytes;
-    ckpt_seg_t *q_head, *q_tail; /* filled, waiting for the writer */
+    int64_t seq;                 /* this checkpointer's count of saves, from 1 */
+    ckpt_seg_t *q_head, *q_tail; /* copied (host) or copying (CUDA), waiting for the writer */
+    int32_t segs_issued, segs_ready; /* segments save_async started / the writer may take */
+    bool issue_done;             /* save_async has started every segment it will */
     bool all_queued, snap_failed;
     double t_start;
     struct ckpt_job *next;
@@ -250,6 +258,34 @@ typedef struct ckpt_job {
     bool local_ok;
     char *mine;                  /* this rank's piece list (JSON) */
 } ckpt_job_t;
+
+/* Pieces of at most this many bytes are copied first (CUDA), under an event of their own: a
+ * small buffer the layer writes during the next forward (the expert bias) then waits for
+ * microseconds, not for the whole state's copy. */
+#define CKPT_SMALL_PIECE_BYTES ((uint64_t)1 << 20)
+
+/* Which parts of a segment ckpt_fill_segment copies. */
+typedef enum ckpt_fill {
+    CKPT_FILL_ALL = 0,     /* every piece, and the gaps zeroed */
+    CKPT_FILL_SMALL,       /* pieces up to CKPT_SMALL_PIECE_BYTES, and the gaps zeroed */
+    CKPT_FILL_LARGE        /* the other pieces */
+} ckpt_fill_t;
+
+/* One source range a save's copy reads. */
+typedef struct ckpt_range {
+    const uint8_t *src;
+    uint64_t len;
+    bool small;
+} ckpt_range_t;
+
+/* A save whose copy may still run: what it reads and (CUDA) the events after its small
+ * pieces' copies and after all of them. */
+typedef struct ckpt_fence {
+    int64_t seq;
+    ckpt_range_t *ranges;
+    int32_t nranges;
+    void *small_ev, *full_ev;
+} ckpt_fence_t;
 
 /* What the S3 thread does next (mirror.c). */
 typedef enum ckpt_mir_task {
@@ -292,8 +328,15 @@ struct moe_ckpt {
     int64_t mir_drain_tried;             /* the newest step tried since draining began */
     bool stop, aborting;
     bool defer_writer;                   /* see ckpt_write_job; MOE_CKPT_DEFER_WRITER=0: off */
-    pthread_t writer_th, s3_th;
-    bool writer_started, s3_started;
+    pthread_t writer_th, s3_th, copier_th;
+    bool writer_started, s3_started, copier_started;
+    /* the snapshot's copies (copy.c) */
+    bool device_copies;                  /* the backend copies (CUDA); else the copy thread */
+    ckpt_seg_t *copy_head, *copy_tail;   /* host: segments waiting for the copy thread */
+    int64_t snap_seq;                    /* saves started (job seq) */
+    int64_t copied_seq;                  /* every save up to this one is copied */
+    ckpt_fence_t *fences;                /* training thread: saves whose copy may still run */
+    int32_t nfences;
 
     ck_writer_t *w;
     ck_s3_t *s3;
@@ -360,6 +403,22 @@ void ckpt_seg_release(void *ck, void *seg);
  * fsync dir); on success *pieces_json is this rank's piece list with the checksums. */
 moe_status_t ckpt_write_job(moe_ckpt_t *ck, ckpt_job_t *j, char *stepdir, char **pieces_json);
 void ckpt_job_free(ckpt_job_t *j);
+
+/* ---- copy.c (beneath shard.c) ---- */
+moe_status_t ckpt_fill_segment(moe_ckpt_t *ck, const ckpt_job_t *j, ckpt_seg_t *s,
+                               ckpt_fill_t filter);
+/* Segment s of job j is ready for the writer (copied on the host, or its copies enqueued on
+ * CUDA); the caller holds ck->mu. */
+void ckpt_job_segment_ready_locked(moe_ckpt_t *ck, ckpt_job_t *j, ckpt_seg_t *s);
+/* The copy thread of the host backend (arg: the handle). */
+void *ckpt_copier_main(void *arg);
+/* Training thread: job j's copy has started; small_ev / full_ev (CUDA, else NULL) mark it.
+ * The entry owns the events. */
+moe_status_t ckpt_fence_add(moe_ckpt_t *ck, const ckpt_job_t *j, void *small_ev, void *full_ev);
+/* The runtime's write fence (moe_write_fence_fn; arg: the handle), moe_ckpt_fence's too. */
+moe_status_t ckpt_fence_writes(void *arg, const void *data, size_t bytes);
+/* Waits for the copies still running, then frees the fence entries (destroy, abort). */
+void ckpt_fences_free(moe_ckpt_t *ck);
 
 /* ---- commit.c (uses shard.c, mirror.c, handle.c) ---- */
 /* The writer thread (arg: the handle): writes, commits (world of one) and retention. */

@@ -69,10 +69,45 @@ static bool step_pinned_locked(const moe_ckpt_t *ck, int64_t step)
     return false;
 }
 
-/* Keep the newest keep_last complete checkpoints; remove older ones (manifest first, so a
- * half-deleted directory is never complete) and incomplete directories older than the newest
- * complete one. Steps being written, uploaded or loaded are skipped. Rank 0 only (the
- * directory is shared by the ranks). */
+/* Remove the oldest of the complete steps[n] (ascending) until `keep` remain, sparing the
+ * steps in use (which still count): manifest first, so a half-deleted directory is never
+ * complete. */
+static void remove_beyond(moe_ckpt_t *ck, const int64_t *steps, int32_t n, int32_t keep)
+{
+    char path[PATH_MAX], mpath[PATH_MAX + 32];
+    for (int32_t i = 0; i + keep < n; i++) {
+        pthread_mutex_lock(&ck->mu);
+        bool pinned = step_pinned_locked(ck, steps[i]);
+        pthread_mutex_unlock(&ck->mu);
+        if (pinned) continue;
+        ckpt_local_step_dir(ck, steps[i], path, sizeof path);
+        snprintf(mpath, sizeof mpath, "%s/%s", path, CK_MANIFEST);
+        if (unlink(mpath) != 0) continue; /* gone already (the other thread's retention) */
+        ck_fsync_dir(path);
+        if (ck_rmtree(path) != MOE_STATUS_SUCCESS)
+            moe_log(ck->log, MOE_LOG_WARN, "checkpoint: retention: %s", moe_last_error());
+        else
+            moe_log(ck->log, MOE_LOG_INFO, "checkpoint: retention removed step %" PRId64, steps[i]);
+    }
+}
+
+/* Rank 0, right before a commit makes one more step complete. When local disk already holds
+ * more than keep_last complete steps (an older one spared for its upload in flight, during an
+ * S3 outage), the oldest of the others goes first, so that local disk never holds more than
+ * keep_last + 1 complete steps, also between the new manifest and the retention after it. */
+static void make_room(moe_ckpt_t *ck)
+{
+    if (ck->rank != 0 || ck->cfg.keep_last <= 0) return;
+    int64_t *steps;
+    int32_t n;
+    if (ckpt_local_steps(ck, &steps, &n) != MOE_STATUS_SUCCESS) return;
+    if (n > ck->cfg.keep_last) remove_beyond(ck, steps, n, ck->cfg.keep_last - 1);
+    free(steps);
+}
+
+/* Keep the newest keep_last complete checkpoints; remove older ones and incomplete
+ * directories older than the newest complete one. Steps being written, uploaded or loaded
+ * are skipped. Rank 0 only (the directory is shared by the ranks). */
 static void local_retention(moe_ckpt_t *ck)
 {
     if (ck->rank != 0 || ck->cfg.keep_last <= 0) return;
@@ -81,20 +116,7 @@ static void local_retention(moe_ckpt_t *ck)
     if (ckpt_local_steps(ck, &steps, &n) != MOE_STATUS_SUCCESS) return;
     char path[PATH_MAX], mpath[PATH_MAX + 32];
     int64_t newest = n ? steps[n - 1] : -1;
-    for (int32_t i = 0; i + ck->cfg.keep_last < n; i++) {
-        pthread_mutex_lock(&ck->mu);
-        bool pinned = step_pinned_locked(ck, steps[i]);
-        pthread_mutex_unlock(&ck->mu);
-        if (pinned) continue;
-        ckpt_local_step_dir(ck, steps[i], path, sizeof path);
-        snprintf(mpath, sizeof mpath, "%s/%s", path, CK_MANIFEST);
-        if (unlink(mpath) != 0) continue;
-        ck_fsync_dir(path);
-        if (ck_rmtree(path) != MOE_STATUS_SUCCESS)
-            moe_log(ck->log, MOE_LOG_WARN, "checkpoint: retention: %s", moe_last_error());
-        else
-            moe_log(ck->log, MOE_LOG_INFO, "checkpoint: retention removed step %" PRId64, steps[i]);
-    }
+    remove_beyond(ck, steps, n, ck->cfg.keep_last);
     free(steps);
     /* incomplete leftovers (crashed saves) older than the newest complete checkpoint */
     DIR *d = opendir(ck->dir);
@@ -147,6 +169,7 @@ static void commit_job(moe_ckpt_t *ck, ckpt_job_t *j)
                                m->size[MOE_AXIS_PP]};
             char *text = ck_manifest_build(j->step, ck->cfg.chunk_bytes, ck->world, mesh, all,
                                            bytes);
+            make_room(ck);
             gst = text ? ck_write_file_atomic(stepdir, CK_MANIFEST, text, strlen(text))
                        : MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "manifest text");
             if (gst == MOE_STATUS_SUCCESS) gst = ck_fsync_dir(ck->dir);

@@ -201,6 +201,9 @@ moe_status_t moe_ckpt_save_train_state(moe_ckpt_t *ck, int64_t step, moe_train_s
         if (e->opt) {
             int64_t steps = 0;
             st = moe_adamw_step_count(e->opt, &steps);
+            /* the limbs are a host tensor an earlier save may still be copying */
+            if (st == MOE_STATUS_SUCCESS)
+                st = ckpt_fence_writes(ck, e->limbs, sizeof *e->limbs * STEP_LIMBS);
             for (int k = 0; k < STEP_LIMBS; k++)
                 e->limbs[k] = (float)((uint64_t)steps >> (16 * k) & 0xffffu);
         }

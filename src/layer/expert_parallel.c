@@ -19,7 +19,8 @@
  *                 selections of e here) < C; rows sorted by (owner rank, local expert, slot)
  *                 -> row_of_slot, slot_of_row; kept counts to the host -> rows per ep peer
  *   4. counts     all-to-all over ep of El row counts per peer -> rows from each peer per
- *                 local expert
+ *                 local expert; with tp > 1 the tp ranks compare them (they differ when the
+ *                 tp ranks were fed different tokens)
  *   5. pipeline   rows are split per peer block into `a2a_chunks` chunks; chunk c+1's
  *                 all-to-all is in flight while the experts compute chunk c (non-blocking
  *                 communicator calls; on the host backend MPI is polled between slices so
@@ -544,6 +545,27 @@ static moe_status_t hash_tokens(moe_layer_t *l, const moe_tensor_t *x, uint64_t 
     return st;
 }
 
+/* Step 4b: the tp ranks compare the rows they received per ep peer and local expert, which
+ * their sums over tp add up slice by slice. Fed the same tokens they always agree; without
+ * MOE_CHECK_TP_INPUTS this is where different tokens show (they route differently), and the
+ * failure says so on every rank of the stage, as step 0's. */
+static moe_status_t check_tp_rows(moe_layer_t *l, const moe_dist_slot_t *ds)
+{
+    moe_dist_t *d = l->dist;
+    if (!d->htp) return MOE_STATUS_SUCCESS;
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t i = 0; i < (int64_t)d->P * l->el; i++)
+        h = (h ^ (uint64_t)ds->cnt[i]) * 1099511628211ull;
+    const char *what = "the rows the experts received over tp (tp ranks must be fed the same "
+                       "tokens: different tokens are the likely cause, MOE_CHECK_TP_INPUTS=1 "
+                       "compares them at the input)";
+    moe_agree_field_t f[2] = {moe_agree_int("rows received", ds->rows_recv),
+                              moe_agree_u64("their split over ep peers and experts (hash)", h)};
+    moe_status_t st = moe_comm_agree(d->htp, what, f, 2, MOE_STATUS_SUCCESS);
+    if (!d->hdense) return st;
+    return moe_comm_agree(d->hdense, what, NULL, 0, st);
+}
+
 /* Step 0: the tp ranks compare what they were fed. A difference fails on every rank of the
  * stage: on the tp group that found it, then over the dense group, whose other ranks would
  * otherwise wait in the routing exchange for the ranks that stopped. */
@@ -606,6 +628,7 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     /* 3. plan, 4. row counts to the expert owners */
     MOE_TRY_GOTO(st, plan_rows(l, s, &g, &routing, kept_group));
     MOE_TRY_GOTO(st, exchange_counts(l, s, kept_group));
+    MOE_TRY_GOTO(st, check_tp_rows(l, ds));
     s->rows = ds->rows_recv;
     /* 5. gather, dispatch / experts / combine pipeline */
     size_t Rs = (size_t)ds->rows_send, Rr = (size_t)ds->rows_recv;

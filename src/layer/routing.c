@@ -132,6 +132,8 @@ void moe_routing_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity
 moe_status_t moe_routing_update_bias(moe_layer_t *l, const moe_slot_t *s, int64_t slots)
 {
     if (!l->cfg.expert_bias || slots <= 0) return MOE_STATUS_SUCCESS;
+    /* the bias is state a checkpoint's snapshot may still be copying */
+    MOE_TRY(moe_runtime_fence_writes(l->rt, l->bias, sizeof(float) * (size_t)l->e));
     return MOE_OPS(l->rt)->expert_bias_step(MOE_CTX(l->rt), l->bias, s->counts, l->e, slots,
                                             l->cfg.expert_bias_rate);
 }

@@ -391,6 +391,13 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
                 .n = n, .master = p->state[0], .m = p->state[1], .v = p->state[2],
                 .param = p->info.value.data, .grad = p->info.grad.data};
     }
+    /* a checkpoint's snapshot of this state may still be copying: the update waits for it
+     * (CUDA: the stream waits for the copy's event; the host does not) */
+    moe_status_t fenced = moe_runtime_fence_writes(rt, NULL, 0);
+    if (fenced != MOE_STATUS_SUCCESS) {
+        free(tensors);
+        return fenced;
+    }
     moe_adamw_update_t u = {
         .lr = rate, .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2, .eps = opt->cfg.eps,
         .weight_decay = opt->cfg.weight_decay, .grad_scale = scale, .step = opt->steps + 1,

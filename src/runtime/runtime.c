@@ -122,6 +122,31 @@ void moe_runtime_adopt(moe_runtime_t *rt, moe_runtime_child_t kind) { rt->childr
 
 void moe_runtime_disown(moe_runtime_t *rt, moe_runtime_child_t kind) { rt->children[kind]--; }
 
+moe_status_t moe_runtime_add_fence(moe_runtime_t *rt, moe_write_fence_fn fn, void *arg)
+{
+    moe_write_fence_t *f = realloc(rt->fences, sizeof *f * (size_t)(rt->nfences + 1));
+    if (!f) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "write fence list");
+    f[rt->nfences++] = (moe_write_fence_t){.fn = fn, .arg = arg};
+    rt->fences = f;
+    return MOE_STATUS_SUCCESS;
+}
+
+void moe_runtime_remove_fence(moe_runtime_t *rt, void *arg)
+{
+    for (int32_t i = 0; i < rt->nfences; i++)
+        if (rt->fences[i].arg == arg) {
+            rt->fences[i] = rt->fences[--rt->nfences];
+            return;
+        }
+}
+
+moe_status_t moe_runtime_fence_writes(moe_runtime_t *rt, const void *data, size_t bytes)
+{
+    for (int32_t i = 0; i < rt->nfences; i++)
+        MOE_TRY(rt->fences[i].fn(rt->fences[i].arg, data, bytes));
+    return MOE_STATUS_SUCCESS;
+}
+
 bool moe_runtime_poisoned(const moe_runtime_t *rt)
 {
     return moe_mesh_failure(rt->mesh, NULL) != MOE_STATUS_SUCCESS;
@@ -153,6 +178,7 @@ moe_status_t moe_runtime_destroy(moe_runtime_t *rt)
     moe_status_t st = moe_mesh_destroy(rt->mesh);
     rt->backend.ops->destroy(rt->backend.ctx);
     rt->magic = MOE_MAGIC_DEAD;
+    free(rt->fences);
     free(rt);
     return st;
 }

@@ -23,6 +23,17 @@ typedef enum moe_runtime_child {
     MOE_CHILD_KINDS = 4
 } moe_runtime_child_t;
 
+/* A fence of a background reader of state (a checkpoint's snapshot copies): before state in
+ * [data, data + bytes) is written (data NULL: any state), the writer's next work is ordered
+ * after the reads (CUDA: on the runtime's stream, the host does not wait; host: the call
+ * blocks until they are done). */
+typedef moe_status_t (*moe_write_fence_fn)(void *arg, const void *data, size_t bytes);
+
+typedef struct moe_write_fence {
+    moe_write_fence_fn fn;
+    void *arg;
+} moe_write_fence_t;
+
 struct moe_runtime {
     uint64_t magic;
     moe_backend_t backend;
@@ -31,11 +42,20 @@ struct moe_runtime {
     uint64_t seed;
     int32_t device_index;
     int32_t children[MOE_CHILD_KINDS]; /* alive, by kind */
+    moe_write_fence_t *fences;         /* registered by the checkpointers */
+    int32_t nfences;
 };
 
 /* A create registers its object, its destroy unregisters it. */
 void moe_runtime_adopt(moe_runtime_t *rt, moe_runtime_child_t kind);
 void moe_runtime_disown(moe_runtime_t *rt, moe_runtime_child_t kind);
+
+/* A checkpointer registers its fence at create and removes it (by arg) at destroy. */
+moe_status_t moe_runtime_add_fence(moe_runtime_t *rt, moe_write_fence_fn fn, void *arg);
+void moe_runtime_remove_fence(moe_runtime_t *rt, void *arg);
+/* Code that writes state a checkpoint may hold (the optimizer step, the layer's expert-bias
+ * update) calls this first: every registered fence for [data, data + bytes), NULL: all. */
+moe_status_t moe_runtime_fence_writes(moe_runtime_t *rt, const void *data, size_t bytes);
 
 /* True once the mesh lost a peer (a timeout, an MPI/NCCL error, an abort, here or reported by
  * another rank): operations that never completed may still read or write their buffers, so

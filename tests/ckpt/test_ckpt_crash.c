@@ -55,6 +55,7 @@ static void child(const char *dir, int64_t first, bool s3, bool overlap, int fd)
     ct_state_t s;
     ct_init(&s);
     for (int64_t step = first;; step++) {
+        if (moe_ckpt_fence(ck) != MOE_STATUS_SUCCESS) _exit(7); /* a save may still copy s */
         ct_fill(&s, step);
         if (moe_ckpt_save_async(ck, step, s.t, 3) != MOE_STATUS_SUCCESS) _exit(4);
         if (overlap && step % 3 != 0) continue; /* several saves in flight */

@@ -1,6 +1,6 @@
 /* Local tier of the checkpointer on the host backend: bitwise round trip (with the state
  * larger than the pinned budget, so save_async double-buffers), snapshot semantics (the
- * caller overwrites its tensors as soon as save_async returns), expert reshard by global id,
+ * caller overwrites its tensors as soon as moe_ckpt_fence returns), expert reshard by global id,
  * dtype conversion, corruption (flipped byte, truncated file, path escape) detected and
  * fallen back from, retention, and bad inputs (unwritable directory, duplicate names, missing
  * tensors, mismatched shapes, disk full on a small tmpfs when the test may mount one); and
@@ -50,6 +50,7 @@ static moe_ckpt_t *open_ck(int keep_last)
 static void save_steps(moe_ckpt_t *ck, ct_state_t *s, int64_t from, int64_t to)
 {
     for (int64_t step = from; step <= to; step++) {
+        TEST_OK(moe_ckpt_fence(ck)); /* the previous save may still copy s */
         ct_fill(s, step);
         TEST_OK(moe_ckpt_save_async(ck, step, s->t, 3));
     }
@@ -69,7 +70,9 @@ static void test_round_trip(void **st)
     ct_init(&s);
     ct_fill(&s, 10);
     TEST_OK(moe_ckpt_save_async(ck, 10, s.t, 3));
-    ct_fill(&s, 999); /* the snapshot is taken: overwrite the caller's tensors at once */
+    /* the snapshot is the state at the call: after the fence, overwrite the tensors at once */
+    TEST_OK(moe_ckpt_fence(ck));
+    ct_fill(&s, 999);
     TEST_OK(moe_ckpt_wait(ck, 1, 60000));
     moe_ckpt_status_t status = {.struct_size = sizeof status};
     TEST_OK(moe_ckpt_status(ck, &status));
@@ -119,6 +122,7 @@ static void test_round_trip_buffered(void **st)
     ct_init(&s);
     ct_fill(&s, 4);
     TEST_OK(moe_ckpt_save_async(ck, 4, s.t, 3));
+    TEST_OK(moe_ckpt_fence(ck));
     ct_fill(&s, 5);
     TEST_OK(moe_ckpt_wait(ck, 1, 60000));
     moe_ckpt_status_t status = {.struct_size = sizeof status};

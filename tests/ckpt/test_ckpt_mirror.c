@@ -1,7 +1,8 @@
 /* The S3 mirror's guarantees, against s3rver behind the fixture's signature-verifying front:
  *   - an outage (both servers killed: connections refused) while a step is saved every
  *     ~100 ms: every save_async succeeds and every step commits locally; the failures show in
- *     the status and the log; local disk holds at most keep_last + 1 = 4 steps at any time
+ *     the status and the log; local disk holds at most keep_last + 1 = 4 steps at any time,
+ *     also at the moment of each commit (counted from the log callback)
  *     (superseded uploads do not pin retention); once S3 is back, the newest step reaches S3,
  *     retention brings local disk back to keep_last, and S3 alone restores the newest step
  *     bitwise. The outage lasts MOE_TEST_S3_OUTAGE_S seconds (default 12, so the suite fits
@@ -15,9 +16,11 @@
  *     outage with the default retries (one more try would take ~40 s), destroy returns
  *     TIMEOUT within its limit (moe_ckpt_destroy_within, 1 s here) plus the cancellation;
  *     MOE_CKPT_DESTROY_TIMEOUT_MS sets moe_ckpt_destroy's limit. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,6 +96,38 @@ static int32_t local_count(moe_ckpt_t *ck)
     return n;
 }
 
+/* Complete steps in dir (step directories holding a manifest). */
+static int32_t complete_steps(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int32_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char path[600];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s/manifest.json", dir, e->d_name);
+        if (strncmp(e->d_name, "step-", 5) == 0 && stat(path, &sb) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The log callback during the outage: at each commit ("durable after", logged once the new
+ * manifest is durable and before retention runs) it counts the complete steps on disk, the
+ * moment local disk holds the most. */
+static const char *g_commit_dir;
+static int32_t g_commit_most;
+
+static void count_at_commit(moe_log_level_t level, const char *msg, void *ud)
+{
+    ct_log_fn(level, msg, ud);
+    if (g_commit_dir && strstr(msg, "durable after")) {
+        int32_t n = complete_steps(g_commit_dir);
+        if (n > g_commit_most) g_commit_most = n;
+    }
+}
+
 /* One save, committed locally (wait without uploads: mirror errors are not its business). */
 static void save_committed(moe_ckpt_t *ck, ct_state_t *s, int64_t step)
 {
@@ -127,6 +162,9 @@ static void test_outage_costs_no_local_checkpoint(void **st)
     TEST_OK(moe_ckpt_wait(ck, 1, 60000));
 
     print_message("S3 down for %.0f s, a step saved every ~100 ms\n", outage);
+    g_commit_dir = g_dir;
+    g_commit_most = 0;
+    TEST_OK(moe_runtime_set_log(g_rt, MOE_LOG_INFO, count_at_commit, NULL));
     s3_fixture_stop(&g_s3);
     int32_t most = 0;
     for (double t0 = now_s(); now_s() - t0 < outage; step++) {
@@ -137,6 +175,12 @@ static void test_outage_costs_no_local_checkpoint(void **st)
             fail_msg("step %lld: %d local checkpoints (keep_last %d)", (long long)step, n, keep);
         sleep_ms(100);
     }
+    TEST_OK(moe_runtime_set_log(g_rt, MOE_LOG_INFO, ct_log_fn, NULL));
+    g_commit_dir = NULL;
+    print_message("at the commits of the outage: at most %d complete steps on local disk\n",
+                  g_commit_most);
+    if (g_commit_most > keep + 1)
+        fail_msg("%d complete local checkpoints at a commit (keep_last %d)", g_commit_most, keep);
     moe_ckpt_status_t down = {.struct_size = sizeof down};
     TEST_OK(moe_ckpt_status(ck, &down));
     print_message("during the outage: %lld steps committed locally (newest %lld), at most %d on "

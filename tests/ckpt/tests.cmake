@@ -13,6 +13,11 @@ moe_add_test(test_train_state SOURCES ${_ckpt_dir}/test_train_state.c LABELS ckp
 # The expert-bias variant: a loaded bias must survive the next forward (regression test).
 add_test(NAME test_ckpt_resume_keeps_expert_bias COMMAND test_ckpt_resume bias)
 set_tests_properties(test_ckpt_resume_keeps_expert_bias PROPERTIES LABELS ckpt TIMEOUT 60)
+# The snapshot is the state at the save while the optimizer writes it during the copy.
+moe_add_test(test_ckpt_snapshot SOURCES ${_ckpt_dir}/test_ckpt_snapshot.c LABELS ckpt TIMEOUT 120)
+add_test(NAME test_ckpt_snapshot_cuda COMMAND test_ckpt_snapshot cuda)
+set_tests_properties(test_ckpt_snapshot_cuda PROPERTIES LABELS "ckpt;cuda" TIMEOUT 120
+                     SKIP_RETURN_CODE 77)
 moe_add_test(test_ckpt_cuda SOURCES ${_ckpt_dir}/test_ckpt_cuda.c LABELS ckpt cuda TIMEOUT 120)
 moe_add_test(test_ckpt_crash SOURCES ${_ckpt_dir}/test_ckpt_crash.c ${_ckpt_dir}/s3_fixture.c
              LABELS ckpt TIMEOUT 240)

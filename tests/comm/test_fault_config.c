@@ -12,7 +12,9 @@
  *                  1.25, sigmoid scores and ffn_hidden 64; rank 0 round-robin placement;
  *                  rank 1 top_k 0 (its own config invalid)
  *   tp inputs      (tp = 2, ep = 2) rank 1 forwards 16 tokens where its tp peer forwards 32;
- *                  with MOE_CHECK_TP_INPUTS=1, rank 1's 32 tokens differ from its peer's
+ *                  then 32 tokens that differ from its peer's, found by the rows they route
+ *                  (naming the likely cause and MOE_CHECK_TP_INPUTS), and with
+ *                  MOE_CHECK_TP_INPUTS=1 by their hash
  *   comm           rank 2 comm=MPI where the others say AUTO (host backend: both resolve to
  *                  MPI, accepted); rank 1 comm=NCCL (refused, naming the resolved values)
  *   optimizer      (ep = 4) rank 2 lr 0.002; rank 3 weight_decay 0.1 and eps 1e-6; rank 0
@@ -227,6 +229,9 @@ static void t_tp_inputs(void)
     if (layer) {
         expect_forward_refused(layer, 16, 0.0f, "tp token count",
                                "tokens is 16 on world rank 1 and 32 on world rank 0");
+        /* different tokens of the same count: found where they route differently */
+        expect_forward_refused(layer, 32, 0.5f, "tp token contents unchecked",
+                               "different tokens are the likely cause, MOE_CHECK_TP_INPUTS=1");
         moe_layer_destroy(layer);
     }
     setenv("MOE_CHECK_TP_INPUTS", "1", 1);

@@ -36,6 +36,9 @@ static void cuda_destroy(void *vctx)
         if (c->join[i]) cudaEventDestroy(c->join[i]);
     }
     if (c->fork) cudaEventDestroy(c->fork);
+    if (c->copy_stream) cudaStreamSynchronize(c->copy_stream);
+    if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
+    if (c->snapshot_fork) cudaEventDestroy(c->snapshot_fork);
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->own_stream) cudaStreamDestroy(c->own_stream);
@@ -169,6 +172,56 @@ static moe_status_t cuda_set_stream(void *vctx, void *stream)
 
 static void *cuda_stream(void *vctx) { return ((cuda_ctx_t *)vctx)->stream; }
 
+/* ---- snapshot copies (backend.h): the copy stream and its events ---- */
+
+static moe_status_t cuda_snapshot_begin(void *vctx)
+{
+    cuda_ctx_t *c = vctx;
+    MOE_CUDA_CHECK(cudaEventRecord(c->snapshot_fork, c->stream));
+    MOE_CUDA_CHECK(cudaStreamWaitEvent(c->copy_stream, c->snapshot_fork, 0));
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t cuda_snapshot_copy(void *vctx, void *dst, const void *src, size_t bytes)
+{
+    cuda_ctx_t *c = vctx;
+    if (bytes == 0) return MOE_STATUS_SUCCESS;
+    MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->copy_stream));
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t cuda_snapshot_mark(void *vctx, void **event)
+{
+    cuda_ctx_t *c = vctx;
+    if (!*event) {
+        cudaEvent_t ev;
+        MOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        *event = ev;
+    }
+    MOE_CUDA_CHECK(cudaEventRecord((cudaEvent_t)*event, c->copy_stream));
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t cuda_event_wait(void *vctx, void *event)
+{
+    (void)vctx;
+    MOE_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)event));
+    return MOE_STATUS_SUCCESS;
+}
+
+static moe_status_t cuda_event_fence(void *vctx, void *event)
+{
+    cuda_ctx_t *c = vctx;
+    MOE_CUDA_CHECK(cudaStreamWaitEvent(c->stream, (cudaEvent_t)event, 0));
+    return MOE_STATUS_SUCCESS;
+}
+
+static void cuda_event_destroy(void *vctx, void *event)
+{
+    (void)vctx;
+    if (event) cudaEventDestroy((cudaEvent_t)event);
+}
+
 static const moe_backend_ops_t cuda_ops = {
     .name = "cuda",
     .kind = MOE_BACKEND_CUDA,
@@ -187,6 +240,12 @@ static const moe_backend_ops_t cuda_ops = {
     .synchronize = cuda_synchronize,
     .set_stream = cuda_set_stream,
     .stream = cuda_stream,
+    .snapshot_begin = cuda_snapshot_begin,
+    .snapshot_copy = cuda_snapshot_copy,
+    .snapshot_mark = cuda_snapshot_mark,
+    .event_wait = cuda_event_wait,
+    .event_fence = cuda_event_fence,
+    .event_destroy = cuda_event_destroy,
     .act_to_f32 = moe_cuda_act_to_f32,
     .f32_to_act = moe_cuda_f32_to_act,
     .router_forward = moe_cuda_router_forward,
@@ -264,6 +323,8 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     MOE_CUDA_CHECK_GOTO(st, cudaMemsetAsync(c->router_state, 0, MOE_ROUTER_STATE_BYTES, c->stream));
     MOE_CUDA_CHECK_GOTO(st, cudaStreamSynchronize(c->stream));
     MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
+    MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
+    MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->snapshot_fork, cudaEventDisableTiming));
     for (int i = 0; i < MOE_TUNE_SIDE_STREAMS; i++) {
         MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
         MOE_CUDA_CHECK_GOTO(st, cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming));

@@ -44,6 +44,10 @@ typedef struct cuda_ctx {
     cublasHandle_t side_cublas[MOE_TUNE_SIDE_STREAMS];
     void *side_ws[MOE_TUNE_SIDE_STREAMS];
     cudaEvent_t fork, join[MOE_TUNE_SIDE_STREAMS];
+    /* the checkpointer's snapshot copies (device -> pinned) run here, beside the work that
+     * follows them on `stream`; snapshot_fork orders them after the work before them */
+    cudaStream_t copy_stream;
+    cudaEvent_t snapshot_fork;
     cuda_gemm_mode_t gemm_mode;
     cuda_router_mode_t router_mode;
     /* the expert GEMMs next to SwiGLU carry it in their epilogue (Hopper, MOE_CUDA_SWIGLU_GEMM=1;
