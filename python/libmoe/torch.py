@@ -163,9 +163,17 @@ HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library,
 
 
 if HAS_CUSTOM_OP:
+    import inspect
     from typing import List, Tuple
 
-    @torch.library.custom_op("libmoe::layer_forward", mutates_args=())
+    # Marked unsafe for CUDA graphs where PyTorch knows the tag (its graph partitioning then
+    # leaves the operators out of mode="reduce-overhead"'s graphs): the forward waits for the
+    # device, and both keep host state (the slots)
+    _unsafe = getattr(getattr(torch, "Tag", None), "cudagraph_unsafe", None)
+    _op_tags = {"tags": (_unsafe,)} if _unsafe is not None and "tags" in \
+        inspect.signature(torch.library.custom_op).parameters else {}
+
+    @torch.library.custom_op("libmoe::layer_forward", mutates_args=(), **_op_tags)
     def _op_forward(x: torch.Tensor, router_weight: torch.Tensor, w1: torch.Tensor,
                     w2: torch.Tensor, op_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
         y, token = _forward(_MODULES[op_id], x.contiguous())
@@ -175,7 +183,7 @@ if HAS_CUSTOM_OP:
     def _(x, router_weight, w1, w2, op_id):
         return torch.empty_like(x), torch.empty(2, dtype=torch.int64)
 
-    @torch.library.custom_op("libmoe::layer_backward", mutates_args=())
+    @torch.library.custom_op("libmoe::layer_backward", mutates_args=(), **_op_tags)
     def _op_backward(dy: torch.Tensor, token: torch.Tensor, op_id: int,
                      need_dx: bool) -> List[torch.Tensor]:
         module = _MODULES[op_id]
