@@ -154,13 +154,14 @@ def host_split(name, variant, layer, step, module=False, steps=200):
     """Host µs per step inside libmoe's entry points, in the wrapper's Python around them, and
     (module) in PyTorch outside the wrapper (autograd's apply, its engine and the hand-over to
     its CUDA thread), over steps back-to-back steps after the stream drained."""
-    acc = {"c": 0.0, "wrapper": 0.0}
-    patched = [(layer, "_forward"), (layer, "_backward"), (layer._lib, "moe_layer_discard_grad")]
+    acc = {"c": 0.0, "discard": 0.0, "wrapper": 0.0}
+    patched = [(layer, "_forward", "c"), (layer, "_backward", "c"),
+               (layer._lib, "moe_layer_discard_grad", "discard")]
     if module:
-        patched += [(libmoe_torch, "_forward"), (libmoe_torch, "_backward")]
-    originals = [(obj, attr, getattr(obj, attr)) for obj, attr in patched]
-    for obj, attr, fn in originals:
-        setattr(obj, attr, _Timed(acc, "wrapper" if obj is libmoe_torch else "c", fn))
+        patched += [(libmoe_torch, "_forward", "wrapper"), (libmoe_torch, "_backward", "wrapper")]
+    originals = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patched]
+    for obj, attr, key in patched:
+        setattr(obj, attr, _Timed(acc, key, getattr(obj, attr)))
     try:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -171,15 +172,16 @@ def host_split(name, variant, layer, step, module=False, steps=200):
     finally:
         for obj, attr, fn in originals:
             setattr(obj, attr, fn)
-    c_us = 1e6 * acc["c"] / steps
+    us = {k: 1e6 * v / steps for k, v in acc.items()}
+    total_us = 1e6 * total / steps
     rec = {"bench": "ffi_host_split", "shape": name, "variant": variant,
-           "host_us_per_step": round(1e6 * total / steps, 1), "c_calls_us": round(c_us, 1)}
-    if module:  # the wrapper's time includes the C calls made inside it, not discard_grad's
-        wrapper_us = 1e6 * acc["wrapper"] / steps
-        rec["python_us"] = round(wrapper_us - c_us, 1)
-        rec["torch_us"] = round(1e6 * total / steps - wrapper_us, 1)
+           "host_us_per_step": round(total_us, 1),
+           "c_calls_us": round(us["c"] + us["discard"], 1)}
+    if module:  # forward and backward are called inside the wrapper, discard_grad outside it
+        rec["python_us"] = round(us["wrapper"] - us["c"], 1)
+        rec["torch_us"] = round(total_us - us["wrapper"] - us["discard"], 1)
     else:
-        rec["python_us"] = round(1e6 * total / steps - c_us, 1)
+        rec["python_us"] = round(total_us - us["c"] - us["discard"], 1)
     return emit(rec)
 
 

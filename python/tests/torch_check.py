@@ -342,7 +342,8 @@ def _step(model, fn, x, dy):
     y.backward(dy)
     M.sync()
     names = ["y", "dx"] + [n for n, _ in model.named_parameters()]
-    values = [y.detach(), xg.grad] + [p.grad.clone() for p in model.parameters()]
+    # copies: a CUDA graph's replay rewrites its outputs
+    values = [y.detach().clone(), xg.grad.clone()] + [p.grad.clone() for p in model.parameters()]
     routing = [tuple(b.stats().tokens_per_expert) for b in model.blocks
                if isinstance(b, MoELayer)]
     return dict(zip(names, values)), routing
