@@ -10,7 +10,7 @@
 #                PyTorch's eager layer (bench/torch_moe.py) in the same call
 # Shorter phases for a short call (with build, which then builds libmoe and step_bench alone
 # unless bench is named too):
-#   quick        step_bench and torch_bench.py --quick --c-loop at issue 42's three shapes: the
+#   quick        (after compile) step_bench and torch_bench.py --quick --c-loop at issue 42's three shapes: the
 #                overhead figures against the C step in the same process, and the host time
 #                split into C calls, the wrapper's Python and PyTorch's autograd
 #   compile      torch_check.py --only compile: torch.compile(fullgraph=True) of a 4-layer model
@@ -68,15 +68,15 @@ export MOE_LIBRARY=$B/libmoe.so PYTHONPATH=$PWD/python
 python3 -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" \
   2>&1 | tee -a "$log"
 
+if has compile; then
+  run torch_check_compile 180 python3 python/tests/torch_check.py --only compile
+  run torch_check_compile_host 90 python3 python/tests/torch_check.py --host --only compile
+fi
+
 if has quick; then
   run step_bench 60 "$B/step_bench" 512 256 512 16 2 2048 1024 1408 64 2 16384 4096 1408 64 2
   run torch_bench 150 python3 python/tests/torch_bench.py --quick --c-loop "$B/libstep_bench.so" \
     "$OUT/ffi.md" "$json"
-fi
-
-if has compile; then
-  run torch_check_compile 180 python3 python/tests/torch_check.py --only compile
-  run torch_check_compile_host 90 python3 python/tests/torch_check.py --host --only compile
 fi
 
 if has torch_check; then
