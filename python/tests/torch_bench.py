@@ -34,6 +34,7 @@ import ctypes as C
 import datetime
 import json
 import os
+import queue
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,8 @@ C_IN_PROCESS = "C API, in process"
 LAYER, MODULE, MODULE_TORCH = ("libmoe.Layer (ctypes)", "MoELayer, libmoe grads",
                                "MoELayer, torch grads")
 EMPTY = "empty autograd Function"
+EMPTY4 = "4 empty autograd Functions, one backward()"
+C_THREAD = "C API, in process, from a second thread"
 EAGER = "eager (bench/torch_moe.py)"
 
 
@@ -211,7 +214,34 @@ class _Empty(torch.autograd.Function):
         return (torch.empty_like(dy),) + (None,) * len(ctx.needs_input_grad[1:])
 
 
-def bench_shape(n, h, f, e, k, c_loop, quick):
+class _Worker:
+    """A persistent second thread that runs a block of steps on request and waits for the
+    next, as PyTorch's autograd engine runs backward nodes on its CUDA device thread."""
+
+    def __init__(self):
+        self._jobs, self._done = queue.Queue(), queue.Queue()
+        threading.Thread(target=self._loop, daemon=True, name="bench worker").start()
+
+    def _loop(self):
+        while True:
+            block, count = self._jobs.get()
+            try:
+                torch.cuda.set_device(0)  # as autograd's device thread does (a no-op later)
+                block(count)
+                self._done.put(None)
+            except BaseException as exc:  # handed to the caller
+                self._done.put(exc)
+
+    def run(self, block):
+        def on_worker(count):
+            self._jobs.put((block, count))
+            exc = self._done.get()
+            if exc is not None:
+                raise exc
+        return on_worker
+
+
+def bench_shape(n, h, f, e, k, c_loop, quick, worker):
     name = shape_name(n, h, f, e, k)
     m = MoELayer(h, f, e, k, grads="libmoe")
     layer = m.layer
@@ -233,6 +263,13 @@ def bench_shape(n, h, f, e, k, c_loop, quick):
     def empty_step():
         xg.grad = None
         _Empty.apply(xg, *m._trainable).backward(dy)
+
+    def empty4_step():  # PyTorch's cost per node where one backward() serves four
+        xg.grad = None
+        t = xg
+        for _ in range(4):
+            t = _Empty.apply(t, *m._trainable)
+        t.backward(dy)
 
     def repeat(step):
         def block(count):
@@ -258,15 +295,19 @@ def bench_shape(n, h, f, e, k, c_loop, quick):
                 raise libmoe.Error(libmoe.Status.BACKEND_ERROR, libmoe.library().last_error(),
                                    "step_bench_steps")
         variants[C_IN_PROCESS] = c_block
+        if quick:
+            variants[C_THREAD] = worker.run(c_block)
     variants[LAYER] = repeat(ctypes_step)
     variants[MODULE] = repeat(module_step)
     variants[MODULE_TORCH] = torch_grads
     variants[EMPTY] = repeat(empty_step)
+    if quick:
+        variants[EMPTY4] = repeat(empty4_step)
     timed = measure(variants)
     max_load = layer.stats().max_load  # of the last libmoe step: the same routing every step
     recs, splits = [], []
     for v, (ms, wall) in timed.items():
-        rec = {"impl": "libmoe python" if v != EMPTY else "torch " + torch.__version__,
+        rec = {"impl": "torch " + torch.__version__ if v in (EMPTY, EMPTY4) else "libmoe python",
                "bench": "ffi_layer_step", "shape": name, "variant": v, "ms": round(ms, 4),
                "wall_ms": round(wall, 4), "gpu": GPU, "date": TODAY}
         if v == LAYER:
@@ -348,8 +389,13 @@ def summarise(recs, splits, c_api, bench_moe, out_md, shapes):
         for key, v in (("layer", LAYER), ("module", MODULE), ("module_torch_grads", MODULE_TORCH)):
             if v in wall and base.get("wall_ms") is not None:
                 over[f"{key}_us_per_step"] = round(1e3 * (wall[v] - base["wall_ms"]), 1)
+        if C_THREAD in wall:  # the same C calls issued from a thread other than the main one
+            over["c_second_thread_us_per_step"] = round(1e3 * (wall[C_THREAD] - base["wall_ms"]),
+                                                        1)
         if EMPTY in wall:  # PyTorch's own share of MoELayer's figure
             over["empty_function_us_per_step"] = round(1e3 * wall[EMPTY], 1)
+            if EMPTY4 in wall:  # a node's share when one backward() serves four
+                over["empty_function_us_per_node_of_4"] = round(1e3 * wall[EMPTY4] / 4, 1)
         if c.get("wall_ms") is not None and base is not c:
             over["c_in_process_vs_step_bench_us"] = round(1e3 * (base["wall_ms"] - c["wall_ms"]),
                                                           1)
@@ -377,19 +423,21 @@ def summarise(recs, splits, c_api, bench_moe, out_md, shapes):
         "loop's, µs per step. The empty autograd Function is PyTorch's own cost of a forward "
         "and a backward() call on these tensors (its outputs allocated, nothing launched): "
         "MoELayer pays it, the C step does not.", "",
-        "| shape | C ms (step_bench) | C wall ms (step_bench / in process) | libmoe.Layer wall "
-        "ms (µs over C) | MoELayer wall ms (µs over C) | MoELayer, torch grads wall ms (µs over "
-        "C) | empty autograd Function wall ms | PyTorch eager ms | max load (step_bench / "
-        "Layer) |",
+        "| shape | C ms (step_bench) | C wall ms (step_bench / in process / second thread) | "
+        "libmoe.Layer wall ms (µs over C) | MoELayer wall ms (µs over C) | MoELayer, torch grads "
+        "wall ms (µs over C) | empty autograd Function wall ms (one / four in one backward) | "
+        "PyTorch eager ms | max load (step_bench / Layer) |",
         "|---|---|---|---|---|---|---|---|---|"]
     for shape, c, base, mine, bm in rows:
         bw = base.get("wall_ms")
         lines.append(
             f"| {shape} | {f(c.get('ms'))} | {f(c.get('wall_ms'))} / "
-            f"{f(r(mine, C_IN_PROCESS, 'wall_ms'))} | {f(r(mine, LAYER, 'wall_ms'))} "
+            f"{f(r(mine, C_IN_PROCESS, 'wall_ms'))} / {f(r(mine, C_THREAD, 'wall_ms'))} | "
+            f"{f(r(mine, LAYER, 'wall_ms'))} "
             f"({us(r(mine, LAYER, 'wall_ms'), bw)}) | {f(r(mine, MODULE, 'wall_ms'))} "
             f"({us(r(mine, MODULE, 'wall_ms'), bw)}) | {f(r(mine, MODULE_TORCH, 'wall_ms'))} "
-            f"({us(r(mine, MODULE_TORCH, 'wall_ms'), bw)}) | {f(r(mine, EMPTY, 'wall_ms'))} | "
+            f"({us(r(mine, MODULE_TORCH, 'wall_ms'), bw)}) | {f(r(mine, EMPTY, 'wall_ms'))} / "
+            f"{f(r(mine, EMPTY4, 'wall_ms'))} | "
             f"{f(r(mine, EAGER, 'ms'))} | {c.get('max_load', '—')} / "
             f"{r(mine, LAYER, 'max_load') or '—'} |")
     if splits:
@@ -417,16 +465,22 @@ def main():
         i = args.index("--c-loop")
         c_loop = load_c_loop(args[i + 1])
         del args[i:i + 2]
-    out_md, c_paths = args[0], args[1:]
     emit({"bench": "ffi_environment", "torch": torch.__version__,
           "python_threads": [t.name for t in threading.enumerate()]})
     shapes = QUICK_SHAPES if quick else SHAPES
+    if "--shapes" in args:  # indices into the list, e.g. "1" or "0,2"
+        i = args.index("--shapes")
+        shapes = [shapes[int(j)] for j in args[i + 1].split(",")]
+        del args[i:i + 2]
+    out_md, c_paths = args[0], args[1:]
+    worker = _Worker() if quick else None
     recs, splits = [], []
     for shape in shapes:
         try:
             # a stream of its own, as step_bench's (both non-blocking): like for like
             with torch.cuda.stream(torch.cuda.Stream()):
-                shape_recs, shape_splits = bench_shape(*shape, c_loop=c_loop, quick=quick)
+                shape_recs, shape_splits = bench_shape(*shape, c_loop=c_loop, quick=quick,
+                                                       worker=worker)
             recs += shape_recs
             splits += shape_splits
         except Exception as exc:  # report and go on: one failure must not hide the rest
