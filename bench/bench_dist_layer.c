@@ -46,8 +46,8 @@
 
 #include <moe/moe.h>
 
-#include "moe/expert_parallel.h"
-#include "moe/layer_internal.h"
+#include "layer/expert_parallel.h"
+#include "layer/layer_internal.h"
 #include "runtime/runtime.h"
 #include "test_support.h"
 

@@ -40,7 +40,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-if [ $with_tests = 1 ] && [ -f "$here/tests/s3/package.json" ]; then
+if [ $with_tests = 1 ] && [ -f "$here/tests/ckpt/s3/package.json" ]; then
   # the S3-compatible server the checkpoint tests start on loopback, kept inside the project
-  (cd "$here/tests/s3" && { [ -d node_modules/s3rver ] || npm ci --no-audit --no-fund --silent; })
+  (cd "$here/tests/ckpt/s3" && { [ -d node_modules/s3rver ] || npm ci --no-audit --no-fund --silent; })
 fi

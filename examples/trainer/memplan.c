@@ -1,6 +1,6 @@
 /* The memory plan (memplan.h): one rank's bytes counted from the config, and the start-up
  * check against the memory the rank can have. The counts follow the allocations of
- * model_host.c / model_cuda.c, the MoE layer (src/moe: routing.c, single_rank.c,
+ * model_host.c / model_cuda.c, the MoE layer (src/layer: routing.c, single_rank.c,
  * expert_parallel.c), AdamW and the checkpointer; tests/trainer/run_trainer.py plan compares
  * the total with a run's peak. */
 #include "memplan.h"

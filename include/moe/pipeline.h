@@ -44,12 +44,20 @@ extern "C" {
 /* ---- schedule ------------------------------------------------------------------------------ */
 
 typedef enum moe_pipeline_op {
-    MOE_PIPE_FORWARD = 0,   /* run the stage forward of `microbatch`                         */
-    MOE_PIPE_BACKWARD = 1,  /* run the stage backward of `microbatch`                        */
-    MOE_PIPE_SEND_ACT = 2,  /* send the forward output of `microbatch` to stage `peer` (s+1) */
-    MOE_PIPE_RECV_ACT = 3,  /* the forward input of `microbatch` from `peer` (s-1) is needed  */
-    MOE_PIPE_SEND_GRAD = 4, /* send the input gradient of `microbatch` to `peer` (s-1)        */
-    MOE_PIPE_RECV_GRAD = 5  /* the output gradient of `microbatch` from `peer` (s+1) is needed*/
+    MOE_PIPELINE_FORWARD = 0,   /* run the stage forward of `microbatch`                     */
+    MOE_PIPELINE_BACKWARD = 1,  /* run the stage backward of `microbatch`                    */
+    MOE_PIPELINE_SEND_ACT = 2,  /* send the forward output of `microbatch` to stage `peer` (s+1) */
+    MOE_PIPELINE_RECV_ACT = 3,  /* the forward input of `microbatch` from `peer` (s-1) is needed */
+    MOE_PIPELINE_SEND_GRAD = 4, /* send the input gradient of `microbatch` to `peer` (s-1)    */
+    MOE_PIPELINE_RECV_GRAD = 5, /* the output gradient of `microbatch` from `peer` (s+1) is
+                                   needed                                                    */
+    /* The earlier names, kept as aliases so code written against them still compiles. */
+    MOE_PIPE_FORWARD = MOE_PIPELINE_FORWARD,
+    MOE_PIPE_BACKWARD = MOE_PIPELINE_BACKWARD,
+    MOE_PIPE_SEND_ACT = MOE_PIPELINE_SEND_ACT,
+    MOE_PIPE_RECV_ACT = MOE_PIPELINE_RECV_ACT,
+    MOE_PIPE_SEND_GRAD = MOE_PIPELINE_SEND_GRAD,
+    MOE_PIPE_RECV_GRAD = MOE_PIPELINE_RECV_GRAD
 } moe_pipeline_op_t;
 
 typedef struct moe_pipeline_action {
@@ -162,15 +170,20 @@ typedef struct moe_pipeline_callbacks {
 
 /* How the executor starts its transfers. */
 typedef enum moe_pipeline_issue {
-    MOE_PIPE_ISSUE_AUTO = 0,    /* PREPOST on the MPI communicator, ORDERED on NCCL          */
-    MOE_PIPE_ISSUE_PREPOST = 1, /* receives `prepost` actions ahead, sends after their compute;
-                                   needs a transport that matches by tag and progresses each
-                                   operation on its own (MPI)                                */
-    MOE_PIPE_ISSUE_ORDERED = 2  /* every stage starts its transfers in one global order (the
-                                   send time of each message in a unit-cost run of the whole
-                                   pipeline), so operations on each pair of stages line up;
-                                   safe on transports that run operations in call order on one
-                                   stream without tags (NCCL), where PREPOST would deadlock  */
+    MOE_PIPELINE_ISSUE_AUTO = 0,    /* PREPOST on the MPI communicator, ORDERED on NCCL      */
+    MOE_PIPELINE_ISSUE_PREPOST = 1, /* receives `prepost` actions ahead, sends after their
+                                       compute; needs a transport that matches by tag and
+                                       progresses each operation on its own (MPI)            */
+    MOE_PIPELINE_ISSUE_ORDERED = 2, /* every stage starts its transfers in one global order
+                                       (the send time of each message in a unit-cost run of
+                                       the whole pipeline), so operations on each pair of
+                                       stages line up; safe on transports that run operations
+                                       in call order on one stream without tags (NCCL), where
+                                       PREPOST would deadlock                                */
+    /* The earlier names, kept as aliases so code written against them still compiles. */
+    MOE_PIPE_ISSUE_AUTO = MOE_PIPELINE_ISSUE_AUTO,
+    MOE_PIPE_ISSUE_PREPOST = MOE_PIPELINE_ISSUE_PREPOST,
+    MOE_PIPE_ISSUE_ORDERED = MOE_PIPELINE_ISSUE_ORDERED
 } moe_pipeline_issue_t;
 
 typedef struct moe_pipeline_config {

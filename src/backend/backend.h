@@ -23,7 +23,7 @@
 #include <stdbool.h>
 #include <moe/core.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 
 /* ---- op arguments ------------------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* A build without CUDA: the CUDA backend reports itself absent. */
 #include "backend.h"
 
-#include "../core/error.h"
+#include "core/error.h"
 
 int moe_backend_cuda_device_count(void) { return -1; }
 

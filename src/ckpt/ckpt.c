@@ -18,8 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/env.h"
-#include "../core/error.h"
+#include "core/env.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- config -------------------------------------------------------------------------------- */

@@ -60,8 +60,8 @@
 #include <moe/ckpt.h>
 #include <xxhash.h>
 
-#include "../core/log.h"
-#include "../runtime/runtime.h"
+#include "core/log.h"
+#include "runtime/runtime.h"
 
 #define CK_FORMAT_NAME "libmoe-checkpoint"
 #define CK_FORMAT_VERSION 3
@@ -219,7 +219,6 @@ moe_status_t ck_load_dir(moe_runtime_t *rt, const char *stepdir, int64_t step,
 
 /* ==== the checkpointer handle ================================================================ */
 
-#define MOE_MAGIC_CKPT 0x4d4f45434b505431ull /* "MOECKPT1" */
 /* moe_ckpt_destroy's limit on the last upload (moe_ckpt_destroy_within takes another). */
 #define CKPT_DESTROY_TIMEOUT_MS 30000
 

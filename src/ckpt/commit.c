@@ -18,8 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/clock.h"
-#include "../core/error.h"
+#include "core/clock.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- gathering the piece lists ------------------------------------------------------------- */

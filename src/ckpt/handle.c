@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- the async error ----------------------------------------------------------------------- */

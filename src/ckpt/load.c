@@ -23,9 +23,9 @@
 
 #include <xxhash.h>
 
-#include "../core/bf16.h"
-#include "../core/error.h"
-#include "../runtime/runtime.h"
+#include "core/bf16.h"
+#include "core/error.h"
+#include "runtime/runtime.h"
 #include "ckpt_internal.h"
 
 typedef struct box {

@@ -23,7 +23,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- names ----------------------------------------------------------------------------- */

@@ -28,8 +28,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/clock.h"
-#include "../core/error.h"
+#include "core/clock.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- bookkeeping (the caller holds ck->mu) ------------------------------------------------- */

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 void ck_tensor_box(const moe_ckpt_tensor_t *e, int64_t *global, int64_t *offset)

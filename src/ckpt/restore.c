@@ -14,7 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- list ---------------------------------------------------------------------------------- */

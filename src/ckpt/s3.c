@@ -29,8 +29,8 @@
 
 #include <curl/curl.h>
 
-#include "../core/env.h"
-#include "../core/error.h"
+#include "core/env.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- the client -------------------------------------------------------------------------- */

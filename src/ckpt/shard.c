@@ -17,7 +17,7 @@
 
 #include <xxhash.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- staging segments ---------------------------------------------------------------------- */

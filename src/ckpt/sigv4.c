@@ -21,7 +21,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- SHA-256 ------------------------------------------------------------------------------- */

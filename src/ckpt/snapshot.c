@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/clock.h"
-#include "../core/error.h"
+#include "core/clock.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 /* ---- the training thread: save_async ------------------------------------------------------- */

@@ -10,10 +10,9 @@
 #include <moe/train_state.h>
 #include <moe/mesh.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
-#define MOE_MAGIC_TRAIN_STATE 0x4d4f455354415431ull /* "MOESTAT1" */
 #define STEP_LIMBS 4
 
 typedef struct state_entry {

@@ -24,8 +24,8 @@
 
 #include <liburing.h>
 
-#include "../core/env.h"
-#include "../core/error.h"
+#include "core/env.h"
+#include "core/error.h"
 #include "ckpt_internal.h"
 
 #define CK_MAX_REG_SLOTS 1024

@@ -2,7 +2,7 @@
  * implementations share (marking a communicator dead, naming the ranks, the watch). */
 #include "comm.h"
 
-#include "../core/error.h"
+#include "core/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -8,7 +8,7 @@
  * MOE_STATUS_TIMEOUT (naming the operation, the axis, the members and the world ranks that
  * did not deliver) once the communicator's timeout passes; after a timeout, a failed operation
  * or an abort the communicator is unusable. The communicators of a mesh share a watch
- * (watch.h): the first failure of any of them makes them all unusable and is told to the
+ * (peer_watch.h): the first failure of any of them makes them all unusable and is told to the
  * other ranks, whose waits then fail at once. Blocking helpers below are start + wait.
  * Collectives must be started in the same order on every member.
  * Counts and displacements are in elements.
@@ -22,9 +22,9 @@
 
 #include <moe/core.h>
 
-#include "../backend/backend.h"
-#include "../core/log.h"
-#include "watch.h"
+#include "backend/backend.h"
+#include "core/log.h"
+#include "peer_watch.h"
 
 typedef enum moe_comm_dtype {
     MOE_COMM_F32 = 0,

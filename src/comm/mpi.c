@@ -27,9 +27,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/bf16.h"
-#include "../core/clock.h"
-#include "../core/error.h"
+#include "core/bf16.h"
+#include "core/clock.h"
+#include "core/error.h"
 #include "mpi_support.h"
 
 #define A2A_TAG (MOE_COMM_MAX_TAG + 1)

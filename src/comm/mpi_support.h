@@ -1,7 +1,7 @@
 /*
- * MPI helpers shared by the MPI communicator (mpi.c) and the watch (watch.c): error text for
- * MOE_MPI_CHECK (core/error.h), completion calls whose errors return, and a duplicate under a
- * deadline.
+ * MPI helpers shared by the MPI communicator (mpi.c) and the peer watch (peer_watch.c): error
+ * text for MOE_MPI_CHECK (core/error.h), completion calls whose errors return, and a duplicate
+ * under a deadline.
  */
 #ifndef MOE_COMM_MPI_SUPPORT_H
 #define MOE_COMM_MPI_SUPPORT_H
@@ -10,7 +10,7 @@
 
 #include <moe/core.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 typedef struct moe_comm moe_comm_t;
 

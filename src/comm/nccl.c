@@ -27,8 +27,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/clock.h"
-#include "../core/error.h"
+#include "core/clock.h"
+#include "core/error.h"
 
 typedef struct nccl_impl {
     ncclComm_t comm;

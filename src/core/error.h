@@ -158,10 +158,17 @@ moe_status_t moe_error_wrap(moe_status_t status, const char *fmt, ...)
     MOE_CHECK_GEN_MSG_GOTO(st, CURLcode, call, rc_ == CURLE_OK, MOE_STATUS_INTERNAL,       \
                            curl_easy_strerror, "%s", #call)
 
-/* Handles carry a magic number so that use after destroy or a wrong handle is caught. */
-#define MOE_MAGIC_RUNTIME 0x4d4f4552554e5431ull /* "MOERUNT1" */
-#define MOE_MAGIC_LAYER 0x4d4f454c41595231ull   /* "MOELAYR1" */
-#define MOE_MAGIC_ADAMW 0x4d4f4541444d5731ull   /* "MOEADMW1" */
+/* Handles carry a magic number so that use after destroy or a wrong handle is caught: every
+ * handle kind's is here, eight ASCII bytes each, so no two kinds can share one. A destroyed
+ * handle's magic is MOE_MAGIC_DEAD until its memory is freed. */
+#define MOE_MAGIC_RUNTIME 0x4d4f4552554e5431ull       /* "MOERUNT1" */
+#define MOE_MAGIC_LAYER 0x4d4f454c41595231ull         /* "MOELAYR1" */
+#define MOE_MAGIC_ADAMW 0x4d4f4541444d5731ull         /* "MOEADMW1" */
+#define MOE_MAGIC_PIPE_SCHED 0x4d4f455343484431ull    /* "MOESCHD1" */
+#define MOE_MAGIC_PIPELINE 0x4d4f455049504531ull      /* "MOEPIPE1" */
+#define MOE_MAGIC_CKPT 0x4d4f45434b505431ull          /* "MOECKPT1" */
+#define MOE_MAGIC_TRAIN_STATE 0x4d4f455354415431ull   /* "MOESTAT1" */
+#define MOE_MAGIC_MEMBER 0x4d4f454d454d4231ull        /* "MOEMEMB1" */
 #define MOE_MAGIC_DEAD 0xdeaddeaddeaddeadull
 
 #define MOE_CHECK_HANDLE(h, magic_value, what)                                             \
@@ -170,6 +177,14 @@ moe_status_t moe_error_wrap(moe_status_t status, const char *fmt, ...)
         if ((h)->magic != (magic_value))                                                   \
             return MOE_FAIL(MOE_STATUS_INVALID_HANDLE,                                     \
                             "%s is not a live handle (destroyed or wrong kind)", what);    \
+    } while (0)
+
+/* The opening of a public call on a handle: the thread's last error cleared, then the handle
+ * checked (MOE_CHECK_HANDLE; `what` names it in the message). */
+#define MOE_ENTRY(h, magic_value, what)                                                    \
+    do {                                                                                   \
+        moe_error_clear();                                                                 \
+        MOE_CHECK_HANDLE(h, magic_value, what);                                            \
     } while (0)
 
 /* Checks that the caller's config struct is at least as large as the first ABI version. */

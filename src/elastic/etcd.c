@@ -17,7 +17,7 @@
 #include <curl/curl.h>
 #include <openssl/evp.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "etcd.h"
 
 /* gRPC's NotFound, which etcd returns for an unknown or expired lease */

@@ -17,11 +17,10 @@
 #include <cjson/cJSON.h>
 #include <moe/elastic.h>
 
-#include "../core/env.h"
-#include "../core/error.h"
+#include "core/env.h"
+#include "core/error.h"
 #include "etcd.h"
 
-#define MOE_MAGIC_MEMBER 0x4d4f454d454d4231ull /* "MOEMEMB1" */
 #define MAX_RENEW_MS 1000                      /* renew at least this often, whatever the TTL */
 
 struct moe_elastic_member {

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "mesh_choice.h"
 
 static double log2_ratio(int64_t a, int64_t b)

@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/env.h"
-#include "../core/error.h"
+#include "core/env.h"
+#include "core/error.h"
 
 static const char *const axis_names[MOE_MESH_GROUPS] = {"tp", "ep", "dp", "pp", "edp", "world",
                                                         "dense", "stage"};

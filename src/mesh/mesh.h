@@ -21,7 +21,7 @@
  * host[] are MPI communicators over the same groups for small host-side control messages
  * (counts, statistics). On the host backend they are the same objects.
  *
- * All of them share the mesh's watch (comm/watch.h): the first failure of any poisons the
+ * All of them share the mesh's watch (comm/peer_watch.h): the first failure of any poisons the
  * mesh, and destroy then leaks what MPI may still touch and leaves MPI unfinalised.
  */
 #ifndef MOE_MESH_INTERNAL_H
@@ -31,9 +31,9 @@
 
 #include <moe/mesh.h>
 
-#include "../backend/backend.h"
-#include "../comm/comm.h"
-#include "../core/log.h"
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "core/log.h"
 
 #define MOE_MESH_DENSE 6 /* index of the dense (ep x dp) group in comm[] / host[] */
 #define MOE_MESH_STAGE 7 /* index of the stage (tp x ep x dp) group; host[] only */

@@ -13,9 +13,9 @@
 
 #include <moe/optim.h>
 
-#include "../core/error.h"
-#include "../core/tensor.h"
-#include "../runtime/runtime.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "runtime/runtime.h"
 #include "clip.h"
 #include "grad_sync.h"
 
@@ -98,8 +98,7 @@ static moe_status_t agree_step_settings(moe_adamw_t *opt)
 moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *config,
                               moe_adamw_t **out)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
     moe_adamw_config_t c = moe_adamw_config_default();
@@ -121,8 +120,7 @@ moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *confi
 
 moe_status_t moe_adamw_set_grad_clip(moe_adamw_t *opt, float max_grad_norm)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(max_grad_norm >= 0, "max_grad_norm is %g; must be >= 0 (0: no clipping)",
                   max_grad_norm);
     opt->max_grad_norm = max_grad_norm;
@@ -131,8 +129,7 @@ moe_status_t moe_adamw_set_grad_clip(moe_adamw_t *opt, float max_grad_norm)
 
 moe_status_t moe_adamw_set_lr_schedule(moe_adamw_t *opt, const moe_lr_schedule_t *s)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(s != NULL, "schedule is NULL");
     MOE_CHECK_ARG(moe_lr_schedule_rate(s, opt->cfg.lr, 1) >= 0,
                   "schedule (decay %d, warmup_steps %lld, decay_steps %lld, min_lr_ratio %g) "
@@ -241,8 +238,7 @@ fail:
 
 moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer, const char *prefix)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     int32_t count = 0;
     MOE_TRY(moe_layer_num_params(layer, &count));
     /* two passes so that a name collision registers nothing */
@@ -267,8 +263,7 @@ moe_status_t moe_adamw_add_layer(moe_adamw_t *opt, moe_layer_t *layer, const cha
 moe_status_t moe_adamw_add_param(moe_adamw_t *opt, const char *name, moe_param_kind_t kind,
                                  const moe_tensor_t *value, const moe_tensor_t *grad)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(name != NULL && name[0] != '\0', "name is NULL or empty");
     MOE_CHECK_ARG(kind == MOE_PARAM_DENSE || kind == MOE_PARAM_EXPERT,
                   "kind %d is not a trainable kind (DENSE or EXPERT)", (int)kind);
@@ -299,8 +294,7 @@ static moe_status_t start_grad_sync(moe_adamw_t *opt, const moe_layer_t *layer)
 
 moe_status_t moe_adamw_start_grad_sync(moe_adamw_t *opt, moe_layer_t *layer)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     if (layer) {
         bool registered = false;
         for (int32_t i = 0; i < opt->count; i++) registered |= opt->params[i].layer == layer;
@@ -365,8 +359,7 @@ fail:
 
 moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(grad_scale > 0 && grad_scale == grad_scale, "grad_scale is %g; must be > 0",
                   grad_scale);
     float rate = 0;
@@ -413,8 +406,7 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
 
 moe_status_t moe_adamw_num_states(const moe_adamw_t *opt, int32_t *count)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(count != NULL, "count is NULL");
     *count = opt->count * 3;
     return MOE_STATUS_SUCCESS;
@@ -422,8 +414,7 @@ moe_status_t moe_adamw_num_states(const moe_adamw_t *opt, int32_t *count)
 
 moe_status_t moe_adamw_state(const moe_adamw_t *opt, int32_t index, moe_param_info_t *info)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(info != NULL, "info is NULL");
     MOE_CHECK_STRUCT_SIZE(info, moe_param_info_t, sizeof(moe_param_info_t));
     MOE_CHECK_ARG(index >= 0 && index < opt->count * 3, "index %d is out of range 0..%d", index,
@@ -442,8 +433,7 @@ moe_status_t moe_adamw_state(const moe_adamw_t *opt, int32_t index, moe_param_in
 moe_status_t moe_adamw_state_owner(const moe_adamw_t *opt, int32_t index, moe_param_kind_t *kind,
                                    const moe_layer_t **layer)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(index >= 0 && index < opt->count * 3, "index %d is out of range 0..%d", index,
                   opt->count * 3 - 1);
     if (kind) *kind = opt->params[index / 3].info.kind;
@@ -453,8 +443,7 @@ moe_status_t moe_adamw_state_owner(const moe_adamw_t *opt, int32_t index, moe_pa
 
 moe_status_t moe_adamw_step_count(const moe_adamw_t *opt, int64_t *steps)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(steps != NULL, "steps is NULL");
     *steps = opt->steps;
     return MOE_STATUS_SUCCESS;
@@ -462,8 +451,7 @@ moe_status_t moe_adamw_step_count(const moe_adamw_t *opt, int64_t *steps)
 
 moe_status_t moe_adamw_set_step_count(moe_adamw_t *opt, int64_t steps)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     MOE_CHECK_ARG(steps >= 0, "steps is %lld; must be >= 0", (long long)steps);
     opt->steps = steps;
     return MOE_STATUS_SUCCESS;
@@ -471,8 +459,7 @@ moe_status_t moe_adamw_set_step_count(moe_adamw_t *opt, int64_t steps)
 
 moe_status_t moe_adamw_last_step(const moe_adamw_t *opt, float *lr, double *grad_norm)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(opt, MOE_MAGIC_ADAMW, "optimizer");
+    MOE_ENTRY(opt, MOE_MAGIC_ADAMW, "optimizer");
     if (lr) *lr = opt->last_lr;
     if (grad_norm) *grad_norm = opt->last_grad_norm;
     return MOE_STATUS_SUCCESS;

@@ -3,7 +3,7 @@
 
 #include "clip.h"
 
-#include "../core/error.h"
+#include "core/error.h"
 
 static bool counts_here(const moe_mesh_t *m, const moe_param_info_t *info)
 {

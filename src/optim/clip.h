@@ -12,7 +12,7 @@
 
 #include <moe/layer.h>
 
-#include "../runtime/runtime.h"
+#include "runtime/runtime.h"
 
 /* Whether this rank adds the square of this parameter's gradient to its share of the norm
  * (false where another replica counts it, or it has no elements). The share itself is one

@@ -1,7 +1,7 @@
 /* Gradient reduction over the mesh's data-parallel groups (see grad_sync.h). */
 #include "grad_sync.h"
 
-#include "../core/error.h"
+#include "core/error.h"
 
 int32_t moe_grad_replicas(const moe_runtime_t *rt)
 {

@@ -13,7 +13,7 @@
 
 #include <moe/layer.h>
 
-#include "../runtime/runtime.h"
+#include "runtime/runtime.h"
 
 /* ep x dp: the number of data-parallel replicas of a dense parameter. */
 int32_t moe_grad_replicas(const moe_runtime_t *rt);

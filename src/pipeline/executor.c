@@ -32,10 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/clock.h"
-#include "../core/error.h"
-#include "../core/log.h"
-#include "../runtime/runtime.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "runtime/runtime.h"
 
 typedef struct pipe_buf {
     moe_tensor_t t;
@@ -173,7 +173,7 @@ moe_pipeline_config_t moe_pipeline_config_default(void)
         .struct_size = sizeof c, .microbatches = 1, .act_ndim = 0, .act_shape = {0},
         .act_dtype = (moe_dtype_t)-1, .prepost = 2, .optimizer = NULL, .lr = 0.0f,
         .grad_scale = 0.0f, .timeout_ms = 0, .virtual_stages = 1,
-        .issue = MOE_PIPE_ISSUE_AUTO,
+        .issue = MOE_PIPELINE_ISSUE_AUTO,
     };
     return c;
 }
@@ -226,7 +226,7 @@ static moe_status_t check_config(const moe_runtime_t *rt, const moe_pipeline_con
     MOE_CHECK_ARG(c->act_dtype == MOE_DTYPE_F32 || c->act_dtype == MOE_DTYPE_BF16,
                   "act_dtype is %d; expected F32 (0) or BF16 (1)", (int)c->act_dtype);
     MOE_CHECK_ARG(c->prepost >= 1, "prepost is %d; expected >= 1", c->prepost);
-    MOE_CHECK_ARG(c->issue >= MOE_PIPE_ISSUE_AUTO && c->issue <= MOE_PIPE_ISSUE_ORDERED,
+    MOE_CHECK_ARG(c->issue >= MOE_PIPELINE_ISSUE_AUTO && c->issue <= MOE_PIPELINE_ISSUE_ORDERED,
                   "issue is %d; expected AUTO (0), PREPOST (1) or ORDERED (2)", (int)c->issue);
     MOE_CHECK_ARG(callbacks->forward != NULL, "callbacks->forward is NULL");
     MOE_CHECK_ARG(callbacks->backward != NULL, "callbacks->backward is NULL");
@@ -294,8 +294,8 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
      * `prepost` ahead. Any other communicator (NCCL) runs operations in call order on one
      * stream, where a receive posted ahead of a send deadlocks the pair: issue in the
      * schedule's global order instead (see moe_pipeline_issue_order). */
-    pp->ordered = pp->pp && (c.issue == MOE_PIPE_ISSUE_ORDERED ||
-                             (c.issue == MOE_PIPE_ISSUE_AUTO && stream_ordered));
+    pp->ordered = pp->pp && (c.issue == MOE_PIPELINE_ISSUE_ORDERED ||
+                             (c.issue == MOE_PIPELINE_ISSUE_AUTO && stream_ordered));
     pp->act_numel = 1;
     for (int d = 0; d < c.act_ndim; d++) pp->act_numel *= (size_t)c.act_shape[d];
     pp->act_bytes = pp->act_numel * moe_dtype_size(c.act_dtype);
@@ -350,8 +350,7 @@ moe_status_t moe_pipeline_destroy(moe_pipeline_t *pp)
 moe_status_t moe_pipeline_get_schedule(const moe_pipeline_t *pp,
                                        const moe_pipeline_schedule_t **out)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(pp, MOE_MAGIC_PIPELINE, "pipeline");
+    MOE_ENTRY(pp, MOE_MAGIC_PIPELINE, "pipeline");
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = pp->sched;
     return MOE_STATUS_SUCCESS;
@@ -359,8 +358,7 @@ moe_status_t moe_pipeline_get_schedule(const moe_pipeline_t *pp,
 
 moe_status_t moe_pipeline_stats(const moe_pipeline_t *pp, moe_pipeline_stats_t *stats)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(pp, MOE_MAGIC_PIPELINE, "pipeline");
+    MOE_ENTRY(pp, MOE_MAGIC_PIPELINE, "pipeline");
     MOE_CHECK_ARG(stats != NULL, "stats is NULL");
     MOE_CHECK_STRUCT_SIZE(stats, moe_pipeline_stats_t, sizeof(moe_pipeline_stats_t));
     size_t sz = stats->struct_size < sizeof *stats ? stats->struct_size : sizeof *stats;
@@ -542,8 +540,8 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
         bool last = pp->stage == pp->stages - 1 && c == pp->v - 1;
         if (pp->pp) MOE_TRY(pp->ordered ? issue_transfers(pp, ss) : post_receives(pp, ss, i));
         switch (a->op) {
-        case MOE_PIPE_RECV_ACT:
-        case MOE_PIPE_RECV_GRAD: {
+        case MOE_PIPELINE_RECV_ACT:
+        case MOE_PIPELINE_RECV_GRAD: {
             if (!pp->recv_req[i])
                 return MOE_FAIL(MOE_STATUS_INTERNAL, "pipeline stage %d/%d: %s of microbatch "
                                 "%d was not issued before it is needed", pp->stage, pp->stages,
@@ -551,14 +549,14 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
             MOE_TRY(wait_req(pp, pp->recv_req[i], moe_pipeline_op_string(a->op), mb));
             pp->recv_req[i] = NULL;
             ss->posted--;
-            if (a->op == MOE_PIPE_RECV_ACT)
+            if (a->op == MOE_PIPELINE_RECV_ACT)
                 pp->x_buf[u] = pp->recv_buf[i];
             else
                 pp->dy_buf[u] = pp->recv_buf[i];
             pp->recv_buf[i] = -1;
             break;
         }
-        case MOE_PIPE_FORWARD: {
+        case MOE_PIPELINE_FORWARD: {
             MOE_TRY(buf_acquire(pp, &pp->y_buf[u]));
             if (last) MOE_TRY(buf_acquire(pp, &pp->dy_buf[u]));
             /* pointers into the pool only after the last acquire (it may grow the table) */
@@ -575,7 +573,7 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
             }
             break;
         }
-        case MOE_PIPE_BACKWARD: {
+        case MOE_PIPELINE_BACKWARD: {
             if (!first) MOE_TRY(buf_acquire(pp, &pp->dx_buf[u]));
             moe_tensor_t *dy = &pp->bufs[pp->dy_buf[u]]->t;
             moe_tensor_t *dx = pp->dx_buf[u] >= 0 ? &pp->bufs[pp->dx_buf[u]]->t : NULL;
@@ -585,8 +583,8 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
             buf_release(pp, &pp->x_buf[u]); /* the input was kept for this backward */
             break;
         }
-        case MOE_PIPE_SEND_ACT: MOE_TRY(send_action(pp, ss, i, &pp->y_buf[u])); break;
-        case MOE_PIPE_SEND_GRAD: MOE_TRY(send_action(pp, ss, i, &pp->dx_buf[u])); break;
+        case MOE_PIPELINE_SEND_ACT: MOE_TRY(send_action(pp, ss, i, &pp->y_buf[u])); break;
+        case MOE_PIPELINE_SEND_GRAD: MOE_TRY(send_action(pp, ss, i, &pp->dx_buf[u])); break;
         }
         if (pp->nsends) MOE_TRY(progress_sends(pp, false));
     }
@@ -659,8 +657,7 @@ static void abandon_microbatches(moe_pipeline_t *pp)
 
 moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(pp, MOE_MAGIC_PIPELINE, "pipeline");
+    MOE_ENTRY(pp, MOE_MAGIC_PIPELINE, "pipeline");
     if (pp->broken)
         return MOE_FAIL(MOE_STATUS_ABORTED, "a transfer of an earlier batch failed on stage "
                         "%d; the pp communicator is unusable", pp->stage);

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 typedef struct msg_key {
     int32_t tick, sender, kind, unit;
@@ -57,7 +57,7 @@ moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *mine)
             bool computed = false;
             while (pc[s] < sc->count) {
                 const moe_pipeline_action_t *a = &sc->actions[pc[s]];
-                if (a->op == MOE_PIPE_FORWARD || a->op == MOE_PIPE_BACKWARD) {
+                if (a->op == MOE_PIPELINE_FORWARD || a->op == MOE_PIPELINE_BACKWARD) {
                     if (computed) break;
                     computed = true;
                 } else if (moe_pipe_is_send(a->op)) {

@@ -8,10 +8,6 @@
 #include <moe/pipeline.h>
 #include <stdbool.h>
 
-/* Handle magics (the module's own, beside the ones in core/error.h). */
-#define MOE_MAGIC_PIPE_SCHED 0x4d4f455343484431ull /* "MOESCHD1" */
-#define MOE_MAGIC_PIPELINE 0x4d4f455049504531ull   /* "MOEPIPE1" */
-
 struct moe_pipeline_schedule {
     uint64_t magic;
     int32_t stages, microbatches, stage, warmup, virtual_stages;
@@ -43,18 +39,18 @@ moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *sched);
 
 static inline bool moe_pipe_is_send(moe_pipeline_op_t op)
 {
-    return op == MOE_PIPE_SEND_ACT || op == MOE_PIPE_SEND_GRAD;
+    return op == MOE_PIPELINE_SEND_ACT || op == MOE_PIPELINE_SEND_GRAD;
 }
 
 static inline bool moe_pipe_is_recv(moe_pipeline_op_t op)
 {
-    return op == MOE_PIPE_RECV_ACT || op == MOE_PIPE_RECV_GRAD;
+    return op == MOE_PIPELINE_RECV_ACT || op == MOE_PIPELINE_RECV_GRAD;
 }
 
 /* 0 for activations, 1 for gradients. */
 static inline int32_t moe_pipe_kind(moe_pipeline_op_t op)
 {
-    return op == MOE_PIPE_SEND_GRAD || op == MOE_PIPE_RECV_GRAD;
+    return op == MOE_PIPELINE_SEND_GRAD || op == MOE_PIPELINE_RECV_GRAD;
 }
 
 /* The receiving unit (chunk * m + microbatch) of a transfer action on stage sc->stage: an
@@ -63,8 +59,8 @@ static inline int32_t moe_pipe_dest_unit(const moe_pipeline_schedule_t *sc,
                                          const moe_pipeline_action_t *a)
 {
     int32_t chunk = a->chunk;
-    if (a->op == MOE_PIPE_SEND_ACT && sc->stage == sc->stages - 1) chunk++;
-    if (a->op == MOE_PIPE_SEND_GRAD && sc->stage == 0) chunk--;
+    if (a->op == MOE_PIPELINE_SEND_ACT && sc->stage == sc->stages - 1) chunk++;
+    if (a->op == MOE_PIPELINE_SEND_GRAD && sc->stage == 0) chunk--;
     return chunk * sc->microbatches + a->microbatch;
 }
 

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 static void push(moe_pipeline_schedule_t *sc, moe_pipeline_op_t op, int32_t mb, int32_t chunk,
                  int32_t peer)
@@ -41,17 +41,17 @@ static void push(moe_pipeline_schedule_t *sc, moe_pipeline_op_t op, int32_t mb, 
 static void push_forward(moe_pipeline_schedule_t *sc, int32_t mb, int32_t chunk)
 {
     int32_t s = sc->stage, p = sc->stages, vs = chunk * p + s, nv = p * sc->virtual_stages;
-    if (vs > 0) push(sc, MOE_PIPE_RECV_ACT, mb, chunk, (s + p - 1) % p);
-    push(sc, MOE_PIPE_FORWARD, mb, chunk, -1);
-    if (vs < nv - 1) push(sc, MOE_PIPE_SEND_ACT, mb, chunk, (s + 1) % p);
+    if (vs > 0) push(sc, MOE_PIPELINE_RECV_ACT, mb, chunk, (s + p - 1) % p);
+    push(sc, MOE_PIPELINE_FORWARD, mb, chunk, -1);
+    if (vs < nv - 1) push(sc, MOE_PIPELINE_SEND_ACT, mb, chunk, (s + 1) % p);
 }
 
 static void push_backward(moe_pipeline_schedule_t *sc, int32_t mb, int32_t chunk)
 {
     int32_t s = sc->stage, p = sc->stages, vs = chunk * p + s, nv = p * sc->virtual_stages;
-    if (vs < nv - 1) push(sc, MOE_PIPE_RECV_GRAD, mb, chunk, (s + 1) % p);
-    push(sc, MOE_PIPE_BACKWARD, mb, chunk, -1);
-    if (vs > 0) push(sc, MOE_PIPE_SEND_GRAD, mb, chunk, (s + p - 1) % p);
+    if (vs < nv - 1) push(sc, MOE_PIPELINE_RECV_GRAD, mb, chunk, (s + 1) % p);
+    push(sc, MOE_PIPELINE_BACKWARD, mb, chunk, -1);
+    if (vs > 0) push(sc, MOE_PIPELINE_SEND_GRAD, mb, chunk, (s + p - 1) % p);
 }
 
 /* The microbatch and chunk of forward (or backward) unit k of an interleaved schedule. */
@@ -157,8 +157,7 @@ moe_status_t moe_pipeline_schedule_create_interleaved(int32_t stages, int32_t mi
 moe_status_t moe_pipeline_schedule_virtual_stages(const moe_pipeline_schedule_t *sc,
                                                   int32_t *virtual_stages)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     MOE_CHECK_ARG(virtual_stages != NULL, "virtual_stages is NULL");
     *virtual_stages = sc->virtual_stages;
     return MOE_STATUS_SUCCESS;
@@ -175,8 +174,7 @@ moe_status_t moe_pipeline_schedule_destroy(moe_pipeline_schedule_t *sc)
 
 moe_status_t moe_pipeline_schedule_length(const moe_pipeline_schedule_t *sc, int32_t *count)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     MOE_CHECK_ARG(count != NULL, "count is NULL");
     *count = sc->count;
     return MOE_STATUS_SUCCESS;
@@ -185,8 +183,7 @@ moe_status_t moe_pipeline_schedule_length(const moe_pipeline_schedule_t *sc, int
 moe_status_t moe_pipeline_schedule_action(const moe_pipeline_schedule_t *sc, int32_t index,
                                           moe_pipeline_action_t *action)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     MOE_CHECK_ARG(action != NULL, "action is NULL");
     MOE_CHECK_ARG(index >= 0 && index < sc->count, "index %d is outside 0..%d", index,
                   sc->count - 1);
@@ -197,8 +194,7 @@ moe_status_t moe_pipeline_schedule_action(const moe_pipeline_schedule_t *sc, int
 moe_status_t moe_pipeline_schedule_info(const moe_pipeline_schedule_t *sc, int32_t *stages,
                                         int32_t *microbatches, int32_t *stage, int32_t *warmup)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     if (stages) *stages = sc->stages;
     if (microbatches) *microbatches = sc->microbatches;
     if (stage) *stage = sc->stage;
@@ -212,12 +208,12 @@ moe_status_t moe_pipeline_schedule_info(const moe_pipeline_schedule_t *sc, int32
 const char *moe_pipeline_op_string(moe_pipeline_op_t op)
 {
     switch (op) {
-    case MOE_PIPE_FORWARD: return "forward";
-    case MOE_PIPE_BACKWARD: return "backward";
-    case MOE_PIPE_SEND_ACT: return "send_act";
-    case MOE_PIPE_RECV_ACT: return "recv_act";
-    case MOE_PIPE_SEND_GRAD: return "send_grad";
-    case MOE_PIPE_RECV_GRAD: return "recv_grad";
+    case MOE_PIPELINE_FORWARD: return "forward";
+    case MOE_PIPELINE_BACKWARD: return "backward";
+    case MOE_PIPELINE_SEND_ACT: return "send_act";
+    case MOE_PIPELINE_RECV_ACT: return "recv_act";
+    case MOE_PIPELINE_SEND_GRAD: return "send_grad";
+    case MOE_PIPELINE_RECV_GRAD: return "recv_grad";
     }
     return "unknown";
 }
@@ -239,8 +235,7 @@ static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
 moe_status_t moe_pipeline_schedule_to_string(const moe_pipeline_schedule_t *sc, char *buf,
                                               size_t size, size_t *needed)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
+    MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     MOE_CHECK_ARG(buf != NULL || size == 0, "buf is NULL but size is %zu", size);
     size_t len = 0;
     append(buf, size, &len, "stage %d/%d m=%d", sc->stage, sc->stages, sc->microbatches);

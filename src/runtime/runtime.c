@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/bf16.h"
-#include "../core/env.h"
-#include "../core/error.h"
-#include "../core/tensor.h"
+#include "core/bf16.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/tensor.h"
 
 int moe_version(void) { return MOE_VERSION; }
 
@@ -159,8 +159,7 @@ moe_status_t moe_runtime_destroy(moe_runtime_t *rt)
 
 moe_status_t moe_runtime_get_async_error(moe_runtime_t *rt, char *message, size_t message_len)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     moe_comm_watch_poll(rt->mesh->watch);
     const char *cause = "";
     moe_status_t st = moe_mesh_failure(rt->mesh, &cause);
@@ -170,8 +169,7 @@ moe_status_t moe_runtime_get_async_error(moe_runtime_t *rt, char *message, size_
 
 moe_status_t moe_runtime_backend(const moe_runtime_t *rt, moe_backend_kind_t *out)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = rt->backend.ops->kind;
     return MOE_STATUS_SUCCESS;
@@ -180,8 +178,7 @@ moe_status_t moe_runtime_backend(const moe_runtime_t *rt, moe_backend_kind_t *ou
 moe_status_t moe_runtime_device(const moe_runtime_t *rt, moe_device_kind_t *kind,
                                 int32_t *device_index)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(kind != NULL, "kind is NULL");
     *kind = rt->backend.ops->device;
     if (device_index) *device_index = rt->device_index;
@@ -190,8 +187,7 @@ moe_status_t moe_runtime_device(const moe_runtime_t *rt, moe_device_kind_t *kind
 
 moe_status_t moe_runtime_compute_dtype(const moe_runtime_t *rt, moe_dtype_t *out)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = rt->backend.ops->compute_dtype;
     return MOE_STATUS_SUCCESS;
@@ -199,15 +195,13 @@ moe_status_t moe_runtime_compute_dtype(const moe_runtime_t *rt, moe_dtype_t *out
 
 moe_status_t moe_runtime_set_stream(moe_runtime_t *rt, void *cuda_stream)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     return MOE_OPS(rt)->set_stream(MOE_CTX(rt), cuda_stream);
 }
 
 moe_status_t moe_runtime_get_stream(const moe_runtime_t *rt, void **cuda_stream)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(cuda_stream != NULL, "cuda_stream is NULL");
     *cuda_stream = MOE_OPS(rt)->stream(MOE_CTX(rt));
     return MOE_STATUS_SUCCESS;
@@ -215,16 +209,14 @@ moe_status_t moe_runtime_get_stream(const moe_runtime_t *rt, void **cuda_stream)
 
 moe_status_t moe_runtime_synchronize(moe_runtime_t *rt)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     return MOE_OPS(rt)->synchronize(MOE_CTX(rt));
 }
 
 moe_status_t moe_runtime_set_log(moe_runtime_t *rt, moe_log_level_t level, moe_log_fn fn,
                                  void *user_data)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(level >= MOE_LOG_ERROR && level <= MOE_LOG_DEBUG, "unknown log level %d",
                   (int)level);
     rt->logger = (moe_logger_t){level, fn, user_data};
@@ -236,8 +228,7 @@ moe_status_t moe_runtime_set_log(moe_runtime_t *rt, moe_log_level_t level, moe_l
 moe_status_t moe_tensor_alloc(moe_runtime_t *rt, moe_dtype_t dtype, moe_device_kind_t device,
                               int32_t ndim, const int64_t *shape, moe_tensor_t *out)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     moe_tensor_t t;
     MOE_TRY(moe_tensor_view(NULL, dtype, device, ndim, shape, &t));
     MOE_CHECK_ARG(device == MOE_DEVICE_HOST || device == rt->backend.ops->device,
@@ -255,8 +246,7 @@ moe_status_t moe_tensor_alloc(moe_runtime_t *rt, moe_dtype_t dtype, moe_device_k
 
 moe_status_t moe_tensor_free(moe_runtime_t *rt, moe_tensor_t *t)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(t != NULL, "tensor is NULL");
     if (t->data) {
         if (t->device != MOE_DEVICE_HOST)
@@ -284,8 +274,7 @@ static void convert_host(void *dst, moe_dtype_t dt, const void *src, int64_t n)
 
 moe_status_t moe_tensor_copy(moe_runtime_t *rt, moe_tensor_t *dst, const moe_tensor_t *src)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(src != NULL && dst != NULL, "src or dst is NULL");
     int64_t n = moe_tensor_numel(src);
     MOE_CHECK_ARG(n >= 0 && moe_tensor_numel(dst) == n,
@@ -318,8 +307,7 @@ fail:
 moe_status_t moe_runtime_axis(const moe_runtime_t *rt, moe_axis_t axis, int32_t *rank,
                               int32_t *size)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(rank != NULL && size != NULL, "rank or size is NULL");
     MOE_CHECK_ARG(axis >= MOE_AXIS_TP && axis <= MOE_AXIS_WORLD, "unknown axis %d", (int)axis);
     if (axis == MOE_AXIS_WORLD) {

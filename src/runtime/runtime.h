@@ -10,9 +10,9 @@
 #include <moe/core.h>
 #include <moe/mesh.h>
 
-#include "../backend/backend.h"
-#include "../core/log.h"
-#include "../mesh/mesh.h"
+#include "backend/backend.h"
+#include "core/log.h"
+#include "mesh/mesh.h"
 
 /* Kinds of objects made on a runtime, counted while alive. */
 typedef enum moe_runtime_child {

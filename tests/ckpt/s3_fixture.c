@@ -16,10 +16,10 @@
 #include <unistd.h>
 
 #ifndef MOE_S3RVER_JS
-#define MOE_S3RVER_JS "tests/s3/node_modules/s3rver/bin/s3rver.js"
+#define MOE_S3RVER_JS "tests/ckpt/s3/node_modules/s3rver/bin/s3rver.js"
 #endif
 #ifndef MOE_S3_FRONT_PY
-#define MOE_S3_FRONT_PY "tests/s3/sigv4_front.py"
+#define MOE_S3_FRONT_PY "tests/ckpt/s3/sigv4_front.py"
 #endif
 
 static int free_port(void)

@@ -1,5 +1,5 @@
-/* The S3 test server: s3rver (tests/s3/, installed by scripts/setup-deps.sh --tests) behind
- * tests/s3/sigv4_front.py, a front that verifies every request's AWS Signature V4 with
+/* The S3 test server: s3rver (tests/ckpt/s3/, installed by scripts/setup-deps.sh --tests)
+ * behind tests/ckpt/s3/sigv4_front.py, a front that verifies every request's AWS Signature V4 with
  * botocore (AWS's own signer) and forwards only correctly signed ones. Both listen on
  * 127.0.0.1 at free ports, with a temporary directory; stopped (and restarted on the same
  * ports) on demand. Clients use `endpoint` (the front) with S3_FIXTURE_ACCESS_KEY and

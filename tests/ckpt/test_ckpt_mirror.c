@@ -54,7 +54,7 @@ static int setup(void **st)
 {
     (void)st;
     if (!g_have_s3) {
-        print_message("S3 test server unavailable (node, tests/s3, botocore: "
+        print_message("S3 test server unavailable (node, tests/ckpt/s3, botocore: "
                       "scripts/setup-deps.sh --tests)\n");
         skip();
     }

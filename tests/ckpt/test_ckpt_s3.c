@@ -83,7 +83,7 @@ static int setup(void **st)
 {
     (void)st;
     if (!g_have_s3) {
-        print_message("S3 test server unavailable (node + tests/s3 via scripts/setup-deps.sh --tests)\n");
+        print_message("S3 test server unavailable (node + tests/ckpt/s3 via scripts/setup-deps.sh --tests)\n");
         skip();
     }
     ct_tempdir(g_dir, sizeof g_dir, "s3");

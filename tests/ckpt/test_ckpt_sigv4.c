@@ -7,7 +7,7 @@
  *     Authorization Header" (examplebucket, key AKIAIOSFODNN7EXAMPLE, 2013-05-24): GET with a
  *     Range, PUT with a payload, GET ?lifecycle, GET ?max-keys=2&prefix=J.
  * The end-to-end check, the same signer's requests accepted by botocore's verifier, is
- * test_ckpt_s3 (through tests/s3/sigv4_front.py). */
+ * test_ckpt_s3 (through tests/ckpt/s3/sigv4_front.py). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -31,3 +31,5 @@ if(MOE_HAVE_MPI)
       LABELS "comm;mpi;cuda")
   endforeach()
 endif()
+# The failure path over several ranks (fault.cmake).
+include(${CMAKE_CURRENT_LIST_DIR}/fault.cmake)

@@ -8,7 +8,10 @@
    tools/elastic/ or bench/) uses N when a file of M includes one of N's headers (quoted, or a
    public <moe/...> header N implements) or calls a function N's headers declare. Every such
    use must be in M's row, every listed use must be real, and the graph must have no circle.
-3. No doc, comment or result cites a development session ("session 19", "the ninth session",
+3. Includes are relative to the include roots (src/, kernels/), never "../".
+4. tests/ mirrors src/: every src/ module has its tests in tests/<module>/, and every folder
+   of tests/ is a module's or tests a named part of the tree outside src/.
+5. No doc, comment or result cites a development session ("session 19", "the ninth session",
    "call 7", "run 12"): they describe the code as it is, and git history keeps the past.
 
 Usage: check_tree.py SOURCE_DIR. Exits 1 listing every violation.
@@ -75,7 +78,7 @@ for consumer in ("tools/elastic", "bench"):
 
 # ---- the real dependencies: includes (quoted and <moe/...>) and calls ----------------------
 # A public header belongs to the module that implements it (<moe/moe.h> is only the umbrella).
-public_owner = {"core.h": "core", "layer.h": "moe", "optim.h": "optim", "mesh.h": "mesh",
+public_owner = {"core.h": "core", "layer.h": "layer", "optim.h": "optim", "mesh.h": "mesh",
                 "pipeline.h": "pipeline", "ckpt.h": "ckpt", "train_state.h": "ckpt",
                 "elastic.h": "elastic"}
 
@@ -143,6 +146,24 @@ for rel, text in sorted(sources.items()):
         if used and used != mod:
             real.setdefault((mod, used), f"{rel} calls {name}()")
 
+# Includes name a header from an include root (include/, src/, kernels/, or the including
+# file's own folder), never by climbing out of it with "../".
+included_from = dict(sources)
+for top in ("tests", "examples"):
+    for dirpath, _, files in os.walk(os.path.join(root, top)):
+        if "node_modules" in dirpath:
+            continue
+        for f in files:
+            if f.endswith(code_ext):
+                rel = os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/")
+                included_from.setdefault(rel, open(os.path.join(root, rel), encoding="utf-8",
+                                                   errors="replace").read())
+for rel, text in sorted(included_from.items()):
+    for quoted, _ in include_re.findall(text):
+        if quoted.startswith("../"):
+            problems.append(f'{rel} includes "{quoted}": name it from an include root '
+                            f'(src/ or kernels/), not relative to the file')
+
 for (mod, used), example in sorted(real.items()):
     if mod in modules and used not in modules[mod]:
         problems.append(f"{mod}/ uses {used}/ ({example}), which docs/architecture.md's "
@@ -181,6 +202,70 @@ cycle = find_cycle(modules)
 if cycle:
     problems.append("docs/architecture.md's modules use each other in a circle: " +
                     " -> ".join(cycle))
+
+# ---- tests/ mirrors src/ -----------------------------------------------------------------
+# A module's tests sit in tests/<module>/: every folder of src/ that lists sources has its test
+# folder, and every folder of tests/ is a module's, or tests a part of the tree outside src/
+# named here (the kernels run under the CUDA backend's tests, the launcher under elastic's).
+tests_outside_src = {
+    "abi": "include/moe",          # the public ABI against its baseline
+    "docs": "docs",                # the README's and docs' commands, run as printed
+    "house": "docs/architecture.md",  # the tree's own rules
+    "install": "cmake",            # the installed package, used by consumers
+    "python": "python/libmoe",     # the Python package
+    "support": "tests/support/test_support.h",  # helpers every test links, no tests
+    "trainer": "examples/trainer",  # the bundled trainer
+}
+tested_with = {"kernels": "backend", "tools/elastic": "elastic"}
+
+
+def mirror_problems(src_modules, test_dirs, area_loop):
+    """src_modules: the src/ folders with sources; test_dirs: tests/ folder -> its file names;
+    area_loop: the folders tests/CMakeLists.txt includes, in order."""
+    found = []
+    for m in sorted(src_modules):
+        files = test_dirs.get(m)
+        if files is None:
+            found.append(f"src/{m}/ has no test folder tests/{m}/")
+        elif not any(f.startswith("test_") for f in files):
+            found.append(f"tests/{m}/ holds no test_* file")
+    for d in sorted(test_dirs):
+        if d not in src_modules and d not in tests_outside_src:
+            found.append(f"tests/{d}/ belongs to no module: src/{d}/ does not exist (move its "
+                         "tests to their module's folder, or name what it tests in "
+                         "check_tree.py's tests_outside_src)")
+        if "tests.cmake" in test_dirs[d] and d not in area_loop:
+            found.append(f"tests/{d}/tests.cmake is not in tests/CMakeLists.txt's area loop")
+    for d in area_loop:
+        if "tests.cmake" not in test_dirs.get(d, ()):
+            found.append(f"tests/CMakeLists.txt's area loop names {d}, which has no "
+                         f"tests/{d}/tests.cmake")
+    return found
+
+
+# The check's own test, so it cannot silently pass everything.
+_sample = mirror_problems({"core", "mesh"}, {"core": ["tests.cmake", "test_a.c"],
+                                            "moe": ["tests.cmake", "test_b.c"],
+                                            "backend": ["tests.cmake", "helper.c"]},
+                          ["core", "moe", "gone"])
+if len(_sample) != 5:
+    problems.append(f"check_tree.py's mirror check misjudges its sample: {_sample}")
+for part, folder in tested_with.items():
+    if part not in modules or folder not in with_sources:
+        problems.append(f"check_tree.py's tested_with maps {part} to tests/{folder}/: not a module "
+                        "of the table and src/")
+for outside in tests_outside_src.values():
+    if not os.path.exists(os.path.join(root, outside)):
+        problems.append(f"check_tree.py's tests_outside_src names {outside}, which does not exist")
+tests_text = open(os.path.join(root, "tests", "CMakeLists.txt"), encoding="utf-8").read()
+area_loop = re.search(r"foreach\(_area ([a-z_\s]+)\)", tests_text)
+if not area_loop:
+    problems.append("tests/CMakeLists.txt's area loop (foreach(_area ...)) was not found")
+test_dirs = {d: os.listdir(os.path.join(root, "tests", d))
+             for d in os.listdir(os.path.join(root, "tests"))
+             if os.path.isdir(os.path.join(root, "tests", d)) and d != "__pycache__"}
+problems += mirror_problems(with_sources, test_dirs,
+                            area_loop.group(1).split() if area_loop else [])
 
 # ---- no development diary ----------------------------------------------------------------
 ordinals = ("first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|"

@@ -1,5 +1,6 @@
 # The tree's own checks: the module table of docs/architecture.md against the code and its
-# includes, and no development diary in docs, comments or results.
+# includes, tests/ against src/ (a test folder per module), and no development diary in docs,
+# comments or results.
 add_test(NAME test_house_tree
          COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/check_tree.py ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_house_tree PROPERTIES LABELS house TIMEOUT 60)

@@ -195,7 +195,7 @@ static void equivalence(int p, int v, int m, bool ordered)
         ctx[s].sh = sh;
         ctx[s].v = v;
         ctx[s].ordered = ordered;
-        ctx[s].issue = ordered ? MOE_PIPE_ISSUE_AUTO : MOE_PIPE_ISSUE_PREPOST;
+        ctx[s].issue = ordered ? MOE_PIPELINE_ISSUE_AUTO : MOE_PIPELINE_ISSUE_PREPOST;
         ctx[s].steps = STEPS;
         ctx[s].comm_timeout_ms = 20000;
         ctx[s].fail_mb = -1;
@@ -286,7 +286,7 @@ static void *window_main(void *arg)
     moe_pipeline_config_t pc = moe_pipeline_config_default();
     pc.microbatches = c->sh.m;
     pc.prepost = c->prepost;
-    pc.issue = MOE_PIPE_ISSUE_PREPOST; /* the MPI default, where the window matters */
+    pc.issue = MOE_PIPELINE_ISSUE_PREPOST; /* the MPI default, where the window matters */
     pc.act_ndim = 2;
     pc.act_shape[0] = c->sh.n;
     pc.act_shape[1] = c->sh.h;
@@ -368,7 +368,7 @@ static void callback_failure(int v, bool ordered, int fail_stage, const char *wh
         ctx[s].sh = small_shape(m);
         ctx[s].v = v;
         ctx[s].ordered = ordered;
-        ctx[s].issue = ordered ? MOE_PIPE_ISSUE_AUTO : MOE_PIPE_ISSUE_PREPOST;
+        ctx[s].issue = ordered ? MOE_PIPELINE_ISSUE_AUTO : MOE_PIPELINE_ISSUE_PREPOST;
         ctx[s].steps = 3; /* clean, failing (buffers then hold real data), retry */
         ctx[s].fail_step = 1;
         ctx[s].comm_timeout_ms = 20000; /* a hang would show as ~20 s, not a pass */
@@ -491,7 +491,7 @@ static void test_prepost_on_in_order_comm_times_out(void **state)
         ctx[s].steps = 1;
         ctx[s].fail_mb = -1;
         ctx[s].ordered = true;
-        ctx[s].issue = MOE_PIPE_ISSUE_PREPOST;
+        ctx[s].issue = MOE_PIPELINE_ISSUE_PREPOST;
         ctx[s].comm_timeout_ms = 300;
     }
     run_pipeline(ctx, p);
@@ -601,8 +601,8 @@ static void test_bubble(void **state)
         pthread_t th[4];
         for (int s = 0; s < p; s++) {
             ctx[s] = (bubble_ctx_t){.s = s, .p = p, .v = v, .m = m, .steps = steps,
-                                    .issue = ordered ? MOE_PIPE_ISSUE_ORDERED
-                                                     : MOE_PIPE_ISSUE_PREPOST,
+                                    .issue = ordered ? MOE_PIPELINE_ISSUE_ORDERED
+                                                     : MOE_PIPELINE_ISSUE_PREPOST,
                                     .ppw = ppw, .ww = ww, .start = &start, .cost = cost};
             pthread_create(&th[s], NULL, bubble_main, &ctx[s]);
         }

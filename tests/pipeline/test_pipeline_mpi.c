@@ -108,7 +108,7 @@ static void equivalence(int tp, int ep, int dp, int pp, int v, moe_pipeline_issu
 {
     char name[96];
     snprintf(name, sizeof name, "pp=%d v=%d tp=%d ep=%d dp=%d%s", pp, v, tp, ep, dp,
-             issue == MOE_PIPE_ISSUE_ORDERED ? " (ordered issue)" : "");
+             issue == MOE_PIPELINE_ISSUE_ORDERED ? " (ordered issue)" : "");
     const int m = v > 1 ? 2 * pp : 3, steps = 2;
     moe_mesh_config_t mc = moe_mesh_config_default();
     mc.tp = tp, mc.ep = ep, mc.dp = dp, mc.pp = pp;
@@ -372,22 +372,22 @@ int main(int argc, char **argv)
     }
     TEST_OK(moe_runtime_destroy(prt));
     if (world_size == 2) {
-        equivalence(1, 1, 1, 2, 1, MOE_PIPE_ISSUE_AUTO);
-        equivalence(1, 1, 1, 2, 2, MOE_PIPE_ISSUE_AUTO);
-        equivalence(1, 1, 1, 2, 2, MOE_PIPE_ISSUE_ORDERED);
+        equivalence(1, 1, 1, 2, 1, MOE_PIPELINE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 2, 2, MOE_PIPELINE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 2, 2, MOE_PIPELINE_ISSUE_ORDERED);
         failure(2);
     } else if (world_size == 4) {
-        equivalence(1, 1, 1, 4, 1, MOE_PIPE_ISSUE_AUTO);
-        equivalence(1, 1, 1, 4, 2, MOE_PIPE_ISSUE_AUTO);
-        equivalence(1, 1, 2, 2, 1, MOE_PIPE_ISSUE_AUTO);
-        equivalence(1, 1, 2, 2, 2, MOE_PIPE_ISSUE_AUTO);
-        equivalence(1, 2, 1, 2, 1, MOE_PIPE_ISSUE_AUTO);
-        equivalence(1, 2, 1, 2, 2, MOE_PIPE_ISSUE_AUTO);
-        equivalence(2, 1, 1, 2, 1, MOE_PIPE_ISSUE_AUTO);
-        equivalence(2, 1, 1, 2, 2, MOE_PIPE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 4, 1, MOE_PIPELINE_ISSUE_AUTO);
+        equivalence(1, 1, 1, 4, 2, MOE_PIPELINE_ISSUE_AUTO);
+        equivalence(1, 1, 2, 2, 1, MOE_PIPELINE_ISSUE_AUTO);
+        equivalence(1, 1, 2, 2, 2, MOE_PIPELINE_ISSUE_AUTO);
+        equivalence(1, 2, 1, 2, 1, MOE_PIPELINE_ISSUE_AUTO);
+        equivalence(1, 2, 1, 2, 2, MOE_PIPELINE_ISSUE_AUTO);
+        equivalence(2, 1, 1, 2, 1, MOE_PIPELINE_ISSUE_AUTO);
+        equivalence(2, 1, 1, 2, 2, MOE_PIPELINE_ISSUE_AUTO);
         /* the issue order NCCL needs, over MPI */
-        equivalence(1, 1, 1, 4, 1, MOE_PIPE_ISSUE_ORDERED);
-        equivalence(1, 2, 1, 2, 2, MOE_PIPE_ISSUE_ORDERED);
+        equivalence(1, 1, 1, 4, 1, MOE_PIPELINE_ISSUE_ORDERED);
+        equivalence(1, 2, 1, 2, 2, MOE_PIPELINE_ISSUE_ORDERED);
         failure(4);
         failure(2); /* pp = 2 x dp = 2: the other data-parallel replica stops too */
         /* timing: not under the sanitizers, which distort it (.ci/run sets the variable) */

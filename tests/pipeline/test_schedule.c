@@ -49,8 +49,8 @@ typedef struct stage_list {
 static int32_t forwards_before_backward(const stage_list_t *L)
 {
     int32_t n = 0;
-    for (int32_t i = 0; i < L->n && L->a[i].op != MOE_PIPE_BACKWARD; i++)
-        n += L->a[i].op == MOE_PIPE_FORWARD;
+    for (int32_t i = 0; i < L->n && L->a[i].op != MOE_PIPELINE_BACKWARD; i++)
+        n += L->a[i].op == MOE_PIPELINE_FORWARD;
     return n;
 }
 
@@ -73,7 +73,7 @@ static void load(int32_t p, int32_t m, int32_t s, stage_list_t *out)
 
 static bool is_compute(moe_pipeline_op_t op)
 {
-    return op == MOE_PIPE_FORWARD || op == MOE_PIPE_BACKWARD;
+    return op == MOE_PIPELINE_FORWARD || op == MOE_PIPELINE_BACKWARD;
 }
 
 /* Per-stage invariants. */
@@ -88,13 +88,13 @@ static void check_stage(int32_t p, int32_t m, int32_t s, const stage_list_t *L)
         assert_true(a->microbatch >= 0 && a->microbatch < m);
         int mb = a->microbatch;
         switch (a->op) {
-        case MOE_PIPE_FORWARD:
+        case MOE_PIPELINE_FORWARD:
             assert_int_equal(fwd_at[mb], -1);
             fwd_at[mb] = computes++;
             assert_int_equal(a->peer, -1);
             if (++held > peak) peak = held;
             break;
-        case MOE_PIPE_BACKWARD:
+        case MOE_PIPELINE_BACKWARD:
             assert_int_equal(bwd_at[mb], -1);
             assert_true(fwd_at[mb] >= 0); /* forward first */
             if (first_b < 0) first_b = computes;
@@ -102,32 +102,32 @@ static void check_stage(int32_t p, int32_t m, int32_t s, const stage_list_t *L)
             assert_int_equal(a->peer, -1);
             held--;
             break;
-        case MOE_PIPE_RECV_ACT:
+        case MOE_PIPELINE_RECV_ACT:
             assert_true(s > 0);
             assert_int_equal(a->peer, s - 1);
             assert_true(i + 1 < L->n);
-            assert_int_equal(L->a[i + 1].op, MOE_PIPE_FORWARD);
+            assert_int_equal(L->a[i + 1].op, MOE_PIPELINE_FORWARD);
             assert_int_equal(L->a[i + 1].microbatch, mb);
             break;
-        case MOE_PIPE_SEND_ACT:
+        case MOE_PIPELINE_SEND_ACT:
             assert_true(s < p - 1);
             assert_int_equal(a->peer, s + 1);
             assert_true(i > 0);
-            assert_int_equal(L->a[i - 1].op, MOE_PIPE_FORWARD);
+            assert_int_equal(L->a[i - 1].op, MOE_PIPELINE_FORWARD);
             assert_int_equal(L->a[i - 1].microbatch, mb);
             break;
-        case MOE_PIPE_RECV_GRAD:
+        case MOE_PIPELINE_RECV_GRAD:
             assert_true(s < p - 1);
             assert_int_equal(a->peer, s + 1);
             assert_true(i + 1 < L->n);
-            assert_int_equal(L->a[i + 1].op, MOE_PIPE_BACKWARD);
+            assert_int_equal(L->a[i + 1].op, MOE_PIPELINE_BACKWARD);
             assert_int_equal(L->a[i + 1].microbatch, mb);
             break;
-        case MOE_PIPE_SEND_GRAD:
+        case MOE_PIPELINE_SEND_GRAD:
             assert_true(s > 0);
             assert_int_equal(a->peer, s - 1);
             assert_true(i > 0);
-            assert_int_equal(L->a[i - 1].op, MOE_PIPE_BACKWARD);
+            assert_int_equal(L->a[i - 1].op, MOE_PIPELINE_BACKWARD);
             assert_int_equal(L->a[i - 1].microbatch, mb);
             break;
         default: fail_msg("unknown op %d", (int)a->op);
@@ -143,20 +143,20 @@ static void check_stage(int32_t p, int32_t m, int32_t s, const stage_list_t *L)
     for (int32_t i = 0; i < L->n; i++) {
         if (!is_compute(L->a[i].op)) continue;
         moe_pipeline_op_t want;
-        if (c < w) want = MOE_PIPE_FORWARD;
-        else if (nf < m) want = ((c - w) % 2 == 0) ? MOE_PIPE_FORWARD : MOE_PIPE_BACKWARD;
-        else want = MOE_PIPE_BACKWARD;
+        if (c < w) want = MOE_PIPELINE_FORWARD;
+        else if (nf < m) want = ((c - w) % 2 == 0) ? MOE_PIPELINE_FORWARD : MOE_PIPELINE_BACKWARD;
+        else want = MOE_PIPELINE_BACKWARD;
         assert_int_equal(L->a[i].op, want);
         /* microbatches in order within each kind */
-        assert_int_equal(L->a[i].microbatch, want == MOE_PIPE_FORWARD ? nf : nb);
-        if (want == MOE_PIPE_FORWARD) nf++; else nb++;
+        assert_int_equal(L->a[i].microbatch, want == MOE_PIPELINE_FORWARD ? nf : nb);
+        if (want == MOE_PIPELINE_FORWARD) nf++; else nb++;
         c++;
     }
     /* transfers: one per compute that has a peer */
     int sends = 0, recvs = 0;
     for (int32_t i = 0; i < L->n; i++) {
-        if (L->a[i].op == MOE_PIPE_SEND_ACT || L->a[i].op == MOE_PIPE_SEND_GRAD) sends++;
-        if (L->a[i].op == MOE_PIPE_RECV_ACT || L->a[i].op == MOE_PIPE_RECV_GRAD) recvs++;
+        if (L->a[i].op == MOE_PIPELINE_SEND_ACT || L->a[i].op == MOE_PIPELINE_SEND_GRAD) sends++;
+        if (L->a[i].op == MOE_PIPELINE_RECV_ACT || L->a[i].op == MOE_PIPELINE_RECV_GRAD) recvs++;
     }
     assert_int_equal(sends, (s > 0 ? m : 0) + (s < p - 1 ? m : 0));
     assert_int_equal(recvs, sends);
@@ -207,8 +207,8 @@ static int simulate(int32_t p, int32_t m, int32_t v, stage_list_t *L)
                     if (computed) break; /* one compute per stage per tick */
                     computed = true;
                     last_compute_tick = tick;
-                } else if (a->op == MOE_PIPE_SEND_ACT || a->op == MOE_PIPE_SEND_GRAD) {
-                    int kind = a->op == MOE_PIPE_SEND_GRAD;
+                } else if (a->op == MOE_PIPELINE_SEND_ACT || a->op == MOE_PIPELINE_SEND_GRAD) {
+                    int kind = a->op == MOE_PIPELINE_SEND_GRAD;
                     if (a->peer != (kind ? (s + p - 1) % p : (s + 1) % p)) return SIM_MISMATCH;
                     channel_t *c = &chans[pair_key(kind, p)][s];
                     assert_true(c->tail < MAX_MSG);
@@ -222,7 +222,7 @@ static int simulate(int32_t p, int32_t m, int32_t v, stage_list_t *L)
                     c->arrive[c->tail++] = tick + 1;
                     in_flight++;
                 } else {
-                    int kind = a->op == MOE_PIPE_RECV_GRAD;
+                    int kind = a->op == MOE_PIPELINE_RECV_GRAD;
                     int from = a->peer;
                     if (from != (kind ? (s + 1) % p : (s + p - 1) % p)) return SIM_MISMATCH;
                     channel_t *c = &chans[pair_key(kind, p)][from];
@@ -318,7 +318,7 @@ static void check_stage_interleaved(int32_t p, int32_t m, int32_t v, int32_t s,
         assert_true(a->chunk >= 0 && a->chunk < v);
         int u = a->chunk * m + a->microbatch, vs = a->chunk * p + s;
         switch (a->op) {
-        case MOE_PIPE_FORWARD: {
+        case MOE_PIPELINE_FORWARD: {
             /* forward unit k: microbatch (k/(p v)) p + k%p of chunk (k/p)%v */
             assert_int_equal(a->microbatch, (nf / (p * v)) * p + nf % p);
             assert_int_equal(a->chunk, (nf / p) % v);
@@ -328,7 +328,7 @@ static void check_stage_interleaved(int32_t p, int32_t m, int32_t v, int32_t s,
             if (++held > peak) peak = held;
             break;
         }
-        case MOE_PIPE_BACKWARD:
+        case MOE_PIPELINE_BACKWARD:
             assert_int_equal(a->microbatch, (nb / (p * v)) * p + nb % p);
             assert_int_equal(a->chunk, v - 1 - (nb / p) % v);
             nb++;
@@ -337,25 +337,25 @@ static void check_stage_interleaved(int32_t p, int32_t m, int32_t v, int32_t s,
             bwd_at[u] = computes++;
             held--;
             break;
-        case MOE_PIPE_RECV_ACT:
+        case MOE_PIPELINE_RECV_ACT:
             assert_true(vs > 0);
-            assert_int_equal(L->a[i + 1].op, MOE_PIPE_FORWARD);
+            assert_int_equal(L->a[i + 1].op, MOE_PIPELINE_FORWARD);
             assert_int_equal(L->a[i + 1].microbatch, a->microbatch);
             assert_int_equal(L->a[i + 1].chunk, a->chunk);
             break;
-        case MOE_PIPE_SEND_ACT:
+        case MOE_PIPELINE_SEND_ACT:
             assert_true(vs < p * v - 1);
-            assert_int_equal(L->a[i - 1].op, MOE_PIPE_FORWARD);
+            assert_int_equal(L->a[i - 1].op, MOE_PIPELINE_FORWARD);
             assert_int_equal(L->a[i - 1].chunk, a->chunk);
             break;
-        case MOE_PIPE_RECV_GRAD:
+        case MOE_PIPELINE_RECV_GRAD:
             assert_true(vs < p * v - 1);
-            assert_int_equal(L->a[i + 1].op, MOE_PIPE_BACKWARD);
+            assert_int_equal(L->a[i + 1].op, MOE_PIPELINE_BACKWARD);
             assert_int_equal(L->a[i + 1].chunk, a->chunk);
             break;
-        case MOE_PIPE_SEND_GRAD:
+        case MOE_PIPELINE_SEND_GRAD:
             assert_true(vs > 0);
-            assert_int_equal(L->a[i - 1].op, MOE_PIPE_BACKWARD);
+            assert_int_equal(L->a[i - 1].op, MOE_PIPELINE_BACKWARD);
             assert_int_equal(L->a[i - 1].chunk, a->chunk);
             break;
         }
@@ -452,8 +452,8 @@ typedef struct strict_stage {
 static void message_of(const moe_pipeline_schedule_t *sc, const moe_pipeline_action_t *a, int *kind,
                        int *sender, int *unit)
 {
-    bool send = a->op == MOE_PIPE_SEND_ACT || a->op == MOE_PIPE_SEND_GRAD;
-    *kind = a->op == MOE_PIPE_SEND_GRAD || a->op == MOE_PIPE_RECV_GRAD;
+    bool send = a->op == MOE_PIPELINE_SEND_ACT || a->op == MOE_PIPELINE_SEND_GRAD;
+    *kind = a->op == MOE_PIPELINE_SEND_GRAD || a->op == MOE_PIPELINE_RECV_GRAD;
     int chunk = a->chunk;
     if (send && !*kind && sc->stage == sc->stages - 1) chunk++;
     if (send && *kind && sc->stage == 0) chunk--;
@@ -470,9 +470,9 @@ static int simulate_strict(int32_t p, strict_stage_t *st)
             strict_stage_t *x = &st[s];
             while (x->host < x->sc->count) {
                 const moe_pipeline_action_t *a = &x->sc->actions[x->host];
-                if (a->op == MOE_PIPE_RECV_ACT || a->op == MOE_PIPE_RECV_GRAD) {
+                if (a->op == MOE_PIPELINE_RECV_ACT || a->op == MOE_PIPELINE_RECV_GRAD) {
                     if (!x->done[x->host]) break;
-                } else if (a->op == MOE_PIPE_SEND_ACT || a->op == MOE_PIPE_SEND_GRAD) {
+                } else if (a->op == MOE_PIPELINE_SEND_ACT || a->op == MOE_PIPELINE_SEND_GRAD) {
                     x->ready[x->host] = 1;
                 }
                 x->host++;
@@ -481,7 +481,7 @@ static int simulate_strict(int32_t p, strict_stage_t *st)
             while (x->issued < x->norder) {
                 int i = x->order[x->issued];
                 const moe_pipeline_action_t *a = &x->sc->actions[i];
-                bool send = a->op == MOE_PIPE_SEND_ACT || a->op == MOE_PIPE_SEND_GRAD;
+                bool send = a->op == MOE_PIPELINE_SEND_ACT || a->op == MOE_PIPELINE_SEND_GRAD;
                 if (send && !x->ready[i]) break;
                 x->issued++;
                 progress = true;
@@ -498,8 +498,8 @@ static int simulate_strict(int32_t p, strict_stage_t *st)
             int j = y->order[y->head];
             const moe_pipeline_action_t *b = &y->sc->actions[j];
             if (b->peer != s) continue;
-            bool a_send = a->op == MOE_PIPE_SEND_ACT || a->op == MOE_PIPE_SEND_GRAD;
-            bool b_send = b->op == MOE_PIPE_SEND_ACT || b->op == MOE_PIPE_SEND_GRAD;
+            bool a_send = a->op == MOE_PIPELINE_SEND_ACT || a->op == MOE_PIPELINE_SEND_GRAD;
+            bool b_send = b->op == MOE_PIPELINE_SEND_ACT || b->op == MOE_PIPELINE_SEND_GRAD;
             if (a_send == b_send) continue; /* both send (or receive) towards each other */
             int k1, s1, u1, k2, s2, u2;
             message_of(x->sc, a, &k1, &s1, &u1);
@@ -541,7 +541,7 @@ static int strict_run(int32_t p, int32_t m, int32_t v, int mode)
             if (mode == 2) /* prepost: each receive issued before the transfer ahead of it */
                 for (int t = 1; t < n; t++) {
                     const moe_pipeline_action_t *a = &sc->actions[own[s][t]];
-                    if ((a->op == MOE_PIPE_RECV_ACT || a->op == MOE_PIPE_RECV_GRAD)) {
+                    if ((a->op == MOE_PIPELINE_RECV_ACT || a->op == MOE_PIPELINE_RECV_GRAD)) {
                         int32_t tmp = own[s][t - 1];
                         own[s][t - 1] = own[s][t];
                         own[s][t] = tmp;
@@ -594,7 +594,7 @@ static void test_simulation_detects_errors(void **state)
     for (int s = 0; s < 2; s++) load(2, 2, s, &L[s]);
     int first = -1, second = -1;
     for (int i = 0; i < L[1].n; i++)
-        if (L[1].a[i].op == MOE_PIPE_RECV_ACT) {
+        if (L[1].a[i].op == MOE_PIPELINE_RECV_ACT) {
             if (first < 0) first = i; else second = i;
         }
     L[1].a[first].microbatch = 1;
@@ -605,8 +605,8 @@ static void test_simulation_detects_errors(void **state)
     /* stage 0 waits for grad 0 before sending act 0: a deadlock */
     for (int s = 0; s < 2; s++) load(2, 1, s, &L[s]);
     /* stage 0 of p=2, m=1: F0 >act0@1 <grad0@1 B0 -> F0 <grad0@1 >act0@1 B0 */
-    assert_int_equal(L[0].a[1].op, MOE_PIPE_SEND_ACT);
-    assert_int_equal(L[0].a[2].op, MOE_PIPE_RECV_GRAD);
+    assert_int_equal(L[0].a[1].op, MOE_PIPELINE_SEND_ACT);
+    assert_int_equal(L[0].a[2].op, MOE_PIPELINE_RECV_GRAD);
     moe_pipeline_action_t t = L[0].a[1];
     L[0].a[1] = L[0].a[2];
     L[0].a[2] = t;
@@ -684,7 +684,7 @@ static void test_bad_arguments(void **state)
                      MOE_STATUS_INVALID_ARGUMENT);
     assert_int_equal(moe_pipeline_schedule_destroy(sc), MOE_STATUS_SUCCESS);
     assert_int_equal(moe_pipeline_schedule_destroy(NULL), MOE_STATUS_SUCCESS);
-    assert_string_equal(moe_pipeline_op_string(MOE_PIPE_RECV_GRAD), "recv_grad");
+    assert_string_equal(moe_pipeline_op_string(MOE_PIPELINE_RECV_GRAD), "recv_grad");
     assert_string_equal(moe_pipeline_op_string((moe_pipeline_op_t)99), "unknown");
 }
 

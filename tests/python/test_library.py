@@ -120,7 +120,7 @@ class LibraryTest(unittest.TestCase):
         except ImportError:
             self.assertIn("No module named 'torch'", r.stderr)
         else:
-            self.skipTest("PyTorch is installed: python/tests/torch_check.py covers it")
+            self.skipTest("PyTorch is installed: tests/python/torch_check.py covers it")
 
 
 if __name__ == "__main__":

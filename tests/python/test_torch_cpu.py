@@ -1,5 +1,5 @@
 """libmoe.torch without a GPU, where PyTorch is installed (skipped otherwise, as on CI):
-python/tests/torch_check.py --host runs the GPU check's checks on the host backend (MoELayer
+tests/python/torch_check.py --host runs the GPU check's checks on the host backend (MoELayer
 against the plain PyTorch layer at fp32 bounds, zero-copy parameters, slots, DLPack, errors,
 two models that train), and torch tensors with a layout libmoe refuses raise before the call.
 The check runs under this interpreter when it has PyTorch, else under Debian's /usr/bin/python3
@@ -40,7 +40,7 @@ class TorchOnHostTest(unittest.TestCase):
         # the package under test, also for Debian's interpreter (the source tree's, or the
         # installed wheel's under test_wheel.py)
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(libmoe.__file__)))
-        r = subprocess.run([python, os.path.join(ROOT, "python", "tests", "torch_check.py"),
+        r = subprocess.run([python, os.path.join(ROOT, "tests", "python", "torch_check.py"),
                             "--host"], capture_output=True, text=True,
                            env=dict(os.environ, PYTHONPATH=package_root))
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)

@@ -6,7 +6,7 @@
  *
  * Runs the trainer as successive mpirun incarnations, each the leader of its own session. The
  * ranks hold leases in etcd (moe/elastic.h); a private etcd on loopback is started unless
- * --etcd names one. When an incarnation fails (watch.h) the launcher ends its whole session,
+ * --etcd names one. When an incarnation fails (its watch) the launcher ends its whole session,
  * marks the slots to blame as failed, takes spares in their place or, with none left, picks
  * the largest valid mesh on the slots that remain (keeping the global batch), and relaunches
  * with --resume: every rank loads the latest complete checkpoint, resharded to the new mesh.
@@ -33,11 +33,11 @@
 #include "elastic/mesh_choice.h"
 #include "etcd_server.h"
 #include "events.h"
+#include "incarnation_watch.h"
 #include "job_lock.h"
 #include "proc.h"
 #include "relay.h"
 #include "spec.h"
-#include "watch.h"
 #include <moe/elastic.h>
 
 enum { EXIT_DONE = 0, EXIT_LAUNCHER = 1, EXIT_ARGS = 2, EXIT_TOO_FEW = 3, EXIT_RESTARTS = 4,

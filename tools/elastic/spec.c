@@ -7,9 +7,9 @@
 #include <cjson/cJSON.h>
 
 #include "core/env.h"
+#include "incarnation_watch.h"
 #include "proc.h"
 #include "spec.h"
-#include "watch.h"
 
 void job_spec_usage(FILE *f)
 {

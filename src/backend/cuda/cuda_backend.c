@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "cuda_ctx.h"
-#include "../../../kernels/kernels.h"
-#include "../../core/env.h"
+#include "kernels.h"
+#include "core/env.h"
 
 int moe_backend_cuda_device_count(void)
 {

@@ -6,6 +6,6 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "../../core/error.h"
+#include "core/error.h"
 
 #endif /* MOE_CUDA_CHECK_H */

@@ -8,8 +8,8 @@
 
 #include <stdbool.h>
 
-#include "../../../kernels/tuning.h"
-#include "../backend.h"
+#include "tuning.h"
+#include "backend/backend.h"
 #include "cuda_check.h"
 
 /* Each side stream (MOE_TUNE_SIDE_STREAMS of them, for the expert GEMMs) and the main stream

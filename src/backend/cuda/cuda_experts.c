@@ -32,8 +32,8 @@
 #include <stdlib.h>
 
 #include "cuda_ctx.h"
-#include "../../../kernels/kernels.h"
-#include "../../../kernels/tuning.h"
+#include "kernels.h"
+#include "tuning.h"
 
 typedef enum gemm_kind { FWD1, FWD2, BWD_DACT, BWD_DW2, BWD_DXP, BWD_DW1 } gemm_kind_t;
 

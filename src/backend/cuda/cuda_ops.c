@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../../kernels/kernels.h"
-#include "../../../kernels/tuning.h"
+#include "kernels.h"
+#include "tuning.h"
 #include "cuda_ctx.h"
 
 moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/error.h"
+#include "core/error.h"
 #include "host_ops.h"
 
 /* Cache-line alignment; 4 KiB for large blocks so O_DIRECT I/O can use them directly. */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/error.h"
+#include "core/error.h"
 #include "host_ops.h"
 
 moe_status_t moe_host_plan(void *ctx, const moe_plan_t *a)

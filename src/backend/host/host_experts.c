@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../core/error.h"
+#include "core/error.h"
 #include "host_ops.h"
 
 /* C[m,n] (+)= A[m,p] · B[p,n] with optional transposes given as strides; fp64 accumulation.

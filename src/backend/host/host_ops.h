@@ -2,7 +2,7 @@
 #ifndef MOE_HOST_OPS_H
 #define MOE_HOST_OPS_H
 
-#include "../backend.h"
+#include "backend/backend.h"
 
 moe_status_t moe_host_router_forward(void *ctx, const moe_router_fwd_t *a);
 moe_status_t moe_host_router_backward(void *ctx, const moe_router_bwd_t *a);

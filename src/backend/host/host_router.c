@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/error.h"
+#include "core/error.h"
 #include "host_ops.h"
 
 static double sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "device_buffer.h"
 
 /* ---- capacity -------------------------------------------------------------------------------- */

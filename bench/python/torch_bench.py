@@ -408,12 +408,12 @@ def summarise(recs, splits, c_api, bench_moe, out_md, shapes):
     lines = [
         "# Python wrapper overhead (libmoe.Layer, libmoe.torch.MoELayer)", "",
         "One training step of the MoE layer on one GPU: gradients discarded, forward, backward "
-        "with dx, step_bench's bf16 inputs. The C step runs as `python/tests/step_bench.c` (its "
+        "with dx, step_bench's bf16 inputs. The C step runs as `bench/python/step_bench.c` (its "
         "own process) and as the same loop in C called from the benchmark's process on the "
         "wrappers' own layer and tensors (`step_bench_steps`), the variants taking turns; "
         "PyTorch's eager layer (`bench/torch_moe.py`) is from the same call.", "",
-        "- command: `bash python/tests/device_check.sh build quick` (`step_bench`, "
-        "`python/tests/torch_bench.py --quick --c-loop`)",
+        "- command: `bash tests/python/device_check.sh build quick` (`step_bench`, "
+        "`bench/python/torch_bench.py --quick --c-loop`)",
         f"- date: {TODAY[:10]}; GPU: {GPU}; commit: {commit()}",
         f"- software: PyTorch {torch.__version__}, CUDA {torch.version.cuda}, libmoe "
         f"{libmoe.version()}", "",

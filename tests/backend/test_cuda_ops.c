@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "../../kernels/kernels.h"
+#include "kernels.h"
 #include "backend/cuda/cuda_ctx.h"
 #include "core/bf16.h"
 #include "gpu_check.h"

@@ -10,7 +10,7 @@
 #ifndef MOE_DEVICE_BUFFER_H
 #define MOE_DEVICE_BUFFER_H
 
-#include "../runtime/runtime.h"
+#include "runtime/runtime.h"
 
 /* Allocate `bytes` on the backend's device into *(void **)out (0 bytes: NULL, success). */
 moe_status_t moe_layer_alloc_dev(moe_runtime_t *rt, size_t bytes, void *out);

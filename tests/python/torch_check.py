@@ -3,7 +3,7 @@ zero-copy, stream and slot contracts, the generic array paths, and two small mod
 
 The reference is the layer's math (docs/moe-layer.md) in fp32 on the same bf16 parameter values
 and inputs, with autograd for the backward; libmoe's results must be within the bf16 bound
-the CUDA tests use (relative norm error <= 1e-2, tests/cuda/test_cuda_layer.c). A near-tie can
+the CUDA tests use (relative norm error <= 1e-2, tests/backend/test_cuda_layer.c). A near-tie can
 flip one token's expert between the two: the routing is compared first (tokens per expert) and
 the inputs redrawn, up to 3 times, when it differs.
 
@@ -14,7 +14,7 @@ the GPU run meets no untried code.
 Prints one JSON line per check ({"check", "ok", ...}); exits 1 when one fails, 77 without a GPU.
 Shapes: N tokens, H hidden, F expert FFN width, E experts, K top-k.
 Usage (device_check.sh runs it): MOE_LIBRARY=<build>/libmoe.so PYTHONPATH=python \
-    python3 python/tests/torch_check.py [--host] [--only compile]
+    python3 tests/python/torch_check.py [--host] [--only compile]
 """
 import json
 import math

@@ -1,5 +1,5 @@
 /*
- * The watch: the failure detector a mesh shares among its communicators.
+ * The peer watch: the failure detector a mesh shares among its communicators.
  *
  * Open MPI 4.1 has no fault tolerance (no ULFM): once a peer is dead or stalled, no
  * collective that includes it can finish, and neither can MPI_Finalize. What a rank can do is
@@ -28,14 +28,14 @@
  * Buffers that MPI may still read or write after a failure (the receive, pings and notices in
  * flight) are leaked on purpose when the watch is destroyed after a failure.
  */
-#ifndef MOE_COMM_WATCH_H
-#define MOE_COMM_WATCH_H
+#ifndef MOE_COMM_PEER_WATCH_H
+#define MOE_COMM_PEER_WATCH_H
 
 #include <stdbool.h>
 
 #include <moe/core.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 
 typedef struct moe_comm moe_comm_t;
 typedef struct moe_comm_req moe_comm_req_t;
@@ -71,4 +71,4 @@ void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const ch
  * `status` and told to every other rank with `cause`. A failure already recorded stays. */
 void moe_comm_watch_fail(moe_comm_watch_t *w, moe_status_t status, const char *cause);
 
-#endif /* MOE_COMM_WATCH_H */
+#endif /* MOE_COMM_PEER_WATCH_H */

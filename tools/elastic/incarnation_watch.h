@@ -15,8 +15,8 @@
  * stopped (two ranks lost at once); ranks that only report a lost peer are survivors. mpirun
  * exiting 0 is the job done, whether or not etcd still answers.
  */
-#ifndef MOE_TOOLS_WATCH_H
-#define MOE_TOOLS_WATCH_H
+#ifndef MOE_TOOLS_INCARNATION_WATCH_H
+#define MOE_TOOLS_INCARNATION_WATCH_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -69,4 +69,4 @@ int64_t watch_last_step(const watch_config_t *c);
  * processes survived SIGKILL. */
 double watch_teardown(pid_t mpirun, double grace_s, void (*tick)(void *), void *tick_user);
 
-#endif /* MOE_TOOLS_WATCH_H */
+#endif /* MOE_TOOLS_INCARNATION_WATCH_H */

@@ -1,10 +1,6 @@
-# The failure path (docs/mesh.md, "When a peer fails").
-# A runtime is not destroyed under the objects made on it (a world of one, no MPI).
-moe_add_test(test_runtime_children SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_runtime_children.c
-             TIMEOUT 30 LABELS fault core)
-
-# The distributed tests run on several ranks under mpirun (host backend) and carry the labels
-# fault and mpi.
+# The failure path (docs/mesh.md, "When a peer fails"): a lost, stalled or failing peer and
+# ranks that disagree on a config. The tests run on several ranks under mpirun (host backend)
+# and carry the labels fault and mpi.
 if(NOT MOE_HAVE_MPI)
   return()
 endif()
@@ -14,7 +10,7 @@ add_library(moe_fault_support STATIC ${CMAKE_CURRENT_LIST_DIR}/fault_support.c)
 target_link_libraries(moe_fault_support PUBLIC moe_static MPI::MPI_C)
 target_include_directories(moe_fault_support PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 
-# moe_add_fault_test(NAME NP ranks [RECOVERY]): tests/fault/NAME.c under mpirun, judged by the
+# moe_add_fault_test(NAME NP ranks [RECOVERY]): tests/comm/NAME.c under mpirun, judged by the
 # verdict line rank 0 prints (fault_support.h); RECOVERY runs it under --enable-recovery, for
 # tests whose ranks stall or leave without MPI_Finalize.
 function(moe_add_fault_test name)

@@ -24,7 +24,7 @@
 #include <cmocka.h>
 
 #include "layer_fixture.h"
-#include "moe/layer_internal.h"
+#include "layer/layer_internal.h"
 
 static uint64_t base_seed;
 

@@ -5,6 +5,5 @@ moe_add_test(test_layer_grad SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_layer_grad.c
 target_link_libraries(test_layer_grad PRIVATE moe_test_ref)
 moe_add_test(test_layer_props SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_layer_props.c LABELS moe)
 target_link_libraries(test_layer_props PRIVATE moe_test_ref)
-moe_add_test(test_training SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_training.c LABELS moe)
-target_link_libraries(test_training PRIVATE moe_test_ref)
-moe_add_test(test_optim_controls SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_optim_controls.c LABELS moe)
+# The distributed layer on 2, 4 and 8 ranks (dist_layer.cmake).
+include(${CMAKE_CURRENT_LIST_DIR}/dist_layer.cmake)

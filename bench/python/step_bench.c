@@ -1,6 +1,6 @@
 /*
  * One training step of the MoE layer from C through the public API alone, timed the way
- * python/tests/torch_bench.py times the Python wrapper, so the two differ only by the wrapper:
+ * bench/python/torch_bench.py times the Python wrapper, so the two differ only by the wrapper:
  * a step is discard_grad, forward, backward (with dx) on the CUDA backend, x and dy drawn from
  * N(0, 1) by fill() below, which torch_bench.py reproduces draw for draw: with the runtime's
  * default seed on both sides the two layers route the same tokens alike (max_load shows it).
@@ -12,7 +12,7 @@
  *            ends: the per-call host cost shows here when the GPU work is short
  * Prints one JSON line per shape. Shapes: N tokens, H hidden, F expert width, E experts, K
  * top-k. Usage: step_bench N H F E K [N H F E K ...]
- * Built by python/tests/device_check.sh against the build's libmoe.so and cudart, also as a
+ * Built by tests/python/device_check.sh against the build's libmoe.so and cudart, also as a
  * shared object whose step_bench_steps() torch_bench.py calls: the same step loop in C, on the
  * wrapper's own layer and tensors, timed in the same process beside the wrapper.
  */

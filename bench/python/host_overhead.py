@@ -4,7 +4,7 @@ host backend, at a shape so small that libmoe's own work is a few microseconds:
   installed), each minus the same three C calls made through ctypes with prebuilt
   descriptors (the floor), and an autograd Function that does nothing (PyTorch's own share).
 Medians of 5 runs of 3,000 steps, in µs. --profile adds cProfile's top functions of each.
-Usage: MOE_LIBRARY=<build>/libmoe.so PYTHONPATH=python python3 python/tests/host_overhead.py
+Usage: MOE_LIBRARY=<build>/libmoe.so PYTHONPATH=python python3 bench/python/host_overhead.py
        [--profile]
 Shapes: N tokens, H hidden, F expert FFN width, E experts, K top-k."""
 import array

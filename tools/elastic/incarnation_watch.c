@@ -1,8 +1,8 @@
 /*
- * The watch of one incarnation (watch.h). Every poll reads the incarnation's keys with one
- * range request and mpirun's state with waitpid; it never blocks longer than etcd's request
- * timeout, and the start timeout bounds the wait for ranks that never register, so the watch
- * always ends.
+ * The watch of one incarnation (incarnation_watch.h). Every poll reads the incarnation's keys
+ * with one range request and mpirun's state with waitpid; it never blocks longer than etcd's
+ * request timeout, and the start timeout bounds the wait for ranks that never register, so the
+ * watch always ends.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -14,8 +14,8 @@
 #include <cjson/cJSON.h>
 #include <moe/core.h>
 
+#include "incarnation_watch.h"
 #include "proc.h"
-#include "watch.h"
 
 typedef struct rank_view {
     bool seen, present, exited;

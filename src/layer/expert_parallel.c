@@ -40,9 +40,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/clock.h"
-#include "../core/env.h"
-#include "../core/error.h"
+#include "core/clock.h"
+#include "core/env.h"
+#include "core/error.h"
 #include "device_buffer.h"
 #include "routing.h"
 

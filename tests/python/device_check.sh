@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The Python package and libmoe.torch on the GPU machine, in one call of about 4 to 6 minutes:
 #   build        libmoe with CUDA and bench_moe (scripts/gpu-machine/env.sh's configure, tests
-#                and examples off), and python/tests/step_bench.c against the built libmoe.so
-#   torch_check  python/tests/torch_check.py: MoELayer against a plain PyTorch layer (bf16
+#                and examples off), and bench/python/step_bench.c against the built libmoe.so
+#   torch_check  tests/python/torch_check.py: MoELayer against a plain PyTorch layer (bf16
 #                bounds of the CUDA tests), zero-copy parameters, PyTorch's current stream,
 #                slots, the array-interface and DLPack paths, two small models that train
 #   bench        step_bench (the layer step from C), `bench_moe layer` (expert GEMM mode auto),
-#                then python/tests/torch_bench.py: the same step through the wrapper and
+#                then bench/python/torch_bench.py: the same step through the wrapper and
 #                PyTorch's eager layer (bench/torch_moe.py) in the same call
 # Shorter phases for a short call (with build, which then builds libmoe and step_bench alone
 # unless bench is named too):
@@ -21,7 +21,7 @@
 # results file for bench/results/ffi.md); prints the JSON lines. Exit status 1 when a build or
 # a check failed.
 # Usage (repository root, .deps carried as scripts/gpu-machine/README.md says):
-#   MOE_COMMIT=<commit> bash python/tests/device_check.sh [build quick compile torch_check bench]
+#   MOE_COMMIT=<commit> bash tests/python/device_check.sh [build quick compile torch_check bench]
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 source scripts/gpu-machine/env.sh
@@ -58,7 +58,7 @@ if has build; then
   for out in "$B/step_bench" "$B/libstep_bench.so"; do  # the program, and its loop for Python
     shared=$([[ $out == *.so ]] && echo "-shared -fPIC")
     # shellcheck disable=SC2086
-    cc -O2 -Wall -Wextra $shared -I include -I "$cuda/include" python/tests/step_bench.c \
+    cc -O2 -Wall -Wextra $shared -I include -I "$cuda/include" bench/python/step_bench.c \
       -o "$out" -L "$B" -lmoe -L "$cuda/lib64" -lcudart -lm -Wl,-rpath,"$B" \
       -Wl,-rpath,"$cuda/lib64" >> "$log" 2>&1 ||
       { mark "$(basename "$out"): build failed"; status=1; }
@@ -69,18 +69,18 @@ python3 -c "import torch, numpy; print('torch', torch.__version__, 'numpy', nump
   2>&1 | tee -a "$log"
 
 if has compile; then
-  run torch_check_compile 180 python3 python/tests/torch_check.py --only compile
-  run torch_check_compile_host 90 python3 python/tests/torch_check.py --host --only compile
+  run torch_check_compile 180 python3 tests/python/torch_check.py --only compile
+  run torch_check_compile_host 90 python3 tests/python/torch_check.py --host --only compile
 fi
 
 if has quick; then
   run step_bench 60 "$B/step_bench" 512 256 512 16 2 2048 1024 1408 64 2 16384 4096 1408 64 2
-  run torch_bench 150 python3 python/tests/torch_bench.py --quick --c-loop "$B/libstep_bench.so" \
+  run torch_bench 150 python3 bench/python/torch_bench.py --quick --c-loop "$B/libstep_bench.so" \
     "$OUT/ffi.md" "$json"
 fi
 
 if has torch_check; then
-  run torch_check 240 python3 python/tests/torch_check.py
+  run torch_check 240 python3 tests/python/torch_check.py
 fi
 
 if has bench; then
@@ -89,7 +89,7 @@ if has bench; then
   # shellcheck disable=SC2086
   run step_bench 180 "$B/step_bench" $shapes
   run bench_moe 180 env MOE_CUDA_EXPERT_GEMM=auto "$B/bench/bench_moe" layer
-  run torch_bench 300 python3 python/tests/torch_bench.py --c-loop "$B/libstep_bench.so" \
+  run torch_bench 300 python3 bench/python/torch_bench.py --c-loop "$B/libstep_bench.so" \
     "$OUT/ffi.md" "$json"
 fi
 # the digest: one line per check and per overhead figure (the JSON lines above may scroll away)

@@ -16,7 +16,7 @@
 
 #include <stdlib.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 #include "device_buffer.h"
 #include "routing.h"
 

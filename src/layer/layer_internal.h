@@ -11,7 +11,7 @@
 
 #include <moe/layer.h>
 
-#include "../runtime/runtime.h"
+#include "runtime/runtime.h"
 
 /* What one forward saves for its backward. Device pointers unless named host_*. */
 typedef struct moe_slot {

@@ -1,6 +1,6 @@
 /*
- * The watch (see watch.h): pings, answers and notices on a private duplicate of the mesh's
- * world, polled by every wait and test of a watched communicator.
+ * The peer watch (see peer_watch.h): pings, answers and notices on a private duplicate of the
+ * mesh's world, polled by every wait and test of a watched communicator.
  *
  * Messages are one fixed-size record (well under the eager limits, so a send completes without
  * the receiver's help): PING carries a probe number that its PONG echoes with the world ranks
@@ -8,7 +8,7 @@
  * progress needs); NOTICE carries a failure's text. A rank answers every ping; the first
  * notice it takes becomes its failure.
  */
-#include "watch.h"
+#include "peer_watch.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -16,8 +16,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/clock.h"
-#include "../core/error.h"
+#include "core/clock.h"
+#include "core/error.h"
 #include "comm.h"
 #include "mpi_support.h"
 

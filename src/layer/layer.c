@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/env.h"
-#include "../core/error.h"
-#include "../core/tensor.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/tensor.h"
 #include "device_buffer.h"
 #include "expert_parallel.h"
 #include "layer_internal.h"
@@ -313,8 +313,7 @@ moe_status_t moe_layer_create(moe_runtime_t *rt, const moe_layer_config_t *confi
 moe_status_t moe_layer_create_seeded(moe_runtime_t *rt, const moe_layer_config_t *config,
                                      uint64_t init_stream, moe_layer_t **out)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
     MOE_CHECK_ARG(config != NULL, "config is NULL (hidden, ffn_hidden, num_experts and top_k "
@@ -426,8 +425,7 @@ static moe_status_t check_activation(const moe_layer_t *l, const moe_tensor_t *t
 moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *x,
                                moe_tensor_t *y)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     MOE_TRY(check_slot(layer, slot));
     MOE_TRY(check_activation(layer, x, "x", -1));
     MOE_TRY(check_activation(layer, y, "y", x->shape[0]));
@@ -465,8 +463,7 @@ static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tenso
 moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tensor_t *dy,
                                 moe_tensor_t *dx)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     MOE_TRY(check_slot(layer, slot));
     moe_slot_t *s = &layer->slots[slot];
     MOE_CHECK_ARG(s->in_use, "slot %d holds no forward to differentiate", slot);
@@ -496,8 +493,7 @@ moe_status_t moe_layer_backward(moe_layer_t *layer, int32_t slot, const moe_tens
 
 moe_status_t moe_layer_release_slot(moe_layer_t *layer, int32_t slot)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     MOE_TRY(check_slot(layer, slot));
     slot_free(layer, &layer->slots[slot]);
     return MOE_STATUS_SUCCESS;
@@ -505,8 +501,7 @@ moe_status_t moe_layer_release_slot(moe_layer_t *layer, int32_t slot)
 
 moe_status_t moe_layer_zero_grad(moe_layer_t *layer)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     MOE_TRY(zero_param_grads(layer, true));
     layer->grads_discarded = false;
     return MOE_STATUS_SUCCESS;
@@ -514,8 +509,7 @@ moe_status_t moe_layer_zero_grad(moe_layer_t *layer)
 
 moe_status_t moe_layer_discard_grad(moe_layer_t *layer)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     layer->grads_discarded = true;
     return MOE_STATUS_SUCCESS;
 }
@@ -524,8 +518,7 @@ moe_status_t moe_layer_discard_grad(moe_layer_t *layer)
 
 moe_status_t moe_layer_num_params(const moe_layer_t *layer, int32_t *count)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     MOE_CHECK_ARG(count != NULL, "count is NULL");
     *count = layer->num_params;
     return MOE_STATUS_SUCCESS;
@@ -533,8 +526,7 @@ moe_status_t moe_layer_num_params(const moe_layer_t *layer, int32_t *count)
 
 moe_status_t moe_layer_param(const moe_layer_t *layer, int32_t index, moe_param_info_t *info)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     MOE_CHECK_ARG(info != NULL, "info is NULL");
     MOE_CHECK_STRUCT_SIZE(info, moe_param_info_t, sizeof(moe_param_info_t));
     MOE_CHECK_ARG(index >= 0 && index < layer->num_params, "index %d is out of range 0..%d%s",
@@ -549,8 +541,7 @@ moe_status_t moe_layer_param(const moe_layer_t *layer, int32_t index, moe_param_
 moe_status_t moe_layer_expert_id(const moe_layer_t *layer, int32_t local_expert,
                                  int32_t *global_expert)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     MOE_CHECK_ARG(global_expert != NULL, "global_expert is NULL");
     MOE_CHECK_ARG(local_expert >= 0 && local_expert < layer->el,
                   "local_expert %d is out of range 0..%d", local_expert, layer->el - 1);
@@ -561,8 +552,7 @@ moe_status_t moe_layer_expert_id(const moe_layer_t *layer, int32_t local_expert,
 moe_status_t moe_layer_stats(const moe_layer_t *layer, moe_layer_stats_t *stats,
                              int64_t *tokens_per_expert)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(layer, MOE_MAGIC_LAYER, "layer");
+    MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     MOE_CHECK_ARG(stats != NULL, "stats is NULL");
     MOE_CHECK_STRUCT_SIZE(stats, moe_layer_stats_t, sizeof(moe_layer_stats_t));
     *stats = layer->stats;

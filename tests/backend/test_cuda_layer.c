@@ -16,7 +16,7 @@
 
 #include "core/bf16.h"
 #include "gpu_check.h"
-#include "moe/layer_internal.h"
+#include "layer/layer_internal.h"
 
 static uint64_t seed;
 

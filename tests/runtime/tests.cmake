@@ -1,0 +1,4 @@
+# A runtime is not destroyed under the objects made on it (a world of one, no MPI).
+moe_add_test(test_runtime_destroy_order
+             SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_runtime_destroy_order.c
+             TIMEOUT 30 LABELS fault core)
