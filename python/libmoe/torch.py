@@ -274,7 +274,7 @@ class MoELayer(torch.nn.Module):
             owner.register_parameter(leaf, param)
             self._trainable.append(param)
             self._grad_views.append(torch_view(p.grad))
-        self._no_grads = [None] * len(self._trainable)  # what a backward with grads="libmoe" returns
+        self._no_grads = [None] * len(self._trainable)  # a backward's, with grads="libmoe"
 
     # ---- autograd --------------------------------------------------------------------------
 

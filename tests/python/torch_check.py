@@ -366,10 +366,10 @@ def check_compile():
 
     The comparison is made fair, as compare() makes it against the reference: compiled and
     eager must route alike (tokens per expert of every layer), else the inputs are redrawn, up
-    to 3 times. Where the residual stream differs in its last bf16 bit between the two (the
-    floor: the same model with dense SwiGLU blocks, compiled against eager), a near-tie flips
-    one token's expert in a later layer and that expert's gradients then differ by a whole
-    row, several percent (the 4 layers' 2,048 slots hold 64 per expert here). Reported beside:
+    to 3 times: where the residual stream differs in a last bf16 bit between the two, a
+    near-tie can send one token to another expert in a later layer, and that expert's
+    gradients then differ by a whole row, several percent (each layer's 512 slots hold 64 per
+    expert here). Reported beside:
     eager against eager (libmoe's determinism), the aot_eager backend against eager (the
     operators without Inductor's code), the dense floor. The host backend compiles with
     aot_eager only (no Inductor C++ toolchain needed)."""
@@ -451,8 +451,9 @@ def check_reduce_overhead():
     """torch.compile(mode="reduce-overhead") of the residual model: libmoe's forward waits for
     the device (moe_cuda_plan_op brings the routing counts to the host), so the layer cannot
     be recorded in a CUDA graph. What must hold: either PyTorch leaves the libmoe operators
-    out of its graphs and the step equals the eager one, or the step raises libmoe's
-    UNSUPPORTED error naming the reason; never a wrong result or a broken capture."""
+    out of its graphs (MoELayer raises when called under a capture) and the step equals the
+    eager one, or the step raises libmoe's UNSUPPORTED error naming the reason; never a wrong
+    result or a broken capture."""
     if M.host or not HAS_CUSTOM_OP:
         return
     h, f, layers = 256, 512, 2
@@ -470,7 +471,7 @@ def check_reduce_overhead():
              outcome="refused", error=f"{type(exc).__name__}: {str(exc)[:400]}")
         return
     worst = max(max(_errors(r, eager).values()) for r in runs)
-    emit("reduce-overhead", worst <= M.bound, outcome="ran (libmoe outside the CUDA graphs)",
+    emit("reduce-overhead", worst <= M.bound, outcome="ran: no capture reached libmoe",
          max_rel_err_vs_eager=float(f"{worst:.3g}"), bound=M.bound)
 
 
