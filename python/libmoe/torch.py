@@ -24,6 +24,8 @@ The module cannot be moved or cast (.to, .cuda, .float): its tensors are libmoe'
 torch.compile: with PyTorch 2.4 or later the layer is the custom operators libmoe::layer_forward
 and libmoe::layer_backward while Dynamo traces, so torch.compile(model, fullgraph=True) keeps
 each layer as one node of the graph; eager calls and older PyTorch use an autograd Function.
+CUDA graphs cannot record the layer (its forward waits for the device once, for the routing
+counts): called while the current stream is capturing, it raises Error(UNSUPPORTED).
 """
 import itertools
 import struct
