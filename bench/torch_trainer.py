@@ -90,6 +90,16 @@ def train_batch(corpus, train_size, seed, step, batch, t):
     return as_tensor(tok), as_tensor(tgt)
 
 
+def resolve_width_defaults(m, o):
+    """A 0 in model.init_std or optim.lr means the width's default (--print-config keeps the 0):
+    examples/trainer/config.c's trainer_init_std and trainer_lr."""
+    h = m["hidden"]
+    if m["init_std"] <= 0:
+        m["init_std"] = math.sqrt(2.0 / (5.0 * h))
+    if o["lr"] <= 0:
+        o["lr"] = 3e-3 * min(1.0, math.sqrt(256.0 / h))
+
+
 def lr_rate(o, steps, step):
     """src/optim/schedule.c's moe_lr_schedule_rate for 1-based `step`."""
     lr, warm = o["lr"], o["warmup_steps"]
@@ -191,6 +201,7 @@ def main():
     a = ap.parse_args()
     c = json.load(open(a.config))
     m, tr, o, d = c["model"], c["train"], c["optim"], c["data"]
+    resolve_width_defaults(m, o)
     L, batch, T, steps = m["layers"], tr["batch"], m["context"], tr["steps"]
     shape = (f"L={L} H={m['hidden']} heads={m['heads']} T={T} E={m['experts']} "
              f"K={m['top_k']} F={m['ffn_hidden']} B={batch}")

@@ -1,40 +1,45 @@
 /*
- * Causal multi-head self-attention on CUDA (attention_cuda.c): the host's math (attention.h)
- * with the score and value products as cuBLAS strided-batched GEMMs over the S*nh heads (bf16
- * in, fp32 accumulation; scores and their gradient in f32) and the softmax in
- * dense_kernels.cu. The heads are first laid out contiguously, [3][S*nh][T][d], so that each
- * head's q, k, v is one [T,d] matrix at a fixed stride.
+ * Causal multi-head self-attention on CUDA, fused (attention_cuda.cu): the host's math
+ * (attention.h) without the T x T scores in memory. The forward keeps each row's
+ * log-sum-exp of the scaled scores for the backward, which recomputes the probabilities tile
+ * by tile. bf16 in and out ("bf16" pointers are __nv_bfloat16 on the device, passed as void *
+ * so C can call these), fp32 accumulation on the tensor cores. Every launcher enqueues on
+ * `stream` and returns the launches' cudaGetLastError(); cudaErrorInvalidValue for a shape
+ * the kernels do not take. Sums run in a fixed order (no atomics): bitwise reproducible.
  *
- * Shapes as in attention.h: S sequences of T tokens (N = S*T), H hidden, nh heads of d = H/nh.
+ * Shapes as in attention.h: S sequences of T tokens (N = S*T rows), H hidden, nh heads of
+ * d = H/nh; qkv [N,3H] holds q | k | v, head h in columns [h*d, (h+1)*d) of each third.
  */
 #ifndef TRAINER_ATTENTION_CUDA_H
 #define TRAINER_ATTENTION_CUDA_H
 
 #include <stdint.h>
 
-#include <cublas_v2.h>
-#include <moe/core.h>
+#include <cuda_runtime_api.h>
 
-typedef struct attention_shape {
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct attention_cuda_shape {
     int64_t S, T, H, nh;
-} attention_shape_t;
+} attention_cuda_shape_t;
 
-/* Scratch one call uses and the next may overwrite (shared by every block). */
-typedef struct attention_scratch {
-    float *scores;  /* [S*nh, T, T] f32: scores, then their gradient dP */
-    void *ds;       /* [S*nh, T, T] bf16: dS */
-    void *heads;    /* [S*nh, T, d] bf16: o, then d_o, by head */
-    void *dheads;   /* [3][S*nh, T, d] bf16: dq | dk | dv by head */
-} attention_scratch_t;
+/* The head dims the kernels take: multiples of 8 up to this (padded to 16, 32, 64 or 128). */
+#define ATTENTION_CUDA_MAX_HEAD_DIM 128
+int attention_cuda_head_dim_ok(int64_t d);
 
-/* [in] qkv [N,3H] [out] qkvh [3][S*nh,T,d] and probs [S*nh,T,T] (both bf16, kept for backward)
- * [out] o [N,H] bf16. Enqueued on the handle's stream. */
-moe_status_t attention_cuda_forward(cublasHandle_t h, const attention_shape_t *a,
-                                    const attention_scratch_t *w, const void *qkv, void *qkvh,
-                                    void *probs, void *o);
-/* [in] qkvh, probs from forward, d_o [N,H] [out] dqkv [N,3H] (written, not accumulated). */
-moe_status_t attention_cuda_backward(cublasHandle_t h, const attention_shape_t *a,
-                                     const attention_scratch_t *w, const void *qkvh,
-                                     const void *probs, const void *d_o, void *dqkv);
+/* [in] qkv [N,3H] [out] o [N,H], lse [S*nh*T] f32 (row s*T+t of head h at (s*nh+h)*T + t,
+ * in log2 units), both kept for backward. */
+cudaError_t attention_cuda_forward(const attention_cuda_shape_t *a, const void *qkv, void *o,
+                                   float *lse, cudaStream_t stream);
+/* [in] qkv, o, lse from forward, d_o [N,H]; delta: f32 scratch [S*nh*T] (do . o per row)
+ * [out] dqkv [N,3H] (written, not accumulated). */
+cudaError_t attention_cuda_backward(const attention_cuda_shape_t *a, const void *qkv, const void *o,
+                                    const float *lse, const void *d_o, float *delta, void *dqkv,
+                                    cudaStream_t stream);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* TRAINER_ATTENTION_CUDA_H */

@@ -1,6 +1,6 @@
 /*
  * The CUDA model's own kernels (dense_kernels.h). Row kernels give a row to a block (RMSNorm:
- * H up to a few thousand) or to a warp (softmax and cross-entropy rows of T or V = 256);
+ * H up to a few thousand) or to a warp (cross-entropy rows of V = 256);
  * element-wise ones are grid-stride loops. fp32 arithmetic throughout, bf16 in and out.
  */
 #include <cuda_bf16.h>
@@ -189,7 +189,7 @@ extern "C" cudaError_t dk_rmsnorm_gain_grad(const void *x, const float *r, const
     return cudaGetLastError();
 }
 
-/* ---- element-wise and layout ---------------------------------------------------------------- */
+/* ---- element-wise ---------------------------------------------------------------------------- */
 
 __global__ void add(const bf16 *a, const bf16 *b, bf16 *out, int64_t n)
 {
@@ -200,106 +200,6 @@ extern "C" cudaError_t dk_add(const void *a, const void *b, void *out, int64_t n
                               cudaStream_t stream)
 {
     add<<<grid_for(n), THREADS, 0, stream>>>((const bf16 *)a, (const bf16 *)b, (bf16 *)out, n);
-    return cudaGetLastError();
-}
-
-/* k indexes the heads layout [parts][S][nh][T][d]; r the rows layout [S*T][parts*H]. The
- * index arithmetic is in I: 32-bit where the tensor allows (64-bit division is slow). */
-template <typename I>
-__global__ void rows_heads(const bf16 *src, bf16 *dst, I S, I T, I H, I nh, I parts,
-                           int to_heads)
-{
-    I d = H / nh, total = parts * S * T * H;
-    for (I k = (I)blockIdx.x * blockDim.x + threadIdx.x; k < total;
-         k += (I)gridDim.x * blockDim.x) {
-        I j = k % d, t = k / d % T, h = k / (d * T) % nh, s = k / (d * T * nh) % S;
-        I p = k / (d * T * nh * S);
-        I r = (s * T + t) * (parts * H) + p * H + h * d + j;
-        if (to_heads)
-            dst[k] = src[r];
-        else
-            dst[r] = src[k];
-    }
-}
-
-static cudaError_t layout(const void *src, void *dst, int64_t S, int64_t T, int64_t H,
-                          int64_t nh, int parts, int to_heads, cudaStream_t stream)
-{
-    int64_t total = parts * S * T * H;
-    if (total < ((int64_t)1 << 31))
-        rows_heads<uint32_t><<<grid_for(total), THREADS, 0, stream>>>(
-            (const bf16 *)src, (bf16 *)dst, (uint32_t)S, (uint32_t)T, (uint32_t)H, (uint32_t)nh,
-            (uint32_t)parts, to_heads);
-    else
-        rows_heads<int64_t><<<grid_for(total), THREADS, 0, stream>>>(
-            (const bf16 *)src, (bf16 *)dst, S, T, H, nh, (int64_t)parts, to_heads);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t dk_rows_to_heads(const void *rows, void *heads, int64_t S, int64_t T,
-                                        int64_t H, int64_t nh, int parts, cudaStream_t stream)
-{
-    return layout(rows, heads, S, T, H, nh, parts, 1, stream);
-}
-
-extern "C" cudaError_t dk_heads_to_rows(const void *heads, void *rows, int64_t S, int64_t T,
-                                        int64_t H, int64_t nh, int parts, cudaStream_t stream)
-{
-    return layout(heads, rows, S, T, H, nh, parts, 0, stream);
-}
-
-/* ---- causal softmax (a warp per row) -------------------------------------------------------- */
-
-__global__ void softmax_causal_forward(const float *scores, bf16 *P, int64_t rows, int64_t T,
-                                       float scale)
-{
-    int64_t row = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    int64_t t = row % T;
-    const float *s = scores + row * T;
-    float mx = -INFINITY;
-    for (int64_t u = lane; u <= t; u += 32) mx = fmaxf(mx, scale * s[u]);
-    mx = warp_max(mx);
-    float sum = 0;
-    for (int64_t u = lane; u <= t; u += 32) sum += __expf(scale * s[u] - mx);
-    float inv = 1.0f / warp_sum(sum);
-    for (int64_t u = lane; u < T; u += 32)
-        P[row * T + u] = __float2bfloat16_rn(u <= t ? __expf(scale * s[u] - mx) * inv : 0.0f);
-}
-
-__global__ void softmax_causal_backward(const bf16 *P, const float *dP, bf16 *dS, int64_t rows,
-                                        int64_t T, float scale)
-{
-    int64_t row = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    int64_t t = row % T;
-    const bf16 *p = P + row * T;
-    const float *dp = dP + row * T;
-    float dot = 0;
-    for (int64_t u = lane; u <= t; u += 32) dot += __bfloat162float(p[u]) * dp[u];
-    dot = warp_sum(dot);
-    for (int64_t u = lane; u < T; u += 32)
-        dS[row * T + u] = __float2bfloat16_rn(
-            u <= t ? scale * __bfloat162float(p[u]) * (dp[u] - dot) : 0.0f);
-}
-
-extern "C" cudaError_t dk_softmax_causal_forward(const float *scores, void *P, int64_t rows,
-                                                 int64_t T, float scale, cudaStream_t stream)
-{
-    unsigned blocks = (unsigned)((rows + WARPS - 1) / WARPS);
-    softmax_causal_forward<<<blocks, THREADS, 0, stream>>>(scores, (bf16 *)P, rows, T, scale);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t dk_softmax_causal_backward(const void *P, const float *dP, void *dS,
-                                                  int64_t rows, int64_t T, float scale,
-                                                  cudaStream_t stream)
-{
-    unsigned blocks = (unsigned)((rows + WARPS - 1) / WARPS);
-    softmax_causal_backward<<<blocks, THREADS, 0, stream>>>((const bf16 *)P, dP, (bf16 *)dS,
-                                                            rows, T, scale);
     return cudaGetLastError();
 }
 

@@ -1,11 +1,11 @@
 /*
- * The CUDA model's own kernels (dense_kernels.cu): embedding, RMSNorm, causal softmax,
- * head layout changes, cross-entropy and residual adds, forward and backward; the GEMMs
- * around them are cuBLAS calls (gemm_cuda.h). "bf16" pointers are __nv_bfloat16 on the
+ * The CUDA model's own kernels (dense_kernels.cu): embedding, RMSNorm, cross-entropy and
+ * residual adds, forward and backward (attention is attention_cuda.h); the GEMMs around
+ * them are cuBLAS calls (gemm_cuda.h). "bf16" pointers are __nv_bfloat16 on the
  * device, passed as void * so C can call these; every launcher enqueues on `stream` and
  * returns the launch's cudaGetLastError().
  *
- * Shapes: N = S*T rows, H hidden, V = 256 vocabulary, nh heads of d = H/nh, BH = S*nh.
+ * Shapes: N = S*T rows, H hidden, V = 256 vocabulary.
  * Every reduction has a fixed order (no atomics), so results are bitwise reproducible.
  */
 #ifndef TRAINER_DENSE_KERNELS_H
@@ -45,22 +45,6 @@ cudaError_t dk_rmsnorm_gain_grad(const void *x, const float *r, const void *dy, 
 
 /* out = a + b, n bf16 elements (out may alias a or b) */
 cudaError_t dk_add(const void *a, const void *b, void *out, int64_t n, cudaStream_t stream);
-
-/* rows [N, parts*H] <-> heads [parts][S*nh][T][d]: part p, head h of row s*T+t is
- * rows[s*T+t][p*H + h*d .. +d]  (bf16) */
-cudaError_t dk_rows_to_heads(const void *rows, void *heads, int64_t S, int64_t T, int64_t H,
-                             int64_t nh, int parts, cudaStream_t stream);
-cudaError_t dk_heads_to_rows(const void *heads, void *rows, int64_t S, int64_t T, int64_t H,
-                             int64_t nh, int parts, cudaStream_t stream);
-
-/* P[r,u] = softmax_{u<=t}(scale * scores[r,u]) for row r = bh*T + t, 0 for u > t
- * (scores f32 [BH*T, T], P bf16) */
-cudaError_t dk_softmax_causal_forward(const float *scores, void *P, int64_t rows, int64_t T,
-                                      float scale, cudaStream_t stream);
-/* dS = scale P (dP - sum_u P dP), the gradient of the unscaled scores (P bf16, dP f32,
- * dS bf16, 0 for u > t) */
-cudaError_t dk_softmax_causal_backward(const void *P, const float *dP, void *dS, int64_t rows,
-                                       int64_t T, float scale, cudaStream_t stream);
 
 /* Per row t of logits f32 [N,V]: loss[t] = logsumexp - logits[t, y[t]] (f32 [N]); with
  * dlogits (bf16 [N,V], may be NULL) = w (softmax - onehot(y[t])) */

@@ -59,11 +59,13 @@ void memplan_compute(const trainer_config_t *c, int32_t stage, double process_by
     add(p, "optimizer", params * 12, KNOB_STATE);
 
     /* dense activations: a set per block and microbatch, plus the backend's workspaces */
-    double scores = S * nh * T * T;
-    double act = blocks * m * (9 * N * H * a + scores * a + 2 * N * 4);
+    /* attention keeps its probabilities [S,nh,T,T] on the host, a log-sum-exp per row and
+     * head on CUDA (fused: no scores in memory) */
+    double kept = cuda ? nh * N * 4 : S * nh * T * T * a;
+    double act = blocks * m * (9 * N * H * a + kept + 2 * N * 4);
     if (first) act += m * N * H * a + m * N + (cuda ? m * (N + V + 1) * 4 : 0);
     if (cuda) {
-        act += scores * 6 + 13 * N * H * 2;
+        act += nh * N * 4 + 9 * N * H * 2;
         if (last) act += N * H * 2 + N * V * 6 + N * 9;
     } else {
         act += 7 * N * (3 * H > V ? 3 * H : V) * 4;

@@ -1,9 +1,10 @@
 /*
  * The dense model on the CUDA backend (model_backend.h): the host model's math (model_host.c)
  * in bf16 with fp32 accumulation. Projections and the head are cuBLAS GEMMs (gemm_cuda.h),
- * attention is attention_cuda.h, the rest the trainer's kernels (dense_kernels.h). Parameter
- * values are bf16 and gradients f32, both on the device (the optimizer keeps the fp32 masters);
- * RMSNorm's 1/rms, the scores, logits and per-token losses are f32. Everything is enqueued on
+ * attention is fused (attention_cuda.h), the rest the trainer's kernels (dense_kernels.h).
+ * Parameter values are bf16 and gradients f32, both on the device (the optimizer keeps the
+ * fp32 masters); RMSNorm's 1/rms, attention's log-sum-exp, the logits and per-token losses
+ * are f32. Everything is enqueued on
  * the runtime's stream (moe_runtime_get_stream), so the MoE layers' work and the trainer's are
  * ordered on one stream; the loss waits for it once, to read the per-token losses.
  *
@@ -29,8 +30,9 @@
 
 typedef struct cuda_act {
     const void *in;                                      /* block input [N,H] */
-    void *a, *qkvh, *probs, *o, *h1, *b, *moe_out, *out; /* bf16 */
-    float *r1, *r2;                                      /* 1/rms of the two norms' inputs [N] */
+    void *a, *qkv, *o, *h1, *b, *moe_out, *out; /* bf16; qkv [N,3H] */
+    float *r1, *r2;                             /* 1/rms of the two norms' inputs [N] */
+    float *lse;                                 /* attention's log-sum-exp [S*nh*T] */
 } cuda_act_t;
 
 typedef struct cuda_state {
@@ -38,8 +40,8 @@ typedef struct cuda_state {
     cudaStream_t stream;
     void **owned;                 /* every device allocation, freed by destroy */
     int32_t nowned;
-    attention_scratch_t att;
-    void *qkv;                    /* [N,3H]: qkv in forward, dqkv in backward */
+    float *delta;                 /* [S*nh*T] attention backward's do . o */
+    void *dqkv;                   /* [N,3H] */
     void *dh1, *db, *d_o, *da;    /* [N,H] backward temporaries */
     void *cur, *next;             /* [N,H] the backward chain's gradient in and out */
     float *gain_partial;          /* [DK_GAIN_CHUNKS, H] */
@@ -109,12 +111,12 @@ static moe_status_t block_forward(model_t *m, block_t *b, int32_t mb, const void
     cuda_state_t *cs = m->impl;
     int64_t N = m->N, H = m->H;
     cuda_act_t *a = &((cuda_act_t *)b->act)[mb];
-    attention_shape_t as = {m->S, m->T, H, m->heads};
+    attention_cuda_shape_t as = {m->S, m->T, H, m->heads};
     a->in = x;
     TRAINER_CUDA_CHECK(
         dk_rmsnorm_forward(x, b->norm1.value, a->a, a->r1, N, H, NORM_EPS, cs->stream));
-    TRY(gemm(m, N, 3 * H, H, op(a->a, BF, 0), op(b->wqkv.value, BF, 0), 0, cs->qkv, BF));
-    TRY(attention_cuda_forward(cs->blas, &as, &cs->att, cs->qkv, a->qkvh, a->probs, a->o));
+    TRY(gemm(m, N, 3 * H, H, op(a->a, BF, 0), op(b->wqkv.value, BF, 0), 0, a->qkv, BF));
+    TRAINER_CUDA_CHECK(attention_cuda_forward(&as, a->qkv, a->o, a->lse, cs->stream));
     TRY(gemm(m, N, H, H, op(a->o, BF, 0), op(b->wo.value, BF, 0), 0, a->h1, BF));
     TRAINER_CUDA_CHECK(dk_add(a->h1, x, a->h1, N * H, cs->stream));
     TRAINER_CUDA_CHECK(
@@ -133,7 +135,7 @@ static moe_status_t block_backward(model_t *m, block_t *b, int32_t mb, const voi
     cuda_state_t *cs = m->impl;
     int64_t N = m->N, H = m->H;
     cuda_act_t *a = &((cuda_act_t *)b->act)[mb];
-    attention_shape_t as = {m->S, m->T, H, m->heads};
+    attention_cuda_shape_t as = {m->S, m->T, H, m->heads};
     moe_tensor_t tdy, tdb;
     TRY(device_tensor(m, dout, &tdy));
     TRY(device_tensor(m, cs->db, &tdb));
@@ -145,9 +147,10 @@ static moe_status_t block_backward(model_t *m, block_t *b, int32_t mb, const voi
                                             N, H, cs->stream));
     TRY(gemm(m, H, H, N, op(a->o, BF, 1), op(cs->dh1, BF, 0), 1, b->wo.grad, F32));
     TRY(gemm(m, N, H, H, op(cs->dh1, BF, 0), op(b->wo.value, BF, 1), 0, cs->d_o, BF));
-    TRY(attention_cuda_backward(cs->blas, &as, &cs->att, a->qkvh, a->probs, cs->d_o, cs->qkv));
-    TRY(gemm(m, H, 3 * H, N, op(a->a, BF, 1), op(cs->qkv, BF, 0), 1, b->wqkv.grad, F32));
-    TRY(gemm(m, N, H, 3 * H, op(cs->qkv, BF, 0), op(b->wqkv.value, BF, 1), 0, cs->da, BF));
+    TRAINER_CUDA_CHECK(attention_cuda_backward(&as, a->qkv, a->o, a->lse, cs->d_o, cs->delta,
+                                               cs->dqkv, cs->stream));
+    TRY(gemm(m, H, 3 * H, N, op(a->a, BF, 1), op(cs->dqkv, BF, 0), 1, b->wqkv.grad, F32));
+    TRY(gemm(m, N, H, 3 * H, op(cs->dqkv, BF, 0), op(b->wqkv.value, BF, 1), 0, cs->da, BF));
     /* dx = dh1 + the first norm's backward of da */
     TRAINER_CUDA_CHECK(
         dk_rmsnorm_backward(a->in, b->norm1.value, a->r1, cs->da, cs->dh1, dx, N, H, cs->stream));
@@ -181,8 +184,15 @@ static void cuda_destroy(model_t *m)
 
 static int cuda_create(model_t *m)
 {
-    int64_t N = m->N, H = m->H, T = m->T, V = MODEL_VOCAB, BH = m->S * m->heads;
+    int64_t N = m->N, H = m->H, V = MODEL_VOCAB, BH = m->S * m->heads;
     size_t nh_bytes = sizeof(uint16_t) * (size_t)(N * H); /* one bf16 [N,H] */
+    size_t lse_bytes = sizeof(float) * (size_t)(BH * m->T);
+    if (!attention_cuda_head_dim_ok(H / m->heads)) {
+        fprintf(stderr, "moe_train: the CUDA model's attention takes head dims (model.hidden / "
+                "model.heads) that are multiples of 8 up to %d; this model's is %lld\n",
+                ATTENTION_CUDA_MAX_HEAD_DIM, (long long)(H / m->heads));
+        return -1;
+    }
     cuda_state_t *cs = calloc(1, sizeof *cs);
     if (!(m->impl = cs)) return -1;
     if (cudaSetDevice(m->device_index) != cudaSuccess ||
@@ -200,24 +210,19 @@ static int cuda_create(model_t *m)
             void **bufs[] = {&a->a, &a->o, &a->h1, &a->b, &a->moe_out, &a->out};
             for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
                 if (!(*bufs[k] = dalloc(cs, nh_bytes))) return -1;
-            if (!(a->qkvh = dalloc(cs, 3 * nh_bytes)) ||
-                !(a->probs = dalloc(cs, sizeof(uint16_t) * (size_t)(BH * T * T))) ||
+            if (!(a->qkv = dalloc(cs, 3 * nh_bytes)) || !(a->lse = dalloc(cs, lse_bytes)) ||
                 !(a->r1 = dalloc(cs, sizeof(float) * (size_t)N)) ||
                 !(a->r2 = dalloc(cs, sizeof(float) * (size_t)N)))
                 return -1;
         }
     }
-    cs->att.scores = dalloc(cs, sizeof(float) * (size_t)(BH * T * T));
-    cs->att.ds = dalloc(cs, sizeof(uint16_t) * (size_t)(BH * T * T));
-    cs->att.heads = dalloc(cs, nh_bytes);
-    cs->att.dheads = dalloc(cs, 3 * nh_bytes);
-    cs->qkv = dalloc(cs, 3 * nh_bytes);
+    cs->delta = dalloc(cs, lse_bytes);
+    cs->dqkv = dalloc(cs, 3 * nh_bytes);
     void **tmp[] = {&cs->dh1, &cs->db, &cs->d_o, &cs->da, &cs->cur, &cs->next};
     for (size_t k = 0; k < sizeof tmp / sizeof tmp[0]; k++)
         if (!(*tmp[k] = dalloc(cs, nh_bytes))) return -1;
     cs->gain_partial = dalloc(cs, sizeof(float) * (size_t)(DK_GAIN_CHUNKS * H));
-    if (!cs->att.scores || !cs->att.ds || !cs->att.heads || !cs->att.dheads || !cs->qkv ||
-        !cs->gain_partial)
+    if (!cs->delta || !cs->dqkv || !cs->gain_partial)
         return -1;
     if (m->first) {
         cs->tokens = dalloc(cs, (size_t)(m->microbatches * N));

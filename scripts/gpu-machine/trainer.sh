@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The bundled trainer on the CUDA backend, in one call: build, the CUDA model against the host
-# model (test_trainer_cuda), the backend's ops against the host twins (test_cuda_ops: the
+# The bundled trainer on the CUDA backend, in one call: build, the fused attention against the
+# host attention (test_attention_cuda), the CUDA model against the host model
+# (test_trainer_cuda), the backend's ops against the host twins (test_cuda_ops: the
 # optimizer's passes among them), then for each model of bench/trainer/ (small, fine, coarse)
 # moe_train on one rank beside bench/torch_trainer.py in PyTorch eager on the same model, bytes
 # and optimizer settings (the trainer's effective config, `moe_train --print-config`);
-# $OUT/results/trainer.md from those runs (bench/write_results.py); test_trainer_cuda under
-# compute-sanitizer memcheck; then the PyTorch side under torch.compile, and the results again.
+# $OUT/results/trainer.md from those runs (bench/write_results.py); the two tests under
+# compute-sanitizer memcheck (SANITIZE_TESTS names fewer); then the PyTorch side under
+# torch.compile, and the results again.
 # Usage (from the repository root, deps unpacked): bash scripts/gpu-machine/trainer.sh [phases]
 #   phases: build test ops bench sanitize compile (default: all, in this order); two: the small
 #   model on 2 ranks sharing the GPU (ep=2, MPI). MODELS="small fine" limits bench/compile.
@@ -22,7 +24,8 @@ jsonl="$OUT/bench_trainer.jsonl"
 
 if has build; then
   device_configure >"$OUT/build.log" 2>&1 &&
-    cmake --build "$B" -j16 --target moe_train test_trainer_cuda test_cuda_ops >>"$OUT/build.log" 2>&1 ||
+    cmake --build "$B" -j16 --target moe_train test_trainer_cuda test_attention_cuda \
+      test_cuda_ops >>"$OUT/build.log" 2>&1 ||
     { echo "BUILD FAILED"; grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   echo "build ok"
 fi
@@ -36,7 +39,10 @@ run_test() {
   grep -E "$2|FAILED|ERROR" /tmp/$1.log | head -40
   [ $rc -eq 0 ] || status=1
 }
-has test && run_test test_trainer_cuda "step|grad rel|PASSED|seed"
+if has test; then
+  run_test test_attention_cuda "heads|PASSED|seed"
+  run_test test_trainer_cuda "step|grad rel|PASSED|seed"
+fi
 has ops && run_test test_cuda_ops "adamw|sum_squares|PASSED"
 
 # shape_of <effective config>: the tables' shape, as bench/torch_trainer.py names it
@@ -92,12 +98,14 @@ fi
 
 # memcheck before the compiled runs: the compiles take longest
 if has sanitize; then
-  timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 99 \
-    "$B/tests/test_trainer_cuda" >/tmp/sanitize_trainer.log 2>&1
-  rc=$?
-  { echo "== memcheck test_trainer_cuda rc=$rc"; cat /tmp/sanitize_trainer.log; } >>"$OUT/trainer.log"
-  echo "compute-sanitizer memcheck test_trainer_cuda: rc=$rc $(grep 'ERROR SUMMARY' /tmp/sanitize_trainer.log | tail -1)"
-  [ $rc -eq 0 ] || { status=1; grep -m5 -A8 -E "Invalid|Error" /tmp/sanitize_trainer.log; }
+  for t in ${SANITIZE_TESTS:-test_attention_cuda test_trainer_cuda}; do
+    timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+      "$B/tests/$t" >/tmp/sanitize_$t.log 2>&1
+    rc=$?
+    { echo "== memcheck $t rc=$rc"; cat /tmp/sanitize_$t.log; } >>"$OUT/trainer.log"
+    echo "compute-sanitizer memcheck $t: rc=$rc $(grep 'ERROR SUMMARY' /tmp/sanitize_$t.log | tail -1)"
+    [ $rc -eq 0 ] || { status=1; grep -m5 -A8 -E "Invalid|Error" /tmp/sanitize_$t.log; }
+  done
 fi
 
 if has compile; then

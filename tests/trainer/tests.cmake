@@ -10,6 +10,10 @@ if(TARGET moe_trainer_core)
     moe_add_test(test_trainer_cuda SOURCES ${_trainer_dir}/test_trainer_cuda.c LABELS trainer cuda gpu
                  TIMEOUT 120)
     target_link_libraries(test_trainer_cuda PRIVATE moe_trainer_core)
+    # the fused attention kernels against the host attention
+    moe_add_test(test_attention_cuda SOURCES ${_trainer_dir}/test_attention_cuda.c
+                 LABELS trainer cuda gpu TIMEOUT 60)
+    target_link_libraries(test_attention_cuda PRIVATE moe_trainer_core)
   endif()
   add_executable(compare_checkpoints ${_trainer_dir}/compare_checkpoints.c)
   target_link_libraries(compare_checkpoints PRIVATE moe_trainer_core moe_static)
