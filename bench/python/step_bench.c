@@ -12,7 +12,9 @@
  *            ends: the per-call host cost shows here when the GPU work is short
  * Prints one JSON line per shape. Shapes: N tokens, H hidden, F expert width, E experts, K
  * top-k. Usage: step_bench N H F E K [N H F E K ...]
- * Built by tests/python/device_check.sh against the build's libmoe.so and cudart.
+ * Built by tests/python/device_check.sh against the build's libmoe.so and cudart, also as a
+ * shared object whose step_bench_steps() torch_bench.py calls: the same step loop in C, on the
+ * wrapper's own layer and tensors, timed in the same process beside the wrapper.
  */
 #include <math.h>
 #include <stdint.h>
@@ -51,6 +53,20 @@ static void run_step(step_t *s)
     CK(moe_layer_discard_grad(s->layer));
     CK(moe_layer_forward(s->layer, 0, &s->x, &s->y));
     CK(moe_layer_backward(s->layer, 0, &s->dy, &s->dx));
+}
+
+/* count steps back to back on caller-made tensors (torch_bench.py's in-process C loop); the
+ * first failing call's status, its message in moe_last_error() */
+moe_status_t step_bench_steps(moe_layer_t *layer, const moe_tensor_t *x, moe_tensor_t *y,
+                              const moe_tensor_t *dy, moe_tensor_t *dx, int count)
+{
+    for (int i = 0; i < count; i++) {
+        moe_status_t st = moe_layer_discard_grad(layer);
+        if (st == MOE_STATUS_SUCCESS) st = moe_layer_forward(layer, 0, x, y);
+        if (st == MOE_STATUS_SUCCESS) st = moe_layer_backward(layer, 0, dy, dx);
+        if (st != MOE_STATUS_SUCCESS) return st;
+    }
+    return MOE_STATUS_SUCCESS;
 }
 
 static int cmp_float(const void *a, const void *b)

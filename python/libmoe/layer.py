@@ -87,28 +87,24 @@ class Layer(Handle):
             params.append(param_from_info(info, self, ids))
         self.params = {p.name: p for p in params}
         self._slot_rows = {}  # slot -> N of the forward saved there, checked by backward
-        self._acts = ActivationDescriptors(self.hidden, dtype=runtime.compute_dtype,
-                                           device=runtime.device,
+        # a DLPack producer is asked to order its work before the runtime's stream
+        self._acts = ActivationDescriptors(self.hidden, lambda: runtime.stream or -1,
+                                           dtype=runtime.compute_dtype, device=runtime.device,
                                            device_index=runtime.device_index)
         self._forward, self._backward = lib.moe_layer_forward, lib.moe_layer_backward
 
     # ---- compute ---------------------------------------------------------------------------
-
-    def _activation(self, obj, what, writable=False, rows=None):
-        """(reference to the descriptor, keepalive, N) of an [N, H] activation on the
-        runtime's device in its compute dtype (rows: N when it must match another
-        argument's)."""
-        return self._acts.get(obj, what, writable=writable, rows=rows,
-                              stream=self.runtime.stream or -1)
 
     def forward(self, x, y=None, slot=0):
         """y[N,H] = layer(x[N,H]); saves what backward needs under slot. y None allocates a
         libmoe tensor (pass y to avoid an allocation per call). Enqueued on the runtime's
         stream (CUDA). Returns y."""
         ptr = self.ptr  # a closed layer says so before its arguments are looked at
-        xd, keep_x, n = self._activation(x, "x")
-        y = self.runtime.tensor((n, self.hidden)) if y is None else y
-        yd, keep_y, _ = self._activation(y, "y", writable=True, rows=n)
+        get = self._acts.get
+        xd, keep_x, n = get(x, "x")
+        if y is None:
+            y = self.runtime.tensor((n, self.hidden))
+        yd, keep_y, _ = get(y, "y", writable=True, rows=n)
         self._forward(ptr, slot, xd, yd)
         self._slot_rows[slot] = n
         del keep_x, keep_y
@@ -119,11 +115,13 @@ class Layer(Handle):
         aux and z loss terms included), frees the slot and returns dx[N,H] (allocated when
         None; need_dx=False skips it and returns None)."""
         ptr = self.ptr
-        dyd, keep_dy, n = self._activation(dy, "dy", rows=self._slot_rows.get(slot))
+        get = self._acts.get
+        dyd, keep_dy, n = get(dy, "dy", rows=self._slot_rows.get(slot))
         dxd, keep_dx = None, None
         if need_dx:
-            dx = self.runtime.tensor((n, self.hidden)) if dx is None else dx
-            dxd, keep_dx, _ = self._activation(dx, "dx", writable=True, rows=n)
+            if dx is None:
+                dx = self.runtime.tensor((n, self.hidden))
+            dxd, keep_dx, _ = get(dx, "dx", writable=True, rows=n)
         self._backward(ptr, slot, dyd, dxd)
         self._slot_rows.pop(slot, None)
         del keep_dy, keep_dx

@@ -382,34 +382,36 @@ class ActivationDescriptors:
     argument and kind of tensor: a torch tensor's descriptor is built and checked on the first
     call with its (argument, dtype, device, shape), then reused with only its contiguity
     checked and its data pointer refilled. Other arrays take the full path (as_tensor, rows_of,
-    check) on every call. Used by one thread at a time, as the handle is."""
+    check) on every call. stream: a callable giving the stream a DLPack producer is asked to
+    order its work before. Used by one thread at a time, as the handle is."""
 
     _LIMIT = 64  # shapes remembered (a model with varying sequence lengths cycles through some)
 
-    def __init__(self, width, **expect):
-        self.width, self.expect, self._cached = width, expect, {}
+    def __init__(self, width, stream=lambda: -1, **expect):
+        self.width, self.stream, self.expect, self._cached = width, stream, expect, {}
 
-    def get(self, obj, what, *, writable=False, rows=None, stream=-1):
+    def get(self, obj, what, *, writable=False, rows=None):
         """(ctypes reference to the descriptor, object keeping the memory alive, rows N)."""
-        is_torch = _is_torch_tensor(obj)
+        is_torch = type(obj) in _torch_types or _is_torch_tensor(obj)
         if is_torch:
             key = (what, obj.dtype, obj.device, obj.shape)
             entry = self._cached.get(key)
             if entry is not None and obj.is_contiguous():
-                desc, ref = entry
+                desc, ref, n = entry
                 desc.data = obj.data_ptr() or None
-                if rows is not None and desc.shape[0] != rows:
+                if rows is not None and n != rows:
                     check(desc, what, shape=(rows, self.width))
-                return ref, obj, desc.shape[0]
-        desc, keep = as_tensor(obj, what, writable=writable, stream=stream)
+                return ref, obj, n
+        desc, keep = as_tensor(obj, what, writable=writable, stream=self.stream())
         desc = rows_of(desc, self.width)
         check(desc, what, shape=(rows, self.width), **self.expect)
+        n = desc.shape[0]
         if is_torch:
             if len(self._cached) >= self._LIMIT:
                 self._cached.clear()
-            self._cached[key] = (desc, C.byref(desc))
-            return self._cached[key][1], keep, desc.shape[0]
-        return C.byref(desc), keep, desc.shape[0]
+            self._cached[key] = (desc, C.byref(desc), n)
+            return self._cached[key][1], keep, n
+        return C.byref(desc), keep, n
 
 
 def rows_of(desc, width):

@@ -24,6 +24,8 @@ The module cannot be moved or cast (.to, .cuda, .float): its tensors are libmoe'
 torch.compile: with PyTorch 2.4 or later the layer is the custom operators libmoe::layer_forward
 and libmoe::layer_backward while Dynamo traces, so torch.compile(model, fullgraph=True) keeps
 each layer as one node of the graph; eager calls and older PyTorch use an autograd Function.
+CUDA graphs cannot record the layer (its forward waits for the device once, for the routing
+counts): called while the current stream is capturing, it raises Error(UNSUPPORTED).
 """
 import itertools
 import struct
@@ -34,12 +36,19 @@ import torch
 import libmoe
 
 from .enums import Device, DType, ParamKind
-from .runtime import stream_pointer
+from .runtime import CUDA_STREAM_LEGACY
 
 # PyTorch's current CUDA stream as an address: the private call Inductor's generated code uses
 # (no Stream object per call), else the public API
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
     (lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+# True while the current CUDA stream records a CUDA graph
+_is_capturing = getattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+_CAPTURE_MESSAGE = (
+    "libmoe's CUDA layer cannot be captured in a CUDA graph: its forward waits for the device "
+    "once (the routing counts come to the host to size the expert GEMMs), so "
+    "torch.compile(mode='reduce-overhead') and torch.cuda.graph cannot record it")
 
 _CAI_TYPESTR = {DType.F32: "<f4", DType.BF16: "<i2"}  # bf16 is read back as int16, then viewed
 _TORCH_DTYPE = {DType.F32: torch.float32, DType.BF16: torch.bfloat16}
@@ -67,34 +76,36 @@ def torch_view(t):
 
 
 class _SlotToken(bytearray):
-    """A microbatch slot holding a forward's saved state until its backward, as 16 bytes
-    (int64 slot, int64 generation) that a CPU int64 tensor views without a copy
-    (torch.frombuffer), so the custom op can hand it from forward to backward through a
-    compiled graph. Whatever drops the last reference (the autograd graph freed, a forward
-    under no_grad, the tensor's storage collected), the slot is released unless a backward
-    consumed it: the generation tells a stale token from the slot's current holder."""
+    """A microbatch slot holding a forward's saved state until its backward. The eager path
+    keeps it on the autograd ctx as it is; the custom op hands it through a compiled graph as
+    a CPU int64 tensor viewing its 16 bytes (int64 slot, int64 generation; as_tensor()). Whatever
+    drops the last reference (the autograd graph freed, a forward under no_grad, the tensor's
+    storage collected), the slot is released unless a backward consumed it: the generation
+    tells a stale token from the slot's current holder."""
 
     def __init__(self, module, slot, generation):
-        super().__init__(struct.pack("<qq", slot, generation))
-        self.module = module
+        super().__init__()  # the bytes only where a tensor views them (as_tensor)
+        self.module, self.slot, self.generation = module, slot, generation
+
+    def as_tensor(self):
+        self[:] = struct.pack("<qq", self.slot, self.generation)
+        return torch.frombuffer(self, dtype=torch.int64)  # keeps the token alive, no copy
 
     def __del__(self):
-        slot, generation = struct.unpack("<qq", self)
-        if self.module._held.get(slot) == generation:
-            self.module._release(slot)
+        if self.module._held.get(self.slot) == self.generation:
+            self.module._release(self.slot)
 
 
 def _forward(module, x):
     """y = layer(x) for a dense [N, H] x on PyTorch's current stream, and the token of the
     slot holding its saved state."""
-    module._use_current_stream(x.device)
+    module._use_current_stream()
     y = torch.empty_like(x)
     token = module._acquire()
-    slot = module._slot_of(token)
     try:
-        module.layer.forward(x, y, slot)
+        module.layer.forward(x, y, token.slot)
     except BaseException:
-        module._release(slot)
+        module._release(token.slot)
         raise
     return y, token
 
@@ -102,7 +113,7 @@ def _forward(module, x):
 def _backward(module, token, dy, need_dx, need_grads):
     """(dx or None, the parameters' gradients as autograd takes them, None where unneeded or
     with grads="libmoe") of the forward that token names; consumes the slot."""
-    module._use_current_stream(dy.device)
+    module._use_current_stream()
     dy = dy.contiguous()
     dx = torch.empty_like(dy) if need_dx else None
     slot = module._consume(token)
@@ -113,12 +124,11 @@ def _backward(module, token, dy, need_dx, need_grads):
         module.layer.backward(dy, dx, slot, need_dx=need_dx)
     finally:
         module._free.append(slot)  # backward frees the slot, also when it fails
-    grads = [None] * len(module._trainable)
-    if to_torch:
-        # a copy also where the dtype matches: libmoe's buffers are rewritten by the next backward
-        grads = [g.to(p.dtype, copy=True) if need else None for g, p, need in
-                 zip(module._grad_views, module._trainable, need_grads)]
-    return dx, grads
+    if not to_torch:
+        return dx, module._no_grads
+    # a copy also where the dtype matches: libmoe's buffers are rewritten by the next backward
+    return dx, [g.to(p.dtype, copy=True) if need else None for g, p, need in
+                zip(module._grad_views, module._trainable, need_grads)]
 
 
 class _MoEFunction(torch.autograd.Function):
@@ -154,24 +164,28 @@ HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library,
                                                                 "register_autograd")
 
 
-def _token_tensor(token):
-    return torch.frombuffer(token, dtype=torch.int64)  # keeps token alive, no copy
-
-
 if HAS_CUSTOM_OP:
+    import inspect
     from typing import List, Tuple
 
-    @torch.library.custom_op("libmoe::layer_forward", mutates_args=())
+    # Marked unsafe for CUDA graphs where PyTorch knows the tag (its graph partitioning then
+    # leaves the operators out of mode="reduce-overhead"'s graphs): the forward waits for the
+    # device, and both keep host state (the slots)
+    _unsafe = getattr(getattr(torch, "Tag", None), "cudagraph_unsafe", None)
+    _op_tags = {"tags": (_unsafe,)} if _unsafe is not None and "tags" in \
+        inspect.signature(torch.library.custom_op).parameters else {}
+
+    @torch.library.custom_op("libmoe::layer_forward", mutates_args=(), **_op_tags)
     def _op_forward(x: torch.Tensor, router_weight: torch.Tensor, w1: torch.Tensor,
                     w2: torch.Tensor, op_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
         y, token = _forward(_MODULES[op_id], x.contiguous())
-        return y, _token_tensor(token)
+        return y, token.as_tensor()
 
     @_op_forward.register_fake
     def _(x, router_weight, w1, w2, op_id):
         return torch.empty_like(x), torch.empty(2, dtype=torch.int64)
 
-    @torch.library.custom_op("libmoe::layer_backward", mutates_args=())
+    @torch.library.custom_op("libmoe::layer_backward", mutates_args=(), **_op_tags)
     def _op_backward(dy: torch.Tensor, token: torch.Tensor, op_id: int,
                      need_dx: bool) -> List[torch.Tensor]:
         module = _MODULES[op_id]
@@ -239,10 +253,13 @@ class MoELayer(torch.nn.Module):
             runtime = libmoe.Runtime("cuda", device_index=index, seed=seed)
         self.runtime = runtime
         self._dtype = _TORCH_DTYPE[runtime.compute_dtype]
-        self._device_type = "cuda" if runtime.device == Device.CUDA else "cpu"
+        self._on_cuda = runtime.device == Device.CUDA
+        self._device_type = "cuda" if self._on_cuda else "cpu"
+        self._device_index = runtime.device_index
         self.grads = grads
         self.layer = libmoe.Layer(runtime, hidden=hidden, ffn_hidden=ffn_hidden,
                                   num_experts=num_experts, top_k=top_k, **config)
+        self._hidden = self.layer.hidden
         self._free = list(range(self.layer.config["max_microbatches"]))[::-1]
         self._held = {}  # slot -> generation of the token holding it
         self._generation = itertools.count(1)
@@ -259,31 +276,41 @@ class MoELayer(torch.nn.Module):
             owner.register_parameter(leaf, param)
             self._trainable.append(param)
             self._grad_views.append(torch_view(p.grad))
+        self._no_grads = [None] * len(self._trainable)  # a backward's, with grads="libmoe"
 
     # ---- autograd --------------------------------------------------------------------------
 
     def forward(self, x):
-        h, rt = self.layer.hidden, self.runtime
-        if x.shape[-1] != h:
-            raise libmoe.ArgumentError(f"x has shape {tuple(x.shape)}; the last dimension must "
-                                       f"be hidden ({h})")
-        if x.dtype != self._dtype or x.device.type != self._device_type:
-            raise libmoe.ArgumentError(
-                f"x is {x.dtype} on {x.device}; this MoELayer takes {self._dtype} on "
-                f"{self._device_type}" + (f":{rt.device_index}" if rt.device == Device.CUDA
-                                          else ""))
-        flat = x.reshape(-1, h).contiguous()
+        h = self._hidden
+        if x.shape[-1] != h or x.dtype != self._dtype or x.is_cuda != self._on_cuda:
+            self._refuse(x)
+        flat_in = x.dim() == 2
+        flat = (x if flat_in else x.reshape(-1, h)).contiguous()
         if HAS_CUSTOM_OP and _is_compiling is not None and _is_compiling():
             y, _token = torch.ops.libmoe.layer_forward(flat, *self._trainable, self._op_id)
         else:
             y = _MoEFunction.apply(flat, self, *self._trainable)
-        return y.view(x.shape)
+        return y if flat_in else y.view(x.shape)
 
-    def _use_current_stream(self, device):
-        if self._device_type != "cuda":
+    def _refuse(self, x):
+        rt = self.runtime
+        if x.shape[-1] != self._hidden:
+            raise libmoe.ArgumentError(f"x has shape {tuple(x.shape)}; the last dimension must "
+                                       f"be hidden ({self._hidden})")
+        raise libmoe.ArgumentError(
+            f"x is {x.dtype} on {x.device}; this MoELayer takes {self._dtype} on "
+            f"{self._device_type}" + (f":{rt.device_index}" if rt.device == Device.CUDA else ""))
+
+    def _use_current_stream(self):
+        """Run libmoe on PyTorch's current stream (set only when it changed: the runtime may be
+        shared with other layers). Refuses a CUDA graph capture, which libmoe's forward cannot
+        join: it waits for the device (the routing counts size the expert GEMMs)."""
+        if not self._on_cuda:
             return
-        stream = stream_pointer(_raw_stream(device.index))
-        if stream != self.runtime.stream:  # the runtime may be shared with other layers
+        if _is_capturing():
+            raise libmoe.Error(libmoe.Status.UNSUPPORTED, _CAPTURE_MESSAGE)
+        stream = _raw_stream(self._device_index) or CUDA_STREAM_LEGACY
+        if stream != self.runtime.stream:
             self.runtime.set_stream(stream)
 
     def _acquire(self):
@@ -297,16 +324,12 @@ class MoELayer(torch.nn.Module):
         self._held[slot] = generation = next(self._generation)
         return _SlotToken(self, slot, generation)
 
-    @staticmethod
-    def _slot_of(token):
-        return struct.unpack_from("<q", token)[0]
-
     def _consume(self, token):
         """The slot of a token (a _SlotToken or its tensor) whose backward runs now."""
-        if isinstance(token, torch.Tensor):
-            slot, generation = (int(v) for v in token.tolist())
+        if isinstance(token, _SlotToken):
+            slot, generation = token.slot, token.generation
         else:
-            slot, generation = struct.unpack("<qq", token)
+            slot, generation = token.tolist()
         if self._held.get(slot) != generation:
             raise libmoe.Error(libmoe.Status.INVALID_ARGUMENT,
                                "this forward's saved state is gone (its backward ran already, "
@@ -324,9 +347,20 @@ class MoELayer(torch.nn.Module):
     # ---- gradients, optimizer, statistics -----------------------------------------------------
 
     def zero_grad(self, set_to_none=True):
-        """PyTorch's zero_grad, and with grads="libmoe" libmoe's (set_to_none: discard_grad,
-        the next backward writes the gradients)."""
-        super().zero_grad(set_to_none=set_to_none)
+        """PyTorch's zero_grad over the layer's own three parameters (no walk over submodules),
+        and with grads="libmoe" libmoe's (set_to_none: discard_grad, the next backward writes
+        the gradients)."""
+        for p in self._trainable:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
         if self.grads == "libmoe":
             (self.layer.discard_grad if set_to_none else self.layer.zero_grad)()
 

@@ -10,9 +10,13 @@
 #                PyTorch's eager layer (bench/torch_moe.py) in the same call
 # Shorter phases for a short call (with build, which then builds libmoe and step_bench alone
 # unless bench is named too):
-#   quick        step_bench and torch_bench.py --quick at issue 42's three shapes: the overhead
-#                figures and the host time split into C calls and Python
+#   quick        (after compile) step_bench and torch_bench.py --quick --c-loop at issue 42's three shapes: the
+#                overhead figures against the C step in the same process, and the host time
+#                split into C calls, the wrapper's Python and PyTorch's autograd
 #   compile      torch_check.py --only compile: torch.compile(fullgraph=True) of a 4-layer model
+#                against eager (with the fairness checks: routing, eager against eager,
+#                aot_eager, the dense floor) and mode="reduce-overhead"; then the same compile
+#                check on the host backend (f32, aot_eager)
 # Writes $OUT/ffi.jsonl (every JSON line), $OUT/ffi.log (build and stderr), $OUT/ffi.md (the
 # results file for bench/results/ffi.md); prints the JSON lines. Exit status 1 when a build or
 # a check failed.
@@ -51,22 +55,28 @@ if has build; then
     exit 1
   fi
   cuda=$(dirname "$(dirname "$(command -v nvcc)")")
-  cc -O2 -Wall -Wextra -I include -I "$cuda/include" bench/python/step_bench.c -o "$B/step_bench" \
-    -L "$B" -lmoe -L "$cuda/lib64" -lcudart -lm -Wl,-rpath,"$B" -Wl,-rpath,"$cuda/lib64" \
-    >> "$log" 2>&1 ||
-    { mark "step_bench: build failed"; status=1; }
+  for out in "$B/step_bench" "$B/libstep_bench.so"; do  # the program, and its loop for Python
+    shared=$([[ $out == *.so ]] && echo "-shared -fPIC")
+    # shellcheck disable=SC2086
+    cc -O2 -Wall -Wextra $shared -I include -I "$cuda/include" bench/python/step_bench.c \
+      -o "$out" -L "$B" -lmoe -L "$cuda/lib64" -lcudart -lm -Wl,-rpath,"$B" \
+      -Wl,-rpath,"$cuda/lib64" >> "$log" 2>&1 ||
+      { mark "$(basename "$out"): build failed"; status=1; }
+  done
 fi
 export MOE_LIBRARY=$B/libmoe.so PYTHONPATH=$PWD/python
 python3 -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" \
   2>&1 | tee -a "$log"
 
-if has quick; then
-  run step_bench 60 "$B/step_bench" 512 256 512 16 2 2048 1024 1408 64 2 16384 4096 1408 64 2
-  run torch_bench 120 python3 bench/python/torch_bench.py --quick "$OUT/ffi.md" "$json"
-fi
-
 if has compile; then
   run torch_check_compile 180 python3 tests/python/torch_check.py --only compile
+  run torch_check_compile_host 90 python3 tests/python/torch_check.py --host --only compile
+fi
+
+if has quick; then
+  run step_bench 60 "$B/step_bench" 512 256 512 16 2 2048 1024 1408 64 2 16384 4096 1408 64 2
+  run torch_bench 150 python3 bench/python/torch_bench.py --quick --c-loop "$B/libstep_bench.so" \
+    "$OUT/ffi.md" "$json"
 fi
 
 if has torch_check; then
@@ -79,7 +89,8 @@ if has bench; then
   # shellcheck disable=SC2086
   run step_bench 180 "$B/step_bench" $shapes
   run bench_moe 180 env MOE_CUDA_EXPERT_GEMM=auto "$B/bench/bench_moe" layer
-  run torch_bench 300 python3 bench/python/torch_bench.py "$OUT/ffi.md" "$json"
+  run torch_bench 300 python3 bench/python/torch_bench.py --c-loop "$B/libstep_bench.so" \
+    "$OUT/ffi.md" "$json"
 fi
 # the digest: one line per check and per overhead figure (the JSON lines above may scroll away)
 python3 - "$json" <<'PY'
@@ -89,15 +100,16 @@ for line in open(sys.argv[1]):
         r = json.loads(line)
     except ValueError:
         continue
-    if "check" in r and r["check"] != "summary":
+    if r.get("check") in ("torch.compile", "reduce-overhead"):
+        print("ok  " if r["ok"] else "FAIL", json.dumps(r))
+    elif "check" in r and r["check"] != "summary":
         print("ok  " if r["ok"] else "FAIL", r["check"], r.get("error", ""))
     elif r.get("bench") == "ffi_host_split":
         print(f"host {r['shape']} {r['variant']}: {r['host_us_per_step']} us/step, "
-              f"{r['c_calls_us']} in C, {r['python_us']} in Python")
+              f"{r['c_calls_us']} in C, {r['python_us']} in the wrapper's Python, "
+              f"{r.get('torch_us', '-')} in PyTorch outside it")
     elif r.get("bench") == "ffi_overhead":
-        print(f"overhead {r['shape']}: Layer {r['ctypes_pct']:+.1f}%"
-              f" ({r['ctypes_us_per_step']} us/step), MoELayer {r['module_pct']:+.1f}%"
-              f" ({r['module_us_per_step']} us/step)")
+        print("overhead", json.dumps(r))
     elif "error" in r:
         print("ERROR", r)
 PY

@@ -57,6 +57,20 @@ class TorchOnHostTest(unittest.TestCase):
             desc, _ = libmoe.as_tensor(torch.zeros(4, 8))
             self.assertEqual((desc.device, desc.dtype), (libmoe.Device.HOST, libmoe.DType.F32))
 
+    @unittest.skipIf(torch is None, "PyTorch is not installed for this interpreter")
+    def test_zero_grad_of_the_layers_own_parameters(self):
+        from libmoe.torch import MoELayer
+        m = MoELayer(8, 8, 4, 2, runtime=libmoe.Runtime("host"))
+        m(torch.randn(6, 8, requires_grad=True)).sum().backward()
+        self.assertTrue(all(p.grad is not None and p.grad.abs().sum() > 0
+                            for p in m.parameters()))
+        m.zero_grad(set_to_none=False)
+        self.assertTrue(all(p.grad is not None and p.grad.abs().sum() == 0
+                            for p in m.parameters()))
+        m.zero_grad()
+        self.assertTrue(all(p.grad is None for p in m.parameters()))
+        self.assertEqual(len(m._free), 1)  # the backward gave the slot back
+
 
 if __name__ == "__main__":
     unittest.main()
