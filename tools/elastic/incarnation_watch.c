@@ -104,7 +104,7 @@ static void blame_dead_processes(const watch_config_t *c, const rank_view_t *v,
         if (!v[k].seen || v[k].pid <= 0 || v[k].exited) continue;
         char st = proc_state(v[k].pid);
         if (st == 'T' || st == 't') add_blame(r, list, c->slots[k], k, "stopped", "process stopped");
-        else if (st == 0 || st == 'Z') add_blame(r, list, c->slots[k], k, "process gone", NULL);
+        else if (proc_gone(v[k].pid)) add_blame(r, list, c->slots[k], k, "process gone", NULL);
     }
 }
 
@@ -171,7 +171,7 @@ static void check_processes(const watch_config_t *c, rank_view_t *v, bool read, 
         char st = proc_state(v[k].proc_pid);
         if (st == 'T' || st == 't') {
             add_blame(r, blame, c->slots[k], k, "stopped", "process stopped");
-        } else if (st == 0 || st == 'Z') {
+        } else if (proc_gone(v[k].proc_pid)) {
             if (!v[k].gone_at) v[k].gone_at = now;
             else if (read || now - v[k].gone_at > 1.0)
                 add_blame(r, blame, c->slots[k], k, v[k].seen ? "process gone" :

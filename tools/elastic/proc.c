@@ -95,6 +95,31 @@ char proc_state(pid_t pid)
     return stat_of(pid, &st, &pp, &se) ? st : 0;
 }
 
+/* True when SIGKILL (bit 8 of the masks) is pending on the process or its main thread. */
+static bool sigkill_pending(pid_t pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return false;
+    buf[n] = 0;
+    static const char *const fields[] = {"\nSigPnd:", "\nShdPnd:"};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        const char *p = strstr(buf, fields[i]);
+        if (p && (strtoull(p + strlen(fields[i]), NULL, 16) >> (SIGKILL - 1)) & 1) return true;
+    }
+    return false;
+}
+
+bool proc_gone(pid_t pid)
+{
+    char st = proc_state(pid);
+    return st == 0 || st == 'Z' || sigkill_pending(pid);
+}
+
 /* Calls fn for every process of session sid; returns how many there were. */
 static size_t each_in_session(pid_t sid, void (*fn)(pid_t, char, pid_t, void *), void *user)
 {

@@ -39,5 +39,9 @@ void proc_session_ranks(pid_t sid, pid_t *pids, int world);
 void proc_reap_children(const pid_t *keep, int n_keep);
 /* The state letter of /proc/<pid>/stat (R, S, D, T stopped, Z zombie), 0 when gone. */
 char proc_state(pid_t pid);
+/* True when pid is gone, a zombie, or has a SIGKILL pending: a killed process can stay in
+ * uninterruptible sleep (D, an fsync or O_DIRECT write in flight) until its I/O ends, yet it is
+ * already lost (the OOM killer's kill and a host's loss look alike from here). */
+bool proc_gone(pid_t pid);
 
 #endif /* MOE_TOOLS_PROC_H */
