@@ -22,8 +22,7 @@
 moe_status_t moe_ckpt_list(moe_ckpt_t *ck, moe_ckpt_tier_t tier, int64_t *steps, int32_t capacity,
                            int32_t *count)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_CHECK_ARG(count != NULL, "count is NULL");
     MOE_CHECK_ARG(capacity >= 0 && (capacity == 0 || steps != NULL), "steps/capacity invalid");
     MOE_CHECK_ARG(tier == MOE_CKPT_TIER_LOCAL || tier == MOE_CKPT_TIER_S3, "unknown tier %d",
@@ -257,16 +256,14 @@ static moe_status_t load_common(moe_ckpt_t *ck, bool one, int64_t want,
 moe_status_t moe_ckpt_load_latest(moe_ckpt_t *ck, const moe_ckpt_tensor_t *tensors, int32_t count,
                                   int64_t *step)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     return load_common(ck, false, -1, tensors, count, step);
 }
 
 moe_status_t moe_ckpt_load_step(moe_ckpt_t *ck, int64_t step, const moe_ckpt_tensor_t *tensors,
                                 int32_t count)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_CHECK_ARG(step >= 0, "step %" PRId64, step);
     return load_common(ck, true, step, tensors, count, NULL);
 }
