@@ -107,6 +107,7 @@ SIGNATURES = {
     "moe_ckpt_load_latest": (STATUS, [_vp, _pCT, _i32, _pi64]),
     "moe_ckpt_load_step": (STATUS, [_vp, _i64, _pCT, _i32]),
     "moe_ckpt_list": (STATUS, [_vp, _e, _pi64, _i32, _pi32]),
+    "moe_ckpt_set_aside_newer": (STATUS, [_vp, _i64, _pi32]),
     # train_state.h
     "moe_train_state_create": (STATUS, [_pvp]),
     "moe_train_state_destroy": (STATUS, [_vp]),
