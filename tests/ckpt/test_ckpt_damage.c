@@ -114,9 +114,7 @@ static void restore_manifest(void)
 static int setup(void **st)
 {
     (void)st;
-    ct_tempdir(g_dir, sizeof g_dir, "damage");
-    g_rt = ct_runtime();
-    ct_log_clear();
+    ct_up(g_dir, sizeof g_dir, "damage", &g_rt);
     int64_t n = N_OPT, sw[2] = {4, 8};
     moe_tensor_t tm, tv, tw;
     TEST_OK(moe_tensor_view(g_m, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, &n, &tm));
@@ -146,8 +144,7 @@ static int teardown(void **st)
     (void)st;
     TEST_OK(moe_ckpt_destroy(g_ck));
     free(g_orig);
-    moe_runtime_destroy(g_rt);
-    ct_rmrf(g_dir);
+    ct_down(g_dir, g_rt);
     return 0;
 }
 
