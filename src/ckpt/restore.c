@@ -62,7 +62,8 @@ static moe_status_t set_aside_one(moe_ckpt_t *ck, int64_t step, const char *from
     int rc = -1;
     for (int k = 0; k < 100 && rc != 0; k++) {
         if (k == 0)
-            snprintf(to, sizeof to, "%s/%s%" PRId64 "-%lld", ck->dir, CK_SET_ASIDE_PREFIX, step, now);
+            snprintf(to, sizeof to, "%s/%s%" PRId64 "-%lld", ck->dir, CK_SET_ASIDE_PREFIX, step,
+                     now);
         else
             snprintf(to, sizeof to, "%s/%s%" PRId64 "-%lld-%d", ck->dir, CK_SET_ASIDE_PREFIX, step,
                      now, k);

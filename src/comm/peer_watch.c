@@ -387,7 +387,8 @@ void moe_comm_watch_destroy(moe_comm_watch_t *w)
     /* a normal end: tell every peer, so that one still waiting for this rank (it runs more
      * steps) does not take its silence for a death (sent before the flush below) */
     for (int r = 0; healthy && r < w->size; r++)
-        if (r != w->rank && !w->left[r]) send_msg(w, r, MSG_LEFT, 0, MOE_STATUS_SUCCESS, NULL, NULL, 0);
+        if (r != w->rank && !w->left[r])
+            send_msg(w, r, MSG_LEFT, 0, MOE_STATUS_SUCCESS, NULL, NULL, 0);
     if (healthy && w->inbox_req != MPI_REQUEST_NULL) {
         MPI_Cancel(&w->inbox_req);
         int flag = 0;

@@ -58,7 +58,8 @@ int main(int argc, char **argv)
     FCHECK(st == MOE_STATUS_SUCCESS, "setup: %s", moe_last_error());
     if (st != MOE_STATUS_SUCCESS) fault_verdict(NULL, 0, 0);
 
-    for (int i = 0; i < 2 && st == MOE_STATUS_SUCCESS; i++) st = moe_pipeline_train_step(pipe, NULL);
+    for (int i = 0; i < 2 && st == MOE_STATUS_SUCCESS; i++)
+        st = moe_pipeline_train_step(pipe, NULL);
     FCHECK(st == MOE_STATUS_SUCCESS, "the shared batches: %s", moe_last_error());
 
     if (fault_rank == LEAVER) { /* the run is over here: a normal teardown, then gone */
