@@ -1,5 +1,6 @@
 # Elastic training (docs/elastic.md): the mesh choice; the etcd client and a rank's membership
-# against a real etcd on loopback (skipped without etcd-server); the launcher's failure paths
+# against a real etcd on loopback (skipped without etcd-server); the straggler rule; the
+# launcher's failure paths
 # with a fake trainer; and the chaos trials of the
 # trainer under moe_elastic (chaos_elastic.py: CI runs a few of each kind, the full counts are
 # its defaults).
@@ -8,6 +9,10 @@ moe_add_test(test_elastic_mesh SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_me
 moe_add_test(test_elastic_etcd SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_etcd.c
              LABELS elastic TIMEOUT 120)
 target_link_libraries(test_elastic_etcd PRIVATE moe_elastic_support)
+# the launcher's straggler rule on tables of busy times (tools/elastic/straggler.h)
+moe_add_test(test_elastic_straggler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_straggler.c
+             LABELS elastic TIMEOUT 30)
+target_link_libraries(test_elastic_straggler PRIVATE moe_elastic_support)
 if(TARGET moe_train AND TARGET moe_elastic)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
