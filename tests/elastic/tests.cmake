@@ -31,6 +31,15 @@ if(TARGET moe_train AND TARGET moe_elastic)
                      --mpirun ${MPIEXEC_EXECUTABLE} --config ${PROJECT_SOURCE_DIR}/tests/trainer/tiny.json
                      --work ${CMAKE_CURRENT_BINARY_DIR}/elastic-chaos
                      --kill 4 --stop 2 --double 1 --recovery 1 --restart 1 --seed 1)
+    # a slow rank found and replaced by a spare at a checkpoint, warned about, and a healthy
+    # run left alone (straggler_elastic.py)
+    add_test(NAME test_elastic_straggler_trials
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/straggler_elastic.py
+                     --launcher $<TARGET_FILE:moe_elastic> --trainer $<TARGET_FILE:moe_train>
+                     --mpirun ${MPIEXEC_EXECUTABLE} --config ${PROJECT_SOURCE_DIR}/tests/trainer/tiny.json
+                     --work ${CMAKE_CURRENT_BINARY_DIR}/elastic-straggler)
+    set_tests_properties(test_elastic_straggler_trials PROPERTIES TIMEOUT 300
+      LABELS "elastic;chaos" SKIP_RETURN_CODE 77)
     # not labelled mpi: the sanitizer pass (.ci/run) runs the elastic unit tests, and the
     # trials' timing (a stopped rank found within the TTL + 1.5 s) is left to the optimised build
     set_tests_properties(test_elastic_chaos PROPERTIES TIMEOUT 600 LABELS "elastic;chaos"
