@@ -46,11 +46,11 @@ size_t moe_comm_dtype_size(moe_comm_dtype_t dt);
 typedef struct moe_comm_req moe_comm_req_t; /* an operation in flight, owned by its comm */
 
 /* Time blocked in waits: every moe_comm_wait, moe_comm_wait_within and moe_comm_barrier adds
- * its duration. A mesh's communicators share one (the runtime reports it, moe_runtime_wait
- * _stats), so a rank's step time splits into the time it waited for its peers and the rest,
- * its busy time: in lock-step training every rank's wall step time is the slowest one's, and
- * only the busy time tells which rank is slow. Relaxed atomics: a reader on another thread
- * sees a recent total. */
+ * its duration. A mesh's communicators share one (moe_runtime_wait_stats reports it), so a
+ * rank's step time splits into the time it waited for its peers and the rest, its busy time:
+ * in lock-step training every rank's wall step time is the slowest one's, and only the busy
+ * time tells which rank is slow. Relaxed atomics: a reader on another thread sees a recent
+ * total. */
 typedef struct moe_comm_waited {
     _Atomic int64_t ns;
     _Atomic int64_t count;

@@ -234,7 +234,8 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     snprintf(m->key, kl, "%s/member/%d", c->prefix, (int)c->slot);
     int64_t granted = 0;
     st = el_etcd_lease_grant(m->etcd, ttl_s, &m->lease, &granted);
-    if (st == MOE_STATUS_SUCCESS) st = put_member(m, member_value(m, MOE_ELASTIC_PHASE_STARTED, 0));
+    if (st == MOE_STATUS_SUCCESS)
+        st = put_member(m, member_value(m, MOE_ELASTIC_PHASE_STARTED, 0));
     if (st != MOE_STATUS_SUCCESS) {
         if (m->lease) el_etcd_lease_revoke(m->etcd, m->lease);
         member_free(m);

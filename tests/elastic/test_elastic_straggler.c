@@ -241,11 +241,13 @@ static void test_options(void **state)
     assert_int_equal(c.policy, STRAGGLER_WARN);
     char err[256];
     assert_int_equal(straggler_parse_option(&c, "--slots", "4", err, sizeof err), 0);
-    assert_int_equal(straggler_parse_option(&c, "--straggler-policy", "replace", err, sizeof err), 1);
+    assert_int_equal(straggler_parse_option(&c, "--straggler-policy", "replace", err, sizeof err),
+                     1);
     assert_int_equal(c.policy, STRAGGLER_REPLACE);
     assert_int_equal(straggler_parse_option(&c, "--straggler-ratio", "2.5", err, sizeof err), 1);
     assert_float_equal(c.ratio, 2.5, 0);
-    assert_int_equal(straggler_parse_option(&c, "--straggler-min-gap-ms", "20", err, sizeof err), 1);
+    assert_int_equal(straggler_parse_option(&c, "--straggler-min-gap-ms", "20", err, sizeof err),
+                     1);
     assert_float_equal(c.min_gap_s, 0.020, 1e-15);
     assert_int_equal(straggler_parse_option(&c, "--straggler-steps", "3", err, sizeof err), 1);
     assert_int_equal(c.steps, 3);

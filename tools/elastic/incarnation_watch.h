@@ -11,9 +11,10 @@
  * holds its lease still runs peer_lost_grace_s later (hung where its keep-alive thread is
  * not); mpirun exited (not a rank's failure: only ranks with a failing exit record are
  * blamed); or not every rank registered within the start timeout (the unregistered ones are
- * blamed); or a straggler to replace (straggler_watch.h). The slots to blame are those, plus any rank whose process is then found gone or
- * stopped (two ranks lost at once); ranks that only report a lost peer are survivors. mpirun
- * exiting 0 is the job done, whether or not etcd still answers.
+ * blamed); or a straggler to replace (straggler_watch.h). The slots to blame are those, plus
+ * any rank whose process is then found gone or stopped (two ranks lost at once); ranks that
+ * only report a lost peer are survivors. mpirun exiting 0 is the job done, whether or not etcd
+ * still answers.
  */
 #ifndef MOE_TOOLS_INCARNATION_WATCH_H
 #define MOE_TOOLS_INCARNATION_WATCH_H

@@ -1,7 +1,7 @@
 /*
  * The job spec of moe_elastic: its options (slots, spares, world limits, the lease TTL,
- * restarts, etcd, events, mpirun, stragglers) and the trainer command after "--", and the model shape read
- * from the trainer itself (its --print-config), which the mesh choice needs.
+ * restarts, etcd, events, mpirun, stragglers) and the trainer command after "--", and the
+ * model shape read from the trainer itself (its --print-config), which the mesh choice needs.
  */
 #ifndef MOE_TOOLS_SPEC_H
 #define MOE_TOOLS_SPEC_H

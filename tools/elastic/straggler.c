@@ -11,29 +11,33 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define MAD_TO_SIGMA 1.4826   /* sigma of a normal distribution per median absolute deviation */
-#define SIGMA_FLOOR 0.05      /* sigma is at least this share of the median */
+#define MAD_TO_SIGMA 1.4826 /* sigma of a normal distribution per median absolute deviation */
+#define SIGMA_FLOOR 0.05    /* sigma is at least this share of the median */
 
 void straggler_config_default(straggler_config_t *c)
 {
-    *c = (straggler_config_t){.policy = STRAGGLER_WARN, .sigma = 3.0, .ratio = 0, .steps = 5,
-                              .window = 5, .min_gap_s = 0.010};
+    *c = (straggler_config_t){.policy = STRAGGLER_WARN,
+                              .sigma = 3.0,
+                              .ratio = 0,
+                              .steps = 5,
+                              .window = 5,
+                              .min_gap_s = 0.010};
 }
 
 void straggler_usage(FILE *f)
 {
     fprintf(f,
-        "  --straggler-policy P   off | warn (default: a straggler event) | replace (also: a\n"
-        "                       spare takes the slow rank's slot after the next checkpoint)\n"
-        "  --straggler-sigma K    slow: a rank's busy time above median + K sigma, default 3\n"
-        "  --straggler-ratio R    slow: above R x median instead (R > 1; default off)\n"
-        "  --straggler-steps M    for M judged steps in a row, default 5\n"
-        "  --straggler-window W   each rank's busy time: its median over W steps, default 5\n"
-        "  --straggler-min-gap-ms G  and at least G ms above the median, default 10\n");
+            "  --straggler-policy P  off | warn (default: a straggler event) | replace (also:\n"
+            "                       a spare takes the slow rank's slot after the next checkpoint)\n"
+            "  --straggler-sigma K  slow: a rank's busy time above median + K sigma, default 3\n"
+            "  --straggler-ratio R  slow: above R x median instead (R > 1), default off\n"
+            "  --straggler-steps M  for M judged steps in a row, default 5\n"
+            "  --straggler-window W  a rank's busy time: its median over W steps, default 5\n"
+            "  --straggler-min-gap-ms G  and at least G ms above the median, default 10\n");
 }
 
-static int number_arg(const char *flag, const char *v, double lo, double hi, double *out,
-                      char *err, size_t len)
+static int number_arg(const char *flag, const char *v, double lo, double hi, double *out, char *err,
+                      size_t len)
 {
     char *end;
     double x = v ? strtod(v, &end) : 0;
@@ -68,16 +72,15 @@ int straggler_parse_option(straggler_config_t *c, const char *a, const char *v, 
     } else if (!strcmp(a, "--straggler-steps")) {
         if ((rc = number_arg(a, v, 1, 1000, &x, err, len)) > 0) c->steps = (int)x;
     } else if (!strcmp(a, "--straggler-window")) {
-        if ((rc = number_arg(a, v, 1, STRAGGLER_MAX_WINDOW, &x, err, len)) > 0)
-            c->window = (int)x;
+        if ((rc = number_arg(a, v, 1, STRAGGLER_MAX_WINDOW, &x, err, len)) > 0) c->window = (int)x;
     } else if (!strcmp(a, "--straggler-min-gap-ms")) {
         if ((rc = number_arg(a, v, 0, 3.6e6, &x, err, len)) > 0) c->min_gap_s = x / 1e3;
     } else {
         snprintf(err, len, "%s: unknown option (see --help)", a);
         return -1;
     }
-    if (rc > 0 && x != floor(x) && (!strcmp(a, "--straggler-steps") ||
-                                    !strcmp(a, "--straggler-window"))) {
+    if (rc > 0 && x != floor(x) &&
+        (!strcmp(a, "--straggler-steps") || !strcmp(a, "--straggler-window"))) {
         snprintf(err, len, "%s: \"%s\" is not a whole number", a, v);
         return -1;
     }
@@ -114,7 +117,7 @@ void straggler_judge(const straggler_config_t *c, const double *b, int ranks, bo
     *v = (straggler_verdict_t){median, sigma, limit};
 }
 
-/* ---- the tracker ------------------------------------------------------------------------------ */
+/* ---- the tracker ----------------------------------------------------------------------------- */
 
 int straggler_tracker_init(straggler_tracker_t *t, const straggler_config_t *c, int ranks)
 {
@@ -159,7 +162,8 @@ void straggler_tracker_take(straggler_tracker_t *t, int rank, const cJSON *membe
 {
     const cJSON *busy = cJSON_GetObjectItemCaseSensitive(member, "busy");
     const cJSON *pair;
-    cJSON_ArrayForEach(pair, busy) {
+    cJSON_ArrayForEach(pair, busy)
+    {
         const cJSON *s = cJSON_GetArrayItem(pair, 0), *b = cJSON_GetArrayItem(pair, 1);
         if (cJSON_IsNumber(s) && cJSON_IsNumber(b))
             straggler_tracker_add(t, rank, (int64_t)s->valuedouble, b->valuedouble);
@@ -207,8 +211,12 @@ bool straggler_tracker_judge(straggler_tracker_t *t, straggler_finding_t *f)
         for (int r = 0; r < t->ranks; r++) {
             if (t->run[r] < t->cfg.steps || t->found[r]) continue;
             t->found[r] = true;
-            *f = (straggler_finding_t){.rank = r, .step = s, .steps = t->run[r], .busy_s = b[r],
-                                       .median_s = v.median, .limit_s = v.limit};
+            *f = (straggler_finding_t){.rank = r,
+                                       .step = s,
+                                       .steps = t->run[r],
+                                       .busy_s = b[r],
+                                       .median_s = v.median,
+                                       .limit_s = v.limit};
             t->next++;
             return true;
         }

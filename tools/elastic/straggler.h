@@ -64,9 +64,9 @@ void straggler_judge(const straggler_config_t *c, const double *b, int ranks, bo
 /* A rank found slow. */
 typedef struct straggler_finding {
     int rank;
-    int64_t step;           /* the step whose judgement made it a straggler */
-    int steps;              /* judged steps in a row above the limit */
-    double busy_s;          /* its moving median at that step */
+    int64_t step;  /* the step whose judgement made it a straggler */
+    int steps;     /* judged steps in a row above the limit */
+    double busy_s; /* its moving median at that step */
     double median_s, limit_s;
 } straggler_finding_t;
 
@@ -77,12 +77,12 @@ typedef struct straggler_finding {
 typedef struct straggler_tracker {
     straggler_config_t cfg;
     int ranks;
-    int64_t next;           /* the next step to judge */
-    int64_t *step;          /* [ranks][STRAGGLER_HISTORY]: the step held in each place (-1) */
-    double *busy;           /* [ranks][STRAGGLER_HISTORY]: its busy time */
-    int64_t *latest;        /* [ranks] the newest step reported */
-    int *run;               /* [ranks] judged steps in a row above the limit */
-    bool *found;            /* [ranks] already reported */
+    int64_t next;    /* the next step to judge */
+    int64_t *step;   /* [ranks][STRAGGLER_HISTORY]: the step held in each place (-1) */
+    double *busy;    /* [ranks][STRAGGLER_HISTORY]: its busy time */
+    int64_t *latest; /* [ranks] the newest step reported */
+    int *run;        /* [ranks] judged steps in a row above the limit */
+    bool *found;     /* [ranks] already reported */
 } straggler_tracker_t;
 
 /* Returns 0, or -1 when out of memory. */

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-int straggler_watch_init(straggler_watch_t *w, const straggler_config_t *c, int ranks,
-                         bool spare, const char *ckpt_dir)
+int straggler_watch_init(straggler_watch_t *w, const straggler_config_t *c, int ranks, bool spare,
+                         const char *ckpt_dir)
 {
     memset(w, 0, sizeof *w);
     w->policy = c->policy;
@@ -64,9 +64,10 @@ bool straggler_watch_poll(straggler_watch_t *w, events_t *ev, int incarnation, c
     if (now <= w->committed) return false;
     const straggler_finding_t *g = &w->finding;
     *rank = w->evict;
-    snprintf(detail, len, "slot %d (rank %d) busy %.4f s a step against the ranks' median "
+    snprintf(detail, len,
+             "slot %d (rank %d) busy %.4f s a step against the ranks' median "
              "%.4f s (limit %.4f s) for %d steps; checkpoint step %lld committed: its slot "
-             "goes to a spare", slots[g->rank], g->rank, g->busy_s, g->median_s, g->limit_s,
-             g->steps, (long long)now);
+             "goes to a spare",
+             slots[g->rank], g->rank, g->busy_s, g->median_s, g->limit_s, g->steps, (long long)now);
     return true;
 }

@@ -21,16 +21,16 @@
 typedef struct straggler_watch {
     straggler_tracker_t tracker;
     straggler_policy_t policy;
-    bool spare;             /* a healthy slot outside the incarnation can take a straggler's */
-    const char *ckpt_dir;   /* where checkpoints commit */
-    int evict;              /* the rank to evict at the next checkpoint, -1: none */
-    int64_t committed;      /* the newest committed checkpoint when it was found */
+    bool spare;           /* a healthy slot outside the incarnation can take a straggler's */
+    const char *ckpt_dir; /* where checkpoints commit */
+    int evict;            /* the rank to evict at the next checkpoint, -1: none */
+    int64_t committed;    /* the newest committed checkpoint when it was found */
     straggler_finding_t finding;
 } straggler_watch_t;
 
 /* For an incarnation of `ranks` ranks. Returns 0, or -1 when out of memory. */
-int straggler_watch_init(straggler_watch_t *w, const straggler_config_t *c, int ranks,
-                         bool spare, const char *ckpt_dir);
+int straggler_watch_init(straggler_watch_t *w, const straggler_config_t *c, int ranks, bool spare,
+                         const char *ckpt_dir);
 void straggler_watch_free(straggler_watch_t *w);
 /* The busy times in rank r's member key value (moe/elastic.h). */
 void straggler_watch_take(straggler_watch_t *w, int rank, const cJSON *member);
