@@ -33,7 +33,9 @@ void job_spec_usage(FILE *f)
         "  --mpirun-log FILE    mpirun's whole output (appended), default elastic-mpirun.log\n"
         "  --job NAME           etcd keys under /moe/NAME/, default job\n"
         "  --mpirun PATH        default mpirun\n"
-        "  --mpirun-arg ARG     passed to mpirun (repeatable), e.g. --oversubscribe\n"
+        "  --mpirun-arg ARG     passed to mpirun (repeatable), e.g. --oversubscribe\n");
+    straggler_usage(f);
+    fprintf(f,
         "exit: 0 done; 1 launcher failure; 2 bad arguments; 3 too few ranks or no valid mesh;\n"
         "4 max restarts reached.\n");
 }
@@ -57,6 +59,7 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
                       .poll_ms = 100, .etcd_binary = "etcd", .events = "elastic-events.jsonl",
                       .mpirun_log = "elastic-mpirun.log",
                       .mpirun = "mpirun", .job = "job"};
+    straggler_config_default(&s->straggler);
     int i = 1;
     for (; i < argc && strcmp(argv[i], "--"); i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -77,7 +80,10 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
         else if (!strcmp(a, "--mpirun-log") && v) s->mpirun_log = v, i++;
         else if (!strcmp(a, "--job") && v && *v && !strchr(v, '/')) s->job = v, i++;
         else if (!strcmp(a, "--mpirun") && v) s->mpirun = v, i++;
-        else if (!strcmp(a, "--mpirun-arg") && v) {
+        else if (!strncmp(a, "--straggler-", 12)) {
+            if (straggler_parse_option(&s->straggler, a, v, err, len) < 0) return -1;
+            i++;
+        } else if (!strcmp(a, "--mpirun-arg") && v) {
             if (s->n_mpirun_args == SPEC_MAX_MPIRUN_ARGS) {
                 snprintf(err, len, "--mpirun-arg: at most %d", SPEC_MAX_MPIRUN_ARGS);
                 return -1;
