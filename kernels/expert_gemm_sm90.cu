@@ -392,17 +392,12 @@ cudaError_t map_weights(CUtensorMap *m, const void *b, int32_t el, int64_t inner
 
 template <int KIND>
 cudaError_t launch(const CUtensorMap &ma, const CUtensorMap &mb, const groups_t &g, int64_t k,
-                   int64_t width, void *hpre, void *out, cudaStream_t stream)
+                   int64_t width, void *hpre, void *out, int sms, cudaStream_t stream)
 {
     int32_t total = g.tile_start[g.count];
     if (total == 0) return cudaSuccess;
-    int device, sms;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess)
-        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(expert_gemm<KIND>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    cudaError_t err = cudaFuncSetAttribute(expert_gemm<KIND>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (err != cudaSuccess) return err;
     expert_gemm<KIND><<<total < sms ? total : sms, THREADS, SMEM_BYTES, stream>>>(
         ma, mb, g, (int32_t)((k + BK - 1) / BK), width, (__nv_bfloat16 *)hpre,
@@ -424,7 +419,7 @@ extern "C" bool moe_cuda_swiglu_gemm_fits(int32_t el, int64_t h, int64_t f)
 
 extern "C" cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const void *xp,
                                                     const void *w1, const int64_t *offsets,
-                                                    int32_t el, int64_t h, int64_t f,
+                                                    int32_t el, int64_t h, int64_t f, int sms,
                                                     cudaStream_t stream)
 {
     groups_t g;
@@ -433,13 +428,14 @@ extern "C" cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const
     cudaError_t err = map_rows(&ma, xp, offsets[el], h);
     if (err == cudaSuccess) err = map_weights(&mb, w1, el, 2 * f, h, true);
     if (err != cudaSuccess) return err;
-    return launch<SWIGLU_FWD>(ma, mb, g, h, f, hpre, act, stream);
+    return launch<SWIGLU_FWD>(ma, mb, g, h, f, hpre, act, sms, stream);
 }
 
 extern "C" cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d_out,
                                                      const void *w2, const void *hpre,
                                                      const int64_t *offsets, int32_t el,
-                                                     int64_t h, int64_t f, cudaStream_t stream)
+                                                     int64_t h, int64_t f, int sms,
+                                                     cudaStream_t stream)
 {
     groups_t g;
     if (!make_groups(&g, offsets, el, (int32_t)((f + BN - 1) / BN))) return cudaErrorInvalidValue;
@@ -447,12 +443,12 @@ extern "C" cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d
     cudaError_t err = map_rows(&ma, d_out, offsets[el], h);
     if (err == cudaSuccess) err = map_weights(&mb, w2, el, h, f, false);
     if (err != cudaSuccess) return err;
-    return launch<SWIGLU_BWD>(ma, mb, g, h, f, (void *)hpre, d_hpre, stream);
+    return launch<SWIGLU_BWD>(ma, mb, g, h, f, (void *)hpre, d_hpre, sms, stream);
 }
 
 extern "C" cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void *b,
                                              bool b_k_major, const int64_t *offsets, int32_t el,
-                                             int64_t k, int64_t n, cudaStream_t stream)
+                                             int64_t k, int64_t n, int sms, cudaStream_t stream)
 {
     groups_t g;
     if (!make_groups(&g, offsets, el, (int32_t)((n + BN - 1) / BN))) return cudaErrorInvalidValue;
@@ -462,6 +458,6 @@ extern "C" cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void 
         err = b_k_major ? map_weights(&mb, b, el, k, n, false)
                         : map_weights(&mb, b, el, n, k, true);
     if (err != cudaSuccess) return err;
-    return b_k_major ? launch<PLAIN_K_MAJOR_B>(ma, mb, g, k, n, NULL, c, stream)
-                     : launch<PLAIN_N_MAJOR_B>(ma, mb, g, k, n, NULL, c, stream);
+    return b_k_major ? launch<PLAIN_K_MAJOR_B>(ma, mb, g, k, n, NULL, c, sms, stream)
+                     : launch<PLAIN_N_MAJOR_B>(ma, mb, g, k, n, NULL, c, sms, stream);
 }

@@ -47,28 +47,29 @@ __global__ void swiglu_bwd(__nv_bfloat16 *__restrict__ d_hpre, const __nv_bfloat
 }
 
 extern "C" cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, int64_t f,
-                                               cudaStream_t stream)
+                                               int sms, cudaStream_t stream)
 {
     if (rows <= 0) return cudaSuccess;
     if (f % 8 == 0)
-        swiglu_fwd<8><<<grid_for(rows * f / 8), 256, 0, stream>>>(
+        swiglu_fwd<8><<<grid_for(rows * f / 8, sms), 256, 0, stream>>>(
             (__nv_bfloat16 *)act, (const __nv_bfloat16 *)hpre, rows, f);
     else
-        swiglu_fwd<1><<<grid_for(rows * f), 256, 0, stream>>>(
+        swiglu_fwd<1><<<grid_for(rows * f, sms), 256, 0, stream>>>(
             (__nv_bfloat16 *)act, (const __nv_bfloat16 *)hpre, rows, f);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t moe_cuda_swiglu_backward(void *d_hpre, const void *d_act, const void *hpre,
-                                                int64_t rows, int64_t f, cudaStream_t stream)
+                                                int64_t rows, int64_t f, int sms,
+                                                cudaStream_t stream)
 {
     if (rows <= 0) return cudaSuccess;
     if (f % 8 == 0)
-        swiglu_bwd<8><<<grid_for(rows * f / 8), 256, 0, stream>>>(
+        swiglu_bwd<8><<<grid_for(rows * f / 8, sms), 256, 0, stream>>>(
             (__nv_bfloat16 *)d_hpre, (const __nv_bfloat16 *)d_act, (const __nv_bfloat16 *)hpre,
             rows, f);
     else
-        swiglu_bwd<1><<<grid_for(rows * f), 256, 0, stream>>>(
+        swiglu_bwd<1><<<grid_for(rows * f, sms), 256, 0, stream>>>(
             (__nv_bfloat16 *)d_hpre, (const __nv_bfloat16 *)d_act, (const __nv_bfloat16 *)hpre,
             rows, f);
     return cudaGetLastError();

@@ -216,13 +216,13 @@ moe_status_t moe_cuda_sum_squares_op(void *ctx, const float *const *x, const int
 moe_status_t moe_cuda_act_to_f32(void *ctx, float *dst, const void *src, int64_t n)
 {
     cuda_ctx_t *c = ctx;
-    MOE_CUDA_CHECK(moe_cuda_bf16_to_f32(dst, src, n, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_bf16_to_f32(dst, src, n, c->sms, c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_cuda_f32_to_act(void *ctx, void *dst, const float *src, int64_t n)
 {
     cuda_ctx_t *c = ctx;
-    MOE_CUDA_CHECK(moe_cuda_f32_to_bf16(dst, src, n, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_f32_to_bf16(dst, src, n, c->sms, c->stream));
     return MOE_STATUS_SUCCESS;
 }
