@@ -7,11 +7,10 @@
  *   plain            C = A . B[e] with a bf16 epilogue: out = act . w2[e] (B N-major) and
  *                    d_xp = d_hpre . w1[e]^T (B K-major), the other two GEMMs whose M is n_e
  * The SwiGLU kinds save the stand-alone SwiGLU kernels' passes over hpre (forward: read 2F,
- * write F per row; backward: read 3F, write 2F), which at (16384, 2048, 8192, 8, 2) cost
- * 1.05 ms a step at full memory bandwidth; their products run at ~700 TFLOP/s (forward) and
- * ~560 (backward) where cuBLAS reaches ~770 on equal loads. Under uneven loads, where cuBLAS
- * runs one launch per expert, the grouped launch is what pays (kernels/tuning.h says where
- * the backend takes it; measurements: docs/cuda-backend.md).
+ * write F per row; backward: read 3F, write 2F); their products run slower than cuBLAS's on
+ * equal loads, which eats that saving. Under uneven loads, where cuBLAS runs one launch per
+ * expert, the grouped launch is what pays (kernels/tuning.h says where the backend takes it;
+ * the figures: docs/cuda-backend.md, "Experts").
  *
  * One grouped launch covers every expert: the tiles of all experts are numbered in one list
  * (expert-major, then N tile, then M tile, so CTAs running together share B panels in L2) and a

@@ -62,9 +62,8 @@ static cudaError_t launch_select(const float *logits, const float *bias, int64_t
 {
     size_t smem = select_smem(MOE_TUNE_ROUTER_WARPS, e);
     bool vec = e % 4 == 0 && (uintptr_t)logits % 16 == 0;
-    /* programmatic dependent launch (see cudaGridDependencySynchronize in the kernel):
-     * the forward takes 0.1790 ms against 0.1809 without it (E=64) and 0.4382 against
-     * 0.4395 ms (E=256), N=65536 */
+    /* programmatic dependent launch (see cudaGridDependencySynchronize in the kernel): the
+     * selection's setup overlaps the GEMM's end (measured: docs/cuda-backend.md) */
     cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;

@@ -13,7 +13,7 @@
  * How the per-expert GEMMs are issued (docs/cuda-backend.md has the numbers behind the
  * choice):
  *   BATCHED  every expert has the same n_e: one cublasGemmStridedBatchedEx per GEMM kind;
- *            holds ~700 TFLOP/s for small experts where a loop is launch-bound.
+ *            small experts at the rate of large ones, where a loop is launch-bound.
  *   STREAMS  uneven n_e and many experts: the loop round-robin over side streams, each with
  *            its own cuBLAS handle and workspace, joined back with events.
  *   LOOP     few large experts: one cublasGemmEx after the other on the current stream.
