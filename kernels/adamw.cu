@@ -14,7 +14,7 @@
 
 #include "kernels.h"
 
-#define THREADS 256
+#define THREADS 256 /* a default, not measured against others (kernels/tuning.h) */
 typedef __nv_bfloat16 bf16;
 
 static_assert(MOE_MT_CHUNK % (4 * THREADS) == 0, "a chunk is whole float4 rows of the block");

@@ -24,7 +24,9 @@
 #include "grid.cuh"
 #include "kernels.h"
 
-#define CHUNK 1024            /* slots per plan chunk (one warp in plan_place) */
+/* Defaults, not measured against others (kernels/tuning.h): slots a plan chunk (one warp
+ * walks it in plan_place; any size gives the same plan) and plan_place's warps a block. */
+#define CHUNK 1024
 #define PLACE_WARPS 4
 #define MAX_PLAN_E 2048       /* plan_place keeps (PLACE_WARPS + 2) x E ints in shared memory */
 static_assert(sizeof(int32_t) * MAX_PLAN_E * (PLACE_WARPS + 2) <= 48 * 1024,

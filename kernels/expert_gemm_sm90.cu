@@ -41,6 +41,9 @@ namespace {
 
 using namespace sm90;
 
+/* Fixed by the code, not tuned (kernels/tuning.h says which belong there): two consumer
+ * warpgroups of wgmma m64n256k16 make the 128 x 256 tile, BK is one 128-byte swizzled TMA box
+ * row of bf16, and three stages are what shared memory holds beside the staging buffers. */
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3;
 constexpr int A_TILE_BYTES = BM * BK * 2;                    /* 16 KiB */
 constexpr int B_TILE_BYTES = BN * BK * 2;                    /* 32 KiB */

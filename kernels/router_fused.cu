@@ -31,7 +31,9 @@
 #include "sm90.cuh"
 
 namespace fused {
-constexpr int EP = 64, BK = 64, THREADS = 256, NWARPS = THREADS / 32;
+/* EP: the experts a tile holds (E <= 64, zero-padded); BK: hidden a stage, one 128-byte
+ * swizzled row of bf16 */
+constexpr int EP = 64, BK = 64, THREADS = MOE_TUNE_FUSED_THREADS, NWARPS = THREADS / 32;
 constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 bytes */
 constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
