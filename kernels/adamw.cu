@@ -9,6 +9,11 @@
  * AdamW's arithmetic is the host twin's operation for operation (host_experts.c): the moments
  * in fp32, the bias corrections, the step and the decay in fp64, each rounded as written
  * (the _rn intrinsics: no contraction into FMAs), so masters and moments are bitwise equal.
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_optimizer_passes: AdamW bitwise the host twin's, the sum of squares)
+ * Time: MODELS=small bash scripts/gpu-machine/trainer.sh build bench (the optimizer's
+ *       bandwidth in each model's line)
  */
 #include <cuda_bf16.h>
 

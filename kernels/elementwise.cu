@@ -1,6 +1,11 @@
 /*
  * Element-wise kernels: bf16 <-> f32 conversion, n elements, grid-stride loops (the
  * optimizer's passes are adamw.cu).
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_elementwise)
+ * Time: none: the conversions run at set-up (a layer's parameters, the optimizer's
+ *       masters), outside any step
  */
 #include <cuda_bf16.h>
 

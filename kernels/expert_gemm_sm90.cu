@@ -32,6 +32,10 @@
  * one 256 x 64 box of K-contiguous rows.
  * Shape legend: R rows, H hidden, F expert width, El local experts; K and N of the plain
  * kinds: the product's inner and output widths.
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_experts_hopper; Hopper only)
+ * Time: MOE_CUDA_EXPERT_GEMM=hopper build/bench/bench_moe experts
  */
 #include "kernels.h"
 #include "sm90.cuh"

@@ -4,6 +4,10 @@
  * and up (1). bf16 in and out, fp32 math; 16-byte accesses when F % 8 == 0. Memory-bound:
  * forward moves 6 bytes per output element, backward 10. With MOE_CUDA_SWIGLU_GEMM=1 on
  * Hopper the expert GEMMs carry this math in their epilogue instead (expert_gemm_sm90.cu).
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_experts)
+ * Time: build/bench/bench_moe experts
  */
 #include <cuda_bf16.h>
 
