@@ -95,10 +95,7 @@ moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
     moe_runtime_config_t c = moe_runtime_config_default();
-    if (config) {
-        MOE_CHECK_STRUCT_SIZE(config, moe_runtime_config_t, sizeof(moe_runtime_config_t));
-        c = *config;
-    }
+    MOE_TAKE_CONFIG(c, config, moe_runtime_config_t);
     MOE_CHECK_ARG(c.backend >= MOE_BACKEND_AUTO && c.backend <= MOE_BACKEND_CUDA,
                   "unknown backend %d", (int)c.backend);
     MOE_CHECK_ARG(c.log_level >= MOE_LOG_ERROR && c.log_level <= MOE_LOG_DEBUG,
