@@ -26,7 +26,7 @@
  *
  * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
  *       (test_router, test_router_nan, test_router_large_logits)
- * Time: build/bench/bench_moe router (the fused path's lines)
+ * Time: build/bench/bench_moe router (router_fwd, variant "fused")
  */
 #include <atomic>
 

@@ -10,7 +10,7 @@
  *
  * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
  *       (test_router, test_router_nan, test_router_large_logits)
- * Time: build/bench/bench_moe router (the GEMM + selection path's lines)
+ * Time: build/bench/bench_moe router (router_fwd, variant "gemm+select"; router_select_only)
  */
 #include "router_common.cuh"
 
