@@ -9,12 +9,17 @@
  * AdamW's arithmetic is the host twin's operation for operation (host_experts.c): the moments
  * in fp32, the bias corrections, the step and the decay in fp64, each rounded as written
  * (the _rn intrinsics: no contraction into FMAs), so masters and moments are bitwise equal.
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_optimizer_passes: AdamW bitwise the host twin's, the sum of squares)
+ * Time: MODELS=small bash scripts/gpu-machine/trainer.sh build bench (the optimizer's
+ *       bandwidth in each model's line)
  */
 #include <cuda_bf16.h>
 
 #include "kernels.h"
 
-#define THREADS 256
+#define THREADS 256 /* a default, not measured against others (kernels/tuning.h) */
 typedef __nv_bfloat16 bf16;
 
 static_assert(MOE_MT_CHUNK % (4 * THREADS) == 0, "a chunk is whole float4 rows of the block");
@@ -158,6 +163,36 @@ extern "C" int64_t moe_cuda_mt_chunks(const int64_t *n, int32_t count)
     return total;
 }
 
+/* The launches of a multi-tensor pass. Consecutive tensors fill a group (the kernel's
+ * parameters: adamw_group_t or sq_group_t, which share n, first, vec and count) until it holds
+ * MOE_MT_TENSORS of them or the next would take its blocks past a grid; put(g, c, i) stores
+ * tensor i's pointers in slot c and says whether they allow vector access, launch(g, blocks)
+ * enqueues the group's kernel. */
+template <typename Group, typename Size, typename Put, typename Launch>
+static cudaError_t launch_groups(int32_t count, Size size, Put put, Launch launch)
+{
+    for (int32_t at = 0; at < count;) {
+        Group g;
+        g.count = 0;
+        g.vec = 0;
+        int64_t blocks = 0;
+        for (; at < count && g.count < MOE_MT_TENSORS &&
+               blocks + chunks_of(size(at)) < ((int64_t)1 << 31);
+             at++) {
+            int c = g.count++;
+            g.n[c] = size(at);
+            g.first[c] = (int32_t)blocks;
+            if (put(g, c, at)) g.vec |= 1ull << c;
+            blocks += chunks_of(g.n[c]);
+        }
+        g.first[g.count] = (int32_t)blocks;
+        if (blocks > 0) launch(g, blocks);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
 extern "C" cudaError_t moe_cuda_adamw_multi(const moe_cuda_adamw_tensor_t *t, int32_t count,
                                             float lr, float beta1, float beta2, float eps,
                                             float weight_decay, float grad_scale, double bc1,
@@ -165,35 +200,21 @@ extern "C" cudaError_t moe_cuda_adamw_multi(const moe_cuda_adamw_tensor_t *t, in
 {
     adamw_scalars_t a = {lr, beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps, weight_decay,
                          grad_scale, bc1, bc2};
-    for (int32_t at = 0; at < count;) {
-        adamw_group_t g;
-        g.count = 0;
-        g.vec = 0;
-        int64_t blocks = 0;
-        /* a group ends at MOE_MT_TENSORS tensors or before its blocks outgrow a grid */
-        for (; at < count && g.count < MOE_MT_TENSORS &&
-               blocks + chunks_of(t[at].n) < ((int64_t)1 << 31);
-             at++) {
-            const moe_cuda_adamw_tensor_t *p = &t[at];
-            int c = g.count++;
+    return launch_groups<adamw_group_t>(
+        count, [&](int32_t i) { return t[i].n; },
+        [&](adamw_group_t &g, int c, int32_t i) {
+            const moe_cuda_adamw_tensor_t *p = &t[i];
             g.master[c] = p->master;
             g.m[c] = p->m;
             g.v[c] = p->v;
             g.param[c] = (bf16 *)p->param;
             g.grad[c] = p->grad;
-            g.n[c] = p->n;
-            g.first[c] = (int32_t)blocks;
-            if (aligned(p->master, 16) && aligned(p->m, 16) && aligned(p->v, 16) &&
-                aligned(p->grad, 16) && aligned(p->param, 8))
-                g.vec |= 1ull << c;
-            blocks += chunks_of(p->n);
-        }
-        g.first[g.count] = (int32_t)blocks;
-        if (blocks > 0) adamw_multi<<<(unsigned)blocks, THREADS, 0, stream>>>(g, a);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) return e;
-    }
-    return cudaSuccess;
+            return aligned(p->master, 16) && aligned(p->m, 16) && aligned(p->v, 16) &&
+                   aligned(p->grad, 16) && aligned(p->param, 8);
+        },
+        [&](const adamw_group_t &g, int64_t blocks) {
+            adamw_multi<<<(unsigned)blocks, THREADS, 0, stream>>>(g, a);
+        });
 }
 
 extern "C" cudaError_t moe_cuda_sum_squares_multi(const float *const *x, const int64_t *n,
@@ -201,27 +222,17 @@ extern "C" cudaError_t moe_cuda_sum_squares_multi(const float *const *x, const i
                                                   cudaStream_t stream)
 {
     int64_t done = 0; /* partials written so far: the launches fill consecutive ranges */
-    for (int32_t at = 0; at < count;) {
-        sq_group_t g;
-        g.count = 0;
-        g.vec = 0;
-        int64_t blocks = 0;
-        for (; at < count && g.count < MOE_MT_TENSORS &&
-               blocks + chunks_of(n[at]) < ((int64_t)1 << 31);
-             at++) {
-            int c = g.count++;
-            g.x[c] = x[at];
-            g.n[c] = n[at];
-            g.first[c] = (int32_t)blocks;
-            if (aligned(x[at], 16)) g.vec |= 1ull << c;
-            blocks += chunks_of(n[at]);
-        }
-        g.first[g.count] = (int32_t)blocks;
-        if (blocks > 0) sum_squares_multi<<<(unsigned)blocks, THREADS, 0, stream>>>(g, partial + done);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) return e;
-        done += blocks;
-    }
+    cudaError_t e = launch_groups<sq_group_t>(
+        count, [&](int32_t i) { return n[i]; },
+        [&](sq_group_t &g, int c, int32_t i) {
+            g.x[c] = x[i];
+            return aligned(x[i], 16);
+        },
+        [&](const sq_group_t &g, int64_t blocks) {
+            sum_squares_multi<<<(unsigned)blocks, THREADS, 0, stream>>>(g, partial + done);
+            done += blocks;
+        });
+    if (e != cudaSuccess) return e;
     sum_partials<<<1, THREADS, 0, stream>>>(partial, done, out);
     return cudaGetLastError();
 }

@@ -16,6 +16,11 @@
  * pad_plan re-lays a plan with a fixed number of rows per expert (filler rows: slot -1).
  * Row gathers and combines move bf16 rows with 16-byte accesses when H % 8 == 0 and sum in
  * fp32 in a fixed order (no atomics).
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_plan, test_rows)
+ * Time: build/bench/bench_moe layer (within the layer's step; `bench_moe profile` for
+ *       its kernels alone)
  */
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -24,7 +29,9 @@
 #include "grid.cuh"
 #include "kernels.h"
 
-#define CHUNK 1024            /* slots per plan chunk (one warp in plan_place) */
+/* Defaults, not measured against others (kernels/tuning.h): slots a plan chunk (one warp
+ * walks it in plan_place; any size gives the same plan) and plan_place's warps a block. */
+#define CHUNK 1024
 #define PLACE_WARPS 4
 #define MAX_PLAN_E 2048       /* plan_place keeps (PLACE_WARPS + 2) x E ints in shared memory */
 static_assert(sizeof(int32_t) * MAX_PLAN_E * (PLACE_WARPS + 2) <= 48 * 1024,

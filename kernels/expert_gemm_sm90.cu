@@ -7,11 +7,10 @@
  *   plain            C = A . B[e] with a bf16 epilogue: out = act . w2[e] (B N-major) and
  *                    d_xp = d_hpre . w1[e]^T (B K-major), the other two GEMMs whose M is n_e
  * The SwiGLU kinds save the stand-alone SwiGLU kernels' passes over hpre (forward: read 2F,
- * write F per row; backward: read 3F, write 2F), which at (16384, 2048, 8192, 8, 2) cost
- * 1.05 ms a step at full memory bandwidth; their products run at ~700 TFLOP/s (forward) and
- * ~560 (backward) where cuBLAS reaches ~770 on equal loads. Under uneven loads, where cuBLAS
- * runs one launch per expert, the grouped launch is what pays (kernels/tuning.h says where
- * the backend takes it; measurements: docs/cuda-backend.md).
+ * write F per row; backward: read 3F, write 2F); their products run slower than cuBLAS's on
+ * equal loads, which eats that saving. Under uneven loads, where cuBLAS runs one launch per
+ * expert, the grouped launch is what pays (kernels/tuning.h says where the backend takes it;
+ * the figures: docs/cuda-backend.md, "Experts").
  *
  * One grouped launch covers every expert: the tiles of all experts are numbered in one list
  * (expert-major, then N tile, then M tile, so CTAs running together share B panels in L2) and a
@@ -33,6 +32,10 @@
  * one 256 x 64 box of K-contiguous rows.
  * Shape legend: R rows, H hidden, F expert width, El local experts; K and N of the plain
  * kinds: the product's inner and output widths.
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_experts_hopper; Hopper only)
+ * Time: MOE_CUDA_EXPERT_GEMM=hopper build/bench/bench_moe experts
  */
 #include "kernels.h"
 #include "sm90.cuh"
@@ -42,6 +45,9 @@ namespace {
 
 using namespace sm90;
 
+/* Fixed by the code, not tuned (kernels/tuning.h says which belong there): two consumer
+ * warpgroups of wgmma m64n256k16 make the 128 x 256 tile, BK is one 128-byte swizzled TMA box
+ * row of bf16, and three stages are what shared memory holds beside the staging buffers. */
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 3;
 constexpr int A_TILE_BYTES = BM * BK * 2;                    /* 16 KiB */
 constexpr int B_TILE_BYTES = BN * BK * 2;                    /* 32 KiB */
@@ -392,17 +398,12 @@ cudaError_t map_weights(CUtensorMap *m, const void *b, int32_t el, int64_t inner
 
 template <int KIND>
 cudaError_t launch(const CUtensorMap &ma, const CUtensorMap &mb, const groups_t &g, int64_t k,
-                   int64_t width, void *hpre, void *out, cudaStream_t stream)
+                   int64_t width, void *hpre, void *out, int sms, cudaStream_t stream)
 {
     int32_t total = g.tile_start[g.count];
     if (total == 0) return cudaSuccess;
-    int device, sms;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess)
-        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(expert_gemm<KIND>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    cudaError_t err = cudaFuncSetAttribute(expert_gemm<KIND>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (err != cudaSuccess) return err;
     expert_gemm<KIND><<<total < sms ? total : sms, THREADS, SMEM_BYTES, stream>>>(
         ma, mb, g, (int32_t)((k + BK - 1) / BK), width, (__nv_bfloat16 *)hpre,
@@ -424,7 +425,7 @@ extern "C" bool moe_cuda_swiglu_gemm_fits(int32_t el, int64_t h, int64_t f)
 
 extern "C" cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const void *xp,
                                                     const void *w1, const int64_t *offsets,
-                                                    int32_t el, int64_t h, int64_t f,
+                                                    int32_t el, int64_t h, int64_t f, int sms,
                                                     cudaStream_t stream)
 {
     groups_t g;
@@ -433,13 +434,14 @@ extern "C" cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const
     cudaError_t err = map_rows(&ma, xp, offsets[el], h);
     if (err == cudaSuccess) err = map_weights(&mb, w1, el, 2 * f, h, true);
     if (err != cudaSuccess) return err;
-    return launch<SWIGLU_FWD>(ma, mb, g, h, f, hpre, act, stream);
+    return launch<SWIGLU_FWD>(ma, mb, g, h, f, hpre, act, sms, stream);
 }
 
 extern "C" cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d_out,
                                                      const void *w2, const void *hpre,
                                                      const int64_t *offsets, int32_t el,
-                                                     int64_t h, int64_t f, cudaStream_t stream)
+                                                     int64_t h, int64_t f, int sms,
+                                                     cudaStream_t stream)
 {
     groups_t g;
     if (!make_groups(&g, offsets, el, (int32_t)((f + BN - 1) / BN))) return cudaErrorInvalidValue;
@@ -447,12 +449,12 @@ extern "C" cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d
     cudaError_t err = map_rows(&ma, d_out, offsets[el], h);
     if (err == cudaSuccess) err = map_weights(&mb, w2, el, h, f, false);
     if (err != cudaSuccess) return err;
-    return launch<SWIGLU_BWD>(ma, mb, g, h, f, (void *)hpre, d_hpre, stream);
+    return launch<SWIGLU_BWD>(ma, mb, g, h, f, (void *)hpre, d_hpre, sms, stream);
 }
 
 extern "C" cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void *b,
                                              bool b_k_major, const int64_t *offsets, int32_t el,
-                                             int64_t k, int64_t n, cudaStream_t stream)
+                                             int64_t k, int64_t n, int sms, cudaStream_t stream)
 {
     groups_t g;
     if (!make_groups(&g, offsets, el, (int32_t)((n + BN - 1) / BN))) return cudaErrorInvalidValue;
@@ -462,6 +464,6 @@ extern "C" cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void 
         err = b_k_major ? map_weights(&mb, b, el, k, n, false)
                         : map_weights(&mb, b, el, n, k, true);
     if (err != cudaSuccess) return err;
-    return b_k_major ? launch<PLAIN_K_MAJOR_B>(ma, mb, g, k, n, NULL, c, stream)
-                     : launch<PLAIN_N_MAJOR_B>(ma, mb, g, k, n, NULL, c, stream);
+    return b_k_major ? launch<PLAIN_K_MAJOR_B>(ma, mb, g, k, n, NULL, c, sms, stream)
+                     : launch<PLAIN_N_MAJOR_B>(ma, mb, g, k, n, NULL, c, sms, stream);
 }

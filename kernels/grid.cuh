@@ -6,18 +6,13 @@
 
 #include <cuda_runtime.h>
 
-/* Blocks of 256 threads for `work` items: enough to fill the current device several times
- * over (32 per SM), at least one; the grid-stride loops cover the rest. The SM count is asked
- * of the device at each launch (an attribute query, not the slow cudaGetDeviceProperties), so
- * no state is kept; 132 (the H200) stands in should the query fail. */
-static inline unsigned grid_for(int64_t work)
+/* Blocks of 256 threads for `work` items: enough to fill a device of `sms` SMs several times
+ * over (32 per SM), at least one; the grid-stride loops cover the rest. The caller passes the
+ * SM count it asked the device for once (the CUDA backend's context keeps it), so a launch
+ * makes no device query and no state is kept here. */
+static inline unsigned grid_for(int64_t work, int sms)
 {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        sms < 1)
-        sms = 132;
-    int64_t b = (work + 255) / 256, most = (int64_t)sms * 32;
+    int64_t b = (work + 255) / 256, most = (int64_t)(sms > 0 ? sms : 1) * 32;
     return (unsigned)(b < 1 ? 1 : b > most ? most : b);
 }
 

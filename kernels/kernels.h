@@ -18,6 +18,9 @@
 extern "C" {
 #endif
 
+/* Launchers that size their grid by the device take `sms`, its SM count, which the caller
+ * asks the device for once and keeps (the CUDA backend's context), not at every launch. */
+
 /* ---- router (router_select.cu, router_fused.cu, router_backward.cu) ---- */
 
 /* The router kernels keep a token's E scores in registers, at most 16 on each of 32 lanes. */
@@ -103,10 +106,10 @@ cudaError_t moe_cuda_combine_weight_grad(float *dw, const void *dy, const void *
 
 /* act[r,:] = silu(hpre[r,0,:]) * hpre[r,1,:], R rows of F */
 cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, int64_t f,
-                                    cudaStream_t stream);
+                                    int sms, cudaStream_t stream);
 /* d_hpre[r,0,:] = d_act * up * silu'(gate), d_hpre[r,1,:] = d_act * silu(gate) */
 cudaError_t moe_cuda_swiglu_backward(void *d_hpre, const void *d_act, const void *hpre,
-                                     int64_t rows, int64_t f, cudaStream_t stream);
+                                     int64_t rows, int64_t f, int sms, cudaStream_t stream);
 
 /* ---- the grouped expert GEMMs, SwiGLU in the epilogue or not, Hopper only (expert_gemm_sm90.cu) */
 
@@ -120,22 +123,24 @@ bool moe_cuda_swiglu_gemm_fits(int32_t el, int64_t h, int64_t f);
  * hpre = xp . w1[e] and act = silu(gate) * up, in one grouped launch. */
 cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const void *xp, const void *w1,
                                          const int64_t *offsets, int32_t el, int64_t h,
-                                         int64_t f, cudaStream_t stream);
+                                         int64_t f, int sms, cudaStream_t stream);
 /* d_hpre = swiglu'(hpre, d_out . w2[e]^T), the same rows. */
 cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d_out, const void *w2,
                                           const void *hpre, const int64_t *offsets, int32_t el,
-                                          int64_t h, int64_t f, cudaStream_t stream);
+                                          int64_t h, int64_t f, int sms, cudaStream_t stream);
 /* c [R,N] = a [R,K] . b[e] for the same rows, bf16 out: b holds El row-major [K,N] matrices
  * (b_k_major false) or El row-major [N,K] ones (true: their transposes); where the SwiGLU
  * kernels fit, with K and N each one of H, F, 2F. */
 cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void *b, bool b_k_major,
                                   const int64_t *offsets, int32_t el, int64_t k, int64_t n,
-                                  cudaStream_t stream);
+                                  int sms, cudaStream_t stream);
 
 /* ---- element-wise (elementwise.cu) ---- */
 
-cudaError_t moe_cuda_bf16_to_f32(float *dst, const void *src, int64_t n, cudaStream_t stream);
-cudaError_t moe_cuda_f32_to_bf16(void *dst, const float *src, int64_t n, cudaStream_t stream);
+cudaError_t moe_cuda_bf16_to_f32(float *dst, const void *src, int64_t n, int sms,
+                                 cudaStream_t stream);
+cudaError_t moe_cuda_f32_to_bf16(void *dst, const float *src, int64_t n, int sms,
+                                 cudaStream_t stream);
 /* ---- the optimizer's multi-tensor passes (adamw.cu) ---- */
 
 /* A launch takes up to MOE_MT_TENSORS tensors (their pointers are kernel parameters); each

@@ -3,6 +3,10 @@
  * cuBLAS's grouped GEMM (src/backend/cuda/cuda_experts.c) travel as kernel parameters, so no
  * host buffer has to outlive the call (a cudaMemcpyAsync from pageable memory would be
  * staged synchronously; from a pinned buffer the buffer would be in use until the copy ran).
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_experts_grouped)
+ * Time: MOE_CUDA_EXPERT_GEMM=grouped build/bench/bench_moe experts
  */
 #include "kernels.h"
 

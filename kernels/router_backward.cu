@@ -7,6 +7,10 @@
  * scores are recomputed, not saved.
  *
  * Shape legend: N tokens, E experts (E <= 512), K top-k (K <= 8).
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_router, test_router_nan, test_router_large_logits)
+ * Time: build/bench/bench_moe router (router_bwd)
  */
 #include "router_common.cuh"
 

@@ -303,8 +303,8 @@ struct select_outputs {
  * barrier orders every thread's partials before thread 0's ticket, whose acquire-release
  * atomic publishes them (the barrier makes the release cover the other threads' writes, as in
  * CUTLASS's semaphore) and, in the last block, orders the reads after the barrier that
- * follows. Against a full fence before the atomic and another in every thread of the last
- * block, this takes 0.3-0.4 us off both forward paths' spans at N=4096 (H200). */
+ * follows. Faster than a full fence before the atomic and another in every thread of the
+ * last block (docs/cuda-backend.md, "Alternatives measured and not kept"). */
 static __device__ __forceinline__ bool last_to_arrive(unsigned *ticket, unsigned count)
 {
     __shared__ bool s_last;

@@ -11,9 +11,9 @@
  *    rows past N and hidden past H zero-filled; the L2 fetches 256 bytes a row at once);
  *    bf16 mma.sync m16n8k16 with f32 accumulate; 8 warps of 32 tokens x 32 experts. Every
  *    address is computed once before the loop (a thread always copies chunk tid % 8 of rows
- *    tid / 8 + 32 j), so the loop is copies, ldmatrix and mma (44 M instructions and
- *    0.159-0.165 ms, against 80 M and 0.190 ms with the addresses computed in the loop and
- *    4 warps); the sm_90a image runs wgmma on the same stages instead (see walk);
+ *    tid / 8 + 32 j), so the loop is copies, ldmatrix and mma and the address arithmetic
+ *    does not fill the issue slots (docs/cuda-backend.md, "Alternatives measured and not
+ *    kept"); the sm_90a image runs wgmma on the same stages instead (see walk);
  *  - epilogue: the f32 logits tile goes to shared memory (reusing the ring), is written out
  *    once (the interface saves logits), and the selector runs on it from there;
  *  - the block's partials end like router_select's (select_reduce, same determinism).
@@ -23,6 +23,10 @@
  * (moe_cuda_router_fused_supported).
  *
  * Shape legend: N tokens, H hidden, E experts (E <= 64), K top-k (K <= 8).
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_router, test_router_nan, test_router_large_logits)
+ * Time: build/bench/bench_moe router (router_fwd, variant "fused")
  */
 #include <atomic>
 
@@ -31,7 +35,9 @@
 #include "sm90.cuh"
 
 namespace fused {
-constexpr int EP = 64, BK = 64, THREADS = 256, NWARPS = THREADS / 32;
+/* EP: the experts a tile holds (E <= 64, zero-padded); BK: hidden a stage, one 128-byte
+ * swizzled row of bf16 */
+constexpr int EP = 64, BK = 64, THREADS = MOE_TUNE_FUSED_THREADS, NWARPS = THREADS / 32;
 constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 bytes */
 constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
@@ -162,10 +168,8 @@ struct copier {
  * copies' XOR swizzle by row is wgmma's 128-byte swizzle (x K-major, wg N-major), and the
  * stages are 1024-byte aligned. A stage's products run asynchronously, one group of them stays
  * in flight (wait_group 1), so a stage is refilled two steps after it was read: one stage less
- * ahead than the mma.sync form. Against that form in one binary (H200):
- * N=4096 H=2048 15.6-15.7 vs 16.9-17.1 us, N=2048 11.7-12.0 vs 12.8-12.9, N=65536 H=4096
- * 0.1504-0.1507 vs 0.1546-0.1549 ms; the mma.sync walk's products cost ~2.8 us of its 17.2
- * at N=4096 (14.4 us with them skipped). */
+ * ahead than the mma.sync form, which it beats at the shapes measured: there the products
+ * bound the walk (docs/cuda-backend.md, "Alternatives measured and not kept"). */
 template <class C>
 static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem, int ktiles)
 {

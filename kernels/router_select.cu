@@ -7,6 +7,10 @@
  * overlap, and the blocks' statistics meet in select_reduce (deterministic, no float atomics).
  *
  * Shape legend: N tokens, E experts (E <= 512), K top-k (K <= 8).
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_router, test_router_nan, test_router_large_logits)
+ * Time: build/bench/bench_moe router (router_fwd, variant "gemm+select"; router_select_only)
  */
 #include "router_common.cuh"
 
@@ -62,9 +66,8 @@ static cudaError_t launch_select(const float *logits, const float *bias, int64_t
 {
     size_t smem = select_smem(MOE_TUNE_ROUTER_WARPS, e);
     bool vec = e % 4 == 0 && (uintptr_t)logits % 16 == 0;
-    /* programmatic dependent launch (see cudaGridDependencySynchronize in the kernel):
-     * the forward takes 0.1790 ms against 0.1809 without it (E=64) and 0.4382 against
-     * 0.4395 ms (E=256), N=65536 */
+    /* programmatic dependent launch (see cudaGridDependencySynchronize in the kernel): the
+     * selection's setup overlaps the GEMM's end (measured: docs/cuda-backend.md) */
     cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;

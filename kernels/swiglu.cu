@@ -4,6 +4,10 @@
  * and up (1). bf16 in and out, fp32 math; 16-byte accesses when F % 8 == 0. Memory-bound:
  * forward moves 6 bytes per output element, backward 10. With MOE_CUDA_SWIGLU_GEMM=1 on
  * Hopper the expert GEMMs carry this math in their epilogue instead (expert_gemm_sm90.cu).
+ *
+ * Test: ctest --test-dir build -R test_cuda_ops --output-on-failure
+ *       (test_experts)
+ * Time: build/bench/bench_moe experts
  */
 #include <cuda_bf16.h>
 
@@ -47,28 +51,29 @@ __global__ void swiglu_bwd(__nv_bfloat16 *__restrict__ d_hpre, const __nv_bfloat
 }
 
 extern "C" cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, int64_t f,
-                                               cudaStream_t stream)
+                                               int sms, cudaStream_t stream)
 {
     if (rows <= 0) return cudaSuccess;
     if (f % 8 == 0)
-        swiglu_fwd<8><<<grid_for(rows * f / 8), 256, 0, stream>>>(
+        swiglu_fwd<8><<<grid_for(rows * f / 8, sms), 256, 0, stream>>>(
             (__nv_bfloat16 *)act, (const __nv_bfloat16 *)hpre, rows, f);
     else
-        swiglu_fwd<1><<<grid_for(rows * f), 256, 0, stream>>>(
+        swiglu_fwd<1><<<grid_for(rows * f, sms), 256, 0, stream>>>(
             (__nv_bfloat16 *)act, (const __nv_bfloat16 *)hpre, rows, f);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t moe_cuda_swiglu_backward(void *d_hpre, const void *d_act, const void *hpre,
-                                                int64_t rows, int64_t f, cudaStream_t stream)
+                                                int64_t rows, int64_t f, int sms,
+                                                cudaStream_t stream)
 {
     if (rows <= 0) return cudaSuccess;
     if (f % 8 == 0)
-        swiglu_bwd<8><<<grid_for(rows * f / 8), 256, 0, stream>>>(
+        swiglu_bwd<8><<<grid_for(rows * f / 8, sms), 256, 0, stream>>>(
             (__nv_bfloat16 *)d_hpre, (const __nv_bfloat16 *)d_act, (const __nv_bfloat16 *)hpre,
             rows, f);
     else
-        swiglu_bwd<1><<<grid_for(rows * f), 256, 0, stream>>>(
+        swiglu_bwd<1><<<grid_for(rows * f, sms), 256, 0, stream>>>(
             (__nv_bfloat16 *)d_hpre, (const __nv_bfloat16 *)d_act, (const __nv_bfloat16 *)hpre,
             rows, f);
     return cudaGetLastError();

@@ -7,6 +7,16 @@
  * alone, never the device, so a grid, and with it a reduction order and the result, is the
  * same on every GPU.
  *
+ * What belongs here: a value chosen by measuring it against others that are also correct (a
+ * path's threshold by shape; a block, pass, stage, tile or cluster size), which a port to
+ * another GPU would measure again. What stays beside its kernel, with its reason there: a
+ * value the code or the hardware fixes (an instruction's shape, a swizzle or an alignment, the
+ * 4 KiB of kernel parameters, a shared-memory budget, the router accumulators' bit layout, a
+ * value derived from others); a size in a launcher's interface that its callers must know
+ * (kernels.h: MOE_MT_CHUNK, MOE_ROUTER_MAX_E); and a plain default nobody has measured against
+ * another (an element-wise kernel's 256-thread blocks, the plan's chunk of 1024 slots), which
+ * moves here with its figure once it is measured.
+ *
  * Plain C macros: the C backend (src/backend/cuda), the router kernels and the sm_90a object
  * library (which sees only kernels/) include it alike.
  *
@@ -45,6 +55,11 @@
 
 /* ---- router: the fused logits GEMM + selection (router_fused.cu), E <= 64 ------------------- */
 
+/* Threads a block of the fused kernel: 8 warps, 4 x 2 over a 128-token tile's tokens and
+ * experts. 4 warps (with the copies' addresses computed in the loop) took 0.190 against
+ * 0.165 ms at N=65536 H=4096 E=64 (docs/cuda-backend.md, "Alternatives measured and not
+ * kept"). */
+#define MOE_TUNE_FUSED_THREADS 256
 /* Tokens a block's tile for many tokens. 256-token blocks of 16 warps (one an SM, so no
  * epilogue overlap; wg traffic halved) run slower: 0.170 vs 0.165 ms at N=65536 H=4096 E=64. */
 #define MOE_TUNE_FUSED_TILE_TOKENS 128

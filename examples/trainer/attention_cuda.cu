@@ -208,6 +208,26 @@ static __device__ __forceinline__ void store_rows(const float acc[D / 8][4], bf1
     }
 }
 
+/* The walk up to the diagonal over key tiles 0..qb, double-buffered: while tile j is read
+ * from its buffer (j & 1), the keys and values of tile j + 1 load into the other one (rows of
+ * stride W from k and v, T rows in all, d columns; q names the zeros' address); at the last
+ * tile only its own copy is waited for. */
+template <int D, int ST>
+static __device__ __forceinline__ void next_key_tile(bf16 *sk, bf16 *sv, const bf16 *k,
+                                                     const bf16 *v, int64_t W, int T, int d,
+                                                     const bf16 *q, int j, int qb)
+{
+    if (j < qb) {
+        int nb = (j + 1) & 1, k0 = (j + 1) * TILE;
+        load_tile<D, TILE>(sk + nb * TILE * ST, k + k0 * W, W, T - k0, d, q);
+        load_tile<D, TILE>(sv + nb * TILE * ST, v + k0 * W, W, T - k0, d, q);
+        copy_commit();
+        copy_wait<1>();
+    } else {
+        copy_wait<0>();
+    }
+}
+
 /* ---- forward ------------------------------------------------------------------------------- */
 
 template <int D>
@@ -233,15 +253,7 @@ __global__ void __launch_bounds__(THREADS)
     uint32_t qf[D / 16][4];
     int row0 = q0 + warp * 16 + g;
     for (int j = 0; j <= qb; j++) { /* key tiles up to the diagonal */
-        if (j < qb) {
-            int nb = (j + 1) & 1, k0 = (j + 1) * TILE;
-            load_tile<D, TILE>(sk + nb * TILE * ST, k + k0 * W, W, T - k0, d, q);
-            load_tile<D, TILE>(sv + nb * TILE * ST, v + k0 * W, W, T - k0, d, q);
-            copy_commit();
-            copy_wait<1>();
-        } else {
-            copy_wait<0>();
-        }
+        next_key_tile<D, ST>(sk, sv, k, v, W, T, d, q, j, qb);
         __syncthreads();
         if (j == 0)
 #pragma unroll
@@ -441,15 +453,7 @@ __global__ void __launch_bounds__(THREADS)
     }
     float dq[DT][4] = {};
     for (int j = 0; j <= qb; j++) {
-        if (j < qb) {
-            int nb = (j + 1) & 1, k0 = (j + 1) * TILE;
-            load_tile<D, TILE>(sk + nb * TILE * ST, k + k0 * W, W, T - k0, d, q);
-            load_tile<D, TILE>(sv + nb * TILE * ST, v + k0 * W, W, T - k0, d, q);
-            copy_commit();
-            copy_wait<1>();
-        } else {
-            copy_wait<0>();
-        }
+        next_key_tile<D, ST>(sk, sv, k, v, W, T, d, q, j, qb);
         __syncthreads();
         const bf16 *kt = sk + (j & 1) * TILE * ST, *vt = sv + (j & 1) * TILE * ST;
         float p[NT][4], ds[NT][4];

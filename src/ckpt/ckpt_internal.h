@@ -106,7 +106,7 @@ typedef struct ck_manifest {
     ck_piece_t *pieces;
 } ck_manifest_t;
 
-/* ---- manifest.c ---- */
+/* ---- names.c ---- */
 bool ck_valid_name(const char *s);       /* tensor names */
 bool ck_valid_file_name(const char *s);  /* a plain file name: no '/', not . or .. */
 bool ck_valid_prefix(const char *s);     /* S3 prefix: [A-Za-z0-9._/-], no .. component */
@@ -115,6 +115,8 @@ void ck_rank_filename(int32_t rank, char *buf, size_t len); /* "rank-00003.bin" 
 /* qsort comparator of int64_t, ascending. */
 int ck_cmp_i64(const void *a, const void *b);
 bool ck_parse_step_dirname(const char *s, int64_t *step);
+
+/* ---- manifest.c ---- */
 void ck_manifest_free(ck_manifest_t *m);
 void ck_pieces_free(ck_piece_t *p, int32_t n);
 /* Pieces of a save: validate the user's tensors and cut expert-split pieces; offsets in the

@@ -194,4 +194,14 @@ moe_status_t moe_error_wrap(moe_status_t status, const char *fmt, ...)
                   #type ".struct_size is %zu; expected %zu (set it from sizeof or the "    \
                   "_default() initialiser)", (ptr)->struct_size, sizeof(type))
 
+/* A public create's config (NULL means defaults): c, initialised with the defaults, becomes
+ * *config once its struct_size is checked. */
+#define MOE_TAKE_CONFIG(c, config, type)                                                   \
+    do {                                                                                   \
+        if (config) {                                                                      \
+            MOE_CHECK_STRUCT_SIZE(config, type, sizeof(type));                             \
+            (c) = *(config);                                                               \
+        }                                                                                  \
+    } while (0)
+
 #endif /* MOE_CORE_ERROR_H */

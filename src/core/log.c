@@ -1,8 +1,6 @@
 /* Per-runtime logging to a callback or stderr. */
 #include "log.h"
 
-#include "env.h"
-
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,13 +15,6 @@ static const char *level_name(moe_log_level_t level)
     case MOE_LOG_DEBUG: return "debug";
     }
     return "?";
-}
-
-moe_log_level_t moe_log_level_from_env(moe_log_level_t fallback)
-{
-    /* the choices error|warn|info|debug are the levels in order */
-    return (moe_log_level_t)(MOE_LOG_ERROR +
-                             moe_env_choice(MOE_ENV_LOG_LEVEL, fallback - MOE_LOG_ERROR, NULL));
 }
 
 void moe_log(const moe_logger_t *logger, moe_log_level_t level, const char *fmt, ...)

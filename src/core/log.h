@@ -13,9 +13,6 @@ typedef struct moe_logger {
     void *user_data;
 } moe_logger_t;
 
-/* Level from MOE_LOG_LEVEL (error|warn|info|debug), or `fallback` when unset or unknown. */
-moe_log_level_t moe_log_level_from_env(moe_log_level_t fallback);
-
 void moe_log(const moe_logger_t *logger, moe_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -102,10 +102,7 @@ moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *confi
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
     moe_adamw_config_t c = moe_adamw_config_default();
-    if (config) {
-        MOE_CHECK_STRUCT_SIZE(config, moe_adamw_config_t, sizeof(moe_adamw_config_t));
-        c = *config;
-    }
+    MOE_TAKE_CONFIG(c, config, moe_adamw_config_t);
     MOE_TRY(agree_config(rt, &c, validate(&c)));
     moe_adamw_t *opt = calloc(1, sizeof *opt);
     if (!opt) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "optimizer allocation");

@@ -267,10 +267,7 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(callbacks != NULL, "callbacks is NULL");
     moe_pipeline_config_t c = moe_pipeline_config_default();
-    if (config) {
-        MOE_CHECK_STRUCT_SIZE(config, moe_pipeline_config_t, sizeof(moe_pipeline_config_t));
-        c = *config;
-    }
+    MOE_TAKE_CONFIG(c, config, moe_pipeline_config_t);
     if ((int)c.act_dtype == -1) c.act_dtype = rt->backend.ops->compute_dtype;
     MOE_TRY(agree_config(rt, &c, check_config(rt, &c, callbacks)));
     const moe_mesh_t *mesh = rt->mesh;

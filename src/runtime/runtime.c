@@ -25,6 +25,16 @@ const char *moe_version_string(void)
 #undef MOE_STR2
 }
 
+/* The level from MOE_LOG_LEVEL (error|warn|info|debug), or `fallback` when unset or unknown.
+ * Read here, not in core/log.c: the environment table logs through a logger, so core/env.c
+ * sits above core/log.c, and the runtime is what owns its logger's level. */
+static moe_log_level_t log_level_from_env(moe_log_level_t fallback)
+{
+    /* the choices error|warn|info|debug are the levels in order */
+    return (moe_log_level_t)(MOE_LOG_ERROR +
+                             moe_env_choice(MOE_ENV_LOG_LEVEL, fallback - MOE_LOG_ERROR, NULL));
+}
+
 moe_runtime_config_t moe_runtime_config_default(void)
 {
     moe_runtime_config_t c = {
@@ -86,10 +96,7 @@ moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
     moe_runtime_config_t c = moe_runtime_config_default();
-    if (config) {
-        MOE_CHECK_STRUCT_SIZE(config, moe_runtime_config_t, sizeof(moe_runtime_config_t));
-        c = *config;
-    }
+    MOE_TAKE_CONFIG(c, config, moe_runtime_config_t);
     MOE_CHECK_ARG(c.backend >= MOE_BACKEND_AUTO && c.backend <= MOE_BACKEND_CUDA,
                   "unknown backend %d", (int)c.backend);
     MOE_CHECK_ARG(c.log_level >= MOE_LOG_ERROR && c.log_level <= MOE_LOG_DEBUG,
@@ -97,7 +104,7 @@ moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_
 
     moe_runtime_t *rt = calloc(1, sizeof *rt);
     if (!rt) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "runtime allocation");
-    rt->logger = (moe_logger_t){moe_log_level_from_env(c.log_level), c.log_fn, c.log_user_data};
+    rt->logger = (moe_logger_t){log_level_from_env(c.log_level), c.log_fn, c.log_user_data};
     rt->seed = c.seed;
     moe_status_t st;
     MOE_TRY_GOTO(st, create_backend(&c, rt));

@@ -4,9 +4,10 @@
 1. src/core/env.h's MOE_ENV_TABLE is the one list of variables the library and its tools read:
    no getenv() in src/, kernels/, examples/ or tools/ outside src/core/env.c, and every row's
    id is used by some code (no dead rows).
-2. docs/environment.md's library table is exactly the table, row for row; `--write` rewrites it
+2. Every call of a getter that names a row is the getter of the row's type.
+3. docs/environment.md's library table is exactly the table, row for row; `--write` rewrites it
    from the header.
-3. Every MOE_* variable a benchmark (bench/) reads is in the table or the docs' Benchmarks
+4. Every MOE_* variable a benchmark (bench/) reads is in the table or the docs' Benchmarks
    table (the benchmarks link the shared library, whose getters are hidden).
 
 Usage: check_env.py SOURCE_DIR [--write]. Exits 1 listing every problem.
@@ -57,6 +58,33 @@ used = "\n".join(t for r, t in code.items() if r not in env_files)
 for rid, name, *_ in rows:
     if not re.search(rf"\bMOE_ENV_{rid}\b", used):
         problems.append(f"MOE_ENV_TABLE's row {name} (MOE_ENV_{rid}) is read by no code")
+
+# ---- each read through its row's getter ---------------------------------------------------
+# A getter called on a row of another type reads nothing (the raw value is refused), so the
+# variable would be silently ignored: every call that names its row must match the row's type.
+getter_types = {"string": {"STRING", "SECRET"}, "positive": {"POSITIVE"},
+                "positive_checked": {"POSITIVE"}, "int": {"INT"}, "flag": {"FLAG"},
+                "choice": {"CHOICE"}}
+row_type = {rid: typ for rid, _, typ, *_ in rows}
+call_re = re.compile(r"\bmoe_env_([a-z_]+)\(\s*MOE_ENV_([A-Z0-9_]+)\b")
+
+
+def getter_problems(rel, text):
+    found = []
+    for getter, rid in call_re.findall(text):
+        if getter in getter_types and rid in row_type and row_type[rid] not in getter_types[getter]:
+            found.append(f"{rel}: moe_env_{getter}(MOE_ENV_{rid}) reads a {row_type[rid]} "
+                         f"variable; use the getter of its type")
+    return found
+
+
+# The check's own test, so it cannot silently pass everything.
+if rows and (len(getter_problems("x.c", f"moe_env_flag(MOE_ENV_{rows[0][0]}, 0, NULL); "
+                                        f"moe_env_positive( MOE_ENV_{rows[0][0]}, 1, l);")) !=
+             1 + (row_type[rows[0][0]] != "POSITIVE")):
+    problems.append("check_env.py's getter check misjudges its sample")
+for rel, text in sorted(code.items()):
+    problems += getter_problems(rel, text)
 
 # ---- the docs -----------------------------------------------------------------------------
 doc_path = os.path.join(root, "docs", "environment.md")

@@ -69,17 +69,26 @@ bool proc_wait(pid_t pid, double timeout_s, int *status)
     }
 }
 
+/* The start of /proc/<pid>/<name> (one read: at most size - 1 bytes) into buf, NUL-terminated;
+ * its length, or 0 when the process or the file is gone or empty. */
+static ssize_t read_proc(pid_t pid, const char *name, char *buf, size_t size)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    return n;
+}
+
 /* state, ppid and session of pid; false when it is gone. */
 static bool stat_of(pid_t pid, char *state, pid_t *ppid, pid_t *sid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return false;
-    buf[n] = 0;
+    char buf[1024];
+    if (!read_proc(pid, "stat", buf, sizeof buf)) return false;
     char *p = strrchr(buf, ')');
     int pp, pg, se;
     if (!p || sscanf(p + 1, " %c %d %d %d", state, &pp, &pg, &se) != 4) return false;
@@ -98,14 +107,8 @@ char proc_state(pid_t pid)
 /* True when SIGKILL (bit 8 of the masks) is pending on the process or its main thread. */
 static bool sigkill_pending(pid_t pid)
 {
-    char path[64], buf[4096];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return false;
-    buf[n] = 0;
+    char buf[4096];
+    if (!read_proc(pid, "status", buf, sizeof buf)) return false;
     static const char *const fields[] = {"\nSigPnd:", "\nShdPnd:"};
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         const char *p = strstr(buf, fields[i]);
@@ -233,14 +236,9 @@ int proc_run_capture(char *const argv[], double timeout_s, char *out, size_t len
 /* The value of OMPI_COMM_WORLD_RANK in pid's environment, or -1. */
 static int world_rank_of(pid_t pid)
 {
-    char path[64], buf[1 << 15];
-    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return -1;
-    buf[n] = 0;
+    char buf[1 << 15];
+    ssize_t n = read_proc(pid, "environ", buf, sizeof buf);
+    if (!n) return -1;
     static const char var[] = "OMPI_COMM_WORLD_RANK=";
     for (char *p = buf; p < buf + n; p += strlen(p) + 1)
         if (!strncmp(p, var, sizeof var - 1)) return atoi(p + sizeof var - 1);

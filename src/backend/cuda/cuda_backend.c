@@ -310,6 +310,8 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     c->device = p->device_index;
     moe_status_t st;
     MOE_CUDA_CHECK_GOTO(st, cudaSetDevice(c->device));
+    MOE_CUDA_CHECK_GOTO(st, cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount,
+                                                   c->device));
     MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->own_stream, cudaStreamNonBlocking));
     c->stream = c->own_stream;
     struct cudaMemPoolProps props = {.allocType = cudaMemAllocationTypePinned,

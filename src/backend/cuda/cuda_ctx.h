@@ -36,6 +36,7 @@ typedef enum cuda_router_mode {
 
 typedef struct cuda_ctx {
     int device;
+    int sms; /* the device's SM count, asked once: the element-wise and grouped grids' size */
     cudaStream_t own_stream;
     cudaStream_t stream;                 /* current: own_stream or the caller's */
     cublasHandle_t cublas;               /* bound to `stream` */

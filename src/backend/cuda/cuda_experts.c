@@ -13,7 +13,7 @@
  * How the per-expert GEMMs are issued (docs/cuda-backend.md has the numbers behind the
  * choice):
  *   BATCHED  every expert has the same n_e: one cublasGemmStridedBatchedEx per GEMM kind;
- *            holds ~700 TFLOP/s for small experts where a loop is launch-bound.
+ *            small experts at the rate of large ones, where a loop is launch-bound.
  *   STREAMS  uneven n_e and many experts: the loop round-robin over side streams, each with
  *            its own cuBLAS handle and workspace, joined back with events.
  *   LOOP     few large experts: one cublasGemmEx after the other on the current stream.
@@ -320,17 +320,17 @@ moe_status_t moe_cuda_experts_forward(void *ctx, const moe_experts_t *a)
     static const gemm_kind_t k1[] = {FWD1}, k2[] = {FWD2};
     if (mode == CUDA_GEMM_HOPPER) {
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_forward(a->hpre, a->act, a->xp, a->w1, a->host_offsets,
-                                                    a->el, a->h, a->f, c->stream));
+                                                    a->el, a->h, a->f, c->sms, c->stream));
         MOE_CUDA_CHECK(moe_cuda_grouped_gemm(a->out, a->act, a->w2, false, a->host_offsets, a->el,
-                                             a->f, a->h, c->stream));
+                                             a->f, a->h, c->sms, c->stream));
         return MOE_STATUS_SUCCESS;
     }
     if (fused_swiglu(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_forward(a->hpre, a->act, a->xp, a->w1, a->host_offsets,
-                                                    a->el, a->h, a->f, c->stream));
+                                                    a->el, a->h, a->f, c->sms, c->stream));
     } else {
         MOE_TRY(run_experts(c, a, mode, k1, 1));
-        MOE_CUDA_CHECK(moe_cuda_swiglu_forward(a->act, a->hpre, total, a->f, c->stream));
+        MOE_CUDA_CHECK(moe_cuda_swiglu_forward(a->act, a->hpre, total, a->f, c->sms, c->stream));
     }
     MOE_TRY(run_experts(c, a, mode, k2, 1));
     return MOE_STATUS_SUCCESS;
@@ -357,20 +357,21 @@ moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a)
         cuda_gemm_mode_t dw = dw_mode(a);
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_backward(d_hpre, a->d_out, a->w2, a->hpre,
                                                      a->host_offsets, a->el, a->h, a->f,
-                                                     c->stream));
+                                                     c->sms, c->stream));
         MOE_TRY(run_experts(c, a, dw, k_dw2, 1));
         MOE_CUDA_CHECK(moe_cuda_grouped_gemm(a->d_xp, d_hpre, a->w1, true, a->host_offsets, a->el,
-                                             2 * a->f, a->h, c->stream));
+                                             2 * a->f, a->h, c->sms, c->stream));
         return run_experts(c, a, dw, k_dw1, 1);
     }
     if (fused_swiglu(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_backward(d_hpre, a->d_out, a->w2, a->hpre,
                                                      a->host_offsets, a->el, a->h, a->f,
-                                                     c->stream));
+                                                     c->sms, c->stream));
         MOE_TRY(run_experts(c, a, mode, k_dw2, 1));
     } else {
         MOE_TRY(run_experts(c, a, mode, k1, 2));
-        MOE_CUDA_CHECK(moe_cuda_swiglu_backward(d_hpre, d_act, a->hpre, total, a->f, c->stream));
+        MOE_CUDA_CHECK(moe_cuda_swiglu_backward(d_hpre, d_act, a->hpre, total, a->f, c->sms,
+                                                c->stream));
     }
     MOE_TRY(run_experts(c, a, mode, k2, 2));
     return MOE_STATUS_SUCCESS;

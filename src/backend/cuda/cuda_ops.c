@@ -99,8 +99,8 @@ moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
     moe_status_t st = moe_cuda_gemm(c->side_cublas[0], CUBLAS_OP_N, CUBLAS_OP_T, a->e, a->h, a->n,
                                     dl16, a->e, a->x, a->h, 1.0f, a->dwg, CUDA_R_32F, a->e);
     /* dx [N,H] += dlogits [N,E] · wg^T  ==  dx^T += wg · dlogits^T. Written when it may be:
-     * cuBLAS's beta = 1 epilogue costs more than the GEMM (bench/gemm_algos.c: 0.77 vs 0.42 ms
-     * at H=7168 N=65536 E=256, 0.42 vs 0.15 ms at H=4096 E=64). */
+     * cuBLAS's beta = 1 epilogue costs more than the GEMM (bench/gemm_algos.c measures it;
+     * docs/cuda-backend.md has the figures). */
     if (st == MOE_STATUS_SUCCESS)
         st = moe_cuda_gemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, a->h, a->n, a->e, a->wg, a->e, dl16,
                            a->e, a->overwrite_dx ? 0.0f : 1.0f, a->dx, CUDA_R_16BF, a->h);
@@ -216,13 +216,13 @@ moe_status_t moe_cuda_sum_squares_op(void *ctx, const float *const *x, const int
 moe_status_t moe_cuda_act_to_f32(void *ctx, float *dst, const void *src, int64_t n)
 {
     cuda_ctx_t *c = ctx;
-    MOE_CUDA_CHECK(moe_cuda_bf16_to_f32(dst, src, n, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_bf16_to_f32(dst, src, n, c->sms, c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_cuda_f32_to_act(void *ctx, void *dst, const float *src, int64_t n)
 {
     cuda_ctx_t *c = ctx;
-    MOE_CUDA_CHECK(moe_cuda_f32_to_bf16(dst, src, n, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_f32_to_bf16(dst, src, n, c->sms, c->stream));
     return MOE_STATUS_SUCCESS;
 }
