@@ -2,7 +2,8 @@
  * A small etcd v3 client over its JSON gateway (POST /v3/..., keys and values base64), spoken
  * with libcurl and cJSON: the lease calls and the few key-value calls the elastic layer needs.
  * One client serialises its requests (a mutex around its curl handle), so a keep-alive thread
- * and the caller's thread may share it. Every request has a deadline (timeout_ms).
+ * and the caller's thread may share it. Every request has a deadline (timeout_ms) per member
+ * tried. A client knows every member of a cluster and fails over between them (etcd.c).
  */
 #ifndef MOE_ELASTIC_ETCD_H
 #define MOE_ELASTIC_ETCD_H
@@ -20,8 +21,10 @@ typedef struct el_kv {
     int64_t lease;          /* 0: none */
 } el_kv_t;
 
-/* endpoint: "http://127.0.0.1:2379" (no trailing path). */
-moe_status_t el_etcd_create(const char *endpoint, int32_t timeout_ms, el_etcd_t **out);
+/* endpoints: one member "http://127.0.0.1:2379" or a comma-separated list of a cluster's
+ * members "http://a:2379,http://b:2379,http://c:2379" (no path; at most 16). Requests go to
+ * the member that answered last and fail over to the others in list order. */
+moe_status_t el_etcd_create(const char *endpoints, int32_t timeout_ms, el_etcd_t **out);
 void el_etcd_destroy(el_etcd_t *e);
 
 /* A lease of ttl_s seconds (etcd may grant a longer one: its minimum); [out] id, granted_ttl_s. */

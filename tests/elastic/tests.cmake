@@ -8,6 +8,9 @@ moe_add_test(test_elastic_mesh SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_me
 moe_add_test(test_elastic_etcd SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_etcd.c
              LABELS elastic TIMEOUT 120)
 target_link_libraries(test_elastic_etcd PRIVATE moe_elastic_support)
+moe_add_test(test_elastic_etcd_cluster SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_etcd_cluster.c
+             LABELS elastic TIMEOUT 120)
+target_link_libraries(test_elastic_etcd_cluster PRIVATE moe_elastic_support)
 if(TARGET moe_train AND TARGET moe_elastic)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)

@@ -120,7 +120,7 @@ static pid_t launch(const job_spec_t *s, const char *endpoint, const char *prefi
 /* What the launcher does at every poll, whatever it waits for. */
 typedef struct ticker {
     events_t *ev;
-    etcd_server_t *server;  /* the private etcd, or one with pid 0 */
+    etcd_server_t *server;  /* the private etcd, or one of no members */
     relay_t relay;
     pid_t mpirun;           /* the running incarnation's (its status is the watch's) */
     const char *ckpt_dir;
@@ -155,24 +155,32 @@ static void report_rejected(ticker_t *t)
     closedir(d);
 }
 
-static void tick(void *user)
+/* A private etcd member that exited is reported and started again (etcd_server.h). */
+static void supervise_etcd(ticker_t *t)
 {
-    ticker_t *t = user;
-    int status = 0;
-    int sup = t->server->pid > 0 ? etcd_server_supervise(t->server, &status) : 0;
-    if (sup) {
+    int member, status = 0, sup;
+    while ((sup = etcd_server_supervise(t->server, &member, &status)) != 0) {
         cJSON *f = cJSON_CreateObject();
-        cJSON_AddStringToObject(f, "endpoint", t->server->endpoint);
+        cJSON_AddStringToObject(f, "endpoint", t->server->m[member].client);
+        cJSON_AddNumberToObject(f, "member", member);
         cJSON_AddStringToObject(f, "how", WIFSIGNALED(status) ? "killed by a signal" : "exited");
         cJSON_AddNumberToObject(f, "code", WIFSIGNALED(status) ? WTERMSIG(status)
                                                                 : WEXITSTATUS(status));
         cJSON_AddBoolToObject(f, "restarted", sup > 0);
         events_emit(t->ev, "etcd_exited", f);
-        t->etcd_lost = sup < 0;
+        t->etcd_lost |= sup < 0;
+        if (sup < 0) break;
     }
+}
+
+static void tick(void *user)
+{
+    ticker_t *t = user;
+    supervise_etcd(t);
     relay_pump(&t->relay, false);
-    pid_t keep[2] = {t->mpirun, t->server->pid};
-    proc_reap_children(keep, 2);
+    pid_t keep[1 + ETCD_SERVER_MAX_MEMBERS] = {t->mpirun};
+    for (int i = 0; i < t->server->n; i++) keep[1 + i] = t->server->m[i].pid;
+    proc_reap_children(keep, 1 + t->server->n);
     report_rejected(t);
 }
 
@@ -254,7 +262,7 @@ int main(int argc, char **argv)
     etcd_server_t server = {0};
     const char *endpoint = s.etcd;
     if (!endpoint) {
-        if (etcd_server_start(&server, s.etcd_binary, 30000, err, sizeof err)) {
+        if (etcd_server_start(&server, s.etcd_binary, s.etcd_members, 30000, err, sizeof err)) {
             fprintf(stderr, "moe_elastic: private etcd: %s\n", err);
             events_close(&ev);
             return EXIT_LAUNCHER;
@@ -266,7 +274,10 @@ int main(int argc, char **argv)
     int code = EXIT_LAUNCHER;
     bool *failed = NULL;
     int *active = NULL;
-    if (el_etcd_create(endpoint, 2000, &etcd) != MOE_STATUS_SUCCESS) {
+    /* short requests: a poll tries every member while a cluster has lost its quorum, and must
+     * not keep the process checks waiting for long */
+    int request_ms = s.ttl_ms / 4 < 250 ? 250 : s.ttl_ms / 4 > 2000 ? 2000 : s.ttl_ms / 4;
+    if (el_etcd_create(endpoint, request_ms, &etcd) != MOE_STATUS_SUCCESS) {
         fprintf(stderr, "moe_elastic: %s\n", moe_last_error());
         goto out;
     }
@@ -294,7 +305,11 @@ int main(int argc, char **argv)
     {
         cJSON *f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "etcd", endpoint);
-        cJSON_AddNumberToObject(f, "etcd_pid", server.pid);
+        cJSON_AddNumberToObject(f, "etcd_pid", server.n ? server.m[0].pid : 0);
+        cJSON *pids = cJSON_CreateArray();
+        for (int i = 0; i < server.n; i++)
+            cJSON_AddItemToArray(pids, cJSON_CreateNumber(server.m[i].pid));
+        cJSON_AddItemToObject(f, "etcd_pids", pids);
         cJSON_AddNumberToObject(f, "launcher_pid", getpid());
         cJSON_AddNumberToObject(f, "slots", s.slots);
         cJSON_AddNumberToObject(f, "spares", s.spares);
@@ -367,8 +382,8 @@ int main(int argc, char **argv)
             break;
         }
         if (tk->etcd_lost) {
-            snprintf(err, sizeof err, "the private etcd at %s exited and could not be started "
-                     "again", endpoint);
+            snprintf(err, sizeof err, "a member of the private etcd at %s exited and could not "
+                     "be started again", endpoint);
             stop_event(&ev, err, EXIT_LAUNCHER);
             break;
         }

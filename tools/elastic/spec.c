@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/env.h"
+#include "etcd_server.h"
 #include "incarnation_watch.h"
 #include "proc.h"
 #include "spec.h"
@@ -27,7 +28,10 @@ void job_spec_usage(FILE *f)
         "  --max-restarts N     stop (exit 4) after this many restarts, default 10\n"
         "  --grace-ms MS        SIGTERM to SIGKILL when ending an incarnation, default 2000\n"
         "  --start-timeout-ms MS  every rank registered, default 60000\n"
-        "  --etcd URL           an existing etcd (http://host:port); default: a private one\n"
+        "  --etcd URL[,URL...]  an existing etcd: its members' client URLs (http://host:port),\n"
+        "                       tried in order when one fails; default: a private one\n"
+        "  --etcd-members N     the private etcd's members on loopback, default 1 (3: one\n"
+        "                       may be lost)\n"
         "  --etcd-binary PATH   the private etcd's program, default etcd\n"
         "  --events FILE        JSON-lines events, default elastic-events.jsonl\n"
         "  --mpirun-log FILE    mpirun's whole output (appended), default elastic-mpirun.log\n"
@@ -54,7 +58,8 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
 {
     *s = (job_spec_t){.slots = 4, .min_world = 1, .max_world = 0, .ttl_ms = 5000,
                       .max_restarts = 10, .grace_ms = 2000, .start_timeout_ms = 60000,
-                      .poll_ms = 100, .etcd_binary = "etcd", .events = "elastic-events.jsonl",
+                      .poll_ms = 100, .etcd_members = 1, .etcd_binary = "etcd",
+                      .events = "elastic-events.jsonl",
                       .mpirun_log = "elastic-mpirun.log",
                       .mpirun = "mpirun", .job = "job"};
     int i = 1;
@@ -72,6 +77,8 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
         else if (!strcmp(a, "--start-timeout-ms"))
             rc = int_arg(a, v, 1, &s->start_timeout_ms, err, len), i++;
         else if (!strcmp(a, "--etcd") && v) s->etcd = v, i++;
+        else if (!strcmp(a, "--etcd-members"))
+            rc = int_arg(a, v, 1, &s->etcd_members, err, len), i++;
         else if (!strcmp(a, "--etcd-binary") && v) s->etcd_binary = v, i++;
         else if (!strcmp(a, "--events") && v) s->events = v, i++;
         else if (!strcmp(a, "--mpirun-log") && v) s->mpirun_log = v, i++;
@@ -100,6 +107,11 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
     if (s->slots + s->spares > WATCH_MAX_RANKS) {
         snprintf(err, len, "--slots %d + --spares %d: at most %d slots", s->slots, s->spares,
                  WATCH_MAX_RANKS);
+        return -1;
+    }
+    if (s->etcd_members > ETCD_SERVER_MAX_MEMBERS || (s->etcd && s->etcd_members != 1)) {
+        snprintf(err, len, "--etcd-members %d: the private etcd has 1 to %d members, and none "
+                 "with --etcd", s->etcd_members, ETCD_SERVER_MAX_MEMBERS);
         return -1;
     }
     if (!s->max_world) s->max_world = s->slots;

@@ -22,7 +22,8 @@ typedef struct job_spec {
     int grace_ms;               /* SIGTERM to SIGKILL when ending an incarnation */
     int start_timeout_ms;       /* every rank registered in etcd */
     int poll_ms;
-    const char *etcd;           /* an existing etcd's endpoint; NULL: a private one */
+    const char *etcd;           /* an existing etcd's endpoints (commas); NULL: a private one */
+    int etcd_members;           /* the private etcd's members (1, or 3 to survive a lost one) */
     const char *etcd_binary;
     const char *events;         /* JSON-lines file */
     const char *mpirun_log;     /* mpirun's whole output (the launcher relays it without noise) */
