@@ -409,3 +409,57 @@ moe_status_t el_etcd_delete_prefix(el_etcd_t *e, const char *prefix, int64_t *de
     cJSON_Delete(r);
     return MOE_STATUS_SUCCESS;
 }
+
+moe_status_t el_etcd_create_key(el_etcd_t *e, const char *key, const char *value, int64_t lease,
+                                bool *created, char **holder)
+{
+    MOE_CHECK_ARG(e && key && *key && value && created, "etcd create: NULL or empty argument");
+    *created = false;
+    if (holder) *holder = NULL;
+    char *k = b64_encode(key, strlen(key)), *v = b64_encode(value, strlen(value));
+    char ls[32];
+    snprintf(ls, sizeof ls, "%lld", (long long)lease);
+    cJSON *body = cJSON_CreateObject(), *cmp = cJSON_CreateObject(), *put = cJSON_CreateObject(),
+          *get = cJSON_CreateObject();
+    cJSON *cmps = cJSON_AddArrayToObject(body, "compare");
+    cJSON *ok = cJSON_AddArrayToObject(body, "success");
+    cJSON *no = cJSON_AddArrayToObject(body, "failure");
+    cJSON *put_req = cJSON_AddObjectToObject(put, "request_put");
+    cJSON *get_req = cJSON_AddObjectToObject(get, "request_range");
+    bool built = k && v && cmps && ok && no && put_req && get_req &&
+                 /* the key's creation revision is 0 while it does not exist */
+                 cJSON_AddStringToObject(cmp, "target", "CREATE") &&
+                 cJSON_AddStringToObject(cmp, "key", k) &&
+                 cJSON_AddStringToObject(cmp, "create_revision", "0") &&
+                 cJSON_AddStringToObject(put_req, "key", k) &&
+                 cJSON_AddStringToObject(put_req, "value", v) &&
+                 (!lease || cJSON_AddStringToObject(put_req, "lease", ls)) &&
+                 cJSON_AddStringToObject(get_req, "key", k);
+    free(k);
+    free(v);
+    if (built) {
+        cJSON_AddItemToArray(cmps, cmp);
+        cJSON_AddItemToArray(ok, put);
+        cJSON_AddItemToArray(no, get);
+    } else {
+        cJSON_Delete(cmp);
+        cJSON_Delete(put);
+        cJSON_Delete(get);
+        cJSON_Delete(body);
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd create %s", key);
+    }
+    cJSON *r;
+    int code;
+    MOE_TRY(call(e, "kv/txn", body, &r, &code));
+    *created = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "succeeded"));
+    if (!*created && holder) {
+        /* responses[0].response_range.kvs[0].value: what the holder wrote */
+        const cJSON *res = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "responses"), 0);
+        const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(res, "response_range"), "kvs");
+        const cJSON *val = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(kvs, 0), "value");
+        *holder = cJSON_IsString(val) ? b64_decode(val->valuestring) : strdup("");
+    }
+    cJSON_Delete(r);
+    return MOE_STATUS_SUCCESS;
+}

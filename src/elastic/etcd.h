@@ -8,6 +8,7 @@
 #ifndef MOE_ELASTIC_ETCD_H
 #define MOE_ELASTIC_ETCD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,5 +42,10 @@ moe_status_t el_etcd_range_prefix(el_etcd_t *e, const char *prefix, el_kv_t **kv
 /* Deletes every key starting with prefix; [out] deleted (may be NULL). */
 moe_status_t el_etcd_delete_prefix(el_etcd_t *e, const char *prefix, int64_t *deleted);
 void el_kvs_free(el_kv_t *kvs, size_t n);
+/* One transaction: writes key = value (on lease, 0: none) only if the key does not exist. [out]
+ * created: whether this call wrote it; holder (may be NULL; free it): otherwise, the value
+ * that is there (a leader key's holder). The election of moe_elastic's leader. */
+moe_status_t el_etcd_create_key(el_etcd_t *e, const char *key, const char *value, int64_t lease,
+                                bool *created, char **holder);
 
 #endif /* MOE_ELASTIC_ETCD_H */

@@ -3,7 +3,7 @@
  * (tools/elastic/etcd_server.h): a dead endpoint first in the list is passed over; one member
  * killed changes nothing for the client or for a member's lease; two members stopped (the
  * quorum lost) make every request fail within its deadlines, naming a member, and requests
- * work again once they continue. Skipped (77) when no etcd is installed (Debian: etcd-server).
+ * work again once they continue; a leader key taken in a transaction by one candidate only. Skipped (77) when no etcd is installed (Debian: etcd-server).
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -93,6 +93,38 @@ static void test_one_member_lost(void **state)
     el_etcd_destroy(e);
 }
 
+/* a leader key created in one transaction: one of two candidates wins, the other reads the
+ * holder; once the winner's lease is revoked the key is free and the other wins */
+static void test_election(void **state)
+{
+    (void)state;
+    el_etcd_t *a, *b;
+    assert_int_equal(el_etcd_create(server.endpoint, 1000, &a), MOE_STATUS_SUCCESS);
+    assert_int_equal(el_etcd_create(server.endpoint, 1000, &b), MOE_STATUS_SUCCESS);
+    int64_t la, lb;
+    assert_int_equal(el_etcd_lease_grant(a, 5, &la, NULL), MOE_STATUS_SUCCESS);
+    assert_int_equal(el_etcd_lease_grant(b, 5, &lb, NULL), MOE_STATUS_SUCCESS);
+    bool won = false;
+    char *holder = NULL;
+    assert_int_equal(el_etcd_create_key(a, "/c/leader", "host-a", la, &won, &holder),
+                     MOE_STATUS_SUCCESS);
+    assert_true(won);
+    assert_null(holder);
+    assert_int_equal(el_etcd_create_key(b, "/c/leader", "host-b", lb, &won, &holder),
+                     MOE_STATUS_SUCCESS);
+    assert_false(won);
+    assert_string_equal(holder, "host-a");
+    free(holder);
+    assert_int_equal(el_etcd_lease_revoke(a, la), MOE_STATUS_SUCCESS); /* host a lost */
+    assert_int_equal(el_etcd_create_key(b, "/c/leader", "host-b", lb, &won, NULL),
+                     MOE_STATUS_SUCCESS);
+    assert_true(won);
+    assert_int_equal(el_etcd_lease_revoke(b, lb), MOE_STATUS_SUCCESS);
+    assert_false(has_key(a, "/c/leader"));
+    el_etcd_destroy(a);
+    el_etcd_destroy(b);
+}
+
 /* two of three stopped: no quorum, every request fails within its deadlines naming a member;
  * continued: requests work again */
 static void test_quorum_lost(void **state)
@@ -130,6 +162,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dead_endpoint_first),
         cmocka_unit_test(test_one_member_lost),
+        cmocka_unit_test(test_election),
         cmocka_unit_test(test_quorum_lost),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
