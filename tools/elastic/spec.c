@@ -38,6 +38,13 @@ void job_spec_usage(FILE *f)
         "  --job NAME           etcd keys under /moe/NAME/, default job\n"
         "  --mpirun PATH        default mpirun\n"
         "  --mpirun-arg ARG     passed to mpirun (repeatable), e.g. --oversubscribe\n"
+        "Agent mode, one per host of a multi-host job (docs/elastic.md):\n"
+        "  --agent --host NAME --slots N --ranks R --etcd URL[,URL...]\n"
+        "                       this host's N slots; the job runs R ranks over the hosts (the\n"
+        "                       trainer's mesh), launched by the elected leader with mpirun\n"
+        "                       over a hostfile; every agent gets the same other options\n"
+        "  --host-session       the host's ranks are those of the agent's session (hosts\n"
+        "                       simulated on one machine)\n"
         "exit: 0 done; 1 launcher failure; 2 bad arguments; 3 too few ranks or no valid mesh;\n"
         "4 max restarts reached.\n");
 }
@@ -77,6 +84,10 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
         else if (!strcmp(a, "--start-timeout-ms"))
             rc = int_arg(a, v, 1, &s->start_timeout_ms, err, len), i++;
         else if (!strcmp(a, "--etcd") && v) s->etcd = v, i++;
+        else if (!strcmp(a, "--agent")) s->agent = true;
+        else if (!strcmp(a, "--host-session")) s->host_session = true;
+        else if (!strcmp(a, "--host") && v && *v && !strchr(v, '/')) s->host = v, i++;
+        else if (!strcmp(a, "--ranks")) rc = int_arg(a, v, 1, &s->ranks, err, len), i++;
         else if (!strcmp(a, "--etcd-members"))
             rc = int_arg(a, v, 1, &s->etcd_members, err, len), i++;
         else if (!strcmp(a, "--etcd-binary") && v) s->etcd_binary = v, i++;
@@ -114,8 +125,17 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
                  "with --etcd", s->etcd_members, ETCD_SERVER_MAX_MEMBERS);
         return -1;
     }
-    if (!s->max_world) s->max_world = s->slots;
-    if (s->min_world > s->max_world || s->min_world > s->slots) {
+    if (s->agent && (!s->host || !s->etcd || !s->ranks)) {
+        snprintf(err, len, "--agent needs --host NAME, --ranks N (the job's ranks) and --etcd "
+                 "URL[,URL...] (the agents meet in etcd)");
+        return -1;
+    }
+    if (!s->agent && (s->host || s->ranks || s->host_session)) {
+        snprintf(err, len, "--host, --ranks and --host-session are for --agent");
+        return -1;
+    }
+    if (!s->max_world) s->max_world = s->agent ? s->ranks : s->slots;
+    if (s->min_world > s->max_world || (!s->agent && s->min_world > s->slots)) {
         snprintf(err, len, "--min-world %d is above --max-world %d or --slots %d", s->min_world,
                  s->max_world, s->slots);
         return -1;

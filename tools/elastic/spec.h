@@ -31,6 +31,11 @@ typedef struct job_spec {
     const char *job;            /* keys under /moe/<job>/ */
     const char *mpirun_args[SPEC_MAX_MPIRUN_ARGS];
     int n_mpirun_args;
+    /* agent mode (agent.h): this host's name and slots (--slots), the job's ranks */
+    bool agent;
+    const char *host;
+    int ranks;
+    bool host_session;          /* this host's ranks are the agent's session's (simulated) */
     char **trainer;             /* argv of the trainer (after "--"), NULL-terminated */
     int n_trainer;
 } job_spec_t;
