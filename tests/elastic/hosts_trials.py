@@ -66,7 +66,20 @@ def etcd_cluster(d, n=3):
              "--initial-advertise-peer-urls", f"http://127.0.0.1:{pp}",
              "--initial-cluster", cluster, "--initial-cluster-token", d],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-    return ",".join(f"http://127.0.0.1:{cp}" for cp, _ in ports), procs
+    endpoints = ",".join(f"http://127.0.0.1:{cp}" for cp, _ in ports)
+    # ready once a write commits (a leader elected); the agents would wait for it too
+    import urllib.request
+    body = json.dumps({"key": "cmVhZHk=", "value": "MQ=="}).encode()
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{ports[0][0]}/v3/kv/put", data=body,
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=1).read()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return endpoints, procs
 
 
 def rows(path):

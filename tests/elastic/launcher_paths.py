@@ -173,7 +173,12 @@ def mpirun_path():
         launch1 = wait_event(events, lambda e: e["event"] == "launch" and e["incarnation"] == 1, 1)
         if up1 and launch1:
             time.sleep(0.3)
-            zombies = [z for z in zombie_children(proc.pid) if z != launch1["mpirun_pid"]]
+            # a child that exits just now is a zombie until the next poll (100 ms): only one
+            # still there half a second later was left unreaped
+            first = set(zombie_children(proc.pid))
+            time.sleep(0.5)
+            zombies = [z for z in zombie_children(proc.pid) if z in first and
+                       z != launch1["mpirun_pid"]]
     rc = finish(proc)
     log.close()
     ev = rows(events)

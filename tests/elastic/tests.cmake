@@ -23,6 +23,14 @@ if(TARGET moe_train AND TARGET moe_elastic)
                      --mpirun ${MPIEXEC_EXECUTABLE} --work ${CMAKE_CURRENT_BINARY_DIR}/elastic-paths)
     set_tests_properties(test_elastic_launcher PROPERTIES TIMEOUT 300 LABELS "elastic;chaos"
       SKIP_RETURN_CODE 77)
+    # agents on three simulated hosts (simhost.py, sim_rsh.sh): a host, the leader's host and
+    # an etcd member lost
+    add_test(NAME test_elastic_hosts
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/hosts_trials.py
+                     --launcher $<TARGET_FILE:moe_elastic> --fake $<TARGET_FILE:fake_rank>
+                     --mpirun ${MPIEXEC_EXECUTABLE} --work ${CMAKE_CURRENT_BINARY_DIR}/elastic-hosts)
+    set_tests_properties(test_elastic_hosts PROPERTIES TIMEOUT 300 LABELS "elastic;chaos"
+      SKIP_RETURN_CODE 77)
     add_test(NAME test_elastic_chaos
              COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/chaos_elastic.py
                      --launcher $<TARGET_FILE:moe_elastic> --trainer $<TARGET_FILE:moe_train>

@@ -185,8 +185,13 @@ int agent_main(job_spec_t *s, agent_leader_fn lead)
         return 2;
     }
     int request_ms = s->ttl_ms / 4 < 250 ? 250 : s->ttl_ms / 4 > 2000 ? 2000 : s->ttl_ms / 4;
-    if (el_etcd_create(s->etcd, request_ms, &a->etcd) != MOE_STATUS_SUCCESS ||
-        register_host(a)) {
+    /* agents may start before etcd answers (every host starts at once): 30 s to register */
+    bool created = el_etcd_create(s->etcd, request_ms, &a->etcd) == MOE_STATUS_SUCCESS;
+    double deadline = proc_now() + 30.0;
+    int reg = -1;
+    while (created && (reg = register_host(a)) != 0 && proc_now() < deadline)
+        usleep(200 * 1000);
+    if (!created || reg) {
         fprintf(stderr, "moe_elastic: agent %s: etcd at %s unreachable: %s\n", s->host, s->etcd,
                 moe_last_error());
         goto out;
