@@ -14,7 +14,7 @@ Each must end with every surviving agent exiting 0, the failed slots exactly the
 and no process of any host's session left.
 
 Usage: hosts_trials.py --launcher moe_elastic --fake fake_rank --mpirun MPIRUN --work DIR
-       [--only host leader member]
+       [--only host leader member] [--repeat N]
 Exits 1 when a trial fails, 77 (skip) without etcd.
 """
 import argparse
@@ -36,6 +36,7 @@ p.add_argument("--fake", required=True)
 p.add_argument("--mpirun", required=True)
 p.add_argument("--work", required=True)
 p.add_argument("--only", nargs="*")
+p.add_argument("--repeat", type=int, default=1, help="run each trial this many times")
 a = p.parse_args()
 if not shutil.which("etcd"):
     print("skipped: no etcd (Debian package etcd-server; scripts/setup-deps.sh --tests)")
@@ -118,9 +119,12 @@ def kill_session(sid):
             pass
 
 
-def trial(name):
+times = {}
+
+
+def trial(name, run=0):
     global failed
-    d = os.path.join(a.work, name)
+    d = os.path.join(a.work, f"{name}-{run}" if a.repeat > 1 else name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     endpoints, etcd = etcd_cluster(d)
@@ -202,9 +206,25 @@ def trial(name):
           f"fault to next step {recover if recover is None else round(recover, 2)} s; "
           f"left {left}: {'ok' if ok else 'FAIL'}", flush=True)
     failed += not ok
+    host_found = [e["t"] - t_fault for e in flat if e["event"] == "host_lost" and t_fault]
+    failure = [e["t"] - t_fault for e in flat if e["event"] == "failure" and t_fault]
+    times.setdefault(name, []).append((ok, failure[0] if failure else None,
+                                       host_found[0] if host_found else None, recover))
+
+
+def med_max(v):
+    v = sorted(x for x in v if x is not None)
+    return f"{v[len(v) // 2]:.2f} / {v[-1]:.2f} s" if v else "-"
 
 
 for name in ("host", "leader", "member"):
-    if not a.only or name in a.only:
-        trial(name)
+    for run in range(a.repeat):
+        if not a.only or name in a.only:
+            trial(name, run)
+if a.repeat > 1:
+    print("| trial | runs | passed | fault -> failure | fault -> host_lost | fault -> next step |")
+    print("|---|---|---|---|---|---|")
+    for name, t in times.items():
+        print(f"| {name} | {len(t)} | {sum(x[0] for x in t)} | {med_max(x[1] for x in t)} | "
+              f"{med_max(x[2] for x in t)} | {med_max(x[3] for x in t)} |")
 sys.exit(1 if failed else 0)

@@ -17,6 +17,11 @@
  * job folder continues from its newest complete checkpoint; the folder's lock (job_lock.h)
  * keeps a second launcher out. The launcher holds its own lease in etcd, whose key the ranks
  * watch: a dead launcher's ranks end (and its mpirun and private etcd get SIGTERM at once).
+ *
+ * With --agent the program is one host's agent (agent.h); the agent elected leader runs the
+ * same job loop (lead) over the live agents' hosts: slots numbered per host, each incarnation
+ * launched with a hostfile, its ranks checked by their hosts' agents and ended by them, a lost
+ * host's slots failed (hosts.h).
  */
 #include <dirent.h>
 #include <signal.h>
@@ -521,6 +526,11 @@ static int lead(job_spec_t *sp, agent_t *ag)
             events_emit(evp, "done", f);
             code = EXIT_DONE;
             break;
+        }
+        if (ag) { /* first: the agents then take the ranks' ends for the teardown's */
+            char end_key[320];
+            snprintf(end_key, sizeof end_key, "%s/end", prefix);
+            el_etcd_put(etcd, end_key, "1", 0);
         }
         double td = watch_teardown(mpirun, s.grace_ms / 1000.0, tick, tk);
         if (ag && td >= 0) { /* the ranks are the hosts' to end; a host that is gone is lost */

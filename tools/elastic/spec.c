@@ -39,8 +39,9 @@ void job_spec_usage(FILE *f)
         "  --mpirun PATH        default mpirun\n"
         "  --mpirun-arg ARG     passed to mpirun (repeatable), e.g. --oversubscribe\n"
         "Agent mode, one per host of a multi-host job (docs/elastic.md):\n"
-        "  --agent --host NAME --slots N --ranks R --etcd URL[,URL...]\n"
-        "                       this host's N slots; the job runs R ranks over the hosts (the\n"
+        "  --agent [--host NAME] --slots N --ranks R --etcd URL[,URL...]\n"
+        "                       this host's N slots (NAME: as mpirun reaches it, default its\n"
+        "                       hostname); the job runs R ranks over the hosts (the\n"
         "                       trainer's mesh), launched by the elected leader with mpirun\n"
         "                       over a hostfile; every agent gets the same other options\n"
         "  --host-session       the host's ranks are those of the agent's session (hosts\n"
@@ -125,9 +126,12 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
                  "with --etcd", s->etcd_members, ETCD_SERVER_MAX_MEMBERS);
         return -1;
     }
+    if (s->agent && !s->host && gethostname(s->host_name, sizeof s->host_name - 1) == 0 &&
+        s->host_name[0] && !strchr(s->host_name, '/'))
+        s->host = s->host_name;
     if (s->agent && (!s->host || !s->etcd || !s->ranks)) {
-        snprintf(err, len, "--agent needs --host NAME, --ranks N (the job's ranks) and --etcd "
-                 "URL[,URL...] (the agents meet in etcd)");
+        snprintf(err, len, "--agent needs --ranks N (the job's ranks), --etcd URL[,URL...] (the "
+                 "agents meet in etcd) and a host name (--host NAME, or gethostname)");
         return -1;
     }
     if (!s->agent && (s->host || s->ranks || s->host_session)) {

@@ -33,7 +33,8 @@ typedef struct job_spec {
     int n_mpirun_args;
     /* agent mode (agent.h): this host's name and slots (--slots), the job's ranks */
     bool agent;
-    const char *host;
+    const char *host;           /* default: gethostname (host_name) */
+    char host_name[256];
     int ranks;
     bool host_session;          /* this host's ranks are the agent's session's (simulated) */
     char **trainer;             /* argv of the trainer (after "--"), NULL-terminated */
