@@ -153,7 +153,7 @@ def trial(name, run=0):
     if up and lead:
         up = up[0]
         launch = [e for e in all_events(d)[lead] if e["event"] == "launch"][0]
-        slot_host = {s: HOSTS[s // SLOTS] for s in launch["mesh"]["slots"]}
+        slot_host = dict(zip(launch["mesh"]["slots"], launch["hosts"]))
         if name == "host":
             lost = [h for h in HOSTS if h != lead and h in slot_host.values()][0]
         elif name == "leader":
@@ -186,10 +186,10 @@ def trial(name, run=0):
     ok = bool(done) and t_fault is not None and not left
     ok = ok and all(c == 0 for h, c in codes.items() if h != lost)
     if lost:
-        first = HOSTS.index(lost) * SLOTS
-        ok = ok and slot_failed == [first, first + 1] and host_lost == [lost]
+        its = sorted({x for e in flat if e["event"] == "host_lost" for x in e["slots"]})
+        ok = ok and len(its) == SLOTS and slot_failed == its and host_lost == [lost]
         relaunch = [e for e in flat if e["event"] == "launch" and e["t"] > t_fault]
-        ok = ok and relaunch and not set(relaunch[-1]["mesh"]["slots"]) & {first, first + 1}
+        ok = ok and relaunch and lost not in relaunch[-1]["hosts"]
     else:
         ok = ok and not fails and not slot_failed
     if name == "leader":

@@ -1,6 +1,8 @@
 /* An agent per host (agent.h): its lease and key, its ranks, the end of incarnations, the
  * leader election. */
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +18,11 @@ struct agent {
     job_spec_t *s;
     el_etcd_t *etcd;
     events_t ev;
-    int64_t lease;
-    double renewed_at;
+    int64_t lease;            /* renewed by the keep-alive thread on its own client */
+    el_etcd_t *renew_etcd;
+    pthread_t renewer;
+    atomic_bool stop_renewing, lease_lost;
+    bool renewing;
     char key[320];            /* /moe/<job>/agents/<host> */
     pid_t sid;                /* 0, or this session only (--host-session: a simulated host) */
     /* the incarnation whose ranks this host runs */
@@ -32,8 +37,7 @@ el_etcd_t *agent_etcd(agent_t *a) { return a->etcd; }
 events_t *agent_events(agent_t *a) { return &a->ev; }
 int64_t agent_lease(agent_t *a) { return a->lease; }
 
-/* The agent's key on a fresh lease (at the start, and when the lease was lost: etcd was away
- * longer than the TTL). */
+/* The agent's key on a fresh lease. */
 static int register_host(agent_t *a)
 {
     int64_t ttl = (a->s->ttl_ms + 999) / 1000;
@@ -42,17 +46,30 @@ static int register_host(agent_t *a)
     snprintf(v, sizeof v, "{\"host\":\"%s\",\"slots\":%d,\"pid\":%d}", a->s->host, a->s->slots,
              (int)getpid());
     if (el_etcd_put(a->etcd, a->key, v, a->lease) != MOE_STATUS_SUCCESS) return -1;
-    a->renewed_at = proc_now();
     return 0;
 }
 
-static void renew(agent_t *a)
+/* Renews the lease every third of the TTL, whatever the agent's thread is doing (a leader
+ * waits for mpirun's --print-config, a teardown, a slow etcd): the host is alive while its
+ * agent process is. A lease found expired (etcd away longer than the TTL) is lost for good:
+ * the host's key and a leader key on it are gone, which agent_deposed reports. */
+static void *renew_loop(void *arg)
 {
-    if (proc_now() - a->renewed_at < a->s->ttl_ms / 3000.0) return;
-    moe_status_t st = el_etcd_lease_keepalive(a->etcd, a->lease);
-    if (st == MOE_STATUS_SUCCESS) a->renewed_at = proc_now();
-    else if (st == MOE_STATUS_NOT_FOUND) register_host(a);
+    agent_t *a = arg;
+    useconds_t every = (useconds_t)(a->s->ttl_ms / 3) * 1000;
+    while (!atomic_load(&a->stop_renewing)) {
+        for (useconds_t t = 0; t < every && !atomic_load(&a->stop_renewing); t += 20000)
+            usleep(20000);
+        if (atomic_load(&a->stop_renewing)) break;
+        if (el_etcd_lease_keepalive(a->renew_etcd, a->lease) == MOE_STATUS_NOT_FOUND) {
+            atomic_store(&a->lease_lost, true);
+            break;
+        }
+    }
+    return NULL;
 }
+
+bool agent_deposed(agent_t *a) { return atomic_load(&a->lease_lost); }
 
 /* Reads an int key; dflt when absent or etcd did not answer (*ok false then). */
 static long read_int(agent_t *a, const char *key, long dflt, bool *ok)
@@ -144,7 +161,6 @@ static void watch_ranks(agent_t *a)
 
 void agent_tick(agent_t *a)
 {
-    renew(a);
     char key[320];
     snprintf(key, sizeof key, "/moe/%s/incarnation", a->s->job);
     bool ok;
@@ -184,14 +200,16 @@ int agent_main(job_spec_t *s, agent_leader_fn lead)
         free(a);
         return 2;
     }
-    int request_ms = s->ttl_ms / 4 < 250 ? 250 : s->ttl_ms / 4 > 2000 ? 2000 : s->ttl_ms / 4;
     /* agents may start before etcd answers (every host starts at once): 30 s to register */
-    bool created = el_etcd_create(s->etcd, request_ms, &a->etcd) == MOE_STATUS_SUCCESS;
+    bool created = el_etcd_create(s->etcd, job_spec_request_ms(s), &a->etcd) == MOE_STATUS_SUCCESS;
     double deadline = proc_now() + 30.0;
     int reg = -1;
     while (created && (reg = register_host(a)) != 0 && proc_now() < deadline)
         usleep(200 * 1000);
-    if (!created || reg) {
+    created = created && !reg &&
+              el_etcd_create(s->etcd, job_spec_request_ms(s), &a->renew_etcd) == MOE_STATUS_SUCCESS;
+    a->renewing = created && pthread_create(&a->renewer, NULL, renew_loop, a) == 0;
+    if (!a->renewing) {
         fprintf(stderr, "moe_elastic: agent %s: etcd at %s unreachable: %s\n", s->host, s->etcd,
                 moe_last_error());
         goto out;
@@ -208,6 +226,11 @@ int agent_main(job_spec_t *s, agent_leader_fn lead)
     snprintf(me, sizeof me, "{\"host\":\"%s\",\"pid\":%d}", s->host, (int)getpid());
     for (;;) {
         usleep((useconds_t)s->poll_ms * 1000);
+        if (agent_deposed(a)) {
+            fprintf(stderr, "moe_elastic: agent %s: its lease expired (etcd away longer than the "
+                    "TTL): the host leaves the job\n", s->host);
+            break;
+        }
         agent_tick(a);
         bool ok;
         long end = read_int(a, done, -1, &ok);
@@ -226,7 +249,12 @@ int agent_main(job_spec_t *s, agent_leader_fn lead)
         break;
     }
 out:
+    if (a->renewing) {
+        atomic_store(&a->stop_renewing, true);
+        pthread_join(a->renewer, NULL);
+    }
     el_etcd_lease_revoke(a->etcd, a->lease); /* the host's key and a leader key go at once */
+    el_etcd_destroy(a->renew_etcd);
     el_etcd_destroy(a->etcd);
     events_close(&a->ev);
     free(a);

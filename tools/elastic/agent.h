@@ -1,8 +1,9 @@
 /*
  * An agent: moe_elastic on one host of a multi-host job (docs/elastic.md, "Agents and the
  * leader"). It owns the host's slots and its ranks' processes:
- *   - it holds a lease of one TTL and, on it, /moe/<job>/agents/<host> = {"host", "slots",
- *     "pid"}: the key is the host's liveness (a lost host's key expires with its lease);
+ *   - it holds a lease of one TTL, renewed by a thread of its own, and, on it,
+ *     /moe/<job>/agents/<host> = {"host", "slots", "pid"}: the key is the host's liveness (a
+ *     lost host's key expires with its lease);
  *   - at every poll it finds the ranks of the current incarnation on this host (processes whose
  *     environment names the incarnation's prefix, proc_job_ranks) and, for one stopped or gone
  *     without an exit record, writes that record itself (create-if-absent, so a rank's own
@@ -43,5 +44,9 @@ void agent_tick(agent_t *a);
 el_etcd_t *agent_etcd(agent_t *a);
 events_t *agent_events(agent_t *a);
 int64_t agent_lease(agent_t *a);
+/* True once the agent's lease expired (etcd away longer than the TTL): its host key and any
+ * leader key on it are gone, another agent may lead; a leader stops (its incarnation is the
+ * new leader's to end) and the agent leaves the job. */
+bool agent_deposed(agent_t *a);
 
 #endif /* MOE_TOOLS_AGENT_H */

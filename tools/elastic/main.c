@@ -195,7 +195,10 @@ static void tick(void *user)
     for (int i = 0; i < t->server->n; i++) keep[1 + i] = t->server->m[i].pid;
     proc_reap_children(keep, 1 + t->server->n);
     report_rejected(t);
-    if (t->agent) agent_tick(t->agent);
+    if (t->agent) {
+        agent_tick(t->agent);
+        if (agent_deposed(t->agent)) stop_requested = 1; /* another agent leads now */
+    }
 }
 
 /* The launcher's own lease, whose key the ranks watch (MOE_ELASTIC_LAUNCHER_KEY): refused when
@@ -302,7 +305,10 @@ static void end_on_hosts(const job_spec_t *s, hosts_t *h, events_t *ev, bool *fa
         cJSON *f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "host", h->name[i]);
         cJSON_AddNumberToObject(f, "incarnation", inc);
-        cJSON_AddNumberToObject(f, "slots", h->slots[i]);
+        cJSON *sl = cJSON_CreateArray();
+        for (int k = 0; k < h->slots[i]; k++)
+            cJSON_AddItemToArray(sl, cJSON_CreateNumber(h->first[i] + k));
+        cJSON_AddItemToObject(f, "slots", sl);
         cJSON_AddNumberToObject(f, "found_after_s", took);
         events_emit(ev, "host_lost", f);
         for (int k = 0; k < h->slots[i]; k++) fail_slot(ev, failed, WATCH_MAX_RANKS, h->first[i] + k);
@@ -397,10 +403,7 @@ static int lead(job_spec_t *sp, agent_t *ag)
     int code = EXIT_LAUNCHER;
     bool *failed = NULL;
     int *active = NULL;
-    /* short requests: a poll tries every member while a cluster has lost its quorum, and must
-     * not keep the process checks waiting for long */
-    int request_ms = s.ttl_ms / 4 < 250 ? 250 : s.ttl_ms / 4 > 2000 ? 2000 : s.ttl_ms / 4;
-    if (!ag && el_etcd_create(endpoint, request_ms, &etcd) != MOE_STATUS_SUCCESS) {
+    if (!ag && el_etcd_create(endpoint, job_spec_request_ms(&s), &etcd) != MOE_STATUS_SUCCESS) {
         fprintf(stderr, "moe_elastic: %s\n", moe_last_error());
         goto out;
     }
@@ -505,6 +508,14 @@ static int lead(job_spec_t *sp, agent_t *ag)
         cJSON_AddNumberToObject(f, "mpirun_pid", mpirun);
         cJSON_AddBoolToObject(f, "resume", true);
         cJSON_AddItemToObject(f, "mesh", mesh_json(&mesh, active, world));
+        if (ag) { /* the host of each rank */
+            cJSON *hl = cJSON_CreateArray();
+            for (int i = 0; i < world; i++) {
+                int h = hosts_of_slot(&hosts, active[i]);
+                cJSON_AddItemToArray(hl, cJSON_CreateString(h >= 0 ? hosts.name[h] : "?"));
+            }
+            cJSON_AddItemToObject(f, "hosts", hl);
+        }
         events_emit(evp, "launch", f);
         watch_config_t wc = {.etcd = etcd, .events = evp, .prefix = prefix, .incarnation = inc,
                              .world = world, .slots = active, .mpirun = mpirun,
@@ -546,7 +557,8 @@ static int lead(job_spec_t *sp, agent_t *ag)
             break;
         }
         if (r.stopped) {
-            stop_event(evp, "stopped by a signal", EXIT_SIGNALLED);
+            stop_event(evp, ag && agent_deposed(ag) ? "this agent's lease expired: another "
+                       "agent leads" : "stopped by a signal", EXIT_SIGNALLED);
             code = EXIT_SIGNALLED;
             break;
         }

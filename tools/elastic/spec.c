@@ -50,6 +50,12 @@ void job_spec_usage(FILE *f)
         "4 max restarts reached.\n");
 }
 
+int job_spec_request_ms(const job_spec_t *s)
+{
+    int ms = s->ttl_ms / 4;
+    return ms < 250 ? 250 : ms > 2000 ? 2000 : ms;
+}
+
 static int int_arg(const char *flag, const char *v, int lo, int *out, char *err, size_t len)
 {
     char *end;

@@ -44,6 +44,10 @@ typedef struct job_spec {
 /* Returns 0, 1 for --help, or -1 with a message naming the option in err. */
 int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len);
 void job_spec_usage(FILE *f);
+/* The launcher's and agents' etcd request timeout: TTL/4 within 250 ms .. 2 s, short because a
+ * poll tries every member while a cluster has lost its quorum and must not keep the process
+ * checks waiting. */
+int job_spec_request_ms(const job_spec_t *s);
 
 typedef struct trainer_info {
     el_model_shape_t shape;
