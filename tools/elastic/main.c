@@ -462,6 +462,22 @@ static int lead(job_spec_t *sp, agent_t *ag)
             last_detected = proc_now();
         }
     }
+    if (ag) {
+        /* the hosts start at once but register one by one: the first world waits for the
+         * job's ranks in healthy slots (or the start timeout, then takes what is there) */
+        double until = proc_now() + s.start_timeout_ms / 1000.0;
+        for (;;) {
+            int n = 0;
+            if (hosts_refresh(&hosts) == 0)
+                for (int slot = 0; slot < hosts.total && slot < WATCH_MAX_RANKS; slot++) {
+                    int h = hosts_of_slot(&hosts, slot);
+                    n += h >= 0 && hosts.live[h] && !failed[slot];
+                }
+            if (n >= s.ranks || proc_now() > until || stop_requested) break;
+            tick(tk);
+            usleep((useconds_t)s.poll_ms * 1000);
+        }
+    }
     for (int inc = first_inc, restarts = 0;; inc++) {
         char prefix[256], key[320], val[64];
         snprintf(prefix, sizeof prefix, "/moe/%s/inc/%d", s.job, inc);
