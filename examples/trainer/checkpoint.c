@@ -1,7 +1,6 @@
 /* The trainer's checkpoints (checkpoint.h). */
 #include "checkpoint.h"
 
-#include <mpi.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -102,34 +101,6 @@ int trainer_ckpt_progress(trainer_ckpt_t *k)
     return 0;
 }
 
-/* Complete checkpoints newer than the one loaded failed verification (the loader fell back
- * past them): rank 0 moves each aside as <dir>/.rejected-step-<N>-<unix time> (a hidden name, which the
- * checkpointer ignores), so training passes that step instead of refusing to save it again,
- * and the bad copy is kept for a look. Collective (the others wait for the renames). */
-static void set_aside_newer(trainer_ckpt_t *k, const trainer_t *t, int64_t loaded)
-{
-    int64_t steps[64];
-    int32_t n = 0;
-    if (t->plan.world_rank == 0 &&
-        moe_ckpt_list(k->ck, MOE_CKPT_TIER_LOCAL, steps, 64, &n) == MOE_STATUS_SUCCESS) {
-        for (int32_t i = 0; i < n && i < 64; i++) {
-            if (steps[i] <= loaded) continue;
-            char from[2048], to[2048];
-            snprintf(to, sizeof to, "%s/.rejected-step-%lld-%lld", t->cfg->ckpt_dir,
-                     (long long)steps[i], (long long)time(NULL));
-            snprintf(from, sizeof from, "%s/step-%012lld", t->cfg->ckpt_dir, (long long)steps[i]);
-            if (rename(from, to) != 0) {
-                snprintf(from, sizeof from, "%s/step-%lld", t->cfg->ckpt_dir, (long long)steps[i]);
-                if (rename(from, to) != 0) continue;
-            }
-            fprintf(stderr, "moe_train: resume: the checkpoint of step %lld failed "
-                    "verification; moved aside to %s, resuming from step %lld\n",
-                    (long long)steps[i], to, (long long)loaded);
-        }
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-}
-
 int64_t trainer_ckpt_newest(trainer_ckpt_t *k)
 {
     int64_t step = -1;
@@ -153,7 +124,16 @@ int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)
                 (long long)step);
         return -1;
     }
-    set_aside_newer(k, t, step);
+    /* complete checkpoints newer than the one loaded failed verification (the loader fell
+     * back past them): set aside, so training passes those steps instead of meeting them */
+    int32_t aside = 0;
+    if (moe_ckpt_set_aside_newer(k->ck, step, &aside) != MOE_STATUS_SUCCESS)
+        return report("resume: setting aside the checkpoints newer than the one loaded");
+    if (aside > 0 && k->verbose)
+        fprintf(stderr, "moe_train: resume: %d checkpoint%s newer than step %lld failed "
+                "verification; set aside in %s (.rejected-step-<N>-<time>), resuming from step "
+                "%lld\n", (int)aside, aside == 1 ? "" : "s", (long long)step, k->dir,
+                (long long)step);
     t->step = step;
     return 0;
 }

@@ -74,6 +74,8 @@ static const knob_t knobs[] = {
     {"log.metrics", "--metrics", K_STR, STR(metrics), "JSON-lines metrics file, \"\": none"},
     {"log.progress_every", NULL, K_INT, OFF(progress_every), 0, "steps between progress lines"},
     {"log.peak_tflops", NULL, K_FLOAT, OFF(peak_tflops), 0, "MFU peak; 0: per backend"},
+    {"test.slow_slot", NULL, K_INT, OFF(slow_slot), 0, "elastic slot made slow; -1: none"},
+    {"test.slow_ms", NULL, K_FLOAT, OFF(slow_ms), 0, "its sleep in every training step"},
 };
 enum { NKNOBS = sizeof knobs / sizeof knobs[0] };
 
@@ -87,6 +89,7 @@ void trainer_config_default(trainer_config_t *c)
         .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.01, .grad_clip = 1.0,
         .min_lr_ratio = 0.1, .warmup_steps = 20, .val_fraction = 0.05, .eval_every = 50,
         .eval_batches = 4, .ckpt_every = 0, .keep_last = 2, .progress_every = 10,
+        .slow_slot = -1,
     };
     strcpy(c->backend, "host");
     strcpy(c->score_fn, "softmax");
@@ -435,6 +438,7 @@ int trainer_config_validate(const trainer_config_t *c, int world, char *err, siz
          "ckpt.every / --resume need ckpt.dir");
     NEED(c->progress_every >= 1, "log.progress_every: must be >= 1");
     NEED(c->peak_tflops >= 0, "log.peak_tflops: must be >= 0");
+    NEED(c->slow_ms >= 0 && c->slow_ms <= 60000, "test.slow_ms: must be in [0, 60000]");
     return 0;
 }
 

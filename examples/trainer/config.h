@@ -48,6 +48,10 @@ typedef struct trainer_config {
     char metrics[512];
     int64_t progress_every;
     double peak_tflops;
+    /* test: the rank on elastic slot slow_slot sleeps slow_ms in every training step, a slow
+     * device for the straggler tests (docs/elastic.md) */
+    int64_t slow_slot;
+    double slow_ms;
     /* what to do */
     int print_config, help, plan;
     int64_t print_meshes; /* with print_config: every valid mesh of up to this many ranks */

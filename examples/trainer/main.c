@@ -176,6 +176,7 @@ int main(int argc, char **argv)
                (long long)c.ffn_hidden, (long long)c.batch, (long long)c.context,
                (long long)c.microbatches);
 
+    if (c.slow_slot >= 0 && membership_slot() == c.slow_slot) t.slow_s = c.slow_ms / 1e3;
     int64_t first_step = t.step;
     double t_start = now(), val = -1, tokens = 0;
     while (t.step < c.steps) {
@@ -198,8 +199,9 @@ int main(int argc, char **argv)
             if (trainer_ckpt_save(&ck, &t, t.step)) die("checkpoint save");
             r.ckpt_stall_s += ck.last_stall_s;
         }
+        metrics_busy(&mx, r.times.busy);
         metrics_step(&mx, &t, &r);
-        membership_step(t.step);
+        membership_step(t.step, r.times.busy);
     }
     double elapsed = now() - t_start;
     if (ck.ck && trainer_ckpt_close(&ck)) die("checkpoint close");

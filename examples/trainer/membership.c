@@ -47,9 +47,18 @@ void membership_resumed(int64_t step)
     if (member) check(moe_elastic_member_report(member, MOE_ELASTIC_PHASE_RESUMED, step), "report");
 }
 
-void membership_step(int64_t step)
+void membership_step(int64_t step, double busy_s)
 {
-    if (member) check(moe_elastic_member_report(member, MOE_ELASTIC_PHASE_TRAINING, step), "report");
+    if (!member) return;
+    check(moe_elastic_member_report_busy(member, step, busy_s), "report");
+    check(moe_elastic_member_report(member, MOE_ELASTIC_PHASE_TRAINING, step), "report");
+}
+
+int membership_slot(void)
+{
+    int32_t slot = -1;
+    if (member) check(moe_elastic_member_slot(member, &slot), "slot");
+    return (int)slot;
 }
 
 void membership_leave(int code, const char *cause)

@@ -14,7 +14,11 @@
 /* Joins when the launcher asks; returns 0, or -1 after printing why. */
 int membership_join(int rank);
 void membership_resumed(int64_t step);
-void membership_step(int64_t step);
+/* Step `step` done, with this rank's busy time of it (its wall time minus its waits for
+ * peers), from which the launcher finds slow ranks. */
+void membership_step(int64_t step, double busy_s);
+/* The launcher's slot of this rank, -1 without the launcher. */
+int membership_slot(void);
 /* Records the exit (code and cause) and leaves (revokes the lease). */
 void membership_leave(int code, const char *cause);
 

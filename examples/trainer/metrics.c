@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,9 @@ int metrics_open(metrics_t *mx, const trainer_t *t, double unigram_bits)
     mx->flops_per_token = model_flops_per_token(c);
     mx->tokens_per_step = (double)(c->batch * c->context);
     mx->unigram_bits = unigram_bits;
+    mx->world = t->plan.world;
+    mx->busy = calloc((size_t)mx->world, sizeof *mx->busy);
+    if (!mx->busy) return -1;
     if (t->plan.world_rank != 0 || !c->metrics[0]) return 0;
     if (c->resume && drop_after(c->metrics, t->step)) return -1;
     mx->jsonl = fopen(c->metrics, c->resume ? "a" : "w");
@@ -79,6 +83,32 @@ static void load_balance(const double *counts, int64_t E, double *max, double *m
     *mean = sum / (double)E;
 }
 
+void metrics_busy(metrics_t *mx, double busy_s)
+{
+    MPI_Gather(&busy_s, 1, MPI_DOUBLE, mx->busy, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* "busy_s": every rank's busy time, and the slowest one over their median. */
+static void write_busy(FILE *f, const metrics_t *mx)
+{
+    double sorted[mx->world];
+    fprintf(f, "\"busy_s\":[");
+    for (int r = 0; r < mx->world; r++) {
+        fprintf(f, "%s%.6f", r ? "," : "", mx->busy[r]);
+        sorted[r] = mx->busy[r];
+    }
+    qsort(sorted, (size_t)mx->world, sizeof *sorted, cmp_double);
+    int n = mx->world;
+    double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    fprintf(f, "],\"busy_max_over_median\":%.4f,", median > 0 ? sorted[n - 1] / median : 0);
+}
+
 static void write_json(metrics_t *mx, const trainer_t *t, const step_report_t *r, double tps,
                        double mfu)
 {
@@ -98,6 +128,7 @@ static void write_json(metrics_t *mx, const trainer_t *t, const step_report_t *r
             "\"moe_forward\":%.6f,\"moe_backward\":%.6f},",
             p->forward, p->backward, p->loss, p->optimizer, p->pipeline_wait, r->ckpt_stall_s,
             p->moe_forward, p->moe_backward);
+    write_busy(f, mx);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(f, "\"max_rss_mb_rank0\":%.1f,", (double)ru.ru_maxrss / 1024.0);
@@ -156,4 +187,6 @@ void metrics_close(metrics_t *mx)
 {
     if (mx->jsonl) fclose(mx->jsonl);
     mx->jsonl = NULL;
+    free(mx->busy);
+    mx->busy = NULL;
 }

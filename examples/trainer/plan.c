@@ -297,11 +297,21 @@ moe_status_t trainer_train_step(trainer_t *t, double *loss)
     t->eval = 0;
     t->step++;
     double local = 0;
-    moe_status_t st = moe_pipeline_train_step(t->pipe, &local);
+    moe_runtime_wait_stats_t w0 = {.struct_size = sizeof w0}, w1 = w0;
+    moe_status_t st = moe_runtime_wait_stats(t->rt, &w0);
+    double t0 = now();
+    if (t->slow_s > 0) { /* a slow device, for the straggler tests: before any collective */
+        struct timespec ts = {(time_t)t->slow_s, (long)((t->slow_s - (time_t)t->slow_s) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    if (st == MOE_STATUS_SUCCESS) st = moe_pipeline_train_step(t->pipe, &local);
+    if (st == MOE_STATUS_SUCCESS) st = moe_runtime_wait_stats(t->rt, &w1);
     if (st != MOE_STATUS_SUCCESS) {
         t->step--;
         return st;
     }
+    t->times.busy = now() - t0 - (w1.wait_seconds - w0.wait_seconds);
+    if (t->times.busy < 0) t->times.busy = 0;
     moe_pipeline_stats_t ps = {.struct_size = sizeof ps};
     if (moe_pipeline_stats(t->pipe, &ps) == MOE_STATUS_SUCCESS) {
         t->times.pipeline_wait = ps.wait_seconds;

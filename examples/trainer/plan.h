@@ -49,6 +49,9 @@ typedef struct layer_stats {
 typedef struct phase_times {
     double forward, backward, loss, optimizer, pipeline_wait, schedule;
     double moe_forward, moe_backward; /* the MoE layers' share of forward and backward */
+    /* the step's time on this rank minus its time blocked waiting for peers
+     * (moe_runtime_wait_stats): its own share, which tells a slow rank (docs/elastic.md) */
+    double busy;
 } phase_times_t;
 
 typedef struct trainer {
@@ -65,6 +68,7 @@ typedef struct trainer {
     uint8_t *tokens, *targets;
     layer_stats_t stats;
     phase_times_t times;
+    double slow_s;        /* test.slow_ms on the rank of test.slow_slot: slept in every step */
 } trainer_t;
 
 /* Runtime (with the mesh), model, optimizer and pipeline. Collective. Returns 0 on success. */

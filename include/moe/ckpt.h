@@ -14,6 +14,8 @@
  *   moe_ckpt_load_latest()  the newest complete, verified checkpoint (local first, then S3)
  *                           into the current mesh's tensors, resharding when the mesh changed.
  *   moe_ckpt_list()         the complete checkpoints on each tier.
+ *   moe_ckpt_set_aside_newer()  steps a load passed over (they failed verification) moved
+ *                           out of the way under a hidden name.
  *
  * On disk (docs/checkpoint-format.md is the normative spec): <dir>/step-<N>/ holds one data
  * file per rank (`rank-<R>.bin`) and, written last by rank 0 once every rank's data file is
@@ -233,6 +235,17 @@ MOE_API moe_status_t moe_ckpt_load_latest(moe_ckpt_t *ck, const moe_ckpt_tensor_
 /* The same for one given step (no fallback to another step; S3 is used if local fails). */
 MOE_API moe_status_t moe_ckpt_load_step(moe_ckpt_t *ck, int64_t step,
                                         const moe_ckpt_tensor_t *tensors, int32_t count);
+
+/* Sets aside every complete local checkpoint newer than `step`: after a load that fell back
+ * past newer steps (they failed verification), so that training passes those steps again
+ * instead of meeting the bad copies, which are kept for a look. Rank 0 renames each step
+ * directory to <dir>/.rejected-step-<N>-<unix seconds> (a hidden name: list and load never
+ * see it again), logs it at WARN and syncs the directory. S3 copies are left alone.
+ * [in] step >= -1 (-1: every complete step); [out] count (may be NULL): how many steps were
+ * set aside, the same on every rank. Collective over the world; waits for queued saves first
+ * (as load_*). Fails on every rank when rank 0's rename fails (IO_ERROR; the steps renamed
+ * before it stay aside and are counted) or a step is being uploaded to S3 (IN_PROGRESS). */
+MOE_API moe_status_t moe_ckpt_set_aside_newer(moe_ckpt_t *ck, int64_t step, int32_t *count);
 
 typedef enum moe_ckpt_tier {
     MOE_CKPT_TIER_LOCAL = 0,

@@ -193,6 +193,25 @@ MOE_API moe_status_t moe_runtime_get_async_error(moe_runtime_t *rt, char *messag
  * "temporary failure, try again", so a launcher restarts the job from its last checkpoint. */
 #define MOE_EXIT_PEER_LOST 75
 
+/* Time this rank spent blocked waiting in libmoe's communication, since the runtime was
+ * made: every wait for a collective or a transfer of the mesh's communicators to complete (the
+ * layer's all-to-all and tensor-parallel sums, the optimizer's reductions, pipeline sends and
+ * receives, the checkpointer's agreements). Polls that find an overlapped transfer unfinished
+ * do not count. In lock-step training every rank's wall step time is the slowest rank's; a
+ * step's wall time minus the growth of wait_seconds over it is the rank's own (busy) time,
+ * which tells a slow rank (docs/elastic.md, "Stragglers"). On the CUDA backend a wait is host
+ * time and also covers the rank's own device work queued before the collective. */
+typedef struct moe_runtime_wait_stats {
+    size_t struct_size;
+    double wait_seconds; /* total time blocked in waits (0 in a world of one) */
+    int64_t waits;       /* waits counted */
+} moe_runtime_wait_stats_t;
+
+/* [out] stats (set struct_size first; at most struct_size bytes are written). Never blocks;
+ * not collective. */
+MOE_API moe_status_t moe_runtime_wait_stats(const moe_runtime_t *rt,
+                                            moe_runtime_wait_stats_t *stats);
+
 /* The backend actually in use (AUTO resolved). */
 MOE_API moe_status_t moe_runtime_backend(const moe_runtime_t *rt, moe_backend_kind_t *out);
 /* Where tensors passed to this runtime's layers must live. */

@@ -6,7 +6,9 @@
  * through etcd. Each rank holds a member: an etcd lease with a TTL, kept alive by a
  * background thread, with one key <prefix>/member/<slot> attached to it that says who the rank
  * is (slot, rank, pid) and how far it got: {"slot", "rank", "pid", "phase" (started, resumed,
- * training), "step", "resumed_step" (the checkpoint's step once resumed, else -1)}. A rank that dies or stops (SIGSTOP, a hung host) stops renewing, its lease
+ * training), "step", "resumed_step" (the checkpoint's step once resumed, else -1), "busy"
+ * (the last MOE_ELASTIC_BUSY_WINDOW steps' busy times, [[step, seconds], ...], once
+ * reported)}. A rank that dies or stops (SIGSTOP, a hung host) stops renewing, its lease
  * expires within the TTL, etcd deletes the key and the launcher sees which slot is gone. A rank
  * that fails by itself (a lost peer, a training error) says so first with
  * moe_elastic_member_report_exit, in a key <prefix>/exit/<slot> that outlives it.
@@ -35,6 +37,9 @@ extern "C" {
 #endif
 
 typedef struct moe_elastic_member moe_elastic_member_t;
+
+/* Busy times the member key carries (moe_elastic_member_report_busy). */
+#define MOE_ELASTIC_BUSY_WINDOW 16
 
 typedef enum moe_elastic_phase {
     MOE_ELASTIC_PHASE_STARTED = 0,  /* registered; step: the step it starts from (0 until known) */
@@ -77,6 +82,18 @@ MOE_API moe_status_t moe_elastic_member_create_from_env(int32_t rank, moe_elasti
  * than the TTL, or etcd is gone) is returned here and by every later call. */
 MOE_API moe_status_t moe_elastic_member_report(moe_elastic_member_t *m, moe_elastic_phase_t phase,
                                                int64_t step);
+/* Records the busy time of optimizer step `step` (>= 0): the step's wall time minus the time
+ * the rank spent blocked waiting for its peers (the growth of moe_runtime_wait_stats'
+ * wait_seconds over the step), in seconds >= 0. The member key carries the last
+ * MOE_ELASTIC_BUSY_WINDOW of them, written by the keep-alive thread (never blocks on etcd), so
+ * a launcher that polls less often than steps end still sees every step; moe_elastic finds
+ * slow ranks (stragglers) from them (docs/elastic.md). Returns the member's first failure to
+ * renew, as report does. */
+MOE_API moe_status_t moe_elastic_member_report_busy(moe_elastic_member_t *m, int64_t step,
+                                                    double busy_s);
+/* [out] slot: the launcher's slot of this member (the same across incarnations for one slot,
+ * where the world rank may change). */
+MOE_API moe_status_t moe_elastic_member_slot(const moe_elastic_member_t *m, int32_t *slot);
 /* Writes <prefix>/exit/<slot> = {"rank", "slot", "code", "step" (the last reported), "cause"} at once (no lease: the key
  * outlives the process), before the program exits with `code` (0: done; MOE_EXIT_PEER_LOST: a
  * peer was lost; other: this rank failed). cause may be NULL. */

@@ -132,6 +132,11 @@ class PipelineStats(C.Structure):
                 ("buffers", C.c_int32)]
 
 
+class RuntimeWaitStats(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("wait_seconds", C.c_double),
+                ("waits", C.c_int64)]
+
+
 class ElasticMemberConfig(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("endpoint", C.c_char_p), ("prefix", C.c_char_p),
                 ("slot", C.c_int32), ("rank", C.c_int32), ("ttl_ms", C.c_int32),
@@ -141,7 +146,8 @@ class ElasticMemberConfig(C.Structure):
 # C type name -> mirror, for the layout test
 C_NAMES = {
     "moe_tensor_t": Tensor, "moe_mesh_config_t": MeshConfig,
-    "moe_runtime_config_t": RuntimeConfig, "moe_layer_config_t": LayerConfig,
+    "moe_runtime_config_t": RuntimeConfig, "moe_runtime_wait_stats_t": RuntimeWaitStats,
+    "moe_layer_config_t": LayerConfig,
     "moe_param_info_t": ParamInfo, "moe_layer_stats_t": LayerStats,
     "moe_adamw_config_t": AdamWConfig, "moe_lr_schedule_t": LrSchedule,
     "moe_ckpt_config_t": CkptConfig,

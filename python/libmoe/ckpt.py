@@ -199,6 +199,15 @@ class Checkpointer(Handle):
         self._lib.moe_ckpt_list(self.ptr, tier, steps, count.value, C.byref(count))
         return list(steps[:count.value])
 
+    def set_aside_newer(self, step):
+        """Set aside every complete local checkpoint newer than step (-1: all), as after a
+        load that fell back past steps that failed verification: each is renamed to
+        <dir>/.rejected-step-<N>-<unix time> and never listed or loaded again. Returns how
+        many were set aside. Collective (moe_ckpt_set_aside_newer)."""
+        count = C.c_int32()
+        self._lib.moe_ckpt_set_aside_newer(self.ptr, int(step), C.byref(count))
+        return count.value
+
     def close_within(self, upload_timeout_ms):
         """close() with its own bound on the wait for the newest step's S3 upload
         (moe_ckpt_destroy_within; close() waits 30 s or MOE_CKPT_DESTROY_TIMEOUT_MS): raises

@@ -56,6 +56,19 @@ class Member(Handle):
         etcd, but raises the member's first failure to renew (the lease expired)."""
         self._lib.moe_elastic_member_report(self.ptr, int(to_enum(ElasticPhase, phase)), step)
 
+    def report_busy(self, step, busy_s):
+        """Record step's busy time in seconds: its wall time minus the time blocked waiting for
+        peers (Runtime.wait_stats); the member key carries the last 16, from which moe_elastic
+        finds slow ranks. Never waits on etcd."""
+        self._lib.moe_elastic_member_report_busy(self.ptr, int(step), float(busy_s))
+
+    @property
+    def slot(self):
+        """The launcher's slot of this member (kept across incarnations, unlike the rank)."""
+        out = C.c_int32()
+        self._lib.moe_elastic_member_slot(self.ptr, C.byref(out))
+        return out.value
+
     def watch_launcher(self, launcher_key, orphan_ms=60000):
         """Watch the launcher's lease key: when it is gone, or etcd stays unreachable for
         orphan_ms, the member is orphaned and the orphan handler runs."""

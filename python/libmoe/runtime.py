@@ -109,6 +109,14 @@ class Runtime(Handle):
         status = self._lib.moe_runtime_get_async_error(self.ptr, buf, len(buf))
         return status, buf.value.decode(errors="replace")
 
+    def wait_stats(self):
+        """(wait_seconds, waits): the time this rank has spent blocked waiting in libmoe's
+        communication since the runtime was made, and how many waits; a step's wall time minus
+        the growth of wait_seconds is the rank's busy time (moe_runtime_wait_stats)."""
+        stats = S.RuntimeWaitStats(struct_size=C.sizeof(S.RuntimeWaitStats))
+        self._lib.moe_runtime_wait_stats(self.ptr, C.byref(stats))
+        return stats.wait_seconds, stats.waits
+
     # ---- streams and logging -----------------------------------------------------------------
 
     def set_stream(self, stream):

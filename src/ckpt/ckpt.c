@@ -132,8 +132,7 @@ static int32_t env_int(moe_env_id_t id, int32_t v, const moe_logger_t *log)
 
 moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config, moe_ckpt_t **out)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
     MOE_CHECK_ARG(config != NULL, "config is NULL (config.dir is required)");
@@ -372,8 +371,7 @@ void moe_ckpt_abort(moe_ckpt_t *ck)
 
 moe_status_t moe_ckpt_status(moe_ckpt_t *ck, moe_ckpt_status_t *status)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_CHECK_ARG(status != NULL, "status is NULL");
     MOE_CHECK_STRUCT_SIZE(status, moe_ckpt_status_t,
                           offsetof(moe_ckpt_status_t, uploads_superseded));
@@ -392,8 +390,7 @@ moe_status_t moe_ckpt_status(moe_ckpt_t *ck, moe_ckpt_status_t *status)
 
 moe_status_t moe_ckpt_poll(moe_ckpt_t *ck, int include_uploads)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_TRY(ckpt_take_async_error(ck, include_uploads != 0));
     pthread_mutex_lock(&ck->mu);
     bool busy = ckpt_busy_locked(ck, include_uploads);
@@ -403,16 +400,14 @@ moe_status_t moe_ckpt_poll(moe_ckpt_t *ck, int include_uploads)
 
 moe_status_t moe_ckpt_wait(moe_ckpt_t *ck, int include_uploads, int64_t timeout_ms)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_TRY(wait_idle(ck, include_uploads != 0, timeout_ms, true));
     return ckpt_take_async_error(ck, include_uploads != 0);
 }
 
 moe_status_t moe_ckpt_get_async_error(moe_ckpt_t *ck, char *message, size_t message_len)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     pthread_mutex_lock(&ck->mu);
     bool local = ck->async_err != MOE_STATUS_SUCCESS;
     moe_status_t st = local ? ck->async_err : ck->mirror_err;

@@ -70,6 +70,8 @@
 #define CK_FORMAT_VERSION 3
 #define CK_ALIGN 4096u
 #define CK_MANIFEST "manifest.json"
+/* a step set aside (moe_ckpt_set_aside_newer): <prefix><N>-<unix seconds>; hidden, never a step */
+#define CK_SET_ASIDE_PREFIX ".rejected-step-"
 #define CK_MAX_NAME 255
 #define CK_MAX_MANIFEST_BYTES (256u << 20)
 

@@ -183,7 +183,6 @@ void ckpt_fences_free(moe_ckpt_t *ck)
 
 moe_status_t moe_ckpt_fence(moe_ckpt_t *ck)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     return ckpt_fence_writes(ck, NULL, 0);
 }

@@ -3,7 +3,8 @@
  * steps newest first (rank 0 lists the local directory and S3 and shares the list). Every
  * rank loads the step (load.c) and the ranks agree on the outcome; a step bad locally is
  * fetched again from its S3 copy by rank 0, and a step bad everywhere falls back to the next
- * older one. A bad request (names, shapes) fails at once without a fallback.
+ * older one. A bad request (names, shapes) fails at once without a fallback. Steps newer than
+ * the one loaded (those a load passed over) can be set aside under a hidden name.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "core/error.h"
 #include "ckpt_internal.h"
@@ -22,8 +24,7 @@
 moe_status_t moe_ckpt_list(moe_ckpt_t *ck, moe_ckpt_tier_t tier, int64_t *steps, int32_t capacity,
                            int32_t *count)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_CHECK_ARG(count != NULL, "count is NULL");
     MOE_CHECK_ARG(capacity >= 0 && (capacity == 0 || steps != NULL), "steps/capacity invalid");
     MOE_CHECK_ARG(tier == MOE_CKPT_TIER_LOCAL || tier == MOE_CKPT_TIER_S3, "unknown tier %d",
@@ -41,6 +42,75 @@ moe_status_t moe_ckpt_list(moe_ckpt_t *ck, moe_ckpt_tier_t tier, int64_t *steps,
     *count = n;
     free(v);
     return MOE_STATUS_SUCCESS;
+}
+
+/* ---- set aside ----------------------------------------------------------------------------- */
+
+/* Rank 0: rename step directory `from` (complete step `step`) to <dir>/.rejected-step-<N>-<unix
+ * seconds>, a suffix added if that name is taken (the same step set aside twice in a second). */
+static moe_status_t set_aside_one(moe_ckpt_t *ck, int64_t step, const char *from)
+{
+    pthread_mutex_lock(&ck->mu);
+    bool uploading = ck->mir_round == step;
+    if (!uploading && ck->mir_reconcile == step) ck->mir_reconcile = -1; /* nothing to upload */
+    pthread_mutex_unlock(&ck->mu);
+    if (uploading)
+        return MOE_FAIL(MOE_STATUS_IN_PROGRESS, "step %" PRId64 " is being uploaded to S3; "
+                        "set it aside after moe_ckpt_wait with uploads", step);
+    char to[PATH_MAX];
+    long long now = (long long)time(NULL);
+    int rc = -1;
+    for (int k = 0; k < 100 && rc != 0; k++) {
+        if (k == 0)
+            snprintf(to, sizeof to, "%s/%s%" PRId64 "-%lld", ck->dir, CK_SET_ASIDE_PREFIX, step,
+                     now);
+        else
+            snprintf(to, sizeof to, "%s/%s%" PRId64 "-%lld-%d", ck->dir, CK_SET_ASIDE_PREFIX, step,
+                     now, k);
+        rc = rename(from, to);
+        if (rc != 0 && errno != EEXIST && errno != ENOTEMPTY)
+            return MOE_FAIL_ERRNO(MOE_STATUS_IO_ERROR, "rename(%s, %s)", from, to);
+    }
+    if (rc != 0) return MOE_FAIL(MOE_STATUS_IO_ERROR, "no free name to set %s aside", from);
+    moe_log(ck->log, MOE_LOG_WARN, "checkpoint: step %" PRId64 " set aside as %s", step, to);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t moe_ckpt_set_aside_newer(moe_ckpt_t *ck, int64_t step, int32_t *count)
+{
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_CHECK_ARG(step >= -1, "step is %" PRId64 "; it must be >= -1", step);
+    if (count) *count = 0;
+    MOE_TRY(ckpt_drain_saves(ck)); /* collective: every queued save committed or failed */
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    int32_t moved = 0;
+    if (ck->rank == 0) {
+        int64_t *v = NULL;
+        int32_t n = 0;
+        st = ckpt_local_steps(ck, &v, &n);
+        char from[PATH_MAX];
+        for (int32_t i = 0; st == MOE_STATUS_SUCCESS && i < n; i++) {
+            if (v[i] <= step || !ckpt_local_step_dir(ck, v[i], from, sizeof from)) continue;
+            st = set_aside_one(ck, v[i], from);
+            if (st == MOE_STATUS_SUCCESS) moved++;
+        }
+        free(v);
+        if (moved > 0) { /* the renames made so far stay, durably, whatever failed after */
+            moe_status_t synced = ck_fsync_dir(ck->dir);
+            if (st == MOE_STATUS_SUCCESS) st = synced;
+        }
+    }
+    /* the others learn rank 0's outcome: the same status and count everywhere */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", moe_last_error());
+    int32_t agreed_st = (int32_t)st, agreed_n = moved;
+    MOE_TRY(ckpt_agree(ck->comm_w, ck->rank == 0 ? (int32_t)st : 0, MOE_REDUCE_MAX, &agreed_st));
+    MOE_TRY(ckpt_agree(ck->comm_w, ck->rank == 0 ? moved : 0, MOE_REDUCE_MAX, &agreed_n));
+    if (count) *count = agreed_n;
+    if (agreed_st == MOE_STATUS_SUCCESS) return MOE_STATUS_SUCCESS;
+    if (ck->rank == 0) return MOE_FAIL((moe_status_t)agreed_st, "%s", msg);
+    return MOE_FAIL((moe_status_t)agreed_st, "rank 0 could not set the steps newer than %" PRId64
+                    " aside (%d moved; its log says why)", step, agreed_n);
 }
 
 /* ---- load ---------------------------------------------------------------------------------- */
@@ -257,16 +327,14 @@ static moe_status_t load_common(moe_ckpt_t *ck, bool one, int64_t want,
 moe_status_t moe_ckpt_load_latest(moe_ckpt_t *ck, const moe_ckpt_tensor_t *tensors, int32_t count,
                                   int64_t *step)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     return load_common(ck, false, -1, tensors, count, step);
 }
 
 moe_status_t moe_ckpt_load_step(moe_ckpt_t *ck, int64_t step, const moe_ckpt_tensor_t *tensors,
                                 int32_t count)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_CHECK_ARG(step >= 0, "step %" PRId64, step);
     return load_common(ck, true, step, tensors, count, NULL);
 }

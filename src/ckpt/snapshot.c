@@ -153,8 +153,7 @@ static moe_status_t snapshot_device(moe_ckpt_t *ck, ckpt_job_t *j)
 moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_tensor_t *tensors,
                                  int32_t count)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     double t0 = moe_now_s();
     /* commit what every rank has made durable */
     MOE_TRY(ckpt_progress(ck, false, false, -1, false));

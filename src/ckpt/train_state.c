@@ -114,8 +114,7 @@ static moe_status_t append_info(moe_train_state_t *s, const char *prefix, const 
 moe_status_t moe_train_state_add_layer(moe_train_state_t *s, const moe_layer_t *layer,
                                       const char *prefix)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(s, MOE_MAGIC_TRAIN_STATE, "training state");
+    MOE_ENTRY(s, MOE_MAGIC_TRAIN_STATE, "training state");
     int32_t n;
     MOE_TRY(moe_layer_num_params(layer, &n));
     for (int32_t i = 0; i < n; i++) {
@@ -128,8 +127,7 @@ moe_status_t moe_train_state_add_layer(moe_train_state_t *s, const moe_layer_t *
 
 moe_status_t moe_train_state_add_adamw(moe_train_state_t *s, moe_adamw_t *opt, const char *prefix)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(s, MOE_MAGIC_TRAIN_STATE, "training state");
+    MOE_ENTRY(s, MOE_MAGIC_TRAIN_STATE, "training state");
     int32_t n;
     MOE_TRY(moe_adamw_num_states(opt, &n));
     for (int32_t i = 0; i < n; i++) {
@@ -159,8 +157,7 @@ moe_status_t moe_train_state_add_adamw(moe_train_state_t *s, moe_adamw_t *opt, c
 moe_status_t moe_train_state_add_tensor(moe_train_state_t *s, const moe_ckpt_tensor_t *entry,
                                        moe_param_kind_t kind)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(s, MOE_MAGIC_TRAIN_STATE, "training state");
+    MOE_ENTRY(s, MOE_MAGIC_TRAIN_STATE, "training state");
     MOE_CHECK_ARG(entry != NULL && entry->name != NULL, "entry or its name is NULL");
     MOE_CHECK_ARG(kind == MOE_PARAM_DENSE || kind == MOE_PARAM_EXPERT || kind == MOE_PARAM_BUFFER,
                   "kind %d is not a moe_param_kind_t", (int)kind);
@@ -189,8 +186,7 @@ static moe_status_t writes_entry(moe_runtime_t *rt, const state_entry_t *e, bool
 
 moe_status_t moe_ckpt_save_train_state(moe_ckpt_t *ck, int64_t step, moe_train_state_t *s)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_CHECK_HANDLE(s, MOE_MAGIC_TRAIN_STATE, "training state");
     moe_ckpt_tensor_t *list = malloc(sizeof *list * (size_t)(s->count > 0 ? s->count : 1));
     if (!list) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "checkpoint entry list");
@@ -221,8 +217,7 @@ moe_status_t moe_ckpt_save_train_state(moe_ckpt_t *ck, int64_t step, moe_train_s
 moe_status_t moe_ckpt_load_train_state(moe_ckpt_t *ck, int64_t step, moe_train_state_t *s,
                                  int64_t *loaded_step)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(ck, MOE_MAGIC_CKPT, "checkpointer");
+    MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_CHECK_HANDLE(s, MOE_MAGIC_TRAIN_STATE, "training state");
     moe_ckpt_tensor_t *list = malloc(sizeof *list * (size_t)(s->count > 0 ? s->count : 1));
     if (!list) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "checkpoint entry list");

@@ -5,6 +5,7 @@
 #include "core/error.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,7 +227,28 @@ moe_status_t moe_comm_broadcast_copy(moe_comm_t *c, void *buf, size_t count, moe
     return MOE_STATUS_SUCCESS;
 }
 
-moe_status_t moe_comm_barrier(moe_comm_t *c) { return c->ops->barrier(c); }
+/* The wait clock (comm.h): a monotonic reading in ns, and a wait's time added to c's. */
+static int64_t waited_now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static moe_status_t waited_add(moe_comm_t *c, int64_t t0_ns, moe_status_t st)
+{
+    if (c->waited) {
+        atomic_fetch_add_explicit(&c->waited->ns, waited_now_ns() - t0_ns, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->waited->count, 1, memory_order_relaxed);
+    }
+    return st;
+}
+
+moe_status_t moe_comm_barrier(moe_comm_t *c)
+{
+    int64_t t0 = waited_now_ns();
+    return waited_add(c, t0, c->ops->barrier(c));
+}
 
 void moe_comm_destroy(moe_comm_t *c)
 {
@@ -251,12 +273,13 @@ moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtyp
 
 moe_status_t moe_comm_wait(moe_comm_t *c, moe_comm_req_t *req)
 {
-    return c->ops->wait(c, req, c->timeout_ms);
+    return moe_comm_wait_within(c, req, c->timeout_ms);
 }
 
 moe_status_t moe_comm_wait_within(moe_comm_t *c, moe_comm_req_t *req, int timeout_ms)
 {
-    return c->ops->wait(c, req, timeout_ms);
+    int64_t t0 = waited_now_ns();
+    return waited_add(c, t0, c->ops->wait(c, req, timeout_ms));
 }
 
 moe_status_t moe_comm_test(moe_comm_t *c, moe_comm_req_t *req, bool *done)

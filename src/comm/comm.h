@@ -45,6 +45,17 @@ size_t moe_comm_dtype_size(moe_comm_dtype_t dt);
 
 typedef struct moe_comm_req moe_comm_req_t; /* an operation in flight, owned by its comm */
 
+/* Time blocked in waits: every moe_comm_wait, moe_comm_wait_within and moe_comm_barrier adds
+ * its duration. A mesh's communicators share one (moe_runtime_wait_stats reports it), so a
+ * rank's step time splits into the time it waited for its peers and the rest, its busy time:
+ * in lock-step training every rank's wall step time is the slowest one's, and only the busy
+ * time tells which rank is slow. Relaxed atomics: a reader on another thread sees a recent
+ * total. */
+typedef struct moe_comm_waited {
+    _Atomic int64_t ns;
+    _Atomic int64_t count;
+} moe_comm_waited_t;
+
 typedef struct moe_comm_ops {
     const char *name; /* "mpi" or "nccl" */
     moe_status_t (*allreduce)(moe_comm_t *c, const void *send, void *recv, size_t count,
@@ -89,6 +100,8 @@ struct moe_comm {
     char members[96];
     /* The mesh's failure detector (not owned; NULL outside a mesh), inherited by splits. */
     moe_comm_watch_t *watch;
+    /* The mesh's wait clock (not owned; NULL: waits are not timed). */
+    moe_comm_waited_t *waited;
     /* After a timeout, a failed operation or an abort the communicator is dead: every later
      * call fails with ABORTED and names the first cause (moe_comm_mark_dead). */
     bool dead;
@@ -210,7 +223,7 @@ moe_status_t moe_comm_broadcast_copy(moe_comm_t *c, void *buf, size_t count, moe
                                      int root);
 
 /* Thin wrappers over the table (NULL-safe where noted). wait uses the communicator's
- * timeout, wait_within the given one. */
+ * timeout, wait_within the given one; both, and barrier, add their time to c->waited. */
 moe_status_t moe_comm_wait(moe_comm_t *c, moe_comm_req_t *req);
 moe_status_t moe_comm_wait_within(moe_comm_t *c, moe_comm_req_t *req, int timeout_ms);
 moe_status_t moe_comm_test(moe_comm_t *c, moe_comm_req_t *req, bool *done);

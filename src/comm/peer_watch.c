@@ -5,8 +5,9 @@
  * Messages are one fixed-size record (well under the eager limits, so a send completes without
  * the receiver's help): PING carries a probe number that its PONG echoes with the world ranks
  * the answering rank waits for (the ranks it asks itself while it probes, or those its wait in
- * progress needs); NOTICE carries a failure's text. A rank answers every ping; the first
- * notice it takes becomes its failure.
+ * progress needs); NOTICE carries a failure's text; LEFT says that its sender destroyed its
+ * watch without a failure (its work is done). A rank answers every ping; the first notice it
+ * takes becomes its failure; a rank that left is never named as dead or stalled.
  */
 #include "peer_watch.h"
 
@@ -30,7 +31,7 @@
 
 #define WAIT_MAX 64
 
-enum { MSG_PING = 1, MSG_PONG = 2, MSG_NOTICE = 3 };
+enum { MSG_PING = 1, MSG_PONG = 2, MSG_NOTICE = 3, MSG_LEFT = 4 };
 
 typedef struct ctl_msg {
     int32_t kind, origin, seq, status;
@@ -58,6 +59,7 @@ struct moe_comm_watch {
     int nasked;
     uint8_t *was_asked;        /* [size] */
     uint8_t *answered;         /* [size] answered the current probe */
+    uint8_t *left;             /* [size] left normally (its LEFT came) */
     /* the wait in progress on this rank, for the answers */
     const moe_comm_t *wait_c;
     moe_comm_req_t *wait_r;
@@ -163,6 +165,7 @@ static void handle(moe_comm_watch_t *w, const ctl_msg_t *m)
         record(w, MOE_STATUS_ABORTED, text);
         break;
     }
+    case MSG_LEFT: w->left[m->origin] = 1; break;
     }
 }
 
@@ -225,8 +228,8 @@ static void poll_for(moe_comm_watch_t *w, double ms, bool (*done)(const moe_comm
 static bool all_answered(const moe_comm_watch_t *w, void *arg)
 {
     (void)arg;
-    for (int i = 0; i < w->nasked; i++)
-        if (!w->answered[w->asked[i]]) return false;
+    for (int i = 0; i < w->nasked; i++) /* a rank that left will not answer: not waited for */
+        if (!w->answered[w->asked[i]] && !w->left[w->asked[i]]) return false;
     return true;
 }
 
@@ -275,10 +278,14 @@ void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const ch
         snprintf(text, size, "%s", w->cause);
         return;
     }
-    int *dead = malloc(sizeof *dead * (size_t)(w->nasked > 0 ? w->nasked : 1));
-    int ndead = 0;
-    for (int i = 0; dead && i < w->nasked; i++)
-        if (!w->answered[w->asked[i]]) dead[ndead++] = w->asked[i];
+    /* silent ranks: dead or stalled, unless they said they left (they finished normally) */
+    int *dead = malloc(sizeof *dead * (size_t)(2 * (w->nasked > 0 ? w->nasked : 1)));
+    int ndead = 0, ngone = 0, *gone = dead ? dead + (w->nasked > 0 ? w->nasked : 1) : NULL;
+    for (int i = 0; dead && i < w->nasked; i++) {
+        int r = w->asked[i];
+        if (w->left[r]) gone[ngone++] = r;
+        else if (!w->answered[r]) dead[ndead++] = r;
+    }
     char ranks[160], cause[sizeof w->cause];
     if (ndead > 0) {
         const char *verb = ndead == 1 ? "does not answer" : "do not answer";
@@ -289,6 +296,19 @@ void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const ch
                  what, c->name, timeout_ms);
         record(w, MOE_STATUS_TIMEOUT, cause);
         notify_all(w, dead, ndead);
+        free(dead);
+        return;
+    }
+    if (ngone > 0) { /* no rank failed: they ran different work (steps, calls) */
+        moe_comm_format_ranks(ranks, sizeof ranks, gone, ngone);
+        snprintf(text, size, "%s left normally (%s runtime was destroyed without a failure) "
+                 "while this rank still needed %s: the ranks did not run the same operations "
+                 "(a different number of steps or calls)", ranks,
+                 ngone == 1 ? "its" : "their", ngone == 1 ? "it" : "them");
+        snprintf(cause, sizeof cause, "world rank %d: %s on the %s communicator did not complete "
+                 "within %d ms; %s", w->rank, what, c->name, timeout_ms, text);
+        record(w, MOE_STATUS_TIMEOUT, cause);
+        notify_all(w, gone, ngone);
         free(dead);
         return;
     }
@@ -330,8 +350,9 @@ moe_status_t moe_comm_watch_create(moe_comm_t *world, moe_comm_watch_t **out)
     w->asked = calloc((size_t)w->size, sizeof *w->asked);
     w->was_asked = calloc((size_t)w->size, 1);
     w->answered = calloc((size_t)w->size, 1);
+    w->left = calloc((size_t)w->size, 1);
     moe_status_t st = MOE_STATUS_SUCCESS;
-    if (!w->inbox || !w->asked || !w->was_asked || !w->answered) {
+    if (!w->inbox || !w->asked || !w->was_asked || !w->answered || !w->left) {
         st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "watch");
         goto fail;
     }
@@ -354,6 +375,7 @@ fail:
     free(w->asked);
     free(w->was_asked);
     free(w->answered);
+    free(w->left);
     free(w);
     return st;
 }
@@ -362,6 +384,11 @@ void moe_comm_watch_destroy(moe_comm_watch_t *w)
 {
     if (!w) return;
     bool healthy = w->status == MOE_STATUS_SUCCESS;
+    /* a normal end: tell every peer, so that one still waiting for this rank (it runs more
+     * steps) does not take its silence for a death (sent before the flush below) */
+    for (int r = 0; healthy && r < w->size; r++)
+        if (r != w->rank && !w->left[r])
+            send_msg(w, r, MSG_LEFT, 0, MOE_STATUS_SUCCESS, NULL, NULL, 0);
     if (healthy && w->inbox_req != MPI_REQUEST_NULL) {
         MPI_Cancel(&w->inbox_req);
         int flag = 0;
@@ -376,15 +403,16 @@ void moe_comm_watch_destroy(moe_comm_watch_t *w)
         while (w->nout && moe_now_ms() < deadline) reap_sends(w);
         healthy = w->nout == 0;
     }
-    /* after a failure (or with something still in flight) the buffers and the channel stay
-     * MPI's: leaked */
-    if (healthy) {
-        free(w->inbox);
-        MPI_Comm_free(&w->ctl);
-    }
+    /* after a failure (or with something still in flight) the buffers stay MPI's: leaked.
+     * The channel is never freed: peers that end later send their LEFT to it, and MPI hands
+     * a message for a freed communicator to the next one that reuses its context id (a later
+     * mesh's watch would take a stale LEFT, and lose that peer's first message, its sequence
+     * number taken). MPI_Finalize frees it. */
+    if (healthy) free(w->inbox);
     free(w->out);
     free(w->asked);
     free(w->was_asked);
     free(w->answered);
+    free(w->left);
     free(w);
 }

@@ -18,6 +18,10 @@
  *  - Telling: the rank that found (or caused) the failure sends a notice with its cause to
  *    every other rank of the world; a rank learns of it in its next wait or test, which then
  *    fails at once with ABORTED and the notice's text.
+ *  - Leaving: a rank whose watch is destroyed without a failure (its run is over) tells every
+ *    other rank that it left. A rank that later times out waiting for it says that it left
+ *    normally and that the ranks ran different work (a different number of steps or calls),
+ *    and never names it as dead or stalled.
  *
  * The channel is a duplicate of the mesh's world (MPI, host buffers) with one receive always
  * posted; every wait and test on a watched communicator polls it, so a rank answers pings and
@@ -26,7 +30,8 @@
  * not answering. The grace period is a quarter of the mesh's timeout, between 50 ms and 2 s.
  *
  * Buffers that MPI may still read or write after a failure (the receive, pings and notices in
- * flight) are leaked on purpose when the watch is destroyed after a failure.
+ * flight) are leaked on purpose when the watch is destroyed after a failure. The channel itself
+ * is never freed (MPI_Finalize does): a peer's LEFT may arrive after this rank's destroy.
  */
 #ifndef MOE_COMM_PEER_WATCH_H
 #define MOE_COMM_PEER_WATCH_H
@@ -48,7 +53,8 @@ typedef int (*moe_comm_late_fn)(const moe_comm_t *c, moe_comm_req_t *r, int *lat
 /* A watch over `world` (an MPI communicator on host buffers: the mesh's world), which gets
  * `world->watch` set, as do the communicators split from it later. Collective over world. */
 moe_status_t moe_comm_watch_create(moe_comm_t *world, moe_comm_watch_t **out);
-/* NULL: no-op. After a failure nothing MPI may still touch is freed. */
+/* NULL: no-op. Without a failure, tells every peer that this rank left (see the top). After a
+ * failure nothing MPI may still touch is freed. */
 void moe_comm_watch_destroy(moe_comm_watch_t *w);
 
 /* Answer pings and take notices (called by every wait and test of a watched communicator). */

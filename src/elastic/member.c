@@ -43,6 +43,10 @@ struct moe_elastic_member {
     moe_elastic_orphan_fn on_orphan;
     void *orphan_user;
     bool orphaned;
+    /* the last MOE_ELASTIC_BUSY_WINDOW busy times reported, a ring (under lock) */
+    int64_t busy_step[MOE_ELASTIC_BUSY_WINDOW];
+    double busy_s[MOE_ELASTIC_BUSY_WINDOW];
+    int nbusy, busy_next;
 };
 
 static const char *phase_name(moe_elastic_phase_t p)
@@ -58,7 +62,8 @@ moe_elastic_member_config_t moe_elastic_member_config_default(void)
                                          .request_timeout_ms = 2000};
 }
 
-/* The member key's value; NULL when out of memory. */
+/* The member key's value; NULL when out of memory. Called with the lock held, or before the
+ * thread starts. */
 static char *member_value(const moe_elastic_member_t *m, moe_elastic_phase_t phase, int64_t step)
 {
     cJSON *o = cJSON_CreateObject();
@@ -69,14 +74,25 @@ static char *member_value(const moe_elastic_member_t *m, moe_elastic_phase_t pha
     cJSON_AddStringToObject(o, "phase", phase_name(phase));
     cJSON_AddNumberToObject(o, "step", (double)step);
     cJSON_AddNumberToObject(o, "resumed_step", (double)m->resumed_step);
+    if (m->nbusy) { /* [[step, seconds], ...], oldest first */
+        cJSON *busy = cJSON_AddArrayToObject(o, "busy");
+        for (int i = 0; busy && i < m->nbusy; i++) {
+            int k = (m->busy_next - m->nbusy + i + MOE_ELASTIC_BUSY_WINDOW) %
+                    MOE_ELASTIC_BUSY_WINDOW;
+            cJSON *pair = cJSON_CreateArray();
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)m->busy_step[k]));
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber(m->busy_s[k]));
+            cJSON_AddItemToArray(busy, pair);
+        }
+    }
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;
 }
 
-static moe_status_t put_member(moe_elastic_member_t *m, moe_elastic_phase_t phase, int64_t step)
+/* Writes a member value (NULL: out of memory) and frees it. */
+static moe_status_t put_member(moe_elastic_member_t *m, char *v)
 {
-    char *v = member_value(m, phase, step);
     if (!v) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "elastic member value");
     moe_status_t st = el_etcd_put(m->etcd, m->key, v, m->lease);
     free(v);
@@ -148,8 +164,7 @@ static void *keepalive_main(void *arg)
         bool renew = now.tv_sec > next.tv_sec ||
                      (now.tv_sec == next.tv_sec && now.tv_nsec >= next.tv_nsec);
         bool write = m->dirty;
-        moe_elastic_phase_t phase = m->phase;
-        int64_t step = m->step;
+        char *value = write ? member_value(m, m->phase, m->step) : NULL;
         m->dirty = false;
         pthread_mutex_unlock(&m->lock);
         moe_status_t st = MOE_STATUS_SUCCESS;
@@ -157,7 +172,8 @@ static void *keepalive_main(void *arg)
             st = el_etcd_lease_keepalive(m->etcd, m->lease);
             deadline_in(&next, m->renew_ms);
         }
-        if (st == MOE_STATUS_SUCCESS && write) st = put_member(m, phase, step);
+        if (st == MOE_STATUS_SUCCESS && write) st = put_member(m, value);
+        else free(value);
         const char *orphan = renew ? orphan_cause(m, st) : NULL;
         if (orphan) notify_orphan(m, orphan);
         pthread_mutex_lock(&m->lock);
@@ -218,7 +234,8 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     snprintf(m->key, kl, "%s/member/%d", c->prefix, (int)c->slot);
     int64_t granted = 0;
     st = el_etcd_lease_grant(m->etcd, ttl_s, &m->lease, &granted);
-    if (st == MOE_STATUS_SUCCESS) st = put_member(m, MOE_ELASTIC_PHASE_STARTED, 0);
+    if (st == MOE_STATUS_SUCCESS)
+        st = put_member(m, member_value(m, MOE_ELASTIC_PHASE_STARTED, 0));
     if (st != MOE_STATUS_SUCCESS) {
         if (m->lease) el_etcd_lease_revoke(m->etcd, m->lease);
         member_free(m);
@@ -303,8 +320,7 @@ static moe_status_t thread_failure(const moe_elastic_member_t *m)
 moe_status_t moe_elastic_member_report(moe_elastic_member_t *m, moe_elastic_phase_t phase,
                                        int64_t step)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(m, MOE_MAGIC_MEMBER, "elastic member");
+    MOE_ENTRY(m, MOE_MAGIC_MEMBER, "elastic member");
     MOE_CHECK_ARG(phase >= MOE_ELASTIC_PHASE_STARTED && phase <= MOE_ELASTIC_PHASE_TRAINING,
                   "elastic member: unknown phase %d", (int)phase);
     pthread_mutex_lock(&m->lock);
@@ -318,11 +334,35 @@ moe_status_t moe_elastic_member_report(moe_elastic_member_t *m, moe_elastic_phas
     return st;
 }
 
+moe_status_t moe_elastic_member_report_busy(moe_elastic_member_t *m, int64_t step, double busy_s)
+{
+    MOE_ENTRY(m, MOE_MAGIC_MEMBER, "elastic member");
+    MOE_CHECK_ARG(step >= 0 && busy_s >= 0, "elastic member: step %lld and busy_s %g must be "
+                  ">= 0", (long long)step, busy_s);
+    pthread_mutex_lock(&m->lock);
+    m->busy_step[m->busy_next] = step;
+    m->busy_s[m->busy_next] = busy_s;
+    m->busy_next = (m->busy_next + 1) % MOE_ELASTIC_BUSY_WINDOW;
+    if (m->nbusy < MOE_ELASTIC_BUSY_WINDOW) m->nbusy++;
+    m->dirty = true;
+    pthread_cond_signal(&m->wake);
+    moe_status_t st = thread_failure(m);
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
+moe_status_t moe_elastic_member_slot(const moe_elastic_member_t *m, int32_t *slot)
+{
+    MOE_ENTRY(m, MOE_MAGIC_MEMBER, "elastic member");
+    MOE_CHECK_ARG(slot != NULL, "slot is NULL");
+    *slot = m->slot;
+    return MOE_STATUS_SUCCESS;
+}
+
 moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t code,
                                             const char *cause)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(m, MOE_MAGIC_MEMBER, "elastic member");
+    MOE_ENTRY(m, MOE_MAGIC_MEMBER, "elastic member");
     cJSON *o = cJSON_CreateObject();
     if (o) {
         cJSON_AddNumberToObject(o, "slot", m->slot);
@@ -352,8 +392,7 @@ moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int32_t cod
 moe_status_t moe_elastic_member_watch_launcher(moe_elastic_member_t *m, const char *launcher_key,
                                                int32_t orphan_ms)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(m, MOE_MAGIC_MEMBER, "elastic member");
+    MOE_ENTRY(m, MOE_MAGIC_MEMBER, "elastic member");
     MOE_CHECK_ARG(launcher_key && *launcher_key && orphan_ms > 0,
                   "elastic member: a launcher key and orphan_ms %d > 0 are required",
                   (int)orphan_ms);
@@ -371,8 +410,7 @@ moe_status_t moe_elastic_member_watch_launcher(moe_elastic_member_t *m, const ch
 moe_status_t moe_elastic_member_set_orphan_handler(moe_elastic_member_t *m,
                                                    moe_elastic_orphan_fn fn, void *user)
 {
-    moe_error_clear();
-    MOE_CHECK_HANDLE(m, MOE_MAGIC_MEMBER, "elastic member");
+    MOE_ENTRY(m, MOE_MAGIC_MEMBER, "elastic member");
     pthread_mutex_lock(&m->lock);
     m->on_orphan = fn;
     m->orphan_user = user;

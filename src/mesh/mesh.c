@@ -329,6 +329,15 @@ static void release(moe_mesh_t *mesh, bool lost)
     free(mesh);
 }
 
+/* Every communicator of the mesh adds its waits to the mesh's one clock (comm.h). */
+static void time_waits(moe_mesh_t *m)
+{
+    for (int g = 0; g < MOE_MESH_GROUPS; g++) {
+        if (m->comm[g]) m->comm[g]->waited = &m->waited;
+        if (m->host[g]) m->host[g]->waited = &m->waited;
+    }
+}
+
 moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *backend,
                              int32_t device_index, const moe_logger_t *logger, moe_mesh_t **out)
 {
@@ -378,6 +387,7 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
     moe_mesh_coords_of(m->size, m->order, wr, m->coord);
     m->coord[MOE_AXIS_EDP] = m->coord[MOE_AXIS_DP];
     if (ws == 1) { /* a world of one under a launcher: nothing to communicate */
+        time_waits(m);
         *out = m;
         return MOE_STATUS_SUCCESS;
     }
@@ -402,6 +412,7 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
         m->comm[MOE_AXIS_WORLD] = dworld;
         MOE_TRY_GOTO(st, build_groups(m, dworld, false, m->comm));
     }
+    time_waits(m);
     moe_log(logger, MOE_LOG_INFO,
             "mesh: world rank %d of %d = (tp %d/%d, ep %d/%d, dp %d/%d, pp %d/%d), comm %s", wr,
             ws, m->coord[0], m->size[0], m->coord[1], m->size[1], m->coord[2], m->size[2],

@@ -46,6 +46,7 @@ typedef struct moe_mesh {
     moe_comm_t *comm[MOE_MESH_GROUPS]; /* moe_axis_t, DENSE; NULL where size 1 (and STAGE) */
     moe_comm_t *host[MOE_MESH_GROUPS]; /* the same groups over MPI with host buffers */
     moe_comm_watch_t *watch;           /* NULL in a world of one */
+    moe_comm_waited_t waited;          /* the time every communicator above spent waiting */
     int32_t order[4];       /* axes, fastest-varying first */
     moe_comm_backend_t comm_backend; /* resolved: MPI or NCCL (MPI for a world of one) */
     bool mpi_initialised;   /* this mesh acquired MPI (released, or abandoned, by destroy) */

@@ -4,6 +4,7 @@
 #include "runtime.h"
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +192,21 @@ moe_status_t moe_runtime_get_async_error(moe_runtime_t *rt, char *message, size_
     moe_status_t st = moe_mesh_failure(rt->mesh, &cause);
     if (message && message_len) snprintf(message, message_len, "%s", cause);
     return st;
+}
+
+moe_status_t moe_runtime_wait_stats(const moe_runtime_t *rt, moe_runtime_wait_stats_t *stats)
+{
+    MOE_ENTRY(rt, MOE_MAGIC_RUNTIME, "runtime");
+    MOE_CHECK_ARG(stats != NULL, "stats is NULL");
+    MOE_CHECK_STRUCT_SIZE(stats, moe_runtime_wait_stats_t, sizeof(moe_runtime_wait_stats_t));
+    size_t sz = stats->struct_size < sizeof *stats ? stats->struct_size : sizeof *stats;
+    moe_comm_waited_t *w = &rt->mesh->waited;
+    moe_runtime_wait_stats_t s = {
+        .struct_size = stats->struct_size,
+        .wait_seconds = 1e-9 * (double)atomic_load_explicit(&w->ns, memory_order_relaxed),
+        .waits = atomic_load_explicit(&w->count, memory_order_relaxed)};
+    memcpy(stats, &s, sz);
+    return MOE_STATUS_SUCCESS;
 }
 
 moe_status_t moe_runtime_backend(const moe_runtime_t *rt, moe_backend_kind_t *out)

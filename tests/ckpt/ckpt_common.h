@@ -171,4 +171,19 @@ static inline void ct_rmrf(const char *dir)
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* A test's fixture of a directory and a runtime: a fresh directory named after tag, a host
+ * runtime logging into the capture, the capture emptied; ct_down removes both. */
+static inline void ct_up(char *dir, size_t n, const char *tag, moe_runtime_t **rt)
+{
+    ct_tempdir(dir, n, tag);
+    *rt = ct_runtime();
+    ct_log_clear();
+}
+
+static inline void ct_down(const char *dir, moe_runtime_t *rt)
+{
+    moe_runtime_destroy(rt);
+    ct_rmrf(dir);
+}
+
 #endif

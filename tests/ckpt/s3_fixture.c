@@ -169,3 +169,14 @@ void s3_fixture_destroy(s3_fixture_t *f)
         if (system(cmd) != 0) fprintf(stderr, "s3 fixture: could not remove %s\n", f->dir);
     }
 }
+
+void s3_fixture_config(moe_ckpt_config_t *c, const char *endpoint, const char *bucket,
+                       const char *prefix)
+{
+    c->s3_endpoint = endpoint;
+    c->s3_bucket = bucket;
+    c->s3_prefix = prefix;
+    c->s3_region = "us-east-1";
+    c->s3_access_key = S3_FIXTURE_ACCESS_KEY;
+    c->s3_secret_key = S3_FIXTURE_SECRET_KEY;
+}

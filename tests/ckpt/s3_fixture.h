@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+#include <moe/ckpt.h>
+
 /* s3rver's one account; the secret is the front's (s3rver checks no signatures) */
 #define S3_FIXTURE_ACCESS_KEY "S3RVER"
 #define S3_FIXTURE_SECRET_KEY "moe/test+Secret=verified-by-the-front"
@@ -32,5 +34,9 @@ void s3_fixture_stop(s3_fixture_t *f);
 bool s3_fixture_restart(s3_fixture_t *f, const char *bucket);
 /* Stop and remove the directory. */
 void s3_fixture_destroy(s3_fixture_t *f);
+/* Point checkpointer config c at the fixture: endpoint (a fixture's, or a copy of one),
+ * bucket, prefix, us-east-1 and the fixture's keys. c keeps the pointers. */
+void s3_fixture_config(moe_ckpt_config_t *c, const char *endpoint, const char *bucket,
+                       const char *prefix);
 
 #endif

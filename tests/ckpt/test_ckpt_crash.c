@@ -33,12 +33,7 @@ static moe_ckpt_config_t cfg_for(const char *dir, bool s3)
     moe_ckpt_config_t c = ct_config(dir);
     c.keep_last = 3;
     if (s3) {
-        c.s3_endpoint = g_s3.endpoint;
-        c.s3_bucket = BUCKET;
-        c.s3_prefix = "crash";
-        c.s3_region = "us-east-1";
-        c.s3_access_key = S3_FIXTURE_ACCESS_KEY;
-        c.s3_secret_key = S3_FIXTURE_SECRET_KEY;
+        s3_fixture_config(&c, g_s3.endpoint, BUCKET, "crash");
         c.s3_part_bytes = 5 << 20;
         c.s3_max_retries = 2;
         c.s3_retry_base_ms = 20;

@@ -25,6 +25,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <sys/stat.h>
@@ -113,9 +114,7 @@ static void restore_manifest(void)
 static int setup(void **st)
 {
     (void)st;
-    ct_tempdir(g_dir, sizeof g_dir, "damage");
-    g_rt = ct_runtime();
-    ct_log_clear();
+    ct_up(g_dir, sizeof g_dir, "damage", &g_rt);
     int64_t n = N_OPT, sw[2] = {4, 8};
     moe_tensor_t tm, tv, tw;
     TEST_OK(moe_tensor_view(g_m, MOE_DTYPE_F32, MOE_DEVICE_HOST, 1, &n, &tm));
@@ -145,8 +144,7 @@ static int teardown(void **st)
     (void)st;
     TEST_OK(moe_ckpt_destroy(g_ck));
     free(g_orig);
-    moe_runtime_destroy(g_rt);
-    ct_rmrf(g_dir);
+    ct_down(g_dir, g_rt);
     return 0;
 }
 
@@ -522,6 +520,70 @@ static void test_unpadded_step_directory(void **st)
     assert_int_equal(load_latest_checked(), 4);
 }
 
+/* Steps a load passed over are set aside under a hidden name (moe_ckpt_set_aside_newer):
+ * listed and loaded no more, kept on disk, and a later run saves those steps again, which it
+ * could not while they were in place. Step 3 is written unpadded ("step-3"). */
+static void test_damaged_steps_set_aside(void **st)
+{
+    (void)st;
+    fill(3);
+    TEST_OK(moe_ckpt_save_async(g_ck, 3, g_t, 3));
+    TEST_OK(moe_ckpt_wait(g_ck, 1, 60000));
+    char from[400], to[400];
+    snprintf(from, sizeof from, "%s/step-000000000003", g_dir);
+    snprintf(to, sizeof to, "%s/step-3", g_dir);
+    assert_int_equal(rename(from, to), 0);
+    snprintf(to, sizeof to, "%s/step-3/manifest.json", g_dir);
+    write_text(to, "{}", 2);
+    replace_once("\"opt/m\"", "\"opt/n\"");
+    assert_int_equal(load_latest_checked(), 1);
+    /* a new run (its own checkpointer) cannot save step 2 over the bad copy */
+    TEST_OK(moe_ckpt_destroy(g_ck));
+    moe_ckpt_config_t c = ct_config(g_dir);
+    c.keep_last = 0;
+    TEST_OK(moe_ckpt_create(g_rt, &c, &g_ck));
+    fill(2);
+    assert_int_equal(moe_ckpt_save_async(g_ck, 2, g_t, 3), MOE_STATUS_INVALID_ARGUMENT);
+
+    ct_log_clear();
+    int32_t n = -1;
+    TEST_OK(moe_ckpt_set_aside_newer(g_ck, 1, &n));
+    assert_int_equal(n, 2);
+    if (!ct_log_has("step 2 set aside as") || !ct_log_has("step 3 set aside as"))
+        fail_msg("the log does not name the steps set aside:\n%s", ct_log_buf.text);
+    int64_t steps[8];
+    int32_t count;
+    TEST_OK(moe_ckpt_list(g_ck, MOE_CKPT_TIER_LOCAL, steps, 8, &count));
+    assert_int_equal(count, 1);
+    assert_int_equal(steps[0], 1);
+    TEST_OK(moe_ckpt_set_aside_newer(g_ck, 1, &n)); /* nothing newer left */
+    assert_int_equal(n, 0);
+    /* both kept, each with its manifest, under .rejected-step-<N>-<time> */
+    int found[4] = {0};
+    DIR *d = opendir(g_dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        long long k = -1;
+        if (sscanf(e->d_name, ".rejected-step-%lld-", &k) != 1 || k < 0 || k > 3) continue;
+        char kept[700];
+        snprintf(kept, sizeof kept, "%s/%s/manifest.json", g_dir, e->d_name);
+        if (access(kept, F_OK) == 0) found[k]++;
+    }
+    closedir(d);
+    assert_int_equal(found[2], 1);
+    assert_int_equal(found[3], 1);
+
+    TEST_OK(moe_ckpt_save_async(g_ck, 2, g_t, 3));
+    TEST_OK(moe_ckpt_wait(g_ck, 1, 60000));
+    assert_int_equal(load_latest_checked(), 2);
+
+    assert_int_equal(moe_ckpt_set_aside_newer(g_ck, -2, &n), MOE_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(moe_ckpt_set_aside_newer(NULL, 1, &n), MOE_STATUS_INVALID_HANDLE);
+    TEST_OK(moe_ckpt_set_aside_newer(g_ck, -1, NULL)); /* every step, count not wanted */
+    TEST_OK(moe_ckpt_list(g_ck, MOE_CKPT_TIER_LOCAL, steps, 8, &count));
+    assert_int_equal(count, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -538,6 +600,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_nul_in_a_file_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fifo_does_not_block, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unpadded_step_directory, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_steps_set_aside, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,17 +24,14 @@ static moe_runtime_t *g_rt;
 static int setup(void **st)
 {
     (void)st;
-    ct_tempdir(g_dir, sizeof g_dir, "local");
-    g_rt = ct_runtime();
-    ct_log_clear();
+    ct_up(g_dir, sizeof g_dir, "local", &g_rt);
     return 0;
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    moe_runtime_destroy(g_rt);
-    ct_rmrf(g_dir);
+    ct_down(g_dir, g_rt);
     return 0;
 }
 

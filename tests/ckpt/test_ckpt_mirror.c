@@ -40,12 +40,7 @@ static moe_ckpt_config_t mirror_config(const char *dir, const char *prefix, int 
 {
     moe_ckpt_config_t c = ct_config(dir);
     c.keep_last = keep_last;
-    c.s3_endpoint = g_s3.endpoint;
-    c.s3_bucket = BUCKET;
-    c.s3_prefix = prefix;
-    c.s3_region = "us-east-1";
-    c.s3_access_key = S3_FIXTURE_ACCESS_KEY;
-    c.s3_secret_key = S3_FIXTURE_SECRET_KEY;
+    s3_fixture_config(&c, g_s3.endpoint, BUCKET, prefix);
     c.s3_max_retries = 2;
     c.s3_retry_base_ms = 50;
     c.s3_retry_max_ms = 500;
@@ -61,17 +56,14 @@ static int setup(void **st)
                       "scripts/setup-deps.sh --tests)\n");
         skip();
     }
-    ct_tempdir(g_dir, sizeof g_dir, "mirror");
-    g_rt = ct_runtime();
-    ct_log_clear();
+    ct_up(g_dir, sizeof g_dir, "mirror", &g_rt);
     return 0;
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    moe_runtime_destroy(g_rt);
-    ct_rmrf(g_dir);
+    ct_down(g_dir, g_rt);
     return 0;
 }
 

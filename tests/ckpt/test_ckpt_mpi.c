@@ -145,12 +145,7 @@ static char g_endpoint[64];
 static void add_s3(moe_ckpt_config_t *c)
 {
     if (!g_have_s3) return;
-    c->s3_endpoint = g_endpoint;
-    c->s3_bucket = "mpi-bucket";
-    c->s3_prefix = "reshard";
-    c->s3_region = "us-east-1";
-    c->s3_access_key = S3_FIXTURE_ACCESS_KEY;
-    c->s3_secret_key = S3_FIXTURE_SECRET_KEY;
+    s3_fixture_config(c, g_endpoint, "mpi-bucket", "reshard");
 }
 
 static void load_and_compare(const char *dir, int ep, int dp, moe_expert_placement_t pl,

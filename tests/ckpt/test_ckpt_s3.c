@@ -65,12 +65,7 @@ static moe_ckpt_config_t s3_config(const char *dir, const char *prefix)
 {
     moe_ckpt_config_t c = ct_config(dir);
     c.pinned_budget_bytes = 4 << 20;
-    c.s3_endpoint = g_s3.endpoint;
-    c.s3_bucket = BUCKET;
-    c.s3_prefix = prefix;
-    c.s3_region = "us-east-1";
-    c.s3_access_key = S3_FIXTURE_ACCESS_KEY;
-    c.s3_secret_key = S3_FIXTURE_SECRET_KEY;
+    s3_fixture_config(&c, g_s3.endpoint, BUCKET, prefix);
     c.s3_part_bytes = 5 << 20;
     c.s3_parallel_parts = 2;
     c.s3_max_retries = 8;
@@ -86,17 +81,14 @@ static int setup(void **st)
         print_message("S3 test server unavailable (node + tests/ckpt/s3 via scripts/setup-deps.sh --tests)\n");
         skip();
     }
-    ct_tempdir(g_dir, sizeof g_dir, "s3");
-    g_rt = ct_runtime();
-    ct_log_clear();
+    ct_up(g_dir, sizeof g_dir, "s3", &g_rt);
     return 0;
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    moe_runtime_destroy(g_rt);
-    ct_rmrf(g_dir);
+    ct_down(g_dir, g_rt);
     return 0;
 }
 

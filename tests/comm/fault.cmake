@@ -48,3 +48,8 @@ moe_add_fault_test(test_fault_config NP 4)
 moe_add_fault_test(test_fault_errors NP 4 RECOVERY)
 # A stalled rank costs one timeout, whose own message names the rank, the axis and the call.
 moe_add_fault_test(test_fault_stall NP 4 RECOVERY)
+# A pipeline rank that waits for a peer which finished normally names it as having left, never
+# as dead or stalled (the test model of tests/pipeline/).
+moe_add_fault_test(test_fault_left_peer NP 2 RECOVERY)
+target_link_libraries(test_fault_left_peer PRIVATE moe_test_pipe)
+set_tests_properties(test_fault_left_peer PROPERTIES LABELS "fault;mpi;pipeline")

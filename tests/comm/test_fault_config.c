@@ -17,7 +17,8 @@
  *                  MOE_CHECK_TP_INPUTS=1 by their hash
  *   comm           rank 2 comm=MPI where the others say AUTO (host backend: both resolve to
  *                  MPI, accepted); rank 1 comm=NCCL (refused, naming the resolved values)
- *   optimizer      (ep = 4) rank 2 lr 0.002; rank 3 weight_decay 0.1 and eps 1e-6; rank 0
+ *   optimizer      (ep = 4) rank 2 lr 0.002; rank 3 weight_decay 0.1 and eps 1e-6; rank 1
+ *                  beta1 0.5; rank 0
  *                  beta2 2 (its own config invalid); at the first step, rank 1 alone clipping
  *                  (max_grad_norm 1), then rank 2 alone a cosine schedule
  *   pipeline       (ep = 4) rank 1 lr 0.01; rank 3 grad_scale 0.5
@@ -352,6 +353,10 @@ static void t_optimizer_and_pipeline(void)
     if (fault_rank == 3) c.weight_decay = 0.1f, c.eps = 1e-6f;
     const char *n2[] = {"weight_decay is", "eps is", "on world rank 3", NULL};
     expect_adamw_refused(rt, &c, "optimizer weight_decay and eps", n2);
+    c = moe_adamw_config_default();
+    if (fault_rank == 1) c.beta1 = 0.5f;
+    const char *nb[] = {"beta1 is 0.5 on world rank 1", NULL};
+    expect_adamw_refused(rt, &c, "optimizer beta1", nb);
     c = moe_adamw_config_default();
     if (fault_rank == 0) c.beta2 = 2.0f;
     const char *own[] = {"beta2", NULL};

@@ -1,6 +1,6 @@
 """The checkpointer from Python: save_async, wait/poll, status, list, load_latest / load_step
 into other buffers, a layer's parameters through Entry.of_param, a whole training state
-(TrainState), errors and abort."""
+(TrainState), steps set aside, errors and abort."""
 import array
 import os
 import socket
@@ -100,6 +100,29 @@ class CheckpointTest(unittest.TestCase):
                     self.assertEqual(layer2.param(name).tolist(), layer.param(name).tolist())
                 layer2.close()  # the set and the optimizer point into it: they close first
                 self.assertTrue(state2.closed and opt2.closed)
+
+    def test_set_aside_newer(self):
+        a = array.array("f", [0.0] * 100)
+        with libmoe.Checkpointer(self.rt, self.tmp.name, keep_last=0, **self.opts) as ck:
+            for step in (1, 2, 3):
+                a[0] = step
+                ck.save_async(step, {"a": a})
+            self.assertEqual(ck.set_aside_newer(1), 2)
+            self.assertEqual(ck.list(), [1])
+            self.assertEqual(ck.set_aside_newer(1), 0)
+        # a later run: the steps a load passed over are trained and saved again
+        with libmoe.Checkpointer(self.rt, self.tmp.name, keep_last=0, **self.opts) as ck:
+            b = array.array("f", [0.0] * 100)
+            self.assertEqual(ck.load_latest({"a": b}), 1)
+            self.assertEqual(b[0], 1.0)
+            ck.save_async(2, {"a": a})
+            self.assertTrue(ck.wait(timeout=30))
+            self.assertEqual(ck.list(), [1, 2])
+            with self.assertRaises(libmoe.Error) as cm:
+                ck.set_aside_newer(-2)
+            self.assertEqual(cm.exception.status, libmoe.Status.INVALID_ARGUMENT)
+        aside = sorted(n for n in os.listdir(self.tmp.name) if n.startswith(".rejected-step-"))
+        self.assertEqual([n.split("-")[2] for n in aside], ["2", "3"])
 
     def test_close_within(self):
         ck = libmoe.Checkpointer(self.rt, self.tmp.name, **self.opts)

@@ -145,6 +145,14 @@ class ElasticTest(unittest.TestCase):
                              (5, 1, "training", 30))
             with self.assertRaisesRegex(ValueError, "unknown ElasticPhase 'done'"):
                 m.report("done", 32)
+            self.assertEqual(m.slot, 5)
+            for step in range(1, 21):  # the key keeps the last 16 busy times
+                m.report_busy(step, step / 1000)
+            v = self.wait_for(key, lambda v: v and v.get("busy", [[0]])[-1][0] == 20)
+            self.assertEqual(v["busy"], [[s, s / 1000] for s in range(5, 21)])
+            with self.assertRaises(libmoe.Error) as cm:
+                m.report_busy(21, -1.0)
+            self.assertEqual(cm.exception.status, Status.INVALID_ARGUMENT)
             m.report_exit(libmoe.EXIT_PEER_LOST, "peer 3 lost")
             e = self.etcd.get(f"{prefix}/exit/5")
             self.assertEqual((e["slot"], e["rank"], e["code"], e["step"], e["cause"]),

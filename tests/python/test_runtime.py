@@ -20,6 +20,7 @@ class RuntimeTest(unittest.TestCase):
             self.assertIsNone(rt.get_stream())  # and has none
             rt.synchronize()
             self.assertEqual(rt.async_error(), (libmoe.Status.SUCCESS, ""))
+            self.assertEqual(rt.wait_stats(), (0.0, 0))  # a world of one never waits
         with libmoe.Runtime() as rt:  # auto: the host backend on a machine without a GPU
             self.assertIn(rt.backend, (libmoe.Backend.HOST, libmoe.Backend.CUDA))
 

@@ -12,7 +12,8 @@ MODE:
   resume       6 steps straight vs 3 steps, checkpoint, --resume to 6 on the same mesh
                (ep=2): losses of steps 4..6 and the final state bitwise equal; the step-3
                checkpoint resumed on another mesh (dp=2, pp=2): the first loss within 1e-5 of
-               the uninterrupted run's step 4. A resume that replays steps leaves each step
+               the uninterrupted run's step 4; every metrics row has checkpoint_stall, above
+               zero on the steps that save. A resume that replays steps leaves each step
                once in the metrics file; --resume on a finished run says so; --ckpt-dir
                without --ckpt-every saves after the last step and prints it; a fresh run over
                old checkpoints stops; an unreachable S3 mirror ends the run with exit 0 and
@@ -121,6 +122,11 @@ elif a.mode == "resume":
                "--ckpt-every", "3", "--metrics", metrics, "--steps", "6", "--resume"])
     resumed = [json.loads(l) for l in open(metrics)]
     check_losses("same mesh", resumed[3:], straight[3:], 3, 0)
+    # every row reports the checkpoint stall; the rows of a save (steps 3 and 6) time the save
+    for r in resumed:
+        stall = r.get("phases_rank0_s", {}).get("checkpoint_stall")
+        if stall is None or stall < 0 or (r["step"] % 3 == 0 and not stall > 0):
+            failures.append(f"step {r['step']}: checkpoint_stall {stall!r}")
     compare(first_ck, straight_ck, 0)
     other = os.path.join(a.work, "other-mesh.jsonl")
     if os.path.exists(other):  # a resumed run appends: a previous run's rows would be read

@@ -69,6 +69,7 @@ static bool read_views(const watch_config_t *c, rank_view_t *v)
             v[r].resumed_step = num(o, "resumed_step", -1);
             const cJSON *ph = cJSON_GetObjectItemCaseSensitive(o, "phase");
             snprintf(v[r].phase, sizeof v[r].phase, "%s", cJSON_IsString(ph) ? ph->valuestring : "");
+            if (c->straggler) straggler_watch_take(c->straggler, r, o);
         } else {
             v[r].exited = true;
             v[r].exit_code = (int)num(o, "code", -1);
@@ -273,6 +274,14 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
         if (r->n_blamed) {
             reason = "rank lost";
             if (!mpirun_done && !c->remote_ranks) blame_dead_processes(c, v, r, blame);
+            break;
+        }
+        int slow;
+        if (c->straggler && read && !mpirun_done &&
+            straggler_watch_poll(c->straggler, c->events, c->incarnation, c->slots, &slow,
+                                 detail, sizeof detail)) {
+            add_blame(r, blame, c->slots[slow], slow, "straggler", detail);
+            reason = "straggler";
             break;
         }
         if (mpirun_done) {

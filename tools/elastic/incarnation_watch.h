@@ -11,9 +11,10 @@
  * holds its lease still runs peer_lost_grace_s later (hung where its keep-alive thread is
  * not); mpirun exited (not a rank's failure: only ranks with a failing exit record are
  * blamed); or not every rank registered within the start timeout (the unregistered ones are
- * blamed). The slots to blame are those, plus any rank whose process is then found gone or
- * stopped (two ranks lost at once); ranks that only report a lost peer are survivors. mpirun
- * exiting 0 is the job done, whether or not etcd still answers.
+ * blamed); or a straggler to replace (straggler_watch.h). The slots to blame are those, plus
+ * any rank whose process is then found gone or stopped (two ranks lost at once); ranks that
+ * only report a lost peer are survivors. mpirun exiting 0 is the job done, whether or not etcd
+ * still answers.
  */
 #ifndef MOE_TOOLS_INCARNATION_WATCH_H
 #define MOE_TOOLS_INCARNATION_WATCH_H
@@ -24,6 +25,7 @@
 
 #include "elastic/etcd.h"
 #include "events.h"
+#include "straggler_watch.h"
 
 #define WATCH_MAX_RANKS 256
 
@@ -48,6 +50,9 @@ typedef struct watch_config {
     int64_t previous_step;   /* the highest step reached before */
     double failed_at;        /* monotonic s: the failure's detection */
     double teardown_s;       /* the failed incarnation's end */
+    /* slow ranks (NULL: not watched): reported, and under the replace policy the incarnation
+     * ends after the next checkpoint with the straggler blamed ("straggler") */
+    straggler_watch_t *straggler;
 } watch_config_t;
 
 typedef struct watch_result {

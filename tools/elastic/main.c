@@ -10,8 +10,9 @@
  * marks the slots to blame as failed, takes spares in their place or, with none left, picks
  * the largest valid mesh on the slots that remain (keeping the global batch), and relaunches
  * with --resume: every rank loads the latest complete checkpoint, resharded to the new mesh.
- * It stops with a message and an exit code below min_world ranks, without a valid mesh, or
- * after max_restarts; every wait has a deadline.
+ * A rank that runs slowly (a straggler, straggler.h) is reported, or, with a spare, replaced
+ * after the next checkpoint the same way. It stops with a message and an exit code below
+ * min_world ranks, without a valid mesh, or after max_restarts; every wait has a deadline.
  *
  * Every incarnation, the first included, runs with --resume, so the same command again on a
  * job folder continues from its newest complete checkpoint; the folder's lock (job_lock.h)
@@ -490,9 +491,10 @@ static int lead(job_spec_t *sp, agent_t *ag)
             stop_event(evp, err, EXIT_LAUNCHER);
             break;
         }
+        int agent_spares = 0;
         if (ag) {
-            int spares_left, pick = pick_on_hosts(&s, &info, &hosts, failed, active, &world,
-                                                  &mesh, &spares_left, err, sizeof err);
+            int pick = pick_on_hosts(&s, &info, &hosts, failed, active, &world, &mesh,
+                                     &agent_spares, err, sizeof err);
             if (!pick && hosts_write_hostfile(&hosts, active, world, hostfile)) {
                 snprintf(err, sizeof err, "cannot write the hostfile %s", hostfile);
                 pick = EXIT_LAUNCHER;
@@ -542,8 +544,15 @@ static int lead(job_spec_t *sp, agent_t *ag)
                              .endpoint = endpoint, .recovering = recovering,
                              .previous_step = previous_step, .failed_at = last_detected,
                              .teardown_s = last_teardown, .remote_ranks = ag != NULL};
+        int free_slots = -world; /* healthy slots outside the incarnation: spares */
+        for (int i = 0; i < total && !ag; i++) free_slots += !failed[i];
+        if (ag) free_slots = agent_spares; /* the live hosts' healthy slots not in use */
+        straggler_watch_t sw;
+        if (straggler_watch_init(&sw, &s.straggler, world, free_slots > 0, info.ckpt_dir) == 0)
+            wc.straggler = &sw; /* (out of memory: watched without it) */
         watch_result_t r;
         watch_incarnation(&wc, &r);
+        straggler_watch_free(&sw);
         if (r.done) {
             f = cJSON_CreateObject();
             cJSON_AddNumberToObject(f, "incarnations", inc + 1);

@@ -45,7 +45,9 @@ void job_spec_usage(FILE *f)
         "                       trainer's mesh), launched by the elected leader with mpirun\n"
         "                       over a hostfile; every agent gets the same other options\n"
         "  --host-session       the host's ranks are those of the agent's session (hosts\n"
-        "                       simulated on one machine)\n"
+        "                       simulated on one machine)\n");
+    straggler_usage(f);
+    fprintf(f,
         "exit: 0 done; 1 launcher failure; 2 bad arguments; 3 too few ranks or no valid mesh;\n"
         "4 max restarts reached.\n");
 }
@@ -76,6 +78,7 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
                       .events = "elastic-events.jsonl",
                       .mpirun_log = "elastic-mpirun.log",
                       .mpirun = "mpirun", .job = "job"};
+    straggler_config_default(&s->straggler);
     int i = 1;
     for (; i < argc && strcmp(argv[i], "--"); i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -102,7 +105,10 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
         else if (!strcmp(a, "--mpirun-log") && v) s->mpirun_log = v, i++;
         else if (!strcmp(a, "--job") && v && *v && !strchr(v, '/')) s->job = v, i++;
         else if (!strcmp(a, "--mpirun") && v) s->mpirun = v, i++;
-        else if (!strcmp(a, "--mpirun-arg") && v) {
+        else if (!strncmp(a, "--straggler-", 12)) {
+            if (straggler_parse_option(&s->straggler, a, v, err, len) < 0) return -1;
+            i++;
+        } else if (!strcmp(a, "--mpirun-arg") && v) {
             if (s->n_mpirun_args == SPEC_MAX_MPIRUN_ARGS) {
                 snprintf(err, len, "--mpirun-arg: at most %d", SPEC_MAX_MPIRUN_ARGS);
                 return -1;

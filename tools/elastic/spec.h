@@ -1,7 +1,7 @@
 /*
  * The job spec of moe_elastic: its options (slots, spares, world limits, the lease TTL,
- * restarts, etcd, events, mpirun) and the trainer command after "--", and the model shape read
- * from the trainer itself (its --print-config), which the mesh choice needs.
+ * restarts, etcd, events, mpirun, stragglers) and the trainer command after "--", and the
+ * model shape read from the trainer itself (its --print-config), which the mesh choice needs.
  */
 #ifndef MOE_TOOLS_SPEC_H
 #define MOE_TOOLS_SPEC_H
@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "elastic/mesh_choice.h"
+#include "straggler.h"
 
 #define SPEC_MAX_MPIRUN_ARGS 32
 
@@ -39,6 +40,7 @@ typedef struct job_spec {
     bool host_session;          /* this host's ranks are the agent's session's (simulated) */
     char **trainer;             /* argv of the trainer (after "--"), NULL-terminated */
     int n_trainer;
+    straggler_config_t straggler; /* --straggler-* */
 } job_spec_t;
 
 /* Returns 0, 1 for --help, or -1 with a message naming the option in err. */
