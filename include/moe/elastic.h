@@ -14,7 +14,8 @@
  * moe_elastic_member_report_exit, in a key <prefix>/exit/<slot> that outlives it.
  *
  * The launcher describes the member through the environment of every rank:
- *   MOE_ELASTIC_ENDPOINT  etcd's JSON gateway, "http://127.0.0.1:2379"
+ *   MOE_ELASTIC_ENDPOINT  etcd's JSON gateway, "http://127.0.0.1:2379", or a cluster's members
+ *                         comma-separated (requests fail over between them)
  *   MOE_ELASTIC_PREFIX    the incarnation's keys, "/moe/<job>/inc/<n>"
  *   MOE_ELASTIC_SLOTS     the slot of each world rank, "0,1,2,4" (rank r has the r-th)
  *   MOE_ELASTIC_TTL_MS    the lease TTL
@@ -48,7 +49,8 @@ typedef enum moe_elastic_phase {
 
 typedef struct moe_elastic_member_config {
     size_t struct_size;
-    const char *endpoint;       /* etcd's JSON gateway, http://host:port (required) */
+    const char *endpoint;       /* etcd's JSON gateway, http://host:port, or several members
+                                   comma-separated, failed over in order (required) */
     const char *prefix;         /* the incarnation's key prefix (required) */
     int32_t slot;               /* the launcher's slot of this rank, >= 0 */
     int32_t rank;               /* the world rank, >= 0 */

@@ -49,7 +49,7 @@
     X(CKPT_NO_URING, "MOE_CKPT_NO_URING", FLAG, "0",                                       \
       "write checkpoints with pwrite instead of io_uring")                                 \
     X(ELASTIC_ENDPOINT, "MOE_ELASTIC_ENDPOINT", STRING, "unset (no membership)",           \
-      "etcd endpoint of the elastic launcher")                                             \
+      "etcd endpoints of the elastic launcher (comma-separated members)")                  \
     X(ELASTIC_PREFIX, "MOE_ELASTIC_PREFIX", STRING, "unset",                               \
       "the job's etcd key prefix (starts with /)")                                         \
     X(ELASTIC_SLOTS, "MOE_ELASTIC_SLOTS", STRING, "unset", "world rank -> launcher slot")  \

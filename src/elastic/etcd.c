@@ -6,6 +6,17 @@
  * The gateway answers an error either as {"error", "code", "message"} (unary calls, HTTP
  * status >= 400) or inside {"error": {...}} (the keep-alive stream): both become a status
  * naming the method and etcd's message.
+ *
+ * Endpoints: a client holds a list (one etcd member each, "http://a:2379,http://b:2379") and
+ * sends each request to the member that answered last. When that member cannot be reached
+ * (a transport error: refused, reset, timed out) or answers that it cannot serve the request
+ * now (gRPC Unavailable or DeadlineExceeded: no leader, lost quorum, still starting), the same
+ * request goes to the next member, in list order, until one answers or all were tried; the one
+ * that answered is used from then on. Every call the elastic layer makes is safe to repeat (a
+ * put writes the same value, a keep-alive or revoke of the same lease, a range read); a lease
+ * grant repeated after a lost answer leaves an unused lease that expires by its TTL. So one
+ * member lost costs at most one request's timeout, once; a cluster without quorum fails every
+ * request, each naming the last member tried.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -20,11 +31,17 @@
 #include "core/error.h"
 #include "etcd.h"
 
-/* gRPC's NotFound, which etcd returns for an unknown or expired lease */
+/* gRPC's NotFound, which etcd returns for an unknown or expired lease; DeadlineExceeded and
+ * Unavailable, which a member returns when it cannot serve now (no leader, no quorum) */
 #define GRPC_NOT_FOUND 5
+#define GRPC_DEADLINE_EXCEEDED 4
+#define GRPC_UNAVAILABLE 14
+#define MAX_ENDPOINTS 16
 
 struct el_etcd {
-    char *endpoint;
+    char *endpoints[MAX_ENDPOINTS]; /* without trailing '/' */
+    int n_endpoints;
+    int current;                    /* the member that answered last (under lock) */
     int32_t timeout_ms;
     CURL *curl;
     pthread_mutex_t lock;
@@ -100,21 +117,17 @@ static moe_status_t gateway_error(const char *method, long http, const cJSON *ro
                     cJSON_IsString(msg) ? msg->valuestring : "(no message)");
 }
 
-/* POST body (consumed) to /v3/<method>; [out] reply: the parsed answer (cJSON_Delete it). */
-static moe_status_t call(el_etcd_t *e, const char *method, cJSON *body, cJSON **reply,
-                         int *grpc_code)
+/* One POST of text to <endpoint>/v3/<method> (under e->lock). [out] reply, grpc_code;
+ * *try_next when another member may serve the request. */
+static moe_status_t post_once(el_etcd_t *e, const char *endpoint, const char *method,
+                              const char *text, cJSON **reply, int *grpc_code, bool *try_next)
 {
-    *reply = NULL;
-    *grpc_code = 0;
-    char *text = body ? cJSON_PrintUnformatted(body) : NULL;
-    cJSON_Delete(body);
-    if (!text) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd %s: request body", method);
     char url[1024];
-    snprintf(url, sizeof url, "%s/v3/%s", e->endpoint, method);
+    snprintf(url, sizeof url, "%s/v3/%s", endpoint, method);
     buf_t b = {0};
     moe_status_t st = MOE_STATUS_SUCCESS;
+    *try_next = false;
     struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
-    pthread_mutex_lock(&e->lock);
     curl_easy_reset(e->curl);
     MOE_CHECK_CURL_GOTO(st, curl_easy_setopt(e->curl, CURLOPT_URL, url));
     MOE_CHECK_CURL_GOTO(st, curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, text));
@@ -127,68 +140,110 @@ static moe_status_t call(el_etcd_t *e, const char *method, cJSON *body, cJSON **
     long http = 0;
     curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, &http);
     if (rc != CURLE_OK) {
+        *try_next = true;
         st = MOE_FAIL(rc == CURLE_OPERATION_TIMEDOUT ? MOE_STATUS_TIMEOUT : MOE_STATUS_REMOTE_ERROR,
-                      "etcd %s at %s: %s", method, e->endpoint, curl_easy_strerror(rc));
+                      "etcd %s at %s: %s", method, endpoint, curl_easy_strerror(rc));
         goto fail;
     }
     cJSON *root = b.data ? cJSON_Parse(b.data) : NULL;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        st = MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "etcd %s: HTTP %ld and no JSON object in the "
-                      "answer (%.200s)", method, http, b.data ? b.data : "");
+        *try_next = http >= 500;
+        st = MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "etcd %s at %s: HTTP %ld and no JSON object in "
+                      "the answer (%.200s)", method, endpoint, http, b.data ? b.data : "");
         goto fail;
     }
     if (http >= 400 || cJSON_GetObjectItemCaseSensitive(root, "error")) {
         st = gateway_error(method, http, root, grpc_code);
+        *try_next = *grpc_code == GRPC_UNAVAILABLE || *grpc_code == GRPC_DEADLINE_EXCEEDED;
         cJSON_Delete(root);
         goto fail;
     }
     *reply = root;
 fail:
-    pthread_mutex_unlock(&e->lock);
     curl_slist_free_all(hdr);
-    free(text);
     free(b.data);
+    return st;
+}
+
+/* POST body (consumed) to /v3/<method> on the member that answered last, then on the others
+ * while they cannot serve it; [out] reply: the parsed answer (cJSON_Delete it). */
+static moe_status_t call(el_etcd_t *e, const char *method, cJSON *body, cJSON **reply,
+                         int *grpc_code)
+{
+    *reply = NULL;
+    *grpc_code = 0;
+    char *text = body ? cJSON_PrintUnformatted(body) : NULL;
+    cJSON_Delete(body);
+    if (!text) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd %s: request body", method);
+    moe_status_t st = MOE_STATUS_SUCCESS;
+    pthread_mutex_lock(&e->lock);
+    for (int i = 0; i < e->n_endpoints; i++) {
+        int at = (e->current + i) % e->n_endpoints;
+        bool try_next;
+        *grpc_code = 0;
+        st = post_once(e, e->endpoints[at], method, text, reply, grpc_code, &try_next);
+        if (!try_next) {
+            if (st == MOE_STATUS_SUCCESS || *grpc_code) e->current = at; /* it answered */
+            break;
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    free(text);
     return st;
 }
 
 /* ---- the client -------------------------------------------------------------------------- */
 
-moe_status_t el_etcd_create(const char *endpoint, int32_t timeout_ms, el_etcd_t **out)
+void el_etcd_destroy(el_etcd_t *e)
+{
+    if (!e) return;
+    if (e->curl) curl_easy_cleanup(e->curl);
+    pthread_mutex_destroy(&e->lock);
+    for (int i = 0; i < e->n_endpoints; i++) free(e->endpoints[i]);
+    free(e);
+}
+
+moe_status_t el_etcd_create(const char *endpoints, int32_t timeout_ms, el_etcd_t **out)
 {
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
-    MOE_CHECK_ARG(endpoint && (!strncmp(endpoint, "http://", 7) || !strncmp(endpoint, "https://", 8)),
-                  "etcd endpoint \"%s\" must start with http:// or https://",
-                  endpoint ? endpoint : "(null)");
+    MOE_CHECK_ARG(endpoints && *endpoints, "etcd endpoint list is empty");
     MOE_CHECK_ARG(timeout_ms > 0, "etcd request timeout %d ms must be > 0", (int)timeout_ms);
     MOE_CHECK_GEN(CURLcode, curl_global_init(CURL_GLOBAL_DEFAULT), rc_ == CURLE_OK,
                   MOE_STATUS_INTERNAL, curl_easy_strerror);
     el_etcd_t *e = calloc(1, sizeof *e);
     if (!e) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd client");
-    e->endpoint = strdup(endpoint);
-    e->curl = curl_easy_init();
-    e->timeout_ms = timeout_ms;
-    if (!e->endpoint || !e->curl) {
-        free(e->endpoint);
-        if (e->curl) curl_easy_cleanup(e->curl);
-        free(e);
-        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd client");
-    }
-    size_t n = strlen(e->endpoint);
-    while (n > 0 && e->endpoint[n - 1] == '/') e->endpoint[--n] = 0;
     pthread_mutex_init(&e->lock, NULL);
+    e->timeout_ms = timeout_ms;
+    e->curl = curl_easy_init();
+    moe_status_t st = e->curl ? MOE_STATUS_SUCCESS
+                              : MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd client");
+    for (const char *p = endpoints; st == MOE_STATUS_SUCCESS && *p;) {
+        size_t n = strcspn(p, ",");
+        if (n && (!strncmp(p, "http://", 7) || !strncmp(p, "https://", 8)) && n > 8 &&
+            e->n_endpoints < MAX_ENDPOINTS) {
+            char *one = strndup(p, n);
+            while (one && n > 0 && one[n - 1] == '/') one[--n] = 0;
+            if (!one) st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd client");
+            else e->endpoints[e->n_endpoints++] = one;
+        } else {
+            st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "etcd endpoint \"%.*s\" in \"%s\": %s",
+                          (int)n, p, endpoints, e->n_endpoints == MAX_ENDPOINTS
+                          ? "too many (at most 16)" : "must start with http:// or https://");
+        }
+        p += n;
+        if (*p == ',') p++;
+    }
+    if (st == MOE_STATUS_SUCCESS && !e->n_endpoints)
+        st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "etcd endpoint list \"%s\" names none",
+                      endpoints);
+    if (st != MOE_STATUS_SUCCESS) {
+        el_etcd_destroy(e);
+        return st;
+    }
     *out = e;
     return MOE_STATUS_SUCCESS;
-}
-
-void el_etcd_destroy(el_etcd_t *e)
-{
-    if (!e) return;
-    curl_easy_cleanup(e->curl);
-    pthread_mutex_destroy(&e->lock);
-    free(e->endpoint);
-    free(e);
 }
 
 static cJSON *obj_i64(const char *name, int64_t v)
@@ -351,6 +406,60 @@ moe_status_t el_etcd_delete_prefix(el_etcd_t *e, const char *prefix, int64_t *de
     int code;
     MOE_TRY(call(e, "kv/deleterange", body, &r, &code));
     if (deleted) *deleted = json_i64(r, "deleted");
+    cJSON_Delete(r);
+    return MOE_STATUS_SUCCESS;
+}
+
+moe_status_t el_etcd_create_key(el_etcd_t *e, const char *key, const char *value, int64_t lease,
+                                bool *created, char **holder)
+{
+    MOE_CHECK_ARG(e && key && *key && value && created, "etcd create: NULL or empty argument");
+    *created = false;
+    if (holder) *holder = NULL;
+    char *k = b64_encode(key, strlen(key)), *v = b64_encode(value, strlen(value));
+    char ls[32];
+    snprintf(ls, sizeof ls, "%lld", (long long)lease);
+    cJSON *body = cJSON_CreateObject(), *cmp = cJSON_CreateObject(), *put = cJSON_CreateObject(),
+          *get = cJSON_CreateObject();
+    cJSON *cmps = cJSON_AddArrayToObject(body, "compare");
+    cJSON *ok = cJSON_AddArrayToObject(body, "success");
+    cJSON *no = cJSON_AddArrayToObject(body, "failure");
+    cJSON *put_req = cJSON_AddObjectToObject(put, "request_put");
+    cJSON *get_req = cJSON_AddObjectToObject(get, "request_range");
+    bool built = k && v && cmps && ok && no && put_req && get_req &&
+                 /* the key's creation revision is 0 while it does not exist */
+                 cJSON_AddStringToObject(cmp, "target", "CREATE") &&
+                 cJSON_AddStringToObject(cmp, "key", k) &&
+                 cJSON_AddStringToObject(cmp, "create_revision", "0") &&
+                 cJSON_AddStringToObject(put_req, "key", k) &&
+                 cJSON_AddStringToObject(put_req, "value", v) &&
+                 (!lease || cJSON_AddStringToObject(put_req, "lease", ls)) &&
+                 cJSON_AddStringToObject(get_req, "key", k);
+    free(k);
+    free(v);
+    if (built) {
+        cJSON_AddItemToArray(cmps, cmp);
+        cJSON_AddItemToArray(ok, put);
+        cJSON_AddItemToArray(no, get);
+    } else {
+        cJSON_Delete(cmp);
+        cJSON_Delete(put);
+        cJSON_Delete(get);
+        cJSON_Delete(body);
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd create %s", key);
+    }
+    cJSON *r;
+    int code;
+    MOE_TRY(call(e, "kv/txn", body, &r, &code));
+    *created = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "succeeded"));
+    if (!*created && holder) {
+        /* responses[0].response_range.kvs[0].value: what the holder wrote */
+        const cJSON *res = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "responses"), 0);
+        const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(res, "response_range"), "kvs");
+        const cJSON *val = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(kvs, 0), "value");
+        *holder = cJSON_IsString(val) ? b64_decode(val->valuestring) : strdup("");
+    }
     cJSON_Delete(r);
     return MOE_STATUS_SUCCESS;
 }

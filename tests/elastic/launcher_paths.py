@@ -15,6 +15,11 @@ no process of its session behind. Then, with every rank sleeping after its step:
             of the launcher once the next incarnation is up;
   etcd      the private etcd killed: reported at once (etcd_exited), restarted, the run ends
             done with no failure;
+  member    a private three-member etcd (--etcd-members 3), the member first in every
+            client's list killed: reported (etcd_exited, restarted), no failure, done;
+  quorum    the same cluster, its two members that are not the raft leader stopped for 3 s (no
+            quorum: the leader steps down): etcd_unreachable within 2.5 s, etcd_reachable once
+            they continue, no failure, done (a lost quorum stops no rank);
   launcher  a second launcher on the same job folder is refused (exit 2, naming the holder);
             the launcher killed with SIGKILL: its mpirun, ranks and etcd end within 15 s; the
             same command again on the folder runs (the events file appended, not truncated).
@@ -168,7 +173,12 @@ def mpirun_path():
         launch1 = wait_event(events, lambda e: e["event"] == "launch" and e["incarnation"] == 1, 1)
         if up1 and launch1:
             time.sleep(0.3)
-            zombies = [z for z in zombie_children(proc.pid) if z != launch1["mpirun_pid"]]
+            # a child that exits just now is a zombie until the next poll (100 ms): only one
+            # still there half a second later was left unreaped
+            first = set(zombie_children(proc.pid))
+            time.sleep(0.5)
+            zombies = [z for z in zombie_children(proc.pid) if z in first and
+                       z != launch1["mpirun_pid"]]
     rc = finish(proc)
     log.close()
     ev = rows(events)
@@ -202,6 +212,57 @@ def etcd_path():
           and not session_left(proc.pid))
     verdict("etcd", ok, f"exit {rc}, etcd_exited {[(e['how'], e['restarted']) for e in gone]}"
             + (f" {gone[0]['t'] - killed_at:.2f} s after the kill" if gone and killed_at else ""))
+
+
+def etcd_status(url):
+    import urllib.request
+    req = urllib.request.Request(url + "/v3/maintenance/status", data=b"{}",
+                                 headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=2).read())
+
+
+# a three-member private etcd: one member lost changes nothing; a lost quorum is reported
+def cluster_path(name):
+    d = fresh(name)
+    events = os.path.join(d, "events.jsonl")
+    proc, log = start(d, command(d, "etcd", -1, name, ["--etcd-members", "3"])
+                      + ["--wait-s", "9" if name == "quorum" else "4"])
+    st = wait_event(events, lambda e: e["event"] == "start")
+    up = wait_event(events, lambda e: e["event"] == "ranks_up")
+    hit_at, what = None, "not up"
+    if st and up and name == "member":
+        hit_at = time.time()
+        os.kill(st["etcd_pids"][0], signal.SIGKILL)
+        what = "member 0 killed"
+    elif st and up:
+        urls = st["etcd"].split(",")
+        leader = etcd_status(urls[0])["leader"]
+        followers = [i for i, u in enumerate(urls) if etcd_status(u)["header"]["member_id"] != leader]
+        stopped = [st["etcd_pids"][i] for i in followers]
+        hit_at = time.time()
+        for q in stopped:
+            os.kill(q, signal.SIGSTOP)
+        time.sleep(3)
+        for q in stopped:
+            os.kill(q, signal.SIGCONT)
+        what = f"members {followers} stopped for 3 s"
+    rc = finish(proc)
+    log.close()
+    ev = rows(events)
+    fails = [e for e in ev if e["event"] == "failure"]
+    done = [e for e in ev if e["event"] == "done"]
+    ok = rc == 0 and not fails and done and not session_left(proc.pid) and hit_at is not None
+    if name == "member":
+        gone = [e for e in ev if e["event"] == "etcd_exited"]
+        ok = ok and gone and gone[0]["restarted"] and gone[0]["member"] == 0
+        what += f", etcd_exited {[(e['member'], e['restarted']) for e in gone]}"
+    else:
+        down = [e for e in ev if e["event"] == "etcd_unreachable"]
+        back = [e for e in ev if e["event"] == "etcd_reachable"]
+        ok = ok and down and back and down[0]["t"] - hit_at < 2.5
+        what += (f", unreachable {down[0]['t'] - hit_at:.2f} s after" if down and hit_at else
+                 ", never unreachable") + (f", back after {back[0]['down_s']:.2f} s" if back else "")
+    verdict(name, ok, f"exit {rc}, {what}, failures {len(fails)}, done {bool(done)}")
 
 
 # a second launcher on the folder is refused; the launcher killed leaves nothing; run again
@@ -261,7 +322,9 @@ def unreachable_path():
             f"{r.stderr.strip().splitlines()[0] if r.stderr.strip() else ''!r}")
 
 
-for name, path in (("mpirun", mpirun_path), ("etcd", etcd_path), ("launcher", launcher_path),
+for name, path in (("mpirun", mpirun_path), ("etcd", etcd_path),
+                   ("member", lambda: cluster_path("member")),
+                   ("quorum", lambda: cluster_path("quorum")), ("launcher", launcher_path),
                    ("root", root_path), ("unreachable", unreachable_path)):
     if wanted(name):
         path()

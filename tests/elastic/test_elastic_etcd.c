@@ -234,7 +234,7 @@ static void test_member_orphaned(void **state)
 int main(void)
 {
     char err[512];
-    if (etcd_server_start(&server, NULL, 30000, err, sizeof err)) {
+    if (etcd_server_start(&server, NULL, 1, 30000, err, sizeof err)) {
         printf("skipped: %s\n", err);
         return 77;
     }

@@ -9,6 +9,9 @@ moe_add_test(test_elastic_mesh SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_me
 moe_add_test(test_elastic_etcd SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_etcd.c
              LABELS elastic TIMEOUT 120)
 target_link_libraries(test_elastic_etcd PRIVATE moe_elastic_support)
+moe_add_test(test_elastic_etcd_cluster SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_etcd_cluster.c
+             LABELS elastic TIMEOUT 120)
+target_link_libraries(test_elastic_etcd_cluster PRIVATE moe_elastic_support)
 # the launcher's straggler rule on tables of busy times (tools/elastic/straggler.h)
 moe_add_test(test_elastic_straggler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_elastic_straggler.c
              LABELS elastic TIMEOUT 30)
@@ -24,6 +27,14 @@ if(TARGET moe_train AND TARGET moe_elastic)
                      --launcher $<TARGET_FILE:moe_elastic> --fake $<TARGET_FILE:fake_rank>
                      --mpirun ${MPIEXEC_EXECUTABLE} --work ${CMAKE_CURRENT_BINARY_DIR}/elastic-paths)
     set_tests_properties(test_elastic_launcher PROPERTIES TIMEOUT 300 LABELS "elastic;chaos"
+      SKIP_RETURN_CODE 77)
+    # agents on three simulated hosts (simhost.py, sim_rsh.sh): a host, the leader's host and
+    # an etcd member lost
+    add_test(NAME test_elastic_hosts
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/hosts_trials.py
+                     --launcher $<TARGET_FILE:moe_elastic> --fake $<TARGET_FILE:fake_rank>
+                     --mpirun ${MPIEXEC_EXECUTABLE} --work ${CMAKE_CURRENT_BINARY_DIR}/elastic-hosts)
+    set_tests_properties(test_elastic_hosts PROPERTIES TIMEOUT 300 LABELS "elastic;chaos"
       SKIP_RETURN_CODE 77)
     add_test(NAME test_elastic_chaos
              COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/chaos_elastic.py

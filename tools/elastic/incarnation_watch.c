@@ -264,7 +264,7 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
                 add_blame(r, blame, c->slots[k], k, "lease expired", NULL);
         }
         /* after mpirun's own end its ranks' ends are its doing, not theirs */
-        if (!mpirun_done) check_processes(c, v, read, now, r, blame);
+        if (!mpirun_done && !c->remote_ranks) check_processes(c, v, read, now, r, blame);
         for (int k = 0; read && !peer_lost_at && k < c->world; k++)
             if (v[k].exited && v[k].exit_code == MOE_EXIT_PEER_LOST) peer_lost_at = now;
         if (peer_lost_at && !r->n_blamed && now - peer_lost_at > c->peer_lost_grace_s)
@@ -273,7 +273,7 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
                     add_blame(r, blame, c->slots[k], k, "hung", "its peers lost it; it still runs");
         if (r->n_blamed) {
             reason = "rank lost";
-            if (!mpirun_done) blame_dead_processes(c, v, r, blame);
+            if (!mpirun_done && !c->remote_ranks) blame_dead_processes(c, v, r, blame);
             break;
         }
         int slow;

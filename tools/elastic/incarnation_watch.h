@@ -42,6 +42,9 @@ typedef struct watch_config {
     void (*tick)(void *user); /* called at every poll (etcd's supervision, the relay, reaping) */
     void *tick_user;
     const char *endpoint;    /* named in the etcd events */
+    /* the ranks run on other hosts (agent mode): their processes are not this machine's to
+     * check; the hosts' agents check them and write an exit record for a rank gone or stopped */
+    bool remote_ranks;
     /* after a failure: the recovery event is emitted at this incarnation's first step */
     bool recovering;
     int64_t previous_step;   /* the highest step reached before */

@@ -233,16 +233,26 @@ int proc_run_capture(char *const argv[], double timeout_s, char *out, size_t len
     return status;
 }
 
-/* The value of OMPI_COMM_WORLD_RANK in pid's environment, or -1. */
-static int world_rank_of(pid_t pid)
+/* The value of the variable var ("NAME=") in pid's environment: 1 and out, or 0 when absent. */
+static int env_of(pid_t pid, const char *var, char *out, size_t len)
 {
     char buf[1 << 15];
     ssize_t n = read_proc(pid, "environ", buf, sizeof buf);
-    if (!n) return -1;
-    static const char var[] = "OMPI_COMM_WORLD_RANK=";
+    if (!n) return 0;
+    size_t vl = strlen(var);
     for (char *p = buf; p < buf + n; p += strlen(p) + 1)
-        if (!strncmp(p, var, sizeof var - 1)) return atoi(p + sizeof var - 1);
-    return -1;
+        if (!strncmp(p, var, vl)) {
+            snprintf(out, len, "%s", p + vl);
+            return 1;
+        }
+    return 0;
+}
+
+/* The value of OMPI_COMM_WORLD_RANK in pid's environment, or -1. */
+static int world_rank_of(pid_t pid)
+{
+    char v[32];
+    return env_of(pid, "OMPI_COMM_WORLD_RANK=", v, sizeof v) ? atoi(v) : -1;
 }
 
 typedef struct ranks {
@@ -285,6 +295,31 @@ void proc_reap_children(const pid_t *keep, int n_keep)
         bool kept = false;
         for (int i = 0; i < n_keep; i++) kept |= keep[i] == (pid_t)pid;
         if (!kept) waitpid((pid_t)pid, NULL, WNOHANG);
+    }
+    closedir(d);
+}
+
+void proc_job_ranks(const char *prefix, pid_t sid, pid_t *pids, int world)
+{
+    for (int k = 0; k < world; k++) pids[k] = 0;
+    DIR *d = opendir("/proc");
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end, st, v[512];
+        long pid = strtol(e->d_name, &end, 10);
+        pid_t pp, se;
+        if (*end || pid <= 0 || !stat_of((pid_t)pid, &st, &pp, &se) || st == 'Z') continue;
+        if ((sid && se != sid) || !env_of((pid_t)pid, "MOE_ELASTIC_PREFIX=", v, sizeof v) ||
+            strcmp(v, prefix))
+            continue;
+        int k = world_rank_of((pid_t)pid);
+        if (k < 0 || k >= world) continue;
+        /* a rank's own children inherit its variables: the rank is the one whose parent is not */
+        if (world_rank_of(pp) == k && env_of(pp, "MOE_ELASTIC_PREFIX=", v, sizeof v) &&
+            !strcmp(v, prefix))
+            continue;
+        pids[k] = (pid_t)pid;
     }
     closedir(d);
 }

@@ -34,6 +34,11 @@ void proc_reap_session(pid_t sid);
  * k < world. Open MPI gives every rank that variable before it runs the program, so a rank is
  * found before it registers anywhere. */
 void proc_session_ranks(pid_t sid, pid_t *pids, int world);
+/* pids[k]: the live process on this machine whose environment has MOE_ELASTIC_PREFIX=prefix
+ * (one incarnation of one job) and OMPI_COMM_WORLD_RANK=k (0: none), for k < world; sid != 0
+ * keeps only that session's (simulated hosts share one machine: each is a session). An
+ * agent's ranks, whoever started them (orted under ssh, or a local mpirun). */
+void proc_job_ranks(const char *prefix, pid_t sid, pid_t *pids, int world);
 /* Reaps every exited child of this process (the launcher is the subreaper of its incarnations'
  * orphans) except the pids in keep, whose exit status the caller reads itself. */
 void proc_reap_children(const pid_t *keep, int n_keep);

@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/env.h"
+#include "etcd_server.h"
 #include "incarnation_watch.h"
 #include "proc.h"
 #include "spec.h"
@@ -27,17 +28,34 @@ void job_spec_usage(FILE *f)
         "  --max-restarts N     stop (exit 4) after this many restarts, default 10\n"
         "  --grace-ms MS        SIGTERM to SIGKILL when ending an incarnation, default 2000\n"
         "  --start-timeout-ms MS  every rank registered, default 60000\n"
-        "  --etcd URL           an existing etcd (http://host:port); default: a private one\n"
+        "  --etcd URL[,URL...]  an existing etcd: its members' client URLs (http://host:port),\n"
+        "                       tried in order when one fails; default: a private one\n"
+        "  --etcd-members N     the private etcd's members on loopback, default 1 (3: one\n"
+        "                       may be lost)\n"
         "  --etcd-binary PATH   the private etcd's program, default etcd\n"
         "  --events FILE        JSON-lines events, default elastic-events.jsonl\n"
         "  --mpirun-log FILE    mpirun's whole output (appended), default elastic-mpirun.log\n"
         "  --job NAME           etcd keys under /moe/NAME/, default job\n"
         "  --mpirun PATH        default mpirun\n"
-        "  --mpirun-arg ARG     passed to mpirun (repeatable), e.g. --oversubscribe\n");
+        "  --mpirun-arg ARG     passed to mpirun (repeatable), e.g. --oversubscribe\n"
+        "Agent mode, one per host of a multi-host job (docs/elastic.md):\n"
+        "  --agent [--host NAME] --slots N --ranks R --etcd URL[,URL...]\n"
+        "                       this host's N slots (NAME: as mpirun reaches it, default its\n"
+        "                       hostname); the job runs R ranks over the hosts (the\n"
+        "                       trainer's mesh), launched by the elected leader with mpirun\n"
+        "                       over a hostfile; every agent gets the same other options\n"
+        "  --host-session       the host's ranks are those of the agent's session (hosts\n"
+        "                       simulated on one machine)\n");
     straggler_usage(f);
     fprintf(f,
         "exit: 0 done; 1 launcher failure; 2 bad arguments; 3 too few ranks or no valid mesh;\n"
         "4 max restarts reached.\n");
+}
+
+int job_spec_request_ms(const job_spec_t *s)
+{
+    int ms = s->ttl_ms / 4;
+    return ms < 250 ? 250 : ms > 2000 ? 2000 : ms;
 }
 
 static int int_arg(const char *flag, const char *v, int lo, int *out, char *err, size_t len)
@@ -56,7 +74,8 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
 {
     *s = (job_spec_t){.slots = 4, .min_world = 1, .max_world = 0, .ttl_ms = 5000,
                       .max_restarts = 10, .grace_ms = 2000, .start_timeout_ms = 60000,
-                      .poll_ms = 100, .etcd_binary = "etcd", .events = "elastic-events.jsonl",
+                      .poll_ms = 100, .etcd_members = 1, .etcd_binary = "etcd",
+                      .events = "elastic-events.jsonl",
                       .mpirun_log = "elastic-mpirun.log",
                       .mpirun = "mpirun", .job = "job"};
     straggler_config_default(&s->straggler);
@@ -75,6 +94,12 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
         else if (!strcmp(a, "--start-timeout-ms"))
             rc = int_arg(a, v, 1, &s->start_timeout_ms, err, len), i++;
         else if (!strcmp(a, "--etcd") && v) s->etcd = v, i++;
+        else if (!strcmp(a, "--agent")) s->agent = true;
+        else if (!strcmp(a, "--host-session")) s->host_session = true;
+        else if (!strcmp(a, "--host") && v && *v && !strchr(v, '/')) s->host = v, i++;
+        else if (!strcmp(a, "--ranks")) rc = int_arg(a, v, 1, &s->ranks, err, len), i++;
+        else if (!strcmp(a, "--etcd-members"))
+            rc = int_arg(a, v, 1, &s->etcd_members, err, len), i++;
         else if (!strcmp(a, "--etcd-binary") && v) s->etcd_binary = v, i++;
         else if (!strcmp(a, "--events") && v) s->events = v, i++;
         else if (!strcmp(a, "--mpirun-log") && v) s->mpirun_log = v, i++;
@@ -108,8 +133,25 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
                  WATCH_MAX_RANKS);
         return -1;
     }
-    if (!s->max_world) s->max_world = s->slots;
-    if (s->min_world > s->max_world || s->min_world > s->slots) {
+    if (s->etcd_members > ETCD_SERVER_MAX_MEMBERS || (s->etcd && s->etcd_members != 1)) {
+        snprintf(err, len, "--etcd-members %d: the private etcd has 1 to %d members, and none "
+                 "with --etcd", s->etcd_members, ETCD_SERVER_MAX_MEMBERS);
+        return -1;
+    }
+    if (s->agent && !s->host && gethostname(s->host_name, sizeof s->host_name - 1) == 0 &&
+        s->host_name[0] && !strchr(s->host_name, '/'))
+        s->host = s->host_name;
+    if (s->agent && (!s->host || !s->etcd || !s->ranks)) {
+        snprintf(err, len, "--agent needs --ranks N (the job's ranks), --etcd URL[,URL...] (the "
+                 "agents meet in etcd) and a host name (--host NAME, or gethostname)");
+        return -1;
+    }
+    if (!s->agent && (s->host || s->ranks || s->host_session)) {
+        snprintf(err, len, "--host, --ranks and --host-session are for --agent");
+        return -1;
+    }
+    if (!s->max_world) s->max_world = s->agent ? s->ranks : s->slots;
+    if (s->min_world > s->max_world || (!s->agent && s->min_world > s->slots)) {
         snprintf(err, len, "--min-world %d is above --max-world %d or --slots %d", s->min_world,
                  s->max_world, s->slots);
         return -1;

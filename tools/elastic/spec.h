@@ -23,7 +23,8 @@ typedef struct job_spec {
     int grace_ms;               /* SIGTERM to SIGKILL when ending an incarnation */
     int start_timeout_ms;       /* every rank registered in etcd */
     int poll_ms;
-    const char *etcd;           /* an existing etcd's endpoint; NULL: a private one */
+    const char *etcd;           /* an existing etcd's endpoints (commas); NULL: a private one */
+    int etcd_members;           /* the private etcd's members (1, or 3 to survive a lost one) */
     const char *etcd_binary;
     const char *events;         /* JSON-lines file */
     const char *mpirun_log;     /* mpirun's whole output (the launcher relays it without noise) */
@@ -31,6 +32,12 @@ typedef struct job_spec {
     const char *job;            /* keys under /moe/<job>/ */
     const char *mpirun_args[SPEC_MAX_MPIRUN_ARGS];
     int n_mpirun_args;
+    /* agent mode (agent.h): this host's name and slots (--slots), the job's ranks */
+    bool agent;
+    const char *host;           /* default: gethostname (host_name) */
+    char host_name[256];
+    int ranks;
+    bool host_session;          /* this host's ranks are the agent's session's (simulated) */
     char **trainer;             /* argv of the trainer (after "--"), NULL-terminated */
     int n_trainer;
     straggler_config_t straggler; /* --straggler-* */
@@ -39,6 +46,10 @@ typedef struct job_spec {
 /* Returns 0, 1 for --help, or -1 with a message naming the option in err. */
 int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len);
 void job_spec_usage(FILE *f);
+/* The launcher's and agents' etcd request timeout: TTL/4 within 250 ms .. 2 s, short because a
+ * poll tries every member while a cluster has lost its quorum and must not keep the process
+ * checks waiting. */
+int job_spec_request_ms(const job_spec_t *s);
 
 typedef struct trainer_info {
     el_model_shape_t shape;

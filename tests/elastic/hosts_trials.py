@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""moe_elastic's agents on simulated hosts (docs/elastic.md, "Agents and the leader"): three
+hosts of two slots, each a session of its own (simhost.py) running `moe_elastic --agent`, with
+mpirun's remote launcher pointed at sim_rsh.sh, which starts orted in the named host's session;
+a private three-member etcd cluster started here. The job is fake_rank's (4 ranks, ep=2 x pp=2;
+every rank sleeps in the first incarnation, later ones finish at once). Trials:
+  host    a host holding ranks, not the leader's, killed (every process of its session): its
+          slots fail (host_lost), the leader relaunches on the other two hosts, done;
+  leader  the leader's host killed: another agent becomes leader, ends what is left of the
+          incarnation, relaunches on the two hosts left, done;
+  member  one etcd member (the first in every list) killed for good during the run: no failure,
+          done.
+Each must end with every surviving agent exiting 0, the failed slots exactly the lost host's,
+and no process of any host's session left.
+
+Usage: hosts_trials.py --launcher moe_elastic --fake fake_rank --mpirun MPIRUN --work DIR
+       [--only host leader member] [--repeat N]
+Exits 1 when a trial fails, 77 (skip) without etcd.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from session import session_left
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+p = argparse.ArgumentParser()
+p.add_argument("--launcher", required=True)
+p.add_argument("--fake", required=True)
+p.add_argument("--mpirun", required=True)
+p.add_argument("--work", required=True)
+p.add_argument("--only", nargs="*")
+p.add_argument("--repeat", type=int, default=1, help="run each trial this many times")
+a = p.parse_args()
+if not shutil.which("etcd"):
+    print("skipped: no etcd (Debian package etcd-server; scripts/setup-deps.sh --tests)")
+    sys.exit(77)
+HOSTS, SLOTS, TTL_MS = ["host0", "host1", "host2"], 2, 2000
+failed = 0
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def etcd_cluster(d, n=3):
+    ports = [(free_port(), free_port()) for _ in range(n)]
+    cluster = ",".join(f"m{i}=http://127.0.0.1:{pp}" for i, (_, pp) in enumerate(ports))
+    procs = []
+    for i, (cp, pp) in enumerate(ports):
+        log = open(os.path.join(d, f"etcd-m{i}.log"), "w")
+        procs.append(subprocess.Popen(
+            ["etcd", "--name", f"m{i}", "--data-dir", os.path.join(d, f"etcd-m{i}"),
+             "--listen-client-urls", f"http://127.0.0.1:{cp}",
+             "--advertise-client-urls", f"http://127.0.0.1:{cp}",
+             "--listen-peer-urls", f"http://127.0.0.1:{pp}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{pp}",
+             "--initial-cluster", cluster, "--initial-cluster-token", d],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    endpoints = ",".join(f"http://127.0.0.1:{cp}" for cp, _ in ports)
+    # ready once a write commits (a leader elected); the agents would wait for it too
+    import urllib.request
+    body = json.dumps({"key": "cmVhZHk=", "value": "MQ=="}).encode()
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{ports[0][0]}/v3/kv/put", data=body,
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=1).read()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return endpoints, procs
+
+
+def rows(path):
+    try:
+        return [json.loads(l) for l in open(path) if l.strip()]
+    except OSError:
+        return []
+
+
+def all_events(d):
+    return {h: rows(os.path.join(d, h + ".jsonl")) for h in HOSTS}
+
+
+def wait_for(pred, limit_s=60):
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        r = pred()
+        if r:
+            return r
+        time.sleep(0.05)
+    return None
+
+
+def leader_of(d):
+    for h, ev in all_events(d).items():
+        if any(e["event"] == "leader" for e in ev):
+            return h
+    return None
+
+
+def kill_session(sid):
+    # again until none is left: a process forked while the list was read escapes one pass
+    end = time.monotonic() + 5
+    while session_left(sid) and time.monotonic() < end:
+        for q in session_left(sid):
+            try:
+                os.kill(q, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
+times = {}
+
+
+def trial(name, run=0):
+    global failed
+    d = os.path.join(a.work, f"{name}-{run}" if a.repeat > 1 else name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    endpoints, etcd = etcd_cluster(d)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               SIM_HOSTS_DIR=d)
+    hosts = {}
+    for h in HOSTS:
+        cmd = [sys.executable, os.path.join(HERE, "simhost.py"), "--dir", d, "--host", h, "--",
+               a.launcher, "--agent", "--host", h, "--host-session", "--slots", str(SLOTS),
+               "--ranks", "4", "--etcd", endpoints, "--ttl-ms", str(TTL_MS), "--grace-ms", "500",
+               "--start-timeout-ms", "30000", "--job", name,
+               "--events", os.path.join(d, h + ".jsonl"),
+               "--mpirun-log", os.path.join(d, h + "-mpirun.log"), "--mpirun", a.mpirun,
+               "--mpirun-arg", "--oversubscribe", "--mpirun-arg", "-mca",
+               "--mpirun-arg", "plm_rsh_agent", "--mpirun-arg", os.path.join(HERE, "sim_rsh.sh"),
+               "--", a.fake, "--mode", "sleep" if name != "member" else "etcd",
+               "--wait-s", "6", "--ckpt-dir", os.path.join(d, "ckpt")]
+        hosts[h] = subprocess.Popen(cmd, env=env, start_new_session=True)
+        if h == HOSTS[0]:
+            time.sleep(0.5)  # host0 stands first: the leader is known in the usual case
+    what, lost = "", None
+    t_fault = None
+    up = wait_for(lambda: [e for ev in all_events(d).values() for e in ev
+                           if e["event"] == "ranks_up"], 60)
+    lead = leader_of(d)
+    if up and lead:
+        up = up[0]
+        launch = [e for e in all_events(d)[lead] if e["event"] == "launch"][0]
+        slot_host = dict(zip(launch["mesh"]["slots"], launch["hosts"]))
+        if name == "host":
+            lost = [h for h in HOSTS if h != lead and h in slot_host.values()][0]
+        elif name == "leader":
+            lost = lead
+        if lost:
+            t_fault = time.time()
+            kill_session(hosts[lost].pid)
+            what = f"{lost} killed ({'the leader' if lost == lead else 'leader ' + lead})"
+        else:
+            t_fault = time.time()
+            etcd[0].kill()
+            what = "etcd member 0 killed"
+    else:
+        what = f"not up (ranks_up {bool(up)}, leader {lead})"
+    codes = {}
+    for h, q in hosts.items():
+        try:
+            codes[h] = q.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            kill_session(q.pid)
+            codes[h] = "timeout"
+    ev = all_events(d)
+    flat = [e for h in HOSTS for e in ev[h]]
+    done = [e for e in flat if e["event"] == "done"]
+    fails = [e for e in flat if e["event"] == "failure"]
+    slot_failed = sorted({e["slot"] for e in flat if e["event"] == "slot_failed"})
+    host_lost = sorted({e["host"] for e in flat if e["event"] == "host_lost"})
+    leaders = [h for h in HOSTS if any(e["event"] == "leader" for e in ev[h])]
+    left = [q for h in HOSTS for q in session_left(hosts[h].pid)]
+    ok = bool(done) and t_fault is not None and not left
+    ok = ok and all(c == 0 for h, c in codes.items() if h != lost)
+    if lost:
+        its = sorted({x for e in flat if e["event"] == "host_lost" for x in e["slots"]})
+        ok = ok and len(its) == SLOTS and slot_failed == its and host_lost == [lost]
+        relaunch = [e for e in flat if e["event"] == "launch" and e["t"] > t_fault]
+        ok = ok and relaunch and lost not in relaunch[-1]["hosts"]
+    else:
+        ok = ok and not fails and not slot_failed
+    if name == "leader":
+        ok = ok and len(leaders) == 2
+    recover = None
+    # the first step of an incarnation after the one the fault hit (that one's own first_step
+    # may reach the file after the test read ranks_up)
+    steps = sorted((e for e in flat if e["event"] == "first_step" and t_fault and up and
+                    e["incarnation"] > up["incarnation"]), key=lambda e: e["t"])
+    if steps:
+        recover = steps[0]["t"] - t_fault
+    for q in etcd:
+        q.kill()
+        q.wait()
+    print(f"  {name}: {what}; exit codes {codes}; leaders {leaders}; host_lost {host_lost}; "
+          f"slots failed {slot_failed}; failures {len(fails)}; done {bool(done)}; "
+          f"fault to next step {recover if recover is None else round(recover, 2)} s; "
+          f"left {left}: {'ok' if ok else 'FAIL'}", flush=True)
+    failed += not ok
+    host_found = [e["t"] - t_fault for e in flat if e["event"] == "host_lost" and t_fault]
+    failure = [e["t"] - t_fault for e in flat if e["event"] == "failure" and t_fault]
+    times.setdefault(name, []).append((ok, failure[0] if failure else None,
+                                       host_found[0] if host_found else None, recover))
+
+
+def med_max(v):
+    v = sorted(x for x in v if x is not None)
+    return f"{v[len(v) // 2]:.2f} / {v[-1]:.2f} s" if v else "-"
+
+
+for name in ("host", "leader", "member"):
+    for run in range(a.repeat):
+        if not a.only or name in a.only:
+            trial(name, run)
+if a.repeat > 1:
+    print("| trial | runs | passed | fault -> failure | fault -> host_lost | fault -> next step |")
+    print("|---|---|---|---|---|---|")
+    for name, t in times.items():
+        print(f"| {name} | {len(t)} | {sum(x[0] for x in t)} | {med_max(x[1] for x in t)} | "
+              f"{med_max(x[2] for x in t)} | {med_max(x[3] for x in t)} |")
+sys.exit(1 if failed else 0)
