@@ -83,8 +83,7 @@ void trainer_config_default(trainer_config_t *c)
 {
     *c = (trainer_config_t){
         .layers = 2, .hidden = 64, .heads = 4, .context = 64, .ffn_hidden = 128, .experts = 4,
-        .top_k = 2, .capacity_factor = 0, .aux_loss_coef = 0.01, .aux_global_batch = 1,
-        .z_loss_coef = 0.001,
+        .top_k = 2, .capacity_factor = 0, .aux_loss_coef = 0.01, .z_loss_coef = 0.001,
         .init_std = 0, .expert_bias = 1, .expert_bias_rate = 1e-3, .tp = 1, .ep = 1, .dp = 1, .pp = 1, .steps = 300, .batch = 16,
         .microbatches = 2, .virtual_stages = 1, .seed = 1234, .lr = 0, .beta1 = 0.9,
         .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.01, .grad_clip = 1.0,
