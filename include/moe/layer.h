@@ -85,7 +85,7 @@ typedef struct moe_layer_config {
     moe_expert_placement_t placement;
     int32_t a2a_chunks;          /* dispatch/combine chunks for comm/compute overlap, default 2 */
     float init_std;              /* parameters ~ N(0, init_std^2); default 0.02 */
-    /* Appended in 0.2 (a caller's struct_size up to init_std keeps the default 0): */
+    /* Appended in 0.2 (a struct_size that ends before it keeps the default 0): */
     int32_t aux_global_batch;    /* 1: the aux loss's f_e over the global batch (below);
                                     0 (default): over the microbatch */
 } moe_layer_config_t;

@@ -328,7 +328,7 @@ moe_status_t moe_layer_create_seeded(moe_runtime_t *rt, const moe_layer_config_t
                                   "have no defaults; start from moe_layer_config_default())");
     MOE_CHECK_STRUCT_SIZE(config, moe_layer_config_t,
                           offsetof(moe_layer_config_t, aux_global_batch));
-    /* fields past the caller's struct_size (a struct of 0.1) keep their defaults */
+    /* fields past the caller's struct_size keep their defaults */
     moe_layer_config_t cfg = moe_layer_config_default();
     memcpy(&cfg, config, config->struct_size < sizeof cfg ? config->struct_size : sizeof cfg);
     cfg.struct_size = sizeof cfg;

@@ -272,7 +272,7 @@ int main(int argc, char **argv)
         for (int sigmoid = 0; sigmoid <= 1; sigmoid++)
             for (int global = 1; global >= 0; global--, cases++) run_case(ep, W / ep, sigmoid, global);
     }
-    /* a 0.1 caller's config (struct_size up to init_std) gets the default 0 */
+    /* a struct_size that ends before aux_global_batch gets its default 0 */
     moe_runtime_config_t rc = moe_runtime_config_default();
     rc.backend = MOE_BACKEND_HOST;
     moe_runtime_t *rt = NULL;
@@ -282,7 +282,7 @@ int main(int argc, char **argv)
     c.aux_global_batch = 7; /* past the old struct's end: must not be read */
     c.struct_size = offsetof(moe_layer_config_t, aux_global_batch);
     moe_layer_t *l = NULL;
-    RANK_CHECK(moe_layer_create(rt, &c, &l) == MOE_STATUS_SUCCESS, "0.1 config: %s",
+    RANK_CHECK(moe_layer_create(rt, &c, &l) == MOE_STATUS_SUCCESS, "short config: %s",
                moe_last_error());
     moe_layer_destroy(l);
     c.struct_size = sizeof c;
