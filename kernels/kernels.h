@@ -72,6 +72,9 @@ cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_t *topk_idx
 /* The expert-bias sign rule (see moe_backend_ops_t.expert_bias_step). */
 cudaError_t moe_cuda_expert_bias_step(float *bias, const int32_t *counts, int32_t e,
                                       int64_t slots, float rate, cudaStream_t stream);
+/* Global-batch balancing's running counts (see moe_backend_ops_t.accumulate_counts). */
+cudaError_t moe_cuda_accumulate_counts(int32_t *acc, const int32_t *counts, int32_t *out,
+                                       int32_t e, cudaStream_t stream);
 
 /* ---- dispatch (dispatch.cu) ---- */
 

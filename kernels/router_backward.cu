@@ -2,7 +2,8 @@
  * The router's backward kernels: d logits (moe_cuda_router_dlogits) from d(topk_w) through the
  * renormalisation and the score function, plus the aux-loss and z-loss terms, written in f32
  * and in bf16 for the tensor-core GEMMs of d wg and d x (the formulas:
- * src/backend/host/host_router.c); and the expert-bias step (moe_cuda_expert_bias_step). A
+ * src/backend/host/host_router.c); the expert-bias step (moe_cuda_expert_bias_step) and the
+ * global-batch balancing's running counts (moe_cuda_accumulate_counts). A
  * token's logits sit in registers as in the forward (router_common.cuh's layout), so its
  * scores are recomputed, not saved.
  *
@@ -167,5 +168,22 @@ extern "C" cudaError_t moe_cuda_expert_bias_step(float *bias, const int32_t *cou
     if (e <= 0) return cudaSuccess;
     expert_bias_step<<<(unsigned)((e + 255) / 256), 256, 0, stream>>>(bias, counts, e, slots,
                                                                       rate);
+    return cudaGetLastError();
+}
+
+/* Global-batch balancing: the window's counts stay on the device, so the backward's aux
+ * gradient reads them without a copy to the host. */
+__global__ void accumulate_counts(int32_t *acc, const int32_t *counts, int32_t *out, int32_t e)
+{
+    int32_t j = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (j >= e) return;
+    out[j] = acc[j] += counts[j];
+}
+
+extern "C" cudaError_t moe_cuda_accumulate_counts(int32_t *acc, const int32_t *counts,
+                                                  int32_t *out, int32_t e, cudaStream_t stream)
+{
+    if (e <= 0) return cudaSuccess;
+    accumulate_counts<<<(unsigned)((e + 255) / 256), 256, 0, stream>>>(acc, counts, out, e);
     return cudaGetLastError();
 }

@@ -36,6 +36,8 @@ static const knob_t knobs[] = {
     {"model.top_k", NULL, K_INT, OFF(top_k), 0, "experts per token K"},
     {"model.capacity_factor", NULL, K_FLOAT, OFF(capacity_factor), 0, "0: dropless"},
     {"model.aux_loss_coef", NULL, K_FLOAT, OFF(aux_loss_coef), 0, "load-balancing loss weight"},
+    {"model.aux_global_batch", NULL, K_BOOL, OFF(aux_global_batch), 0,
+     "its expert frequencies over the step's microbatches"},
     {"model.z_loss_coef", NULL, K_FLOAT, OFF(z_loss_coef), 0, "router z-loss weight"},
     {"model.init_std", NULL, K_FLOAT, OFF(init_std), 0, "initial std; 0: sqrt(2/(5H))"},
     {"model.score_fn", NULL, K_STR, STR(score_fn), "router scores: softmax | sigmoid"},

@@ -21,6 +21,7 @@ typedef struct trainer_config {
     int64_t layers, hidden, heads, context, ffn_hidden;
     int64_t experts, top_k;
     double capacity_factor, aux_loss_coef, z_loss_coef, init_std;
+    int64_t aux_global_batch;
     char score_fn[16];
     int64_t expert_bias;
     double expert_bias_rate;

@@ -159,6 +159,7 @@ static int block_create(model_t *m, block_t *b, int64_t index, const trainer_con
     lc.score_fn = !strcmp(c->score_fn, "sigmoid") ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
     lc.capacity_factor = (float)c->capacity_factor;
     lc.aux_loss_coef = (float)c->aux_loss_coef;
+    lc.aux_global_batch = (int32_t)c->aux_global_batch;
     lc.z_loss_coef = (float)c->z_loss_coef;
     lc.expert_bias = (int32_t)c->expert_bias;
     lc.expert_bias_rate = (float)c->expert_bias_rate;

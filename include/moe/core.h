@@ -43,7 +43,7 @@ extern "C" {
 /* ---- version -------------------------------------------------------------------------- */
 
 #define MOE_VERSION_MAJOR 0
-#define MOE_VERSION_MINOR 1
+#define MOE_VERSION_MINOR 2
 #define MOE_VERSION_PATCH 0
 #define MOE_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
 #define MOE_VERSION MOE_VERSION_CODE(MOE_VERSION_MAJOR, MOE_VERSION_MINOR, MOE_VERSION_PATCH)

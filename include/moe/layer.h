@@ -21,6 +21,13 @@
  * backward adds the gradients of the aux and z terms itself; their values are in the stats.
  * With a mesh, f_e, P_e, z, the capacity and the expert-bias loads are taken over the dense
  * group's concatenated batch (Nt tokens, see moe_layer_forward) instead of this rank's N.
+ * Global-batch balancing (aux_global_batch = 1, Qwen's): f_e counts the selections of every
+ * forward since the last moe_layer_zero_grad / moe_layer_discard_grad (the step's
+ * microbatches) up to and including this one, over the dense group, instead of this
+ * forward's alone; P_e stays the forward's. A forward's f is fixed when it runs, because a
+ * 1F1B schedule runs a microbatch's backward before later microbatches are routed: the m-th
+ * microbatch of a step sees the selections of microbatches 1..m, on every schedule and mesh
+ * alike. Evaluation forwards inside that window count too (evaluate between steps).
  * docs/moe-layer.md gives the exact semantics.
  *
  * Microbatch slots: forward saves what backward needs under `slot` (0 .. max_microbatches-1),
@@ -78,6 +85,9 @@ typedef struct moe_layer_config {
     moe_expert_placement_t placement;
     int32_t a2a_chunks;          /* dispatch/combine chunks for comm/compute overlap, default 2 */
     float init_std;              /* parameters ~ N(0, init_std^2); default 0.02 */
+    /* Appended in 0.2 (a struct_size that ends before it keeps the default 0): */
+    int32_t aux_global_batch;    /* 1: the aux loss's f_e over the global batch (below);
+                                    0 (default): over the microbatch */
 } moe_layer_config_t;
 
 MOE_API moe_layer_config_t moe_layer_config_default(void);

@@ -41,7 +41,8 @@ class LayerConfig(C.Structure):
                 ("aux_loss_coef", C.c_float), ("z_loss_coef", C.c_float),
                 ("expert_bias", C.c_int32), ("expert_bias_rate", C.c_float),
                 ("max_microbatches", C.c_int32), ("placement", enum_t),
-                ("a2a_chunks", C.c_int32), ("init_std", C.c_float)]
+                ("a2a_chunks", C.c_int32), ("init_std", C.c_float),
+                ("aux_global_batch", C.c_int32)]
 
 
 class ParamInfo(C.Structure):

@@ -53,9 +53,9 @@ class Layer(Handle):
     the C defaults (hidden, ffn_hidden, num_experts, top_k required; score_fn "softmax" |
     "sigmoid", renormalize, capacity_factor, aux_loss_coef, z_loss_coef, expert_bias,
     expert_bias_rate, max_microbatches, placement "contiguous" | "round_robin", a2a_chunks,
-    init_std). init_stream picks the stream of the runtime seed that draws the initial values
-    (moe_layer_create_seeded; give each layer of a model its own). Creating it is collective
-    over the runtime's mesh."""
+    init_std, aux_global_batch). init_stream picks the stream of the runtime seed that draws
+    the initial values (moe_layer_create_seeded; give each layer of a model its own).
+    Creating it is collective over the runtime's mesh."""
 
     kind = "layer"
 

@@ -208,6 +208,10 @@ typedef struct moe_backend_ops {
      * bias[j] += rate where counts[j] < mean, -= rate where counts[j] > mean. */
     moe_status_t (*expert_bias_step)(void *ctx, float *bias, const int32_t *counts, int32_t e,
                                      int64_t slots, float rate);
+    /* Global-batch balancing's running selections (i32 [E] each): acc[j] += counts[j], then
+     * out[j] = acc[j], the window's counts as this forward saw them. */
+    moe_status_t (*accumulate_counts)(void *ctx, int32_t *acc, const int32_t *counts,
+                                      int32_t *out, int32_t e);
     moe_status_t (*plan)(void *ctx, const moe_plan_t *a);
     /* Rows per expert of a padded layout that suits this backend's expert GEMMs better than
      * the compact one, for these kept counts ([El]); 0 keeps the compact layout. NULL: never. */

@@ -14,7 +14,8 @@
  *   2. exchange   one all-reduce over the dense group of a table [D, 3+2E] (f64): every
  *                 rank's N, counts, N*P_e, N*z, N*entropy -> global counts, capacity
  *                 C = min(ceil(cf*Nt*K/E), Nt*K), this rank's prefix per expert (ranks
- *                 before it in the concatenated order), global aux / z / entropy
+ *                 before it in the concatenated order), global P / z / entropy; aux from
+ *                 P and f (the global counts, or the window's: moe_routing_aux_freq)
  *   3. plan       the backend's: keep slot (t,k) of expert e iff prefix_e + (earlier
  *                 selections of e here) < C; rows sorted by (owner rank, local expert, slot)
  *                 -> row_of_slot, slot_of_row; kept counts to the host -> rows per ep peer
@@ -417,7 +418,8 @@ typedef struct global_routing {
     int64_t n_total, capacity;
     double *counts;      /* [E] global selections per expert (before capacity) */
     double *prefix;      /* [E] selections on dense ranks before this one */
-    double aux, z, entropy;
+    double *p;           /* [E] P_e over the dense group's tokens */
+    double z, entropy;
 } global_routing_t;
 
 static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_t *counts,
@@ -446,7 +448,6 @@ static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_
         hs += r[2];
     }
     g->n_total = (int64_t)nt;
-    double aux = 0;
     for (int32_t e = 0; e < E; e++) {
         double c = 0, pre = 0, pm = 0;
         for (int32_t j = 0; j < d->D; j++) {
@@ -457,9 +458,8 @@ static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_
         }
         g->counts[e] = c;
         g->prefix[e] = pre;
-        if (nt > 0) aux += c / (nt * l->k) * (pm / nt);
+        g->p[e] = nt > 0 ? pm / nt : 0.0;
     }
-    g->aux = (double)E * aux;
     g->z = nt > 0 ? zs / nt : 0;
     g->entropy = nt > 0 ? hs / nt : 0;
     g->capacity = moe_routing_capacity(l, g->n_total);
@@ -610,14 +610,14 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     MOE_TRY_GOTO(st, alloc_dist_slot(l, s));
     moe_dist_slot_t *ds = s->dist;
     table = calloc((size_t)d->D * (size_t)(3 + 2 * E), sizeof *table);
-    gbuf = calloc((size_t)E * 2, sizeof *gbuf);
+    gbuf = calloc((size_t)E * 3, sizeof *gbuf);
     kept_group = calloc((size_t)E, sizeof *kept_group);
     if (!table || !gbuf || !kept_group) {
         st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "routing host buffers");
         goto fail;
     }
     /* 2. global routing statistics, capacity and this rank's place in the global order */
-    global_routing_t g = {.counts = gbuf, .prefix = gbuf + E};
+    global_routing_t g = {.counts = gbuf, .prefix = gbuf + E, .p = gbuf + 2 * E};
     MOE_TRY_GOTO(st, exchange_routing(l, s, routing.counts, routing.score_mean, routing.stats,
                                        table, &g));
     ds->aux_scale = g.n_total ? (float)(((double)n / g.n_total) * ((double)n / g.n_total)) : 0;
@@ -625,6 +625,9 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     /* backward's aux gradient needs the global selections */
     for (int32_t e = 0; e < E; e++) routing.counts[e] = (int32_t)g.counts[e];
     MOE_TRY_GOTO(st, ops->copy(ctx, s->counts, routing.counts, sizeof(int32_t) * (size_t)E));
+    double aux = 0, *f = l->host_aux_f;
+    MOE_TRY_GOTO(st, moe_routing_aux_freq(l, s, routing.counts, g.n_total * K, f));
+    for (int32_t e = 0; e < E; e++) aux += f[e] * g.p[e];
     /* 3. plan, 4. row counts to the expert owners */
     MOE_TRY_GOTO(st, plan_rows(l, s, &g, &routing, kept_group));
     MOE_TRY_GOTO(st, exchange_counts(l, s, kept_group));
@@ -645,7 +648,7 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     if (n > 0)
         MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H,
                                       false));
-    moe_routing_set_stats(l, s, g.capacity, g.aux, g.z, g.entropy);
+    moe_routing_set_stats(l, s, g.capacity, (double)E * aux, g.z, g.entropy);
     MOE_TRY_GOTO(st, moe_routing_update_bias(l, s, g.n_total * K)); /* s->counts: global */
 fail:
     moe_layer_free_dev(l->rt, &xs);

@@ -9,6 +9,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "device_buffer.h"
 #include "expert_parallel.h"
 #include "layer_internal.h"
+#include "routing.h"
 #include "single_rank.h"
 
 moe_layer_config_t moe_layer_config_default(void)
@@ -28,7 +30,7 @@ moe_layer_config_t moe_layer_config_default(void)
         .score_fn = MOE_SCORE_SOFTMAX, .renormalize = 1, .capacity_factor = 0.0f,
         .aux_loss_coef = 0.01f, .z_loss_coef = 0.001f, .expert_bias = 0,
         .expert_bias_rate = 1e-3f, .max_microbatches = 1, .placement = MOE_PLACEMENT_CONTIGUOUS,
-        .a2a_chunks = 2, .init_std = 0.02f,
+        .a2a_chunks = 2, .init_std = 0.02f, .aux_global_batch = 0,
     };
     return c;
 }
@@ -48,6 +50,8 @@ static moe_status_t validate_config(const moe_layer_config_t *c, int32_t ep, int
     MOE_CHECK_ARG(c->max_microbatches >= 1 && c->max_microbatches <= 1024,
                   "max_microbatches is %d; must be in 1..1024", c->max_microbatches);
     MOE_CHECK_ARG(c->a2a_chunks >= 1, "a2a_chunks is %d; must be >= 1", c->a2a_chunks);
+    MOE_CHECK_ARG(c->aux_global_batch == 0 || c->aux_global_batch == 1,
+                  "aux_global_batch is %d; must be 0 or 1", c->aux_global_batch);
     MOE_CHECK_ARG(isfinite(c->capacity_factor) && isfinite(c->aux_loss_coef) &&
                       isfinite(c->z_loss_coef) && isfinite(c->expert_bias_rate) &&
                       isfinite(c->init_std) && c->init_std >= 0,
@@ -272,6 +276,9 @@ static void layer_free(moe_layer_t *l)
     moe_layer_free_dev(rt, &l->dw1);
     moe_layer_free_dev(rt, &l->dw2);
     moe_layer_free_dev(rt, &l->bias);
+    moe_layer_free_dev(rt, &l->window_counts);
+    free(l->host_window_counts);
+    free(l->host_aux_f);
     free(l->host_tokens_per_expert);
     moe_dist_destroy(l);
     l->magic = MOE_MAGIC_DEAD;
@@ -299,6 +306,7 @@ static moe_status_t agree_config(moe_runtime_t *rt, const moe_layer_config_t *c,
         moe_agree_int("placement", c->placement),
         moe_agree_int("a2a_chunks", c->a2a_chunks),
         moe_agree_f32("init_std", c->init_std),
+        moe_agree_int("aux_global_batch", c->aux_global_batch),
     };
     return moe_mesh_agree(rt->mesh, MOE_MESH_STAGE, "the layer config", f,
                           (int)(sizeof f / sizeof f[0]), local);
@@ -318,7 +326,13 @@ moe_status_t moe_layer_create_seeded(moe_runtime_t *rt, const moe_layer_config_t
     *out = NULL;
     MOE_CHECK_ARG(config != NULL, "config is NULL (hidden, ffn_hidden, num_experts and top_k "
                                   "have no defaults; start from moe_layer_config_default())");
-    MOE_CHECK_STRUCT_SIZE(config, moe_layer_config_t, sizeof(moe_layer_config_t));
+    MOE_CHECK_STRUCT_SIZE(config, moe_layer_config_t,
+                          offsetof(moe_layer_config_t, aux_global_batch));
+    /* fields past the caller's struct_size keep their defaults */
+    moe_layer_config_t cfg = moe_layer_config_default();
+    memcpy(&cfg, config, config->struct_size < sizeof cfg ? config->struct_size : sizeof cfg);
+    cfg.struct_size = sizeof cfg;
+    config = &cfg;
     int32_t ep = rt->mesh->size[MOE_AXIS_EP], tp = rt->mesh->size[MOE_AXIS_TP];
     moe_status_t local = validate_config(config, ep, tp);
     const moe_backend_ops_t *ops = MOE_OPS(rt);
@@ -349,11 +363,19 @@ moe_status_t moe_layer_create_seeded(moe_runtime_t *rt, const moe_layer_config_t
     moe_status_t st = MOE_STATUS_SUCCESS;
     l->slots = calloc((size_t)config->max_microbatches, sizeof *l->slots);
     l->host_tokens_per_expert = calloc((size_t)l->e, sizeof(int64_t));
-    if (!l->slots || !l->host_tokens_per_expert) {
+    l->host_window_counts = calloc((size_t)l->e, sizeof(int64_t));
+    l->host_aux_f = calloc((size_t)l->e, sizeof(double));
+    if (!l->slots || !l->host_tokens_per_expert || !l->host_window_counts || !l->host_aux_f) {
         st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "layer slots");
         goto fail;
     }
     MOE_TRY_GOTO(st, create_params(l));
+    if (l->cfg.aux_global_batch) {
+        MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, sizeof(int32_t) * (size_t)l->e,
+                                             (void **)&l->window_counts));
+        MOE_TRY_GOTO(st, MOE_OPS(rt)->memset_zero(MOE_CTX(rt), l->window_counts,
+                                                  sizeof(int32_t) * (size_t)l->e));
+    }
     MOE_TRY_GOTO(st, moe_dist_create(l)); /* ep, tp or dp > 1: the distributed path */
     l->magic = MOE_MAGIC_LAYER;
     moe_runtime_adopt(rt, MOE_CHILD_LAYER);
@@ -382,7 +404,7 @@ static void slot_free(moe_layer_t *l, moe_slot_t *s)
     moe_runtime_t *rt = l->rt;
     void **dev[] = {&s->x, (void **)&s->logits, (void **)&s->topk_idx, (void **)&s->topk_w,
                     &s->summary, (void **)&s->row_of_slot, (void **)&s->slot_of_row,
-                    &s->xp, &s->hpre, &s->act, &s->out};
+                    &s->xp, &s->hpre, &s->act, &s->out, (void **)&s->window_counts};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) moe_layer_free_dev(rt, dev[i]);
     moe_dist_slot_free(l, s);
     free(s->host_summary);
@@ -504,14 +526,14 @@ moe_status_t moe_layer_zero_grad(moe_layer_t *layer)
     MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     MOE_TRY(zero_param_grads(layer, true));
     layer->grads_discarded = false;
-    return MOE_STATUS_SUCCESS;
+    return moe_routing_window_open(layer);
 }
 
 moe_status_t moe_layer_discard_grad(moe_layer_t *layer)
 {
     MOE_ENTRY(layer, MOE_MAGIC_LAYER, "layer");
     layer->grads_discarded = true;
-    return MOE_STATUS_SUCCESS;
+    return moe_routing_window_open(layer);
 }
 
 /* ---- queries -------------------------------------------------------------------------------- */

@@ -34,6 +34,11 @@ typedef struct moe_slot {
     int32_t *row_of_slot;      /* i32 [N,K] */
     int32_t *slot_of_row;      /* i32 [N*K], or [El*stride] once padded (-1: filler) */
     int64_t *host_kept;        /* host [E] */
+    /* Global-batch balancing (aux_global_batch): the window's selections per expert as this
+     * forward left them, which the backward's aux gradient takes f_e from, and this
+     * forward's share of the window's slots (1 without the option). */
+    int32_t *window_counts;    /* i32 [E], or NULL */
+    float aux_f_scale;
     int64_t *host_offsets;     /* host [El+1] row offsets of the local experts (single-rank) */
     void *xp, *hpre, *act, *out; /* act [R,H], [R,2,Fl], [R,Fl], [R,H] */
     struct moe_dist_slot *dist; /* the distributed path's saved state, or NULL */
@@ -52,6 +57,13 @@ struct moe_layer {
     float *dwg, *dw1, *dw2;    /* f32, same shapes */
     bool grads_discarded;      /* moe_layer_discard_grad: the next backward writes them */
     float *bias;               /* f32 [E] device, or NULL when expert_bias is off */
+    /* Global-batch balancing's window (aux_global_batch; docs/moe-layer.md): the selections
+     * per expert of every forward since zero_grad / discard_grad, on the device (for the
+     * backward, with no copy to the host) and on the host (for the aux value). */
+    int32_t *window_counts;    /* i32 [E] device, or NULL */
+    int64_t *host_window_counts; /* [E] */
+    int64_t window_slots;
+    double *host_aux_f;        /* [E] scratch: the forward's f_e */
 
     moe_param_info_t params[4];
     int32_t num_params;

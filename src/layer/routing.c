@@ -138,6 +138,37 @@ moe_status_t moe_routing_update_bias(moe_layer_t *l, const moe_slot_t *s, int64_
                                             l->cfg.expert_bias_rate);
 }
 
+/* ---- global-batch balancing ---------------------------------------------------------------- */
+
+moe_status_t moe_routing_window_open(moe_layer_t *l)
+{
+    if (!l->cfg.aux_global_batch) return MOE_STATUS_SUCCESS;
+    for (int32_t j = 0; j < l->e; j++) l->host_window_counts[j] = 0;
+    l->window_slots = 0;
+    return MOE_OPS(l->rt)->memset_zero(MOE_CTX(l->rt), l->window_counts,
+                                       sizeof(int32_t) * (size_t)l->e);
+}
+
+moe_status_t moe_routing_aux_freq(moe_layer_t *l, moe_slot_t *s, const int32_t *counts,
+                                  int64_t slots, double *f)
+{
+    s->aux_f_scale = 1.0f;
+    if (!l->cfg.aux_global_batch) {
+        for (int32_t j = 0; j < l->e; j++) f[j] = slots ? (double)counts[j] / (double)slots : 0.0;
+        return MOE_STATUS_SUCCESS;
+    }
+    l->window_slots += slots;
+    for (int32_t j = 0; j < l->e; j++) {
+        l->host_window_counts[j] += counts[j];
+        f[j] = l->window_slots ? (double)l->host_window_counts[j] / (double)l->window_slots : 0.0;
+    }
+    /* the backward's op takes f_e as counts / (this forward's slots): scaled to the window's */
+    s->aux_f_scale = l->window_slots ? (float)((double)slots / (double)l->window_slots) : 0.0f;
+    MOE_TRY(moe_layer_alloc_dev(l->rt, sizeof(int32_t) * (size_t)l->e, (void **)&s->window_counts));
+    return MOE_OPS(l->rt)->accumulate_counts(MOE_CTX(l->rt), l->window_counts, s->counts,
+                                             s->window_counts, l->e);
+}
+
 /* ---- router backward ------------------------------------------------------------------------- */
 
 moe_status_t moe_routing_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w,
@@ -149,8 +180,9 @@ moe_status_t moe_routing_backward(moe_layer_t *l, const moe_slot_t *s, const flo
     moe_router_bwd_t r = {
         .n = s->n, .h = l->h, .e = l->e, .k = l->k, .score_fn = l->cfg.score_fn,
         .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
-        .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w, .counts = s->counts,
-        .aux_coef = aux_coef, .z_coef = z_coef, .dlogits = dlogits, .dx = dx, .dwg = l->dwg,
+        .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w,
+        .counts = s->window_counts ? s->window_counts : s->counts,
+        .aux_coef = aux_coef * s->aux_f_scale, .z_coef = z_coef, .dlogits = dlogits, .dx = dx, .dwg = l->dwg,
         .overwrite_dx = true,
     };
     moe_status_t st = MOE_OPS(rt)->router_backward(MOE_CTX(rt), &r);

@@ -44,6 +44,16 @@ void moe_routing_set_stats(moe_layer_t *l, const moe_slot_t *s, int64_t capacity
  * balance is judged on) out of `slots` in total; no-op without expert_bias. */
 moe_status_t moe_routing_update_bias(moe_layer_t *l, const moe_slot_t *s, int64_t slots);
 
+/* Global-batch balancing (aux_global_batch): open a new window of selections (the start of a
+ * batch: zero_grad, discard_grad); enqueued, no-op without the option. */
+moe_status_t moe_routing_window_open(moe_layer_t *l);
+/* The aux loss's expert frequencies f [E] (host) of the forward in s, whose selections over
+ * the dense group are `counts` (host, E) and s->counts (device), `slots` in all: those
+ * counts over slots; with aux_global_batch the window's after adding them (the device copy
+ * too, saved in the slot for the backward). Sets s->aux_f_scale. */
+moe_status_t moe_routing_aux_freq(moe_layer_t *l, moe_slot_t *s, const int32_t *counts,
+                                  int64_t slots, double *f);
+
 /* Router backward: writes dx (the first of its two parts; the experts' combine adds the other)
  * and adds the router gradient, with the given loss coefficients. */
 moe_status_t moe_routing_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w,

@@ -36,14 +36,15 @@ static moe_status_t slot_alloc_rows(moe_layer_t *l, moe_slot_t *s, int64_t rows)
     return MOE_STATUS_SUCCESS;
 }
 
-/* The stats of this rank's batch: aux from its counts and P, then the expert-bias rule. */
+/* The stats of this rank's batch: aux from its f (its counts, or the window's) and P, then
+ * the expert-bias rule. */
 static moe_status_t finish_routing_stats(moe_layer_t *l, moe_slot_t *s, int64_t capacity,
                                          const moe_routing_parts_t *r)
 {
     int64_t e = l->e, slots = s->n * l->k;
-    double aux = 0;
-    for (int64_t j = 0; j < e; j++)
-        aux += (slots ? (double)r->counts[j] / (double)slots : 0.0) * r->score_mean[j];
+    double aux = 0, *f = l->host_aux_f;
+    MOE_TRY(moe_routing_aux_freq(l, s, r->counts, slots, f));
+    for (int64_t j = 0; j < e; j++) aux += f[j] * r->score_mean[j];
     moe_routing_set_stats(l, s, capacity, (double)e * aux, r->stats[0], r->stats[1]);
     return moe_routing_update_bias(l, s, slots);
 }

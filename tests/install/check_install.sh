@@ -63,7 +63,7 @@ fi
 
 # the SONAME carries major.minor, and only moe_* symbols are exported
 soname=$(objdump -p "$libdir/libmoe.so" | awk '/SONAME/ {print $2}')
-[ "$soname" = "libmoe.so.0.1" ] || { echo "unexpected SONAME $soname"; exit 1; }
+[ "$soname" = "libmoe.so.0.2" ] || { echo "unexpected SONAME $soname"; exit 1; }
 if nm -D --defined-only "$libdir/libmoe.so" | awk 'NF==3 {print $3}' | grep -v '^moe_' | grep -v '^LIBMOE_'; then
   echo "symbols outside the moe_ namespace are exported"; exit 1
 fi

@@ -251,6 +251,7 @@ static const moe_backend_ops_t cuda_ops = {
     .router_forward = moe_cuda_router_forward,
     .router_backward = moe_cuda_router_backward,
     .expert_bias_step = moe_cuda_expert_bias_step_op,
+    .accumulate_counts = moe_cuda_accumulate_counts_op,
     .plan = moe_cuda_plan_op,
     .expert_row_stride = moe_cuda_expert_row_stride,
     .pad_plan = moe_cuda_pad_plan_op,

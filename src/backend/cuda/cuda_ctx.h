@@ -95,6 +95,8 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a);
 moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a);
 moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t *counts,
                                           int32_t e, int64_t slots, float rate);
+moe_status_t moe_cuda_accumulate_counts_op(void *ctx, int32_t *acc, const int32_t *counts,
+                                           int32_t *out, int32_t e);
 moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a);
 moe_status_t moe_cuda_pad_plan_op(void *ctx, const moe_pad_plan_t *a);
 moe_status_t moe_cuda_gather_rows_op(void *ctx, void *dst, const void *src,

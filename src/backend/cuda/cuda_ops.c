@@ -115,6 +115,14 @@ moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t 
     return MOE_STATUS_SUCCESS;
 }
 
+moe_status_t moe_cuda_accumulate_counts_op(void *ctx, int32_t *acc, const int32_t *counts,
+                                           int32_t *out, int32_t e)
+{
+    cuda_ctx_t *c = ctx;
+    MOE_CUDA_CHECK(moe_cuda_accumulate_counts(acc, counts, out, e, c->stream));
+    return MOE_STATUS_SUCCESS;
+}
+
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
 /* The plan ends with the layer's one device->host synchronisation: the kept counts size the

@@ -106,6 +106,7 @@ static const moe_backend_ops_t host_ops = {
     .router_forward = moe_host_router_forward,
     .router_backward = moe_host_router_backward,
     .expert_bias_step = moe_host_expert_bias_step,
+    .accumulate_counts = moe_host_accumulate_counts,
     .plan = moe_host_plan,
     .pad_plan = moe_host_pad_plan,
     .gather_rows = moe_host_gather_rows,

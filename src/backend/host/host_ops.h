@@ -8,6 +8,8 @@ moe_status_t moe_host_router_forward(void *ctx, const moe_router_fwd_t *a);
 moe_status_t moe_host_router_backward(void *ctx, const moe_router_bwd_t *a);
 moe_status_t moe_host_expert_bias_step(void *ctx, float *bias, const int32_t *counts, int32_t e,
                                        int64_t slots, float rate);
+moe_status_t moe_host_accumulate_counts(void *ctx, int32_t *acc, const int32_t *counts,
+                                        int32_t *out, int32_t e);
 moe_status_t moe_host_plan(void *ctx, const moe_plan_t *a);
 moe_status_t moe_host_pad_plan(void *ctx, const moe_pad_plan_t *a);
 moe_status_t moe_host_gather_rows(void *ctx, void *dst, const void *src,

@@ -184,3 +184,11 @@ moe_status_t moe_host_expert_bias_step(void *ctx, float *bias, const int32_t *co
     }
     return MOE_STATUS_SUCCESS;
 }
+
+moe_status_t moe_host_accumulate_counts(void *ctx, int32_t *acc, const int32_t *counts,
+                                        int32_t *out, int32_t e)
+{
+    (void)ctx;
+    for (int32_t j = 0; j < e; j++) out[j] = acc[j] += counts[j];
+    return MOE_STATUS_SUCCESS;
+}
