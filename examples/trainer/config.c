@@ -29,7 +29,7 @@ typedef struct knob {
 static const knob_t knobs[] = {
     {"model.layers", NULL, K_INT, OFF(layers), 0, "transformer blocks L"},
     {"model.hidden", NULL, K_INT, OFF(hidden), 0, "hidden size H"},
-    {"model.heads", NULL, K_INT, OFF(heads), 0, "attention heads (H divisible by it)"},
+    {"model.heads", NULL, K_INT, OFF(heads), 0, "attention heads; 0: max(4, H/128)"},
     {"model.context", NULL, K_INT, OFF(context), 0, "context window T (bytes per sequence)"},
     {"model.ffn_hidden", NULL, K_INT, OFF(ffn_hidden), 0, "expert FFN width F"},
     {"model.experts", NULL, K_INT, OFF(experts), 0, "experts E per MoE layer"},
@@ -84,7 +84,7 @@ enum { NKNOBS = sizeof knobs / sizeof knobs[0] };
 void trainer_config_default(trainer_config_t *c)
 {
     *c = (trainer_config_t){
-        .layers = 2, .hidden = 64, .heads = 4, .context = 64, .ffn_hidden = 128, .experts = 4,
+        .layers = 2, .hidden = 64, .heads = 0, .context = 64, .ffn_hidden = 128, .experts = 4,
         .top_k = 2, .capacity_factor = 0, .aux_loss_coef = 0.01, .z_loss_coef = 0.001,
         .init_std = 0, .expert_bias = 1, .expert_bias_rate = 1e-3, .tp = 1, .ep = 1, .dp = 1, .pp = 1, .steps = 300, .batch = 16,
         .microbatches = 2, .virtual_stages = 1, .seed = 1234, .lr = 0, .beta1 = 0.9,
@@ -370,6 +370,8 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
         if (i + 1 >= argc) return fail(err, len, "%s: needs a value", a);
         if (set_text(c, k, argv[++i], a, err, len)) return -1;
     }
+    /* heads of at most 128 dims (the CUDA attention's limit) at any width, 4 up to H = 512 */
+    if (c->heads == 0) c->heads = c->hidden / 128 > 4 ? c->hidden / 128 : 4;
     return 0;
 }
 
