@@ -135,7 +135,8 @@ static double moe_comm_a2a_ms(moe_runtime_t *rt, size_t bytes, int reps)
                 ok = 0;
                 break;
             }
-            if (c->ops->alltoallv(c, s.data, cnt, dis, r.data, cnt, dis, cdt, &q[i]) != MOE_STATUS_SUCCESS) {
+            if (c->ops->alltoallv(c, s.data, cnt, dis, r.data, cnt, dis, cdt, &q[i]) !=
+                MOE_STATUS_SUCCESS) {
                 fprintf(stderr, "rank %d: moe_comm alltoallv: %s\n", R, moe_last_error());
                 ok = 0;
                 break;
@@ -161,13 +162,13 @@ static double moe_comm_a2a_ms(moe_runtime_t *rt, size_t bytes, int reps)
 
 #ifdef BENCH_RAW_NCCL
 /* Report a failed CUDA or NCCL call on this rank and give up the measurement. */
-#define RAW_CHECK(type, ok, errstr, call)                                                    \
-    do {                                                                                     \
-        type e_ = (call);                                                                    \
-        if (e_ != (ok)) {                                                                    \
-            fprintf(stderr, "rank %d: %s: %s\n", R, #call, errstr(e_));                      \
-            goto done;                                                                       \
-        }                                                                                    \
+#define RAW_CHECK(type, ok, errstr, call)                                                          \
+    do {                                                                                           \
+        type e_ = (call);                                                                          \
+        if (e_ != (ok)) {                                                                          \
+            fprintf(stderr, "rank %d: %s: %s\n", R, #call, errstr(e_));                            \
+            goto done;                                                                             \
+        }                                                                                          \
     } while (0)
 #define RAW_CUDA(call) RAW_CHECK(cudaError_t, cudaSuccess, cudaGetErrorString, call)
 #define RAW_NCCL(call) RAW_CHECK(ncclResult_t, ncclSuccess, ncclGetErrorString, call)
@@ -226,8 +227,10 @@ done:
     if (e1) cudaEventDestroy(e1);
     if (st) cudaStreamDestroy(st);
     if (comm) {
-        if (all) ncclCommDestroy(comm);
-        else ncclCommAbort(comm);
+        if (all)
+            ncclCommDestroy(comm);
+        else
+            ncclCommAbort(comm);
     }
     return all ? result : -1;
 }
@@ -272,7 +275,8 @@ int main(int argc, char **argv)
     int32_t dev_index = 0;
     TEST_OK(moe_runtime_compute_dtype(rt, &dt));
     TEST_OK(moe_runtime_device(rt, &dev, &dev_index));
-    const char *comm_name = rt->mesh->comm[MOE_AXIS_EP] ? rt->mesh->comm[MOE_AXIS_EP]->ops->name : "none";
+    const char *comm_name = rt->mesh->comm[MOE_AXIS_EP] ? rt->mesh->comm[MOE_AXIS_EP]->ops->name
+                                                        : "none";
 
     /* activations: random f32 on the host, copied (converted) to the runtime's device */
     int64_t sh[2] = {N, H};
@@ -327,7 +331,8 @@ int main(int argc, char **argv)
             moe_dist_timing_t tm;
             moe_dist_timing(l, &tm);
             double v[5] = {t1 - t0, tm.a2a_blocked_ms, tm.a2a_started_ms, (double)tm.a2a_bytes,
-                           (double)tm.a2a_count}, mx[5];
+                           (double)tm.a2a_count},
+                   mx[5];
             if (it == 0 && R == 0)
                 fprintf(stderr, "chunks %d: %lld chunks on the worker thread\n", chunk_list[ci],
                         (long long)tm.worker_chunks);
@@ -351,16 +356,17 @@ int main(int argc, char **argv)
         char busbw[48] = "null";
         if (ci == 0 && W > 1) snprintf(busbw, sizeof busbw, "%.2f", busbw_gbps(bytes, fl));
         if (R == 0)
-            printf("{\"bench\":\"dist_layer\",\"backend\":\"%s\",\"comm\":\"%s\",\"worker_thread\":%d,"
-                   "\"ranks\":%d,\"N\":%lld,\"H\":%lld,\"F\":%lld,\"E\":%d,"
-                   "\"K\":%d,\"chunks\":%d,\"step_ms\":%.3f,\"blocked_ms\":%.3f,"
-                   "\"inflight_ms\":%.3f,\"hidden_vs_1chunk\":%.3f,\"step_speedup_vs_1chunk\":%.3f,"
-                   "\"a2a_count\":%.0f,\"a2a_bytes\":%.0f,\"layer_a2a_busbw_GBps\":%s}\n",
-                   cuda ? "cuda" : "host", comm_name,
-                   getenv("MOE_A2A_THREAD") ? atoi(getenv("MOE_A2A_THREAD")) : -1, W,
-                   (long long)N, (long long)H, (long long)F, E, K, chunk_list[ci], s, b, fl,
-                   base_blocked > 0 ? 1.0 - b / base_blocked : 0.0, s > 0 ? base_step / s : 0.0,
-                   count, bytes, busbw);
+            printf(
+                "{\"bench\":\"dist_layer\",\"backend\":\"%s\",\"comm\":\"%s\",\"worker_thread\":%d,"
+                "\"ranks\":%d,\"N\":%lld,\"H\":%lld,\"F\":%lld,\"E\":%d,"
+                "\"K\":%d,\"chunks\":%d,\"step_ms\":%.3f,\"blocked_ms\":%.3f,"
+                "\"inflight_ms\":%.3f,\"hidden_vs_1chunk\":%.3f,\"step_speedup_vs_1chunk\":%.3f,"
+                "\"a2a_count\":%.0f,\"a2a_bytes\":%.0f,\"layer_a2a_busbw_GBps\":%s}\n",
+                cuda ? "cuda" : "host", comm_name,
+                getenv("MOE_A2A_THREAD") ? atoi(getenv("MOE_A2A_THREAD")) : -1, W, (long long)N,
+                (long long)H, (long long)F, E, K, chunk_list[ci], s, b, fl,
+                base_blocked > 0 ? 1.0 - b / base_blocked : 0.0, s > 0 ? base_step / s : 0.0, count,
+                bytes, busbw);
         fflush(stdout);
     }
     TEST_OK(moe_layer_destroy(l));

@@ -20,8 +20,7 @@ static __device__ float hash_uniform(int64_t i, uint64_t seed)
 static __device__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 static __device__ void put(float *p, float v) { *p = v; }
 
-template <typename T>
-__global__ void fill(T *p, int64_t n, uint64_t seed, float scale)
+template <typename T> __global__ void fill(T *p, int64_t n, uint64_t seed, float scale)
 {
     GRID_STRIDE(i, n) put(p + i, hash_uniform(i, seed) * scale);
 }

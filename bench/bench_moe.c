@@ -43,22 +43,21 @@
 #define HBM_BPS 4.3e12
 #define TC_FLOPS 790e12
 
-#define CK(call)                                                                           \
-    do {                                                                                   \
-        moe_status_t s_ = (call);                                                          \
-        if (s_ != MOE_STATUS_SUCCESS) {                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, moe_last_error()); \
-            exit(1);                                                                       \
-        }                                                                                  \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        moe_status_t s_ = (call);                                                                  \
+        if (s_ != MOE_STATUS_SUCCESS) {                                                            \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, moe_last_error());       \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
-#define CU(call)                                                                           \
-    do {                                                                                   \
-        cudaError_t e_ = (cudaError_t)(call);                                              \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                  \
-                    cudaGetErrorString(e_));                                               \
-            exit(1);                                                                       \
-        }                                                                                  \
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (cudaError_t)(call);                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 static char gpu_name[256], today[32];
@@ -169,7 +168,7 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
 {
     /* the six, then the router of the first layer shape */
     const int64_t shapes[][4] = {{65536, 4096, 64, 2}, {65536, 7168, 256, 8}, {512, 256, 16, 2},
-                                 {1024, 512, 32, 2},   {2048, 1024, 64, 2},  {4096, 2048, 64, 4},
+                                 {1024, 512, 32, 2},   {2048, 1024, 64, 2},   {4096, 2048, 64, 4},
                                  {16384, 4096, 64, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         if (only >= 0 && (size_t)only != s) continue;
@@ -185,22 +184,44 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
         for (int b = 0; b < 3; b++) {
             void *x = dalloc(2 * n * h);
             CU(bench_fill_bf16(x, n * h, 100 + b + 10 * s, 1.0f, stream));
-            a.f[b] = (moe_router_fwd_t){
-                .n = n, .h = h, .e = (int32_t)e, .k = (int32_t)k, .score_fn = MOE_SCORE_SOFTMAX,
-                .renormalize = true, .x = x, .wg = wg, .bias = NULL, .logits = dalloc(4 * n * e),
-                .topk_idx = dalloc(4 * n * k), .topk_w = dalloc(4 * n * k),
-                .counts = dalloc(4 * e), .score_mean = dalloc(4 * e), .stats = dalloc(8)};
+            a.f[b] = (moe_router_fwd_t){.n = n,
+                                        .h = h,
+                                        .e = (int32_t)e,
+                                        .k = (int32_t)k,
+                                        .score_fn = MOE_SCORE_SOFTMAX,
+                                        .renormalize = true,
+                                        .x = x,
+                                        .wg = wg,
+                                        .bias = NULL,
+                                        .logits = dalloc(4 * n * e),
+                                        .topk_idx = dalloc(4 * n * k),
+                                        .topk_w = dalloc(4 * n * k),
+                                        .counts = dalloc(4 * e),
+                                        .score_mean = dalloc(4 * e),
+                                        .stats = dalloc(8)};
             CK(be.ops->router_forward(be.ctx, &a.f[b]));
             float *dtw = dalloc(4 * n * k);
             CU(bench_fill_f32(dtw, n * k, 200 + b, 1.0f, stream));
             void *dx = dalloc(2 * n * h);
             CU(bench_fill_bf16(dx, n * h, 300 + b, 0.01f, stream));
-            a.b[b] = (moe_router_bwd_t){
-                .n = n, .h = h, .e = (int32_t)e, .k = (int32_t)k, .score_fn = MOE_SCORE_SOFTMAX,
-                .renormalize = true, .x = x, .wg = wg, .logits = a.f[b].logits,
-                .topk_idx = a.f[b].topk_idx, .topk_w = a.f[b].topk_w, .d_topk_w = dtw,
-                .counts = a.f[b].counts, .aux_coef = 0.01f, .z_coef = 0.001f,
-                .dlogits = dalloc(4 * n * e), .dx = dx, .dwg = dwg};
+            a.b[b] = (moe_router_bwd_t){.n = n,
+                                        .h = h,
+                                        .e = (int32_t)e,
+                                        .k = (int32_t)k,
+                                        .score_fn = MOE_SCORE_SOFTMAX,
+                                        .renormalize = true,
+                                        .x = x,
+                                        .wg = wg,
+                                        .logits = a.f[b].logits,
+                                        .topk_idx = a.f[b].topk_idx,
+                                        .topk_w = a.f[b].topk_w,
+                                        .d_topk_w = dtw,
+                                        .counts = a.f[b].counts,
+                                        .aux_coef = 0.01f,
+                                        .z_coef = 0.001f,
+                                        .dlogits = dalloc(4 * n * e),
+                                        .dx = dx,
+                                        .dwg = dwg};
         }
         char shape[96];
         snprintf(shape, sizeof shape, "N=%lld H=%lld E=%lld K=%lld", (long long)n, (long long)h,
@@ -230,7 +251,8 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
         double flops_b = 4.0 * n * h * e;
         for (int add = 0; add < 2; add++) {
             for (int b = 0; b < 3; b++) a.b[b].overwrite_dx = !add;
-            double bytes_b = 2.0 * n * h + 4.0 * n * e * 2 + (add ? 4.0 : 2.0) * n * h + 4.0 * h * e * 2;
+            double bytes_b = 2.0 * n * h + 4.0 * n * e * 2 + (add ? 4.0 : 2.0) * n * h +
+                             4.0 * h * e * 2;
             ms = time_median(stream, run_router_bwd, &a, 5, iters);
             fl_hbm = bytes_b / HBM_BPS * 1e3;
             fl_tc = flops_b / TC_FLOPS * 1e3;
@@ -239,9 +261,10 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
         }
         CU(cudaDeviceSynchronize());
         for (int b = 0; b < 3; b++) {
-            void *p[] = {(void *)a.f[b].x, a.f[b].logits, a.f[b].topk_idx, a.f[b].topk_w,
-                         a.f[b].counts, a.f[b].score_mean, a.f[b].stats, (void *)a.b[b].d_topk_w,
-                         a.b[b].dx, a.b[b].dlogits};
+            void *p[] = {(void *)a.f[b].x, a.f[b].logits,           a.f[b].topk_idx,
+                         a.f[b].topk_w,    a.f[b].counts,           a.f[b].score_mean,
+                         a.f[b].stats,     (void *)a.b[b].d_topk_w, a.b[b].dx,
+                         a.b[b].dlogits};
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
         }
         cudaFree(wg);
@@ -256,9 +279,9 @@ static void bench_router(moe_backend_t be, cudaStream_t stream, int only)
 typedef struct experts_arg {
     moe_backend_t be;
     moe_experts_t x;
-    int64_t *offsets;         /* x.host_offsets */
-    const int64_t *fresh;     /* the load's rows, moved a little before each run; or NULL */
-    int variant;              /* the variant measured, for refresh_counts */
+    int64_t *offsets;     /* x.host_offsets */
+    const int64_t *fresh; /* the load's rows, moved a little before each run; or NULL */
+    int variant;          /* the variant measured, for refresh_counts */
 } experts_arg_t;
 
 /* The "fresh counts" load: before run i of variant v, expert 2j + 1 gives expert 2j
@@ -405,7 +428,7 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
      * large experts), the experts of the second and third layer shapes, and those of the
      * bundled trainer's fine-grained model (16384 tokens, top-6 of 64); bench/torch_moe.py has
      * the same list */
-    const int64_t shapes[][4] = {{64, 512, 2048, 1408}, {64, 512, 4096, 1408},
+    const int64_t shapes[][4] = {{64, 512, 2048, 1408},  {64, 512, 4096, 1408},
                                  {32, 1024, 7168, 2048}, {128, 256, 2048, 768},
                                  {8, 4096, 4096, 14336}, {16, 2048, 2048, 8192},
                                  {8, 4096, 2048, 8192},  {64, 1536, 2048, 1408}};
@@ -420,12 +443,14 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
         cuda_gemm_mode_t mode;
         bool swiglu_gemm, accumulate;
     } variant_t;
-    const variant_t variants[] = {
-        {"auto", CUDA_GEMM_AUTO, false, false},       {"loop", CUDA_GEMM_LOOP, false, false},
-        {"streams", CUDA_GEMM_STREAMS, false, false}, {"batched", CUDA_GEMM_BATCHED, false, false},
-        {"grouped", CUDA_GEMM_GROUPED, false, false}, {"hopper", CUDA_GEMM_HOPPER, false, false},
-        {"auto, SwiGLU GEMMs", CUDA_GEMM_AUTO, true, false},
-        {"auto, dW +=", CUDA_GEMM_AUTO, false, true}};
+    const variant_t variants[] = {{"auto", CUDA_GEMM_AUTO, false, false},
+                                  {"loop", CUDA_GEMM_LOOP, false, false},
+                                  {"streams", CUDA_GEMM_STREAMS, false, false},
+                                  {"batched", CUDA_GEMM_BATCHED, false, false},
+                                  {"grouped", CUDA_GEMM_GROUPED, false, false},
+                                  {"hopper", CUDA_GEMM_HOPPER, false, false},
+                                  {"auto, SwiGLU GEMMs", CUDA_GEMM_AUTO, true, false},
+                                  {"auto, dW +=", CUDA_GEMM_AUTO, false, true}};
     bool as_set = c->swiglu_gemm;
     bool extra = !as_set && !(forced && *forced) && moe_cuda_swiglu_gemm_supported(c->device);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -435,15 +460,24 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
         int64_t *off = calloc((size_t)el + 1, sizeof(int64_t));
         int64_t *rows = calloc((size_t)el, sizeof(int64_t));
         int replay_layers = 0;
-        int64_t *replay = counts_file && *counts_file ? replay_counts(counts_file, el, &replay_layers)
-                                                      : NULL;
+        int64_t *replay = counts_file && *counts_file
+                              ? replay_counts(counts_file, el, &replay_layers)
+                              : NULL;
         experts_arg_t a = {.be = be, .offsets = off};
-        a.x = (moe_experts_t){.h = h, .f = f, .el = el, .host_offsets = off,
-                              .w1 = dalloc(2 * el * h * 2 * f), .w2 = dalloc(2 * el * f * h),
-                              .xp = dalloc(2 * r * h), .hpre = dalloc(2 * r * 2 * f),
-                              .act = dalloc(2 * r * f), .out = dalloc(2 * r * h),
-                              .d_out = dalloc(2 * r * h), .d_xp = dalloc(2 * r * h),
-                              .dw1 = dalloc(4 * el * h * 2 * f), .dw2 = dalloc(4 * el * f * h),
+        a.x = (moe_experts_t){.h = h,
+                              .f = f,
+                              .el = el,
+                              .host_offsets = off,
+                              .w1 = dalloc(2 * el * h * 2 * f),
+                              .w2 = dalloc(2 * el * f * h),
+                              .xp = dalloc(2 * r * h),
+                              .hpre = dalloc(2 * r * 2 * f),
+                              .act = dalloc(2 * r * f),
+                              .out = dalloc(2 * r * h),
+                              .d_out = dalloc(2 * r * h),
+                              .d_xp = dalloc(2 * r * h),
+                              .dw1 = dalloc(4 * el * h * 2 * f),
+                              .dw2 = dalloc(4 * el * f * h),
                               .scratch = dalloc(2 * r * 3 * f)};
         CU(bench_fill_bf16((void *)a.x.w1, el * h * 2 * f, 11, 1.0f / sqrtf((float)h), stream));
         CU(bench_fill_bf16((void *)a.x.w2, el * f * h, 12, 1.0f / sqrtf((float)f), stream));
@@ -451,8 +485,8 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
         CU(bench_fill_bf16((void *)a.x.d_out, r * h, 14, 1.0f, stream));
         CU(bench_fill_f32(a.x.dw1, el * h * 2 * f, 15, 0.0f, stream));
         CU(bench_fill_f32(a.x.dw2, el * f * h, 16, 0.0f, stream));
-        const char *load_names[] = {"", " routed", " uneven", " skewed", " hot",
-                                    " skewed, fresh counts"};
+        const char *load_names[] = {"",        " routed", " uneven",
+                                    " skewed", " hot",    " skewed, fresh counts"};
         for (int load = 0; load < LOAD_REPLAY + replay_layers; load++) {
             int kind = load < LOAD_REPLAY ? load : LOAD_REPLAY;
             expert_rows(kind, el, t, replay ? replay + (size_t)(load - kind) * el : NULL, rows);
@@ -482,8 +516,8 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
             for (size_t m = 0; m < sizeof variants / sizeof variants[0]; m++) {
                 const variant_t *v = &variants[m];
                 if (kind != LOAD_EVEN && v->mode == CUDA_GEMM_BATCHED) continue;
-                if (kind == LOAD_FRESH && (v->swiglu_gemm || v->accumulate ||
-                                           v->mode == CUDA_GEMM_GROUPED))
+                if (kind == LOAD_FRESH &&
+                    (v->swiglu_gemm || v->accumulate || v->mode == CUDA_GEMM_GROUPED))
                     continue;
                 if (v->swiglu_gemm && !extra) continue;
                 if (forced && *forced && strcmp(forced, v->name) != 0) continue;
@@ -506,8 +540,9 @@ static void bench_experts(moe_backend_t be, cudaStream_t stream, int only)
             a.fresh = NULL;
         }
         CU(cudaDeviceSynchronize());
-        void *p[] = {(void *)a.x.w1, (void *)a.x.w2, (void *)a.x.xp, a.x.hpre, a.x.act, a.x.out,
-                     (void *)a.x.d_out, a.x.d_xp, a.x.dw1, a.x.dw2, a.x.scratch};
+        void *p[] = {(void *)a.x.w1, (void *)a.x.w2, (void *)a.x.xp,    a.x.hpre,
+                     a.x.act,        a.x.out,        (void *)a.x.d_out, a.x.d_xp,
+                     a.x.dw1,        a.x.dw2,        a.x.scratch};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
         free(off);
         free(rows);
@@ -554,7 +589,8 @@ static void skew_routing(moe_layer_t *layer, moe_tensor_t *x, int64_t n, int64_t
     moe_param_info_t wg = {.struct_size = sizeof wg};
     CK(moe_layer_param(layer, 0, &wg));
     double tau = 0.02 * sqrt((double)h / 3.0);
-    uint16_t *row = malloc(sizeof(uint16_t) * (size_t)e), *ones = malloc(sizeof(uint16_t) * (size_t)n);
+    uint16_t *row = malloc(sizeof(uint16_t) * (size_t)e),
+             *ones = malloc(sizeof(uint16_t) * (size_t)n);
     if (!row || !ones) exit(1);
     for (int64_t t = 0; t < n; t++) ones[t] = 0x3F80; /* bf16 1.0 */
     for (int64_t i = 0; i < e; i++) {
@@ -573,8 +609,8 @@ static void skew_routing(moe_layer_t *layer, moe_tensor_t *x, int64_t n, int64_t
 
 static void bench_layer(cudaStream_t stream, int only, bool profile)
 {
-    const int64_t shapes[][5] = {{16384, 4096, 1408, 64, 2}, {16384, 2048, 8192, 8, 2},
-                                 {32768, 4096, 14336, 8, 2}};
+    const int64_t shapes[][5] = {
+        {16384, 4096, 1408, 64, 2}, {16384, 2048, 8192, 8, 2}, {32768, 4096, 14336, 8, 2}};
     /* the skew's alpha a shape: the busiest expert gets ~1.75 x the mean load (a simulation of
      * top-2 over Gaussian logits; the run prints the measured ratio) */
     const double skew_alpha[] = {0.08, 0.4, 0.4};
@@ -585,7 +621,8 @@ static void bench_layer(cudaStream_t stream, int only, bool profile)
     int nmodes = forced && *forced ? 1 : 4;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         if (only >= 0 && (size_t)only != s) continue;
-        int64_t n = shapes[s][0], h = shapes[s][1], f = shapes[s][2], e = shapes[s][3], k = shapes[s][4];
+        int64_t n = shapes[s][0], h = shapes[s][1], f = shapes[s][2], e = shapes[s][3],
+                k = shapes[s][4];
         moe_runtime_config_t rc = moe_runtime_config_default();
         rc.backend = MOE_BACKEND_CUDA;
         moe_runtime_t *rt;
@@ -600,7 +637,8 @@ static void bench_layer(cudaStream_t stream, int only, bool profile)
         CK(moe_layer_create(rt, &cfg, &a.layer));
         int64_t shape[2] = {n, h};
         moe_tensor_t *ts[] = {&a.x, &a.y, &a.dy, &a.dx};
-        for (int i = 0; i < 4; i++) CK(moe_tensor_alloc(rt, MOE_DTYPE_BF16, MOE_DEVICE_CUDA, 2, shape, ts[i]));
+        for (int i = 0; i < 4; i++)
+            CK(moe_tensor_alloc(rt, MOE_DTYPE_BF16, MOE_DEVICE_CUDA, 2, shape, ts[i]));
         CU(bench_fill_bf16(a.x.data, n * h, 21 + s, 1.0f, stream));
         CU(bench_fill_bf16(a.dy.data, n * h, 22 + s, 1.0f, stream));
         char sh[96];
@@ -637,11 +675,14 @@ static void bench_layer(cudaStream_t stream, int only, bool profile)
                 double first_ms = 0;
                 for (int m = 0; m < nmodes + extra; m++) {
                     bool fused = m == nmodes; /* the extra run */
-                    const char *v = fused ? "auto, SwiGLU GEMMs" : forced && *forced ? forced : names[m];
+                    const char *v = fused               ? "auto, SwiGLU GEMMs"
+                                    : forced && *forced ? forced
+                                                        : names[m];
                     if (nmodes > 1) c->gemm_mode = fused ? CUDA_GEMM_AUTO : modes[m];
                     c->swiglu_gemm = as_set || fused;
                     double ms = time_median(stream, run_layer, &a, 2, 10);
-                    emit("layer_fwd_bwd", name, v, ms, flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
+                    emit("layer_fwd_bwd", name, v, ms, flops / TC_FLOPS * 1e3, "tc",
+                         flops / ms * 1e-9);
                     if (m == 0) first_ms = ms;
                     ms = time_median(stream, run_layer_fwd, &a, 2, 10);
                     emit("layer_fwd", name, v, ms, flops / 3 / TC_FLOPS * 1e3, "tc",
@@ -653,7 +694,8 @@ static void bench_layer(cudaStream_t stream, int only, bool profile)
                 /* The first variant again, timed after SUSTAIN_MS of steps: at the smaller
                  * shapes the 12 steps above end before the GPU's power cap has lowered the
                  * clock all the way, and a training job runs at the lowered clock */
-                double ms = time_median(stream, run_layer, &a, (int)(SUSTAIN_MS / first_ms) + 2, 20);
+                double ms = time_median(stream, run_layer, &a, (int)(SUSTAIN_MS / first_ms) + 2,
+                                        20);
                 emit("layer_fwd_bwd_sustained", sh, forced && *forced ? forced : names[0], ms,
                      flops / TC_FLOPS * 1e3, "tc", flops / ms * 1e-9);
             }

@@ -39,14 +39,14 @@
 
 #include <moe/moe.h>
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        moe_status_t s_ = (call);                                                          \
-        if (s_ != MOE_STATUS_SUCCESS) {                                                    \
-            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call,            \
-                    moe_status_string(s_), moe_last_error());                              \
-            exit(1);                                                                       \
-        }                                                                                  \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        moe_status_t s_ = (call);                                                                  \
+        if (s_ != MOE_STATUS_SUCCESS) {                                                            \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call,                    \
+                    moe_status_string(s_), moe_last_error());                                      \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 static double now_s(void)
@@ -74,7 +74,7 @@ typedef struct load {
     moe_layer_t *layer;
     moe_adamw_t *opt;
     moe_tensor_t x, y, dy;
-    int reps;            /* forward + backward passes per step */
+    int reps; /* forward + backward passes per step */
 } load_t;
 
 /* x and dy: a fixed pattern of bf16 values in [-1, 1) (f32 on the host backend). */
@@ -152,7 +152,8 @@ static double run_dd(const char *dir, uint64_t bytes)
     uint64_t bs = 64ull << 20;
     snprintf(cmd, sizeof cmd,
              "dd if=/dev/zero of=%s/dd-bench.bin bs=%" PRIu64 " count=%" PRIu64
-             " oflag=direct conv=fsync status=none", dir, bs, (bytes + bs - 1) / bs);
+             " oflag=direct conv=fsync status=none",
+             dir, bs, (bytes + bs - 1) / bs);
     double t0 = now_s();
     int rc = system(cmd);
     double t = now_s() - t0;
@@ -174,17 +175,26 @@ int main(int argc, char **argv)
     size_t chunk_mib = 256, block_mib = 8;
     moe_backend_kind_t backend = MOE_BACKEND_AUTO;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--gib")) gib = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--runs")) runs = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--tensors")) ntensors = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--chunk-mib")) chunk_mib = (size_t)atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--qd")) qd = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--block-mib")) block_mib = (size_t)atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--load-ms")) load_ms = atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--gib"))
+            gib = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--dir"))
+            dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--runs"))
+            runs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--tensors"))
+            ntensors = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--chunk-mib"))
+            chunk_mib = (size_t)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--qd"))
+            qd = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--block-mib"))
+            block_mib = (size_t)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--load-ms"))
+            load_ms = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--backend"))
-            backend = !strcmp(argv[i + 1], "host") ? MOE_BACKEND_HOST
-                      : !strcmp(argv[i + 1], "cuda") ? MOE_BACKEND_CUDA : MOE_BACKEND_AUTO;
+            backend = !strcmp(argv[i + 1], "host")   ? MOE_BACKEND_HOST
+                      : !strcmp(argv[i + 1], "cuda") ? MOE_BACKEND_CUDA
+                                                     : MOE_BACKEND_AUTO;
         else {
             fprintf(stderr, "unknown option %s (see the top of bench/ckpt_bench.c)\n", argv[i]);
             return 2;
@@ -207,7 +217,7 @@ int main(int argc, char **argv)
     /* the state: ntensors bf16 tensors on the device, filled from a host pattern */
     moe_tensor_t *t = calloc((size_t)ntensors, sizeof *t);
     moe_ckpt_tensor_t *ct = calloc((size_t)ntensors, sizeof *ct);
-    char (*names)[32] = calloc((size_t)ntensors, 32);
+    char(*names)[32] = calloc((size_t)ntensors, 32);
     uint16_t *host = malloc((size_t)per * 2);
     for (int64_t i = 0; i < per; i++) host[i] = (uint16_t)(0x3f80 ^ (i * 2654435761u >> 20));
     moe_tensor_t ht;
@@ -295,13 +305,14 @@ int main(int argc, char **argv)
            "\"stall_median_s\":%.5f,\"load_reps\":%d,\"base_step_s\":%.4f,"
            "\"step_median_s\":%.4f,\"step_delay_s\":%.4f,\"durable_median_s\":%.3f,"
            "\"write_GBps\":%.3f,\"dd_before_GBps\":%.3f,\"dd_after_GBps\":%.3f,"
-           "\"vs_dd\":%.3f,\"d2h_ref_GBps\":%.2f,\"defer_writer\":%d,\"stall_target_met\":%s,\"write_target_met\":%s,\"dir\":\"%s\"}\n",
+           "\"vs_dd\":%.3f,\"d2h_ref_GBps\":%.2f,\"defer_writer\":%d,\"stall_target_met\":%s,"
+           "\"write_target_met\":%s,\"dir\":\"%s\"}\n",
            kind == MOE_BACKEND_CUDA ? "cuda" : "host", total, ntensors, runs, chunk_mib, qd,
-           block_mib, direct, ms, load.reps, base_step, mstep,
-           load_ms > 0 ? mstep - base_step : 0, md, total / md / 1e9, dd_before, dd_after,
-           dd > 0 ? total / md / 1e9 / dd : 0, d2h_ref,
-           getenv("MOE_CKPT_DEFER_WRITER") ? atoi(getenv("MOE_CKPT_DEFER_WRITER")) : 1, ms <= 0.01 ? "true" : "false",
-           dd > 0 && total / md / 1e9 >= 0.9 * dd ? "true" : "false", dir);
+           block_mib, direct, ms, load.reps, base_step, mstep, load_ms > 0 ? mstep - base_step : 0,
+           md, total / md / 1e9, dd_before, dd_after, dd > 0 ? total / md / 1e9 / dd : 0, d2h_ref,
+           getenv("MOE_CKPT_DEFER_WRITER") ? atoi(getenv("MOE_CKPT_DEFER_WRITER")) : 1,
+           ms <= 0.01 ? "true" : "false", dd > 0 && total / md / 1e9 >= 0.9 * dd ? "true" : "false",
+           dir);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", ckdir);

@@ -33,8 +33,22 @@
 
 #include "bench_fill.h"
 
-#define CU(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
-#define BL(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "%s:%d cublas %d\n", __FILE__, __LINE__, (int)s_); exit(1); } } while (0)
+#define CU(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));             \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define BL(x)                                                                                      \
+    do {                                                                                           \
+        cublasStatus_t s_ = (x);                                                                   \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            fprintf(stderr, "%s:%d cublas %d\n", __FILE__, __LINE__, (int)s_);                     \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
 
 #define RUNS 20
 #define WS_BYTES (32u << 20)
@@ -52,7 +66,7 @@ typedef struct gemm {
     int64_t m, n, k;
     cudaDataType_t ctype;
     float beta;
-    int batch; /* problems; > 1: strided batched, operands packed one after the other */
+    int batch;  /* problems; > 1: strided batched, operands packed one after the other */
     int copies; /* B rotates over this many (<= MAX_COPIES), call i using copy i % copies */
 } gemm_t;
 
@@ -65,13 +79,16 @@ typedef struct operands {
 /* the algorithm's configuration as a JSON fragment */
 static void describe_algo(const cublasLtMatmulAlgo_t *algo, char *out, size_t len)
 {
-    const cublasLtMatmulAlgoConfigAttributes_t attrs[] = {
-        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
-        CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-        CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
-        CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
-    const char *names[] = {"id", "tile", "stages", "splitk", "reduction", "swizzle", "custom",
-                           "cluster"};
+    const cublasLtMatmulAlgoConfigAttributes_t attrs[] = {CUBLASLT_ALGO_CONFIG_ID,
+                                                          CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                                          CUBLASLT_ALGO_CONFIG_STAGES_ID,
+                                                          CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                          CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                          CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+                                                          CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
+                                                          CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+    const char *names[] = {"id",        "tile",    "stages", "splitk",
+                           "reduction", "swizzle", "custom", "cluster"};
     size_t used = 0;
     for (size_t i = 0; i < sizeof attrs / sizeof attrs[0] && used < len; i++) {
         /* the attributes are 2 or 4 bytes: ask the size, then read that many (little-endian) */
@@ -110,15 +127,15 @@ static void run_gemm(const lt_call_t *c, const cublasLtMatmulAlgo_t *algo, const
         BL(cublasLtMatmul(c->lt, c->desc, &one, o->a, c->la, b, c->lb, &g->beta, o->c, c->lc, o->c,
                           c->lc, algo, c->ws, WS_BYTES, c->s));
     else if (g->batch > 1)
-        BL(cublasGemmStridedBatchedEx(
-            c->h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &one, o->a, CUDA_R_16BF,
-            (int)lda_of(g), g->m * g->k, b, CUDA_R_16BF, (int)ldb_of(g), g->k * g->n, &g->beta,
-            o->c, g->ctype, (int)g->m, g->m * g->n, g->batch, CUBLAS_COMPUTE_32F,
-            CUBLAS_GEMM_DEFAULT));
+        BL(cublasGemmStridedBatchedEx(c->h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &one,
+                                      o->a, CUDA_R_16BF, (int)lda_of(g), g->m * g->k, b,
+                                      CUDA_R_16BF, (int)ldb_of(g), g->k * g->n, &g->beta, o->c,
+                                      g->ctype, (int)g->m, g->m * g->n, g->batch,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     else
         BL(cublasGemmEx(c->h, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, &one, o->a,
-                        CUDA_R_16BF, (int)lda_of(g), b, CUDA_R_16BF, (int)ldb_of(g), &g->beta,
-                        o->c, g->ctype, (int)g->m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                        CUDA_R_16BF, (int)lda_of(g), b, CUDA_R_16BF, (int)ldb_of(g), &g->beta, o->c,
+                        g->ctype, (int)g->m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 /* median ms of RUNS calls, B rotating over its copies */
@@ -202,8 +219,8 @@ static int sweep_configs(const lt_call_t *c, const gemm_t *g, const operands_t *
 {
     int ids[256], nids = 0, n = 0;
     cudaDataType_t ct = g->ctype;
-    BL(cublasLtMatmulAlgoGetIds(c->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF,
-                                ct, ct, 256, ids, &nids));
+    BL(cublasLtMatmulAlgoGetIds(c->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, ct,
+                                ct, 256, ids, &nids));
     for (int a = 0; a < nids + noffers; a++) {
         cublasLtMatmulAlgo_t algo;
         if (a >= nids) {
@@ -219,9 +236,9 @@ static int sweep_configs(const lt_call_t *c, const gemm_t *g, const operands_t *
         if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, tiles,
                                               sizeof tiles, &size) == CUBLAS_STATUS_SUCCESS)
             nt = (uint32_t)(size / sizeof tiles[0]);
-        if (nt == 0 && cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID,
-                                                            &tiles[0], sizeof tiles[0], &size) ==
-                           CUBLAS_STATUS_SUCCESS)
+        if (nt == 0 &&
+            cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tiles[0],
+                                                 sizeof tiles[0], &size) == CUBLAS_STATUS_SUCCESS)
             nt = 1;
         cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_ok,
                                           sizeof splitk_ok, &size);
@@ -374,8 +391,8 @@ int main(int argc, char **argv)
             return 1;
         }
         if (g.beta == 0) output_of(&c, NULL, &g, &o, ref, cbytes);
-        report(&c, &g, &o, shape, "gemmex", NULL, time_gemm(&c, NULL, &g, &o), 0, ref, out,
-               again, cbytes);
+        report(&c, &g, &o, shape, "gemmex", NULL, time_gemm(&c, NULL, &g, &o), 0, ref, out, again,
+               cbytes);
         for (int i = 0; i < found; i++) {
             if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
             char variant[16];

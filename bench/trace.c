@@ -67,15 +67,14 @@ static void write_record(const CUpti_Activity *r)
     case CUPTI_ACTIVITY_KIND_DRIVER: {
         const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)r;
         bool runtime = r->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
-        CUpti_CallbackDomain domain =
-            runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
+        CUpti_CallbackDomain domain = runtime ? CUPTI_CB_DOMAIN_RUNTIME_API
+                                              : CUPTI_CB_DOMAIN_DRIVER_API;
         fprintf(trace_out, "%s,%s,%llu,%llu,-1,%u\n", runtime ? "api" : "drv",
-                api_name(domain, a->cbid),
-                (unsigned long long)a->start, (unsigned long long)a->end, a->correlationId);
+                api_name(domain, a->cbid), (unsigned long long)a->start, (unsigned long long)a->end,
+                a->correlationId);
         break;
     }
-    default:
-        break;
+    default: break;
     }
 }
 

@@ -23,13 +23,13 @@
 
 #include <moe/moe.h>
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        moe_status_t s_ = (call);                                                          \
-        if (s_ != MOE_STATUS_SUCCESS) {                                                    \
-            fprintf(stderr, "moe_train_layer: %s failed: %s\n", #call, moe_last_error());        \
-            return 2;                                                                      \
-        }                                                                                  \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        moe_status_t s_ = (call);                                                                  \
+        if (s_ != MOE_STATUS_SUCCESS) {                                                            \
+            fprintf(stderr, "moe_train_layer: %s failed: %s\n", #call, moe_last_error());          \
+            return 2;                                                                              \
+        }                                                                                          \
     } while (0)
 
 enum { HIDDEN = 32, FFN = 64, EXPERTS = 8, TOP_K = 2, CLUSTERS = 8 };
@@ -96,23 +96,31 @@ static int parse(int argc, char **argv, options_t *o)
             }
             i++;
             if (!strcmp(a, "--backend")) {
-                if (!strcmp(v, "host")) o->backend = MOE_BACKEND_HOST;
-                else if (!strcmp(v, "cuda")) o->backend = MOE_BACKEND_CUDA;
-                else if (!strcmp(v, "auto")) o->backend = MOE_BACKEND_AUTO;
+                if (!strcmp(v, "host"))
+                    o->backend = MOE_BACKEND_HOST;
+                else if (!strcmp(v, "cuda"))
+                    o->backend = MOE_BACKEND_CUDA;
+                else if (!strcmp(v, "auto"))
+                    o->backend = MOE_BACKEND_AUTO;
                 else {
-                    fprintf(stderr, "moe_train_layer: --backend: \"%s\" is not auto, host or "
-                            "cuda\n", v);
+                    fprintf(stderr,
+                            "moe_train_layer: --backend: \"%s\" is not auto, host or "
+                            "cuda\n",
+                            v);
                     return -1;
                 }
                 continue;
             }
             if (parse_number(a, v, &n)) return -1;
-            if (!strcmp(a, "--seed")) o->seed = n;
+            if (!strcmp(a, "--seed"))
+                o->seed = n;
             else if (n < 1 || n > (1ull << 30)) {
                 fprintf(stderr, "moe_train_layer: %s: %s is not in 1..2^30\n", a, v);
                 return -1;
-            } else if (!strcmp(a, "--steps")) o->steps = (int)n;
-            else o->tokens = (int64_t)n;
+            } else if (!strcmp(a, "--steps"))
+                o->steps = (int)n;
+            else
+                o->tokens = (int64_t)n;
         } else {
             fprintf(stderr, "moe_train_layer: %s: unknown argument\n", a);
             usage(stderr);
@@ -212,8 +220,8 @@ int main(int argc, char **argv)
     make_task(&task, o.seed);
     uint64_t data_rng = o.seed ^ 0x5eed;
     printf("moe_train_layer: backend %s, %lld tokens/step, H=%d F=%d E=%d K=%d, %d steps\n",
-           backend == MOE_BACKEND_CUDA ? "cuda" : "host", (long long)n, HIDDEN, FFN, EXPERTS,
-           TOP_K, o.steps);
+           backend == MOE_BACKEND_CUDA ? "cuda" : "host", (long long)n, HIDDEN, FFN, EXPERTS, TOP_K,
+           o.steps);
     double first = 0, last = 0;
     for (int step = 1; step <= o.steps; step++) {
         double t0 = now_s();

@@ -45,7 +45,7 @@ typedef struct sq_group {
 
 typedef struct adamw_scalars {
     float lr, b1, b2, omb1, omb2, eps, wd, gscale; /* omb: 1 - beta, rounded in fp32 */
-    double bc1, bc2;                                /* 1 - beta^step */
+    double bc1, bc2;                               /* 1 - beta^step */
 } adamw_scalars_t;
 
 /* The tensor whose blocks hold block b: the last t with first[t] <= b (empty tensors have
@@ -78,7 +78,8 @@ static __device__ __forceinline__ float adamw_one(float grad, float *m, float *v
     return __double2float_rn(__dadd_rn(p, -__dmul_rn((double)a.lr, step)));
 }
 
-__global__ void __launch_bounds__(THREADS) adamw_multi(const adamw_group_t g, const adamw_scalars_t a)
+__global__ void __launch_bounds__(THREADS)
+    adamw_multi(const adamw_group_t g, const adamw_scalars_t a)
 {
     int t = tensor_of(g.first, g.count, (int32_t)blockIdx.x);
     int64_t n = g.n[t], lo = (int64_t)(blockIdx.x - g.first[t]) * MOE_MT_CHUNK;
@@ -97,7 +98,8 @@ __global__ void __launch_bounds__(THREADS) adamw_multi(const adamw_group_t g, co
         *(float4 *)(master + i) = ms;
         *(float4 *)(m + i) = mm;
         *(float4 *)(v + i) = vv;
-        __nv_bfloat162 p01 = __floats2bfloat162_rn(ms.x, ms.y), p23 = __floats2bfloat162_rn(ms.z, ms.w);
+        __nv_bfloat162 p01 = __floats2bfloat162_rn(ms.x, ms.y),
+                       p23 = __floats2bfloat162_rn(ms.z, ms.w);
         uint2 packed = {*(unsigned *)&p01, *(unsigned *)&p23};
         *(uint2 *)(param + i) = packed;
     }
@@ -138,7 +140,8 @@ __global__ void __launch_bounds__(THREADS) sum_squares_multi(const sq_group_t g,
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void __launch_bounds__(THREADS) sum_partials(const double *partial, int64_t count, double *out)
+__global__ void __launch_bounds__(THREADS)
+    sum_partials(const double *partial, int64_t count, double *out)
 {
     double s = 0;
     for (int64_t b = threadIdx.x; b < count; b += THREADS) s += partial[b];
@@ -146,15 +149,9 @@ __global__ void __launch_bounds__(THREADS) sum_partials(const double *partial, i
     if (threadIdx.x == 0) out[0] = s;
 }
 
-static int64_t chunks_of(int64_t n)
-{
-    return n > 0 ? (n + MOE_MT_CHUNK - 1) / MOE_MT_CHUNK : 0;
-}
+static int64_t chunks_of(int64_t n) { return n > 0 ? (n + MOE_MT_CHUNK - 1) / MOE_MT_CHUNK : 0; }
 
-static bool aligned(const void *p, uintptr_t to)
-{
-    return ((uintptr_t)p & (to - 1)) == 0;
-}
+static bool aligned(const void *p, uintptr_t to) { return ((uintptr_t)p & (to - 1)) == 0; }
 
 extern "C" int64_t moe_cuda_mt_chunks(const int64_t *n, int32_t count)
 {
@@ -198,8 +195,8 @@ extern "C" cudaError_t moe_cuda_adamw_multi(const moe_cuda_adamw_tensor_t *t, in
                                             float weight_decay, float grad_scale, double bc1,
                                             double bc2, cudaStream_t stream)
 {
-    adamw_scalars_t a = {lr, beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps, weight_decay,
-                         grad_scale, bc1, bc2};
+    adamw_scalars_t a = {lr,  beta1,        beta2,      1.0f - beta1, 1.0f - beta2,
+                         eps, weight_decay, grad_scale, bc1,          bc2};
     return launch_groups<adamw_group_t>(
         count, [&](int32_t i) { return t[i].n; },
         [&](adamw_group_t &g, int c, int32_t i) {

@@ -7,8 +7,7 @@
 
 #include <cuda_bf16.h>
 
-template <int VEC>
-static __device__ __forceinline__ void load_vec(const __nv_bfloat16 *p, float *v)
+template <int VEC> static __device__ __forceinline__ void load_vec(const __nv_bfloat16 *p, float *v)
 {
     if constexpr (VEC == 8) {
         uint4 u = *(const uint4 *)p;

@@ -33,7 +33,7 @@
  * walks it in plan_place; any size gives the same plan) and plan_place's warps a block. */
 #define CHUNK 1024
 #define PLACE_WARPS 4
-#define MAX_PLAN_E 2048       /* plan_place keeps (PLACE_WARPS + 2) x E ints in shared memory */
+#define MAX_PLAN_E 2048 /* plan_place keeps (PLACE_WARPS + 2) x E ints in shared memory */
 static_assert(sizeof(int32_t) * MAX_PLAN_E * (PLACE_WARPS + 2) <= 48 * 1024,
               "plan_place's shared memory must fit the default 48 KiB");
 
@@ -87,8 +87,8 @@ __global__ void plan_scan(int32_t *__restrict__ hist, int nchunks, int e, int64_
 /* Expert row offsets (exclusive scan of kept, experts in row order) and kept into shared
  * memory, by one warp, 32 experts a step; the block synchronises before reading them. */
 static __device__ void expert_offsets(const int32_t *__restrict__ kept,
-                                      const int32_t *__restrict__ row_order, int e,
-                                      int32_t *s_off, int32_t *s_kept)
+                                      const int32_t *__restrict__ row_order, int e, int32_t *s_off,
+                                      int32_t *s_kept)
 {
     int lane = threadIdx.x % 32;
     int32_t carry = 0;
@@ -109,8 +109,8 @@ static __device__ void expert_offsets(const int32_t *__restrict__ kept,
 
 __global__ void plan_place(const int32_t *__restrict__ idx, int64_t slots, int nchunks, int e,
                            const int32_t *__restrict__ base, const int32_t *__restrict__ kept,
-                           const int32_t *__restrict__ row_order,
-                           int32_t *__restrict__ row_of_slot, int32_t *__restrict__ slot_of_row)
+                           const int32_t *__restrict__ row_order, int32_t *__restrict__ row_of_slot,
+                           int32_t *__restrict__ slot_of_row)
 {
     extern __shared__ int32_t smem[];
     int32_t *s_off = smem, *s_kept = smem + e, *s_rank = smem + 2 * e;
@@ -176,7 +176,8 @@ __global__ void pad_plan_kernel(const int32_t *__restrict__ idx, int64_t slots, 
     if (threadIdx.x < 32) expert_offsets(kept, NULL, e, s_off, s_kept);
     __syncthreads();
     int64_t total = (int64_t)e * stride, n = slots > total ? slots : total;
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE(i, n)
+    {
         if (i < slots) {
             int32_t r = row_of_slot[i];
             if (r >= 0) {
@@ -209,7 +210,8 @@ extern "C" cudaError_t moe_cuda_pad_plan(const int32_t *topk_idx, int64_t n, int
 /* ---- rows ----------------------------------------------------------------------------------- */
 
 template <int VEC>
-__global__ void gather_rows_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_bfloat16 *__restrict__ src,
+__global__ void gather_rows_kernel(__nv_bfloat16 *__restrict__ dst,
+                                   const __nv_bfloat16 *__restrict__ src,
                                    const int32_t *__restrict__ slot_of_row, int k,
                                    const float *__restrict__ scale, int64_t h)
 {
@@ -229,7 +231,8 @@ __global__ void gather_rows_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_b
 }
 
 template <int VEC>
-__global__ void combine_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_bfloat16 *__restrict__ src,
+__global__ void combine_kernel(__nv_bfloat16 *__restrict__ dst,
+                               const __nv_bfloat16 *__restrict__ src,
                                const int32_t *__restrict__ row_of_slot, const float *__restrict__ w,
                                int k, int64_t h, bool accumulate)
 {
@@ -251,9 +254,10 @@ __global__ void combine_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_bfloa
 
 /* Block per token; warp j takes slots j, j+8, ...; fixed-order warp reduction. */
 template <int VEC>
-__global__ void combine_weight_grad_kernel(float *__restrict__ dw, const __nv_bfloat16 *__restrict__ dy,
-                                           const __nv_bfloat16 *__restrict__ rows,
-                                           const int32_t *__restrict__ row_of_slot, int k, int64_t h)
+__global__ void
+combine_weight_grad_kernel(float *__restrict__ dw, const __nv_bfloat16 *__restrict__ dy,
+                           const __nv_bfloat16 *__restrict__ rows,
+                           const int32_t *__restrict__ row_of_slot, int k, int64_t h)
 {
     int64_t t = blockIdx.x;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;

@@ -16,8 +16,8 @@ static inline unsigned grid_for(int64_t work, int sms)
     return (unsigned)(b < 1 ? 1 : b > most ? most : b);
 }
 
-#define GRID_STRIDE(i, n)                                                                  \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);              \
+#define GRID_STRIDE(i, n)                                                                          \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
          i += (int64_t)gridDim.x * blockDim.x)
 
 #endif /* MOE_KERNELS_GRID_CUH */

@@ -42,9 +42,8 @@ int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e);
  * state: MOE_ROUTER_STATE_BYTES zeroed bytes. */
 cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n, int32_t e,
                                    int32_t k, int score_fn, bool renormalize, int32_t *topk_idx,
-                                   float *topk_w, int32_t *counts, float *score_mean,
-                                   float *stats, float *scratch, void *state,
-                                   cudaStream_t stream);
+                                   float *topk_w, int32_t *counts, float *score_mean, float *stats,
+                                   float *scratch, void *state, cudaStream_t stream);
 
 /* The whole forward in one kernel for E <= 64: logits f32 [N,E] = x bf16 [N,H] . wg bf16 [H,E]
  * on the tensor cores, then the selection as above, without a second pass over the logits.
@@ -57,9 +56,9 @@ bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x, const 
 bool moe_cuda_router_fused_splits(int64_t n);
 cudaError_t moe_cuda_router_fused(const void *x, const void *wg, const float *bias, int64_t n,
                                   int64_t h, int32_t e, int32_t k, int score_fn, bool renormalize,
-                                  float *logits, int32_t *topk_idx, float *topk_w,
-                                  int32_t *counts, float *score_mean, float *stats,
-                                  float *scratch, void *state, cudaStream_t stream);
+                                  float *logits, int32_t *topk_idx, float *topk_w, int32_t *counts,
+                                  float *score_mean, float *stats, float *scratch, void *state,
+                                  cudaStream_t stream);
 
 /* dlogits f32 [N,E] (and its bf16 copy for the tensor-core GEMMs) from d(topk_w) and the
  * aux/z coefficients; see host_router.c for the formulas. */
@@ -70,11 +69,11 @@ cudaError_t moe_cuda_router_dlogits(const float *logits, const int32_t *topk_idx
                                     float *dlogits, void *dlogits_bf16, cudaStream_t stream);
 
 /* The expert-bias sign rule (see moe_backend_ops_t.expert_bias_step). */
-cudaError_t moe_cuda_expert_bias_step(float *bias, const int32_t *counts, int32_t e,
-                                      int64_t slots, float rate, cudaStream_t stream);
+cudaError_t moe_cuda_expert_bias_step(float *bias, const int32_t *counts, int32_t e, int64_t slots,
+                                      float rate, cudaStream_t stream);
 /* Global-batch balancing's running counts (see moe_backend_ops_t.accumulate_counts). */
-cudaError_t moe_cuda_accumulate_counts(int32_t *acc, const int32_t *counts, int32_t *out,
-                                       int32_t e, cudaStream_t stream);
+cudaError_t moe_cuda_accumulate_counts(int32_t *acc, const int32_t *counts, int32_t *out, int32_t e,
+                                       cudaStream_t stream);
 
 /* ---- dispatch (dispatch.cu) ---- */
 
@@ -94,13 +93,11 @@ cudaError_t moe_cuda_pad_plan(const int32_t *topk_idx, int64_t n, int32_t k, int
                               cudaStream_t stream);
 
 /* Rows with slot_of_row < 0 (a padded layout's filler) are written as zeros. */
-cudaError_t moe_cuda_gather_rows(void *dst, const void *src, const int32_t *slot_of_row,
-                                 int32_t k, const float *scale, int64_t rows, int64_t h,
-                                 cudaStream_t stream);
+cudaError_t moe_cuda_gather_rows(void *dst, const void *src, const int32_t *slot_of_row, int32_t k,
+                                 const float *scale, int64_t rows, int64_t h, cudaStream_t stream);
 /* accumulate: dst += the sum (dst read first, one rounding) */
-cudaError_t moe_cuda_combine(void *dst, const void *src, const int32_t *row_of_slot,
-                             const float *w, int64_t n, int32_t k, int64_t h, bool accumulate,
-                             cudaStream_t stream);
+cudaError_t moe_cuda_combine(void *dst, const void *src, const int32_t *row_of_slot, const float *w,
+                             int64_t n, int32_t k, int64_t h, bool accumulate, cudaStream_t stream);
 cudaError_t moe_cuda_combine_weight_grad(float *dw, const void *dy, const void *rows,
                                          const int32_t *row_of_slot, int64_t n, int32_t k,
                                          int64_t h, cudaStream_t stream);
@@ -108,8 +105,8 @@ cudaError_t moe_cuda_combine_weight_grad(float *dw, const void *dy, const void *
 /* ---- SwiGLU (swiglu.cu) ---- */
 
 /* act[r,:] = silu(hpre[r,0,:]) * hpre[r,1,:], R rows of F */
-cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, int64_t f,
-                                    int sms, cudaStream_t stream);
+cudaError_t moe_cuda_swiglu_forward(void *act, const void *hpre, int64_t rows, int64_t f, int sms,
+                                    cudaStream_t stream);
 /* d_hpre[r,0,:] = d_act * up * silu'(gate), d_hpre[r,1,:] = d_act * silu(gate) */
 cudaError_t moe_cuda_swiglu_backward(void *d_hpre, const void *d_act, const void *hpre,
                                      int64_t rows, int64_t f, int sms, cudaStream_t stream);
@@ -125,8 +122,8 @@ bool moe_cuda_swiglu_gemm_fits(int32_t el, int64_t h, int64_t f);
 /* Per local expert e, rows [offsets[e], offsets[e+1]) (host array, El + 1 entries):
  * hpre = xp . w1[e] and act = silu(gate) * up, in one grouped launch. */
 cudaError_t moe_cuda_swiglu_gemm_forward(void *hpre, void *act, const void *xp, const void *w1,
-                                         const int64_t *offsets, int32_t el, int64_t h,
-                                         int64_t f, int sms, cudaStream_t stream);
+                                         const int64_t *offsets, int32_t el, int64_t h, int64_t f,
+                                         int sms, cudaStream_t stream);
 /* d_hpre = swiglu'(hpre, d_out . w2[e]^T), the same rows. */
 cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d_out, const void *w2,
                                           const void *hpre, const int64_t *offsets, int32_t el,
@@ -135,8 +132,8 @@ cudaError_t moe_cuda_swiglu_gemm_backward(void *d_hpre, const void *d_out, const
  * (b_k_major false) or El row-major [N,K] ones (true: their transposes); where the SwiGLU
  * kernels fit, with K and N each one of H, F, 2F. */
 cudaError_t moe_cuda_grouped_gemm(void *c, const void *a, const void *b, bool b_k_major,
-                                  const int64_t *offsets, int32_t el, int64_t k, int64_t n,
-                                  int sms, cudaStream_t stream);
+                                  const int64_t *offsets, int32_t el, int64_t k, int64_t n, int sms,
+                                  cudaStream_t stream);
 
 /* ---- element-wise (elementwise.cu) ---- */
 

@@ -10,7 +10,8 @@
  */
 #include "kernels.h"
 
-namespace {
+namespace
+{
 
 /* Pointers one launch carries: 4 KiB of parameters, the limit on every architecture. */
 constexpr int CHUNK = 500;
@@ -27,8 +28,8 @@ __global__ void write_pointers(const void **dst, const chunk_t src, int32_t n)
 
 } /* namespace */
 
-extern "C" cudaError_t moe_cuda_upload_pointers(const void **dst, const void *const *src,
-                                                int64_t n, cudaStream_t stream)
+extern "C" cudaError_t moe_cuda_upload_pointers(const void **dst, const void *const *src, int64_t n,
+                                                cudaStream_t stream)
 {
     for (int64_t at = 0; at < n; at += CHUNK) {
         int32_t m = (int32_t)(n - at < CHUNK ? n - at : CHUNK);

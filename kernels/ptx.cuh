@@ -10,7 +10,8 @@
 
 #include <stdint.h>
 
-namespace ptx {
+namespace ptx
+{
 
 /* ---- cp.async ------------------------------------------------------------------------------- */
 
@@ -22,8 +23,7 @@ static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src,
                  "r"(full ? 16 : 0));
 }
 static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-static __device__ __forceinline__ void cp_wait()
+template <int N> static __device__ __forceinline__ void cp_wait()
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
@@ -31,15 +31,16 @@ static __device__ __forceinline__ void cp_wait()
 /* ---- ldmatrix and mma.sync ------------------------------------------------------------------ */
 
 /* four 8x8 b16 matrices; .trans delivers them column-wise (the mma's B operand) */
-template <bool TRANS>
-static __device__ __forceinline__ void ldsm(uint32_t *r, uint32_t addr)
+template <bool TRANS> static __device__ __forceinline__ void ldsm(uint32_t *r, uint32_t addr)
 {
     if constexpr (!TRANS)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
     else
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
 }
 
 /* c += a . b for one m16n8k16 step, bf16 in, f32 accumulate */

@@ -19,11 +19,11 @@
 
 template <int EPL, int LANES>
 __global__ void __launch_bounds__(MOE_TUNE_ROUTER_WARPS * 32)
-router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ topk_idx,
-               const float *__restrict__ topk_w, const float *__restrict__ d_topk_w,
-               const int32_t *__restrict__ counts, int64_t n, int e, int k, int score_fn,
-               bool renorm, bool vec, float aux_coef, float z_coef, float *__restrict__ dlogits,
-               __nv_bfloat16 *__restrict__ dl16)
+    router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ topk_idx,
+                   const float *__restrict__ topk_w, const float *__restrict__ d_topk_w,
+                   const int32_t *__restrict__ counts, int64_t n, int e, int k, int score_fn,
+                   bool renorm, bool vec, float aux_coef, float z_coef, float *__restrict__ dlogits,
+                   __nv_bfloat16 *__restrict__ dl16)
 {
     constexpr int GROUPS = 32 / LANES;
     int lane = threadIdx.x % 32, sub = lane % LANES, grp = lane / LANES;
@@ -97,8 +97,8 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
             int64_t j = t * e + row_t::expert(sub, i);
             if (vec) {
                 if (row_t::expert(sub, i) >= e) continue;
-                *reinterpret_cast<float4 *>(dlogits + j) =
-                    make_float4(g[i], g[i + 1], g[i + 2], g[i + 3]);
+                *reinterpret_cast<float4 *>(dlogits + j) = make_float4(g[i], g[i + 1], g[i + 2],
+                                                                       g[i + 3]);
                 __nv_bfloat162 lo = __floats2bfloat162_rn(g[i], g[i + 1]);
                 __nv_bfloat162 hi = __floats2bfloat162_rn(g[i + 2], g[i + 3]);
                 uint2 v = {*reinterpret_cast<unsigned *>(&lo), *reinterpret_cast<unsigned *>(&hi)};
@@ -116,10 +116,10 @@ router_dlogits(const float *__restrict__ logits, const int32_t *__restrict__ top
 }
 
 template <int EPL, int LANES>
-static void launch_dlogits(const float *logits, const int32_t *idx, const float *w,
-                           const float *dw, const int32_t *counts, int64_t n, int32_t e,
-                           int32_t k, int score_fn, bool renorm, float aux, float z, float *dl,
-                           void *dl16, cudaStream_t stream)
+static void launch_dlogits(const float *logits, const int32_t *idx, const float *w, const float *dw,
+                           const int32_t *counts, int64_t n, int32_t e, int32_t k, int score_fn,
+                           bool renorm, float aux, float z, float *dl, void *dl16,
+                           cudaStream_t stream)
 {
     int64_t per_block = (int64_t)MOE_TUNE_ROUTER_WARPS * (32 / LANES);
     int64_t blocks = (n + per_block - 1) / per_block;
@@ -166,8 +166,7 @@ extern "C" cudaError_t moe_cuda_expert_bias_step(float *bias, const int32_t *cou
                                                  int64_t slots, float rate, cudaStream_t stream)
 {
     if (e <= 0) return cudaSuccess;
-    expert_bias_step<<<(unsigned)((e + 255) / 256), 256, 0, stream>>>(bias, counts, e, slots,
-                                                                      rate);
+    expert_bias_step<<<(unsigned)((e + 255) / 256), 256, 0, stream>>>(bias, counts, e, slots, rate);
     return cudaGetLastError();
 }
 
@@ -180,8 +179,8 @@ __global__ void accumulate_counts(int32_t *acc, const int32_t *counts, int32_t *
     out[j] = acc[j] += counts[j];
 }
 
-extern "C" cudaError_t moe_cuda_accumulate_counts(int32_t *acc, const int32_t *counts,
-                                                  int32_t *out, int32_t e, cudaStream_t stream)
+extern "C" cudaError_t moe_cuda_accumulate_counts(int32_t *acc, const int32_t *counts, int32_t *out,
+                                                  int32_t e, cudaStream_t stream)
 {
     if (e <= 0) return cudaSuccess;
     accumulate_counts<<<(unsigned)((e + 255) / 256), 256, 0, stream>>>(acc, counts, out, e);

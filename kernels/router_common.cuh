@@ -49,8 +49,7 @@ static __device__ __forceinline__ float key_float(unsigned u)
 /* Reductions over a group of LANES consecutive lanes (xor offsets below LANES stay inside
  * the aligned group); the fixed butterfly order keeps them deterministic. A whole warp uses
  * one redux.sync (sm_80+; it writes a warp-uniform register, so only for LANES = 32). */
-template <int LANES>
-static __device__ __forceinline__ unsigned group_max_u32(unsigned v)
+template <int LANES> static __device__ __forceinline__ unsigned group_max_u32(unsigned v)
 {
     if constexpr (LANES == 32) {
         return __reduce_max_sync(0xffffffffu, v);
@@ -61,16 +60,14 @@ static __device__ __forceinline__ unsigned group_max_u32(unsigned v)
     }
 }
 
-template <int LANES>
-static __device__ __forceinline__ float group_sum(float v)
+template <int LANES> static __device__ __forceinline__ float group_sum(float v)
 {
 #pragma unroll
     for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
-template <int LANES>
-static __device__ __forceinline__ float group_max(float v)
+template <int LANES> static __device__ __forceinline__ float group_max(float v)
 {
     if constexpr (LANES == 32) {
         return key_float(group_max_u32<32>(key_bits(v)));
@@ -127,8 +124,7 @@ static __device__ __forceinline__ float sigmoidf_(float v)
  * entropy -sum q log q.
  * A group past the last token (valid = false) computes on zeros and writes nothing.
  * vec: E % 4 == 0 and the logits 16-byte aligned, so a lane loads its experts as float4. */
-template <int EPL, int LANES, int T = 1>
-struct token_rows {
+template <int EPL, int LANES, int T = 1> struct token_rows {
     float l[T][EPL], s[T][EPL];
     float lse[T], qnorm[T], qinv[T], ent[T];
 
@@ -169,8 +165,7 @@ struct token_rows {
 
     /* Softmax entropy without a log per expert: with d = l - max and S = sum exp(d),
      * -sum q log q = log S - sum exp(d) d / S; sum exp(d) d rides in the same butterfly as S. */
-    template <bool ENTROPY>
-    __device__ void scores(int score_fn)
+    template <bool ENTROPY> __device__ void scores(int score_fn)
     {
         float mx[T], ex[T][EPL], sum[T], dot[T];
 #pragma unroll
@@ -325,8 +320,8 @@ static __device__ __forceinline__ bool last_to_arrive(unsigned *ticket, unsigned
 /* The blocks' (z, entropy) sums, rows [0, nb) of b_stats, summed in fp64: each thread its
  * rows in order (the first, row threadIdx.x, loaded by the caller: `first`), then a fixed
  * butterfly in each warp and the warps in order (at most MOE_TUNE_ROUTER_WARPS of them). */
-static __device__ __forceinline__ void sum_block_stats(const float2 *b_stats, int nb,
-                                                       float2 first, double *out)
+static __device__ __forceinline__ void sum_block_stats(const float2 *b_stats, int nb, float2 first,
+                                                       double *out)
 {
     __shared__ double s_part[MOE_TUNE_ROUTER_WARPS][2];
     double a = first.x, b = first.y;
@@ -362,7 +357,8 @@ static __device__ __forceinline__ bool fits_words(int64_t n)
     return n <= WORDS_MAX_TOKENS && gridDim.x <= WORDS_MAX_BLOCKS;
 }
 
-namespace words {
+namespace words
+{
 constexpr int COUNT_AT = 35, ARRIVAL_AT = 48, FLAG_AT = 56;
 constexpr unsigned long long ARRIVAL = 1ull << ARRIVAL_AT, FLAG = 1ull << FLAG_AT;
 constexpr float MEAN_UNITS = 4194304.0f;           /* 2^22 */
@@ -394,9 +390,8 @@ static __device__ __forceinline__ bool completes(unsigned long long before)
 static __device__ __forceinline__ bool stats_thread() { return threadIdx.x == blockDim.x - 1; }
 
 static __device__ __forceinline__ void reduce_by_words(const float *s_mean_sum,
-                                                       const int32_t *s_count,
-                                                       const float (&zs)[2], int e,
-                                                       router_state *st,
+                                                       const int32_t *s_count, const float (&zs)[2],
+                                                       int e, router_state *st,
                                                        const select_outputs &out)
 {
     using namespace words;
@@ -446,9 +441,8 @@ static __device__ __forceinline__ void reduce_by_words(const float *s_mean_sum,
 
 static __device__ __forceinline__ void reduce_by_ticket(const float *s_mean_sum,
                                                         const int32_t *s_count,
-                                                        const float (&zs)[2], int e,
-                                                        float *scratch, router_state *st,
-                                                        const select_outputs &out)
+                                                        const float (&zs)[2], int e, float *scratch,
+                                                        router_state *st, const select_outputs &out)
 {
     float2 *b_stats = (float2 *)scratch;
     for (int j = threadIdx.x; j < e; j += blockDim.x) {
@@ -477,9 +471,9 @@ static __device__ __forceinline__ void reduce_by_ticket(const float *s_mean_sum,
 /* Called by every block with its column sums (P_e numerators in s_mean_sum, counts in s_count,
  * z and entropy in zs, the stats thread's) once they are final. */
 static __device__ __forceinline__ void select_reduce(const float *s_mean_sum,
-                                                     const int32_t *s_count,
-                                                     const float (&zs)[2], int e, float *scratch,
-                                                     router_state *st, const select_outputs &out)
+                                                     const int32_t *s_count, const float (&zs)[2],
+                                                     int e, float *scratch, router_state *st,
+                                                     const select_outputs &out)
 {
     if (fits_words(out.n))
         reduce_by_words(s_mean_sum, s_count, zs, e, st, out);
@@ -490,10 +484,8 @@ static __device__ __forceinline__ void select_reduce(const float *s_mean_sum,
 /* One lane's share of the selection: its experts' selection bias, and running sums over the
  * tokens its group has selected (P_e numerators, z and entropy). Shared by router_select
  * (logits from global memory) and router_fused (logits from its shared-memory tile). */
-template <int EPL, int LANES>
-struct selector {
-    template <int T>
-    using rows_t = token_rows<EPL, LANES, T>;
+template <int EPL, int LANES> struct selector {
+    template <int T> using rows_t = token_rows<EPL, LANES, T>;
     float kb[EPL], pm[EPL];
     float z_acc, ent_acc;
     bool biased;
@@ -549,10 +541,9 @@ struct selector {
      * and a round's weight is the group maximum itself); a padding slot (score 0) then ties
      * with real zeros and loses them by index, so it is never chosen while k <= E. */
     template <bool BIASED, int T>
-    __device__ __forceinline__ void top_k(const rows_t<T> &r, const int64_t (&t)[T],
-                                          const bool (&valid)[T], int k, bool renorm, int lane,
-                                          int32_t *__restrict__ topk_idx,
-                                          float *__restrict__ topk_w, int32_t *s_count)
+    __device__ __forceinline__ void
+    top_k(const rows_t<T> &r, const int64_t (&t)[T], const bool (&valid)[T], int k, bool renorm,
+          int lane, int32_t *__restrict__ topk_idx, float *__restrict__ topk_w, int32_t *s_count)
     {
         int sub = lane % LANES, grp = lane / LANES;
         unsigned gmask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1) << (grp * LANES);
@@ -710,11 +701,9 @@ static inline int select_lanes(int32_t e)
 /* The register layout for E experts, as compile-time EPL (experts a lane) and LANES (lanes a
  * token): 8 experts a lane and select_lanes(E) lanes, 16 experts on 32 lanes above E = 256.
  * Forward and backward must hold a token's logits alike, so both dispatch through here. */
-template <int V>
-using int_c = std::integral_constant<int, V>;
+template <int V> using int_c = std::integral_constant<int, V>;
 
-template <class F>
-static inline cudaError_t with_layout(int32_t e, F &&launch)
+template <class F> static inline cudaError_t with_layout(int32_t e, F &&launch)
 {
     switch (e > 256 ? 64 : select_lanes(e)) {
     case 1: return launch(int_c<8>{}, int_c<1>{});
@@ -740,8 +729,8 @@ static inline int select_iters(int64_t n, int32_t e)
 
 static inline int64_t select_blocks(int64_t n, int32_t e)
 {
-    int64_t per_block =
-        (int64_t)MOE_TUNE_ROUTER_WARPS * select_iters(n, e) * (32 / select_lanes(e));
+    int64_t per_block = (int64_t)MOE_TUNE_ROUTER_WARPS * select_iters(n, e) *
+                        (32 / select_lanes(e));
     return (n + per_block - 1) / per_block;
 }
 

@@ -34,12 +34,13 @@
 #include "router_common.cuh"
 #include "sm90.cuh"
 
-namespace fused {
+namespace fused
+{
 /* EP: the experts a tile holds (E <= 64, zero-padded); BK: hidden a stage, one 128-byte
  * swizzled row of bf16 */
 constexpr int EP = 64, BK = 64, THREADS = MOE_TUNE_FUSED_THREADS, NWARPS = THREADS / 32;
-constexpr int ROW_BYTES = BK * 2;              /* one tile row: 8 chunks of 16 bytes */
-constexpr int PASS_ROWS = THREADS / 8;         /* rows one pass of the block's copies covers */
+constexpr int ROW_BYTES = BK * 2;      /* one tile row: 8 chunks of 16 bytes */
+constexpr int PASS_ROWS = THREADS / 8; /* rows one pass of the block's copies covers */
 constexpr int LDS = EP + 8; /* logits tile row stride (floats): conflict-free float2 stores */
 constexpr uint32_t SMEM_ALIGN = 1024; /* router_fused's dynamic shared memory: alignment, slack */
 
@@ -56,13 +57,13 @@ static_assert(MOE_TUNE_FUSED_MEDIUM_TILE_TOKENS != MOE_TUNE_FUSED_TILE_TOKENS &&
  * and the warps also split each hidden tile's four k16 steps in KG = 2 groups of 2 x 2 warps,
  * each group with its own partial tile, so that each A fragment is read from shared memory
  * twice instead of four times. */
-template <int BM, int SPLIT = 1>
-struct cfg {
+template <int BM, int SPLIT = 1> struct cfg {
     static constexpr bool MEDIUM = BM == MOE_TUNE_FUSED_MEDIUM_TILE_TOKENS;
     static constexpr int ROWS = BM;
     static constexpr int STAGES = MEDIUM ? MOE_TUNE_FUSED_MEDIUM_STAGES : MOE_TUNE_FUSED_STAGES;
     static constexpr int KG = MEDIUM ? MOE_TUNE_FUSED_MEDIUM_KGROUPS : 1;
-    static constexpr int WM = BM / 32, WN = NWARPS / KG / WM, NT = EP / 8 / WN; /* n8 tiles a warp */
+    static constexpr int WM = BM / 32, WN = NWARPS / KG / WM,
+                         NT = EP / 8 / WN;  /* n8 tiles a warp */
     static constexpr int KK = BK / 16 / KG; /* k16 steps a warp per hidden tile */
     static constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = A_BYTES + BK * ROW_BYTES;
     static constexpr int A_PASSES = BM / PASS_ROWS, B_PASSES = BK / PASS_ROWS;
@@ -70,7 +71,7 @@ struct cfg {
      * blocks write it while this one may still be loading) the SPLIT blocks' sums of the rows
      * this block selects */
     static constexpr int RING = STAGES * STAGE_BYTES, TILE = BM * LDS * 4;
-    static constexpr int RECV_AT = RING > KG * TILE ? RING : KG * TILE;
+    static constexpr int RECV_AT = RING > KG *TILE ? RING : KG *TILE;
     static constexpr int MAIN = RECV_AT + (SPLIT == 1 ? 0 : BM * LDS * 4);
     static_assert(BM % PASS_ROWS == 0 && NWARPS % (KG * WM) == 0 && NT % 2 == 0 && KK >= 1,
                   "tile shape");
@@ -86,8 +87,7 @@ static __device__ __forceinline__ void add4(float4 &a, float4 b)
 }
 
 /* the stage after `st` in the ring of C::STAGES stages from `ring` */
-template <class C>
-static __device__ __forceinline__ uint32_t next_stage(uint32_t st, uint32_t ring)
+template <class C> static __device__ __forceinline__ uint32_t next_stage(uint32_t st, uint32_t ring)
 {
     return st + C::STAGE_BYTES == ring + C::RING ? ring : st + C::STAGE_BYTES;
 }
@@ -99,15 +99,14 @@ static __device__ __forceinline__ int swz(int row, int chunk)
 
 /* One thread's share of the tile copies: chunk `lc` of rows lr + PASS_ROWS * j, for x and wg.
  * Sources advance by one 64-wide hidden tile per step; smem offsets are fixed. */
-template <class C>
-struct copier {
-    const __nv_bfloat16 *xs, *ws; /* this thread's first x and wg chunk of the current tile */
-    const __nv_bfloat16 *x0, *w0; /* in-bounds addresses for the zero-filling copies */
-    int64_t x_pass, w_pass, w_step;   /* elements: to the next pass's row; wg to the next tile */
-    int64_t h, kc, k_left;            /* kc: this thread's hidden offset lc * 8 */
-    unsigned x_rows;                  /* bit j: x row of pass j is a token (< N) */
+template <class C> struct copier {
+    const __nv_bfloat16 *xs, *ws;   /* this thread's first x and wg chunk of the current tile */
+    const __nv_bfloat16 *x0, *w0;   /* in-bounds addresses for the zero-filling copies */
+    int64_t x_pass, w_pass, w_step; /* elements: to the next pass's row; wg to the next tile */
+    int64_t h, kc, k_left;          /* kc: this thread's hidden offset lc * 8 */
+    unsigned x_rows;                /* bit j: x row of pass j is a token (< N) */
     uint32_t a_off, b_off;
-    bool w_chunk;                     /* lc < E / 8: this thread copies wg */
+    bool w_chunk; /* lc < E / 8: this thread copies wg */
 
     /* hidden [h0, h0 + hlen) of rows of length h_ */
     __device__ copier(const __nv_bfloat16 *x, const __nv_bfloat16 *wg, int64_t m0, int64_t n,
@@ -264,7 +263,7 @@ static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem,
     uint32_t use = ring, load = ring + (C::STAGES - 1) * C::STAGE_BYTES;
     for (int kt = 0; kt < ktiles; kt++) {
         ptx::cp_wait<C::STAGES - 2>(); /* tile kt has landed (this thread's part) */
-        __syncthreads();       /* ... everyone's; and the stage read in step kt-1 is free */
+        __syncthreads();               /* ... everyone's; and the stage read in step kt-1 is free */
         if (kt + C::STAGES - 1 < ktiles) cp.issue(load);
         ptx::cp_commit();
         load = next_stage<C>(load, ring);
@@ -311,12 +310,12 @@ static __device__ float *walk(copier<C> &cp, uint32_t ring, unsigned char *smem,
  * while others still read its tile. */
 template <int BM, int LANES, int SPLIT>
 __global__ void __launch_bounds__(fused::THREADS, SPLIT == 1 ? MOE_TUNE_FUSED_BLOCKS_PER_SM : 1)
-router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
-             const float *__restrict__ bias, int64_t n, int64_t h, int e, int k, int score_fn,
-             bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
-             float *__restrict__ topk_w, float *scratch, router_state *state,
-             int32_t *__restrict__ counts, float *__restrict__ score_mean,
-             float *__restrict__ stats)
+    router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ wg,
+                 const float *__restrict__ bias, int64_t n, int64_t h, int e, int k, int score_fn,
+                 bool renorm, float *__restrict__ logits, int32_t *__restrict__ topk_idx,
+                 float *__restrict__ topk_w, float *scratch, router_state *state,
+                 int32_t *__restrict__ counts, float *__restrict__ score_mean,
+                 float *__restrict__ stats)
 {
     using namespace fused;
     using C = cfg<BM, SPLIT>;
@@ -345,7 +344,8 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
     for (int i = threadIdx.x; i < C::STAGES * BK * 8; i += THREADS) {
         int st = i / (BK * 8), r = (i / 8) % BK, c = i % 8;
         if (c >= (e >> 3))
-            *(uint4 *)(fsmem + st * C::STAGE_BYTES + C::A_BYTES + swz(r, c)) = make_uint4(0, 0, 0, 0);
+            *(uint4 *)(fsmem + st * C::STAGE_BYTES + C::A_BYTES + swz(r, c)) = make_uint4(0, 0, 0,
+                                                                                          0);
     }
     for (int j = threadIdx.x; j < e; j += THREADS) s_count[j] = 0;
 
@@ -368,7 +368,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
          * finish reading its own */
         constexpr int OWN_ROWS = BM / SPLIT, SLOT = OWN_ROWS * LDS;
         float *recv = (float *)(fsmem + C::RECV_AT); /* [SPLIT][OWN_ROWS][LDS] */
-        ptx::cluster_wait(); /* every block of the cluster runs */
+        ptx::cluster_wait();                         /* every block of the cluster runs */
         for (int i = threadIdx.x; i < BM * (EP / 4); i += THREADS) {
             int r = i / (EP / 4), c = (i % (EP / 4)) * 4;
             const float *src = (const float *)fsmem + r * LDS + c;
@@ -403,8 +403,7 @@ router_fused(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restric
         sel.template tokens<1>({tile + (valid ? r : 0) * LDS}, {m0 + r}, {valid}, e, k, score_fn,
                                renorm, true, lane, topk_idx, topk_w, s_count);
     }
-    sel.finish(s_mean, s_stats, s_count, e, scratch, state,
-               {score_mean, stats, counts, e, n});
+    sel.finish(s_mean, s_stats, s_count, e, scratch, state, {score_mean, stats, counts, e, n});
 }
 
 /* ---- host: grid rules and launch ------------------------------------------------------------ */
@@ -442,8 +441,8 @@ extern "C" int64_t moe_cuda_router_forward_scratch(int64_t n, int32_t e)
     return 2 * (a > b ? a : b); /* the most blocks */
 }
 
-extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x,
-                                                const void *wg, const float *logits)
+extern "C" bool moe_cuda_router_fused_supported(int64_t h, int32_t e, const void *x, const void *wg,
+                                                const float *logits)
 {
     return e <= fused::EP && e % 8 == 0 && h % 8 == 0 && (uintptr_t)x % 16 == 0 &&
            (uintptr_t)wg % 16 == 0 && (uintptr_t)logits % 16 == 0;

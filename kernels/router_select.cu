@@ -16,13 +16,13 @@
 
 /* Each warp runs 32/LANES tokens at once (one per lane group), `iters` times. */
 template <int EPL, int LANES>
-__global__ void
-__launch_bounds__(MOE_TUNE_ROUTER_WARPS * 32, EPL == 8 ? MOE_TUNE_SELECT_BLOCKS_PER_SM : 1)
-router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n, int e,
-              int k, int score_fn, bool renorm, bool vec, int32_t *__restrict__ topk_idx,
-              float *__restrict__ topk_w, float *scratch, router_state *state,
-              int32_t *__restrict__ counts, float *__restrict__ score_mean,
-              float *__restrict__ stats, int iters)
+__global__ void __launch_bounds__(MOE_TUNE_ROUTER_WARPS * 32,
+                                  EPL == 8 ? MOE_TUNE_SELECT_BLOCKS_PER_SM : 1)
+    router_select(const float *__restrict__ logits, const float *__restrict__ bias, int64_t n,
+                  int e, int k, int score_fn, bool renorm, bool vec, int32_t *__restrict__ topk_idx,
+                  float *__restrict__ topk_w, float *scratch, router_state *state,
+                  int32_t *__restrict__ counts, float *__restrict__ score_mean,
+                  float *__restrict__ stats, int iters)
 {
     constexpr int GROUPS = 32 / LANES;
     extern __shared__ float smem[];
@@ -50,19 +50,17 @@ router_select(const float *__restrict__ logits, const float *__restrict__ bias, 
             sel.template tokens<2>({row, row_u}, {t, u}, {valid, valid_u}, e, k, score_fn, renorm,
                                    vec, lane, topk_idx, topk_w, s_count);
         else
-            sel.template tokens<1>({row}, {t}, {valid}, e, k, score_fn, renorm, vec, lane,
-                                   topk_idx, topk_w, s_count);
+            sel.template tokens<1>({row}, {t}, {valid}, e, k, score_fn, renorm, vec, lane, topk_idx,
+                                   topk_w, s_count);
     }
-    sel.finish(s_mean, s_stats, s_count, e, scratch, state,
-               {score_mean, stats, counts, e, n});
+    sel.finish(s_mean, s_stats, s_count, e, scratch, state, {score_mean, stats, counts, e, n});
 }
 
 template <int EPL, int LANES>
 static cudaError_t launch_select(const float *logits, const float *bias, int64_t n, int32_t e,
                                  int32_t k, int score_fn, bool renorm, int32_t *topk_idx,
-                                 float *topk_w, float *scratch, void *state,
-                                 int32_t *counts, float *score_mean, float *stats,
-                                 cudaStream_t stream)
+                                 float *topk_w, float *scratch, void *state, int32_t *counts,
+                                 float *score_mean, float *stats, cudaStream_t stream)
 {
     size_t smem = select_smem(MOE_TUNE_ROUTER_WARPS, e);
     bool vec = e % 4 == 0 && (uintptr_t)logits % 16 == 0;
@@ -80,16 +78,14 @@ static cudaError_t launch_select(const float *logits, const float *bias, int64_t
     cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, router_select<EPL, LANES>, logits, bias, n, (int)e, (int)k,
                               score_fn, renorm, vec, topk_idx, topk_w, scratch,
-                              (router_state *)state, counts, score_mean, stats,
-                              select_iters(n, e));
+                              (router_state *)state, counts, score_mean, stats, select_iters(n, e));
 }
 
 extern "C" cudaError_t moe_cuda_router_select(const float *logits, const float *bias, int64_t n,
-                                              int32_t e, int32_t k, int score_fn,
-                                              bool renormalize, int32_t *topk_idx, float *topk_w,
-                                              int32_t *counts, float *score_mean, float *stats,
-                                              float *scratch, void *state,
-                                              cudaStream_t stream)
+                                              int32_t e, int32_t k, int score_fn, bool renormalize,
+                                              int32_t *topk_idx, float *topk_w, int32_t *counts,
+                                              float *score_mean, float *stats, float *scratch,
+                                              void *state, cudaStream_t stream)
 {
     if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K || k > e || n <= 0 ||
         select_blocks(n, e) > INT32_MAX)

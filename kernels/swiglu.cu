@@ -21,7 +21,8 @@ __global__ void swiglu_fwd(__nv_bfloat16 *__restrict__ act, const __nv_bfloat16 
                            int64_t rows, int64_t f)
 {
     int64_t per_row = f / VEC, total = rows * per_row;
-    GRID_STRIDE(v, total) {
+    GRID_STRIDE(v, total)
+    {
         int64_t r = v / per_row, c = (v % per_row) * VEC;
         float g[VEC], u[VEC], a[VEC];
         load_vec<VEC>(hpre + r * 2 * f + c, g);
@@ -33,11 +34,13 @@ __global__ void swiglu_fwd(__nv_bfloat16 *__restrict__ act, const __nv_bfloat16 
 }
 
 template <int VEC>
-__global__ void swiglu_bwd(__nv_bfloat16 *__restrict__ d_hpre, const __nv_bfloat16 *__restrict__ d_act,
+__global__ void swiglu_bwd(__nv_bfloat16 *__restrict__ d_hpre,
+                           const __nv_bfloat16 *__restrict__ d_act,
                            const __nv_bfloat16 *__restrict__ hpre, int64_t rows, int64_t f)
 {
     int64_t per_row = f / VEC, total = rows * per_row;
-    GRID_STRIDE(v, total) {
+    GRID_STRIDE(v, total)
+    {
         int64_t r = v / per_row, c = (v % per_row) * VEC;
         float g[VEC], u[VEC], da[VEC], dg[VEC], du[VEC];
         load_vec<VEC>(hpre + r * 2 * f + c, g);

@@ -73,23 +73,23 @@
  * configurations allows no more). Up to MOE_TUNE_FUSED_SMALL_MAX_TOKENS, clusters of
  * MOE_TUNE_FUSED_SMALL_CLUSTER blocks on MOE_TUNE_FUSED_TILE_TOKENS-token tiles: at N <= 2048
  * 0.4-0.6 us ahead of the clusters below. */
-#define MOE_TUNE_FUSED_SMALL_MAX_TOKENS 2048        /* most tokens for the small clusters */
-#define MOE_TUNE_FUSED_SMALL_CLUSTER 4              /* blocks a small cluster */
+#define MOE_TUNE_FUSED_SMALL_MAX_TOKENS 2048 /* most tokens for the small clusters */
+#define MOE_TUNE_FUSED_SMALL_CLUSTER 4       /* blocks a small cluster */
 /* Up to MOE_TUNE_FUSED_MEDIUM_MAX_TOKENS (as many tiles as clusters fit one wave, one block
  * an SM), clusters of MOE_TUNE_FUSED_MEDIUM_CLUSTER blocks on
  * MOE_TUNE_FUSED_MEDIUM_TILE_TOKENS-token tiles. Clusters of 4 there run two blocks on some SMs
  * (only 30 clusters of 4 fit at one block an SM), whose walks end ~3 us after the median's;
  * clusters of 2 fit 66. N=4096 H=2048: clusters of 2 17.1-17.3 us against 19.7-20.1 for
  * clusters of 4. */
-#define MOE_TUNE_FUSED_MEDIUM_CLUSTER 2             /* blocks a medium cluster */
-#define MOE_TUNE_FUSED_MEDIUM_TILE_TOKENS 64        /* tokens a medium cluster's tile */
-#define MOE_TUNE_FUSED_MEDIUM_MAX_TOKENS                                                         \
+#define MOE_TUNE_FUSED_MEDIUM_CLUSTER 2      /* blocks a medium cluster */
+#define MOE_TUNE_FUSED_MEDIUM_TILE_TOKENS 64 /* tokens a medium cluster's tile */
+#define MOE_TUNE_FUSED_MEDIUM_MAX_TOKENS                                                           \
     ((MOE_TUNE_WAVE_SMS / MOE_TUNE_FUSED_MEDIUM_CLUSTER) * MOE_TUNE_FUSED_MEDIUM_TILE_TOKENS)
 /* The medium tiles' ring stages (16 KiB each) and k-groups (warp groups that split each hidden
  * tile's k16 steps, each with its own partial tile). N=4096: 2 k-groups 0.1-0.4 us ahead of
  * 4; 4 stages 0.3-0.5 us and 6 up to 0.3 us behind 8. */
-#define MOE_TUNE_FUSED_MEDIUM_STAGES 8              /* ring stages */
-#define MOE_TUNE_FUSED_MEDIUM_KGROUPS 2             /* k-groups */
+#define MOE_TUNE_FUSED_MEDIUM_STAGES 8  /* ring stages */
+#define MOE_TUNE_FUSED_MEDIUM_KGROUPS 2 /* k-groups */
 
 /* ---- router: which forward runs (src/backend/cuda/cuda_ops.c) ------------------------------- */
 
@@ -109,8 +109,8 @@
  * From 264 blocks of 128 tokens (two for each of 132 SMs) the fused kernel wins at any H;
  * below, while a block's walk of H costs less than a launch. */
 #define MOE_TUNE_ROUTER_FUSED_MIN_TOKENS (128 * 264) /* fused at any H */
-#define MOE_TUNE_ROUTER_FUSED_MAX_SHORT_H 512       /* fused at any N */
-#define MOE_TUNE_ROUTER_FUSED_MAX_SPLIT_H 2048      /* fused while clusters split H */
+#define MOE_TUNE_ROUTER_FUSED_MAX_SHORT_H 512        /* fused at any N */
+#define MOE_TUNE_ROUTER_FUSED_MAX_SPLIT_H 2048       /* fused while clusters split H */
 
 /* ---- experts: how the per-expert GEMMs run (src/backend/cuda/cuda_experts.c) ---------------- */
 
@@ -122,20 +122,20 @@
  * under MOE_TUNE_PAD_MAX_MEAN_ROWS rows each on average (there the per-expert loop is launch-
  * and wave-bound), while the filler stays at most 1/MOE_TUNE_PAD_FILLER_DIVISOR of the rows
  * (measured: docs/cuda-backend.md). */
-#define MOE_TUNE_PAD_MIN_EXPERTS 16                 /* fewest experts to pad */
-#define MOE_TUNE_PAD_MAX_MEAN_ROWS 2048             /* mean rows an expert below which to pad */
-#define MOE_TUNE_PAD_ROW_ALIGN 8                    /* padded stride: a multiple of these rows */
-#define MOE_TUNE_PAD_FILLER_DIVISOR 4               /* filler at most 1/4 of the rows */
+#define MOE_TUNE_PAD_MIN_EXPERTS 16     /* fewest experts to pad */
+#define MOE_TUNE_PAD_MAX_MEAN_ROWS 2048 /* mean rows an expert below which to pad */
+#define MOE_TUNE_PAD_ROW_ALIGN 8        /* padded stride: a multiple of these rows */
+#define MOE_TUNE_PAD_FILLER_DIVISOR 4   /* filler at most 1/4 of the rows */
 
 /* AUTO's mode (docs/cuda-backend.md): strided batched when every expert has the same rows and
  * there are at least MOE_TUNE_BATCHED_MIN_EXPERTS experts or fewer than
  * MOE_TUNE_BATCHED_MAX_ROWS rows each; else side streams for at least
  * MOE_TUNE_STREAMS_MIN_EXPERTS experts under MOE_TUNE_STREAMS_MAX_MEAN_ROWS rows each on
  * average; else the loop on the current stream (a few large experts). */
-#define MOE_TUNE_BATCHED_MIN_EXPERTS 16             /* equal rows: batched from these experts */
-#define MOE_TUNE_BATCHED_MAX_ROWS 4096              /* ... or below these rows each */
-#define MOE_TUNE_STREAMS_MIN_EXPERTS 4              /* side streams from these experts */
-#define MOE_TUNE_STREAMS_MAX_MEAN_ROWS 2048         /* ... below these mean rows each */
+#define MOE_TUNE_BATCHED_MIN_EXPERTS 16     /* equal rows: batched from these experts */
+#define MOE_TUNE_BATCHED_MAX_ROWS 4096      /* ... or below these rows each */
+#define MOE_TUNE_STREAMS_MIN_EXPERTS 4      /* side streams from these experts */
+#define MOE_TUNE_STREAMS_MAX_MEAN_ROWS 2048 /* ... below these mean rows each */
 
 /* Uneven rows on Hopper, where the grouped sm_90a kernels fit: those kernels (one launch a
  * GEMM kind over the real row counts, tiles over the concatenated rows) for the GEMMs whose M
@@ -160,10 +160,10 @@
  * every GEMM on cuBLAS's grouped GEMM (mode grouped) against side streams: 128 x 256 x 2048 x
  * 768 routed 3.11 vs 6.03, 64 x 512 x 2048 x 1408 routed 3.98 vs 3.14. bench/results/experts.md
  * has every load. */
-#define MOE_TUNE_HOPPER_MIN_EXPERTS 16              /* grouped kernels from these experts */
-#define MOE_TUNE_HOPPER_MAX_MEAN_ROWS 1024          /* ... below these mean rows each */
-#define MOE_TUNE_HOPPER_MAX_EXPERT_GFLOP 120        /* ... or below an expert's forward GFLOP */
-#define MOE_TUNE_GROUPED_DW_MIN_EXPERTS 128         /* cuBLAS grouped dW from these experts */
-#define MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS 512       /* ... below these mean rows each */
+#define MOE_TUNE_HOPPER_MIN_EXPERTS 16        /* grouped kernels from these experts */
+#define MOE_TUNE_HOPPER_MAX_MEAN_ROWS 1024    /* ... below these mean rows each */
+#define MOE_TUNE_HOPPER_MAX_EXPERT_GFLOP 120  /* ... or below an expert's forward GFLOP */
+#define MOE_TUNE_GROUPED_DW_MIN_EXPERTS 128   /* cuBLAS grouped dW from these experts */
+#define MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS 512 /* ... below these mean rows each */
 
 #endif /* MOE_KERNELS_TUNING_H */

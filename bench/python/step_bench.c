@@ -26,21 +26,21 @@
 
 #include <moe/moe.h>
 
-#define CK(call)                                                                           \
-    do {                                                                                   \
-        moe_status_t s_ = (call);                                                          \
-        if (s_ != MOE_STATUS_SUCCESS) {                                                    \
-            fprintf(stderr, "%s: %s\n", #call, moe_last_error());                           \
-            exit(1);                                                                       \
-        }                                                                                  \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        moe_status_t s_ = (call);                                                                  \
+        if (s_ != MOE_STATUS_SUCCESS) {                                                            \
+            fprintf(stderr, "%s: %s\n", #call, moe_last_error());                                  \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
-#define CU(call)                                                                           \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));                     \
-            exit(1);                                                                       \
-        }                                                                                  \
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));                            \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 typedef struct step {
@@ -106,8 +106,7 @@ static void fill(moe_runtime_t *rt, moe_tensor_t *dst, uint64_t seed)
     free(host);
 }
 
-static void bench_shape(cudaStream_t stream, int64_t n, int64_t h, int64_t f, int32_t e,
-                        int32_t k)
+static void bench_shape(cudaStream_t stream, int64_t n, int64_t h, int64_t f, int32_t e, int32_t k)
 {
     moe_runtime_config_t rc = moe_runtime_config_default();
     rc.backend = MOE_BACKEND_CUDA;

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-void attention_forward(int64_t S, int64_t T, int64_t H, int64_t nh, const float *qkv,
-                       float *probs, float *o)
+void attention_forward(int64_t S, int64_t T, int64_t H, int64_t nh, const float *qkv, float *probs,
+                       float *o)
 {
     int64_t d = H / nh, W = 3 * H;
     float scale = 1.0f / sqrtf((float)d);

@@ -13,8 +13,8 @@
 #include <stdint.h>
 
 /* [in] qkv [N,3H] [out] probs [S, nh, T, T] (upper triangle unused) [out] o [N,H]. */
-void attention_forward(int64_t S, int64_t T, int64_t H, int64_t nh, const float *qkv,
-                       float *probs, float *o);
+void attention_forward(int64_t S, int64_t T, int64_t H, int64_t nh, const float *qkv, float *probs,
+                       float *o);
 /* [in] qkv, probs from forward, d_o [N,H] [out] d_qkv [N,3H] (written, not accumulated). */
 void attention_backward(int64_t S, int64_t T, int64_t H, int64_t nh, const float *qkv,
                         const float *probs, const float *d_o, float *d_qkv);

@@ -202,8 +202,8 @@ static __device__ __forceinline__ void store_rows(const float acc[D / 8][4], bf1
         for (int dt = 0; dt < D / 8; dt++) {
             int col = dt * 8 + 2 * c;
             if (col < d)
-                *reinterpret_cast<uint32_t *>(out + row * stride + col) =
-                    pack(acc[dt][2 * half] * mul, acc[dt][2 * half + 1] * mul);
+                *reinterpret_cast<uint32_t *>(out + row * stride + col) = pack(
+                    acc[dt][2 * half] * mul, acc[dt][2 * half + 1] * mul);
         }
     }
 }
@@ -499,8 +499,8 @@ static size_t tile_bytes(int D, int rows) { return sizeof(bf16) * (size_t)rows *
 template <typename K, typename... A>
 static cudaError_t launch(K kernel, dim3 grid, size_t bytes, cudaStream_t st, A... args)
 {
-    cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)bytes);
     if (e != cudaSuccess) return e;
     kernel<<<grid, THREADS, bytes, st>>>(args...);
     return cudaGetLastError();

@@ -119,7 +119,8 @@ int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)
     float want[4];
     seed_limbs((uint64_t)t->cfg->seed, want);
     if (memcmp(want, k->data, sizeof want) != 0) {
-        fprintf(stderr, "moe_train: resume: the checkpoint of step %lld was written with "
+        fprintf(stderr,
+                "moe_train: resume: the checkpoint of step %lld was written with "
                 "another train.seed; pass the same seed to continue its batches\n",
                 (long long)step);
         return -1;
@@ -130,10 +131,11 @@ int trainer_ckpt_resume(trainer_ckpt_t *k, trainer_t *t)
     if (moe_ckpt_set_aside_newer(k->ck, step, &aside) != MOE_STATUS_SUCCESS)
         return report("resume: setting aside the checkpoints newer than the one loaded");
     if (aside > 0 && k->verbose)
-        fprintf(stderr, "moe_train: resume: %d checkpoint%s newer than step %lld failed "
+        fprintf(stderr,
+                "moe_train: resume: %d checkpoint%s newer than step %lld failed "
                 "verification; set aside in %s (.rejected-step-<N>-<time>), resuming from step "
-                "%lld\n", (int)aside, aside == 1 ? "" : "s", (long long)step, k->dir,
-                (long long)step);
+                "%lld\n",
+                (int)aside, aside == 1 ? "" : "s", (long long)step, k->dir, (long long)step);
     t->step = step;
     return 0;
 }
@@ -142,19 +144,24 @@ int trainer_ckpt_close(trainer_ckpt_t *k)
 {
     int rc = 0;
     /* the local tier first: its failure fails the run */
-    if (k->ck && moe_ckpt_wait(k->ck, 0, -1) != MOE_STATUS_SUCCESS) rc = report("checkpoint wait");
-    else if (k->ck) committed(k);
+    if (k->ck && moe_ckpt_wait(k->ck, 0, -1) != MOE_STATUS_SUCCESS)
+        rc = report("checkpoint wait");
+    else if (k->ck)
+        committed(k);
     moe_ckpt_status_t st = {.struct_size = sizeof st, .last_uploaded_step = -1};
     if (k->ck) moe_ckpt_status(k->ck, &st);
     /* destroy waits for the newest step's upload and returns the mirror's error, if any */
     if (moe_ckpt_destroy(k->ck) != MOE_STATUS_SUCCESS && rc == 0) {
-        if (!k->s3) rc = report("checkpoint close");
+        if (!k->s3)
+            rc = report("checkpoint close");
         else if (k->verbose) {
             char have[48] = "no step";
             if (st.last_uploaded_step >= 0)
                 snprintf(have, sizeof have, "step %lld", (long long)st.last_uploaded_step);
-            fprintf(stderr, "moe_train: warning: the S3 mirror failed (%s); the newest steps "
-                    "are only in %s (S3 has %s)\n", moe_last_error(), k->dir, have);
+            fprintf(stderr,
+                    "moe_train: warning: the S3 mirror failed (%s); the newest steps "
+                    "are only in %s (S3 has %s)\n",
+                    moe_last_error(), k->dir, have);
         }
     }
     moe_train_state_destroy(k->state);

@@ -84,13 +84,42 @@ enum { NKNOBS = sizeof knobs / sizeof knobs[0] };
 void trainer_config_default(trainer_config_t *c)
 {
     *c = (trainer_config_t){
-        .layers = 2, .hidden = 64, .heads = 0, .context = 64, .ffn_hidden = 128, .experts = 4,
-        .top_k = 2, .capacity_factor = 0, .aux_loss_coef = 0.01, .z_loss_coef = 0.001,
-        .init_std = 0, .expert_bias = 1, .expert_bias_rate = 1e-3, .tp = 1, .ep = 1, .dp = 1, .pp = 1, .steps = 300, .batch = 16,
-        .microbatches = 2, .virtual_stages = 1, .seed = 1234, .lr = 0, .beta1 = 0.9,
-        .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.01, .grad_clip = 1.0,
-        .min_lr_ratio = 0.1, .warmup_steps = 20, .val_fraction = 0.05, .eval_every = 50,
-        .eval_batches = 4, .ckpt_every = 0, .keep_last = 2, .progress_every = 10,
+        .layers = 2,
+        .hidden = 64,
+        .heads = 0,
+        .context = 64,
+        .ffn_hidden = 128,
+        .experts = 4,
+        .top_k = 2,
+        .capacity_factor = 0,
+        .aux_loss_coef = 0.01,
+        .z_loss_coef = 0.001,
+        .init_std = 0,
+        .expert_bias = 1,
+        .expert_bias_rate = 1e-3,
+        .tp = 1,
+        .ep = 1,
+        .dp = 1,
+        .pp = 1,
+        .steps = 300,
+        .batch = 16,
+        .microbatches = 2,
+        .virtual_stages = 1,
+        .seed = 1234,
+        .lr = 0,
+        .beta1 = 0.9,
+        .beta2 = 0.99,
+        .eps = 1e-8,
+        .weight_decay = 0.01,
+        .grad_clip = 1.0,
+        .min_lr_ratio = 0.1,
+        .warmup_steps = 20,
+        .val_fraction = 0.05,
+        .eval_every = 50,
+        .eval_batches = 4,
+        .ckpt_every = 0,
+        .keep_last = 2,
+        .progress_every = 10,
         .slow_slot = -1,
     };
     strcpy(c->backend, "host");
@@ -169,9 +198,12 @@ static int set_text(trainer_config_t *c, const knob_t *k, const char *v, const c
             return fail(err, len, "%s: \"%s\" is not a finite number", what, v);
         return 0;
     case K_BOOL:
-        if (!strcmp(v, "true") || !strcmp(v, "1")) *(int64_t *)base = 1;
-        else if (!strcmp(v, "false") || !strcmp(v, "0")) *(int64_t *)base = 0;
-        else return fail(err, len, "%s: \"%s\" is not true/false", what, v);
+        if (!strcmp(v, "true") || !strcmp(v, "1"))
+            *(int64_t *)base = 1;
+        else if (!strcmp(v, "false") || !strcmp(v, "0"))
+            *(int64_t *)base = 0;
+        else
+            return fail(err, len, "%s: \"%s\" is not true/false", what, v);
         return 0;
     case K_STR:
         if (strlen(v) >= k->size)
@@ -210,16 +242,18 @@ static int set_json(trainer_config_t *c, const knob_t *k, const cJSON *v, char *
     case K_PATHS: {
         char *list[TRAINER_MAX_PATHS + 1];
         int n = 0;
-        if (cJSON_IsString(v)) list[n++] = v->valuestring;
+        if (cJSON_IsString(v))
+            list[n++] = v->valuestring;
         else if (cJSON_IsArray(v)) {
             const cJSON *e;
-            cJSON_ArrayForEach(e, v) {
-                if (!cJSON_IsString(e))
-                    return fail(err, len, "%s: expected strings", k->key);
+            cJSON_ArrayForEach(e, v)
+            {
+                if (!cJSON_IsString(e)) return fail(err, len, "%s: expected strings", k->key);
                 if (n > TRAINER_MAX_PATHS) break;
                 list[n++] = e->valuestring;
             }
-        } else return fail(err, len, "%s: expected a string or a list of strings", k->key);
+        } else
+            return fail(err, len, "%s: expected a string or a list of strings", k->key);
         return set_paths(c, list, n, k->key, err, len);
     }
     }
@@ -246,8 +280,8 @@ static int load_json(trainer_config_t *c, const char *path, char *err, size_t le
         for (size_t i = 0; i < at && text[i]; i++, col++)
             if (text[i] == '\n') line++, col = 0;
         int rc = got == 0 ? fail(err, len, "--config %s: empty file", path)
-                 : fail(err, len, "--config %s: invalid JSON at line %zu, column %zu%s", path,
-                        line, col, at >= got ? " (the text ends early)" : "");
+                          : fail(err, len, "--config %s: invalid JSON at line %zu, column %zu%s",
+                                 path, line, col, at >= got ? " (the text ends early)" : "");
         free(text);
         return rc;
     }
@@ -258,14 +292,18 @@ static int load_json(trainer_config_t *c, const char *path, char *err, size_t le
     }
     int rc = 0;
     const cJSON *sec;
-    cJSON_ArrayForEach(sec, root) {
+    cJSON_ArrayForEach(sec, root)
+    {
         if (!cJSON_IsObject(sec)) {
-            rc = fail(err, len, "%s: unknown key \"%s\" (sections: model, mesh, train, optim, "
-                      "data, ckpt, log)", path, sec->string);
+            rc = fail(err, len,
+                      "%s: unknown key \"%s\" (sections: model, mesh, train, optim, "
+                      "data, ckpt, log)",
+                      path, sec->string);
             break;
         }
         const cJSON *v;
-        cJSON_ArrayForEach(v, sec) {
+        cJSON_ArrayForEach(v, sec)
+        {
             char key[128];
             snprintf(key, sizeof key, "%s.%s", sec->string, v->string);
             const knob_t *k = find(key);
@@ -292,7 +330,8 @@ static int set_mesh(trainer_config_t *c, const char *v, char *err, size_t len)
     m.tp = m.ep = m.dp = m.pp = 1;
     int named[4] = {0};
     static const char *const axes[4] = {"tp", "ep", "dp", "pp"};
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         if (!eq) return fail(err, len, "--mesh: \"%s\" is not axis=size", tok);
         *eq = '\0';
@@ -375,16 +414,17 @@ int trainer_config_parse_args(trainer_config_t *c, int argc, char **argv, char *
     return 0;
 }
 
-#define NEED(cond, ...)                                                                    \
-    do {                                                                                   \
-        if (!(cond)) return fail(err, len, __VA_ARGS__);                                   \
+#define NEED(cond, ...)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) return fail(err, len, __VA_ARGS__);                                           \
     } while (0)
 
 int trainer_config_validate(const trainer_config_t *c, int world, char *err, size_t len)
 {
     NEED(!strcmp(c->backend, "host") || !strcmp(c->backend, "cuda"),
          "train.backend: \"%s\" is not served by this trainer (host: the C reference in fp32; "
-         "cuda: bf16 on the GPU)", c->backend);
+         "cuda: bf16 on the GPU)",
+         c->backend);
     NEED(c->layers >= 1, "model.layers: %lld; must be >= 1", (long long)c->layers);
     NEED(c->hidden >= 1 && c->heads >= 1 && c->hidden % c->heads == 0,
          "model.hidden (%lld) must be a positive multiple of model.heads (%lld)",
@@ -406,8 +446,10 @@ int trainer_config_validate(const trainer_config_t *c, int world, char *err, siz
          (long long)(c->tp * c->ep * c->dp * c->pp), world);
     NEED(c->experts % c->ep == 0, "model.experts (%lld) must be divisible by mesh.ep (%lld)",
          (long long)c->experts, (long long)c->ep);
-    NEED(c->ffn_hidden % c->tp == 0, "model.ffn_hidden (%lld) must be divisible by mesh.tp "
-         "(%lld)", (long long)c->ffn_hidden, (long long)c->tp);
+    NEED(c->ffn_hidden % c->tp == 0,
+         "model.ffn_hidden (%lld) must be divisible by mesh.tp "
+         "(%lld)",
+         (long long)c->ffn_hidden, (long long)c->tp);
     NEED(c->virtual_stages >= 1, "train.virtual_stages: must be >= 1");
     NEED(c->layers % (c->pp * c->virtual_stages) == 0,
          "model.layers (%lld) must be divisible by mesh.pp x train.virtual_stages (%lld)",
@@ -438,8 +480,7 @@ int trainer_config_validate(const trainer_config_t *c, int world, char *err, siz
     NEED(c->eval_every >= 0 && c->eval_batches >= 1,
          "data.eval_every >= 0 (0: at the end only), data.eval_batches >= 1");
     NEED(c->ckpt_every >= 0, "ckpt.every: must be >= 0");
-    NEED(c->ckpt_dir[0] || (!c->ckpt_every && !c->resume),
-         "ckpt.every / --resume need ckpt.dir");
+    NEED(c->ckpt_dir[0] || (!c->ckpt_every && !c->resume), "ckpt.every / --resume need ckpt.dir");
     NEED(c->progress_every >= 1, "log.progress_every: must be >= 1");
     NEED(c->peak_tflops >= 0, "log.peak_tflops: must be >= 0");
     NEED(c->slow_ms >= 0 && c->slow_ms <= 60000, "test.slow_ms: must be in [0, 60000]");
@@ -471,11 +512,11 @@ static cJSON *valid_meshes(const trainer_config_t *c, int64_t max_world)
                     if ((w / m.tp / m.ep) % m.pp) continue;
                     m.dp = w / m.tp / m.ep / m.pp;
                     for (m.microbatches = 1; m.microbatches <= c->batch; m.microbatches++) {
-                        if (c->batch % m.microbatches || trainer_config_validate(&m, (int)w, err,
-                                                                                 sizeof err))
+                        if (c->batch % m.microbatches ||
+                            trainer_config_validate(&m, (int)w, err, sizeof err))
                             continue;
-                        const double v[5] = {(double)m.tp, (double)m.ep, (double)m.dp,
-                                             (double)m.pp, (double)m.microbatches};
+                        const double v[5] = {(double)m.tp, (double)m.ep, (double)m.dp, (double)m.pp,
+                                             (double)m.microbatches};
                         cJSON_AddItemToArray(list, cJSON_CreateDoubleArray(v, 5));
                     }
                 }
@@ -506,7 +547,8 @@ char *trainer_config_to_json(const trainer_config_t *c)
         }
         }
     }
-    if (c->print_meshes > 0) cJSON_AddItemToObject(root, "meshes", valid_meshes(c, c->print_meshes));
+    if (c->print_meshes > 0)
+        cJSON_AddItemToObject(root, "meshes", valid_meshes(c, c->print_meshes));
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     return text;

@@ -86,8 +86,8 @@ static int append_path(corpus_t *c, const char *path, int top, int verbose, char
     return rc;
 }
 
-int corpus_load(corpus_t *c, char *const *paths, int n, double val_fraction, int verbose,
-                char *err, size_t len)
+int corpus_load(corpus_t *c, char *const *paths, int n, double val_fraction, int verbose, char *err,
+                size_t len)
 {
     *c = (corpus_t){0};
     for (int i = 0; i < n; i++)
@@ -99,10 +99,11 @@ int corpus_load(corpus_t *c, char *const *paths, int n, double val_fraction, int
         size_t need = (size_t)ceil(1024 / val_fraction);
         if ((double)need * (1 - val_fraction) < 4096)
             need = (size_t)ceil(4096 / (1 - val_fraction));
-        return fail(err, len, "data.paths: %zu bytes in %d files give %zu training and %zu "
+        return fail(err, len,
+                    "data.paths: %zu bytes in %d files give %zu training and %zu "
                     "validation bytes (data.val_fraction %g); the trainer needs at least 4096 "
-                    "and 1024: at this fraction at least %zu bytes", c->size, c->files,
-                    c->train_size, val, val_fraction, need + 1);
+                    "and 1024: at this fraction at least %zu bytes",
+                    c->size, c->files, c->train_size, val, val_fraction, need + 1);
     }
     double hist[256] = {0};
     for (size_t i = 0; i < c->train_size; i++) hist[c->bytes[i]]++;
@@ -135,11 +136,11 @@ static void copy_window(const uint8_t *src, int64_t T, uint8_t *tokens, uint8_t 
     memcpy(targets, src + 1, (size_t)T);
 }
 
-void corpus_train_sequence(const corpus_t *c, uint64_t seed, int64_t step, int64_t index,
-                           int64_t T, uint8_t *tokens, uint8_t *targets)
+void corpus_train_sequence(const corpus_t *c, uint64_t seed, int64_t step, int64_t index, int64_t T,
+                           uint8_t *tokens, uint8_t *targets)
 {
-    uint64_t r = mix64(mix64(seed ^ 0x5eedda7aull) ^ mix64((uint64_t)step * 0x9e3779b97f4a7c15ull
-                                                          + (uint64_t)index));
+    uint64_t r = mix64(mix64(seed ^ 0x5eedda7aull) ^
+                       mix64((uint64_t)step * 0x9e3779b97f4a7c15ull + (uint64_t)index));
     size_t span = c->train_size - (size_t)T; /* starts whose T + 1 bytes are all training bytes */
     copy_window(c->bytes + r % span, T, tokens, targets);
 }

@@ -19,18 +19,18 @@ typedef struct corpus {
     uint8_t *bytes;
     size_t size, train_size; /* [0, train_size) train, [train_size, size) validation */
     int files;
-    double unigram_bits;     /* entropy of the training bytes' histogram, bits per byte */
+    double unigram_bits; /* entropy of the training bytes' histogram, bits per byte */
 } corpus_t;
 
 /* Read every file under paths[0..n). err names the path on failure. Returns 0 on success. */
-int corpus_load(corpus_t *c, char *const *paths, int n, double val_fraction, int verbose,
-                char *err, size_t len);
+int corpus_load(corpus_t *c, char *const *paths, int n, double val_fraction, int verbose, char *err,
+                size_t len);
 void corpus_free(corpus_t *c);
 
 /* Sequence `index` of the training batch of `step`: tokens[0..T) are the inputs, targets the
  * next bytes. */
-void corpus_train_sequence(const corpus_t *c, uint64_t seed, int64_t step, int64_t index,
-                           int64_t T, uint8_t *tokens, uint8_t *targets);
+void corpus_train_sequence(const corpus_t *c, uint64_t seed, int64_t step, int64_t index, int64_t T,
+                           uint8_t *tokens, uint8_t *targets);
 /* Validation sequence `index` of `count` (evenly spaced over the held-out bytes). */
 void corpus_val_sequence(const corpus_t *c, int64_t index, int64_t count, int64_t T,
                          uint8_t *tokens, uint8_t *targets);

@@ -18,8 +18,8 @@ static unsigned grid_for(int64_t n)
     return (unsigned)(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
 }
 
-#define GRID_STRIDE(i, n)                                                                  \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);              \
+#define GRID_STRIDE(i, n)                                                                          \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
          i += (int64_t)gridDim.x * blockDim.x)
 
 static __device__ float warp_sum(float v)
@@ -97,7 +97,7 @@ extern "C" cudaError_t dk_embed_backward(const int32_t *order, const int32_t *of
 {
     unsigned cols = (unsigned)((H + THREADS - 1) / THREADS);
     embed_grad<<<dim3((unsigned)V, cols), THREADS, 0, stream>>>(order, offsets, (const bf16 *)dx,
-                                                                 dembed, H);
+                                                                dembed, H);
     pos_grad<<<dim3((unsigned)T, cols), THREADS, 0, stream>>>((const bf16 *)dx, dpos, N, T, H);
     return cudaGetLastError();
 }
@@ -172,9 +172,8 @@ extern "C" cudaError_t dk_rmsnorm_backward(const void *x, const void *g, const f
                                            const void *dy, const void *res, void *dx, int64_t N,
                                            int64_t H, cudaStream_t stream)
 {
-    rmsnorm_backward<<<(unsigned)N, THREADS, 0, stream>>>((const bf16 *)x, (const bf16 *)g, r,
-                                                          (const bf16 *)dy, (const bf16 *)res,
-                                                          (bf16 *)dx, H);
+    rmsnorm_backward<<<(unsigned)N, THREADS, 0, stream>>>(
+        (const bf16 *)x, (const bf16 *)g, r, (const bf16 *)dy, (const bf16 *)res, (bf16 *)dx, H);
     return cudaGetLastError();
 }
 
@@ -222,8 +221,8 @@ __global__ void cross_entropy(const float *logits, const uint8_t *y, float *loss
     if (lane == 0) loss[row] = logf(sum) + mx - l[target];
     if (!dlogits) return;
     for (int64_t v = lane; v < V; v += 32)
-        dlogits[row * V + v] =
-            __float2bfloat16_rn(w * (expf(l[v] - mx) / sum - (v == target ? 1.0f : 0.0f)));
+        dlogits[row * V + v] = __float2bfloat16_rn(
+            w * (expf(l[v] - mx) / sum - (v == target ? 1.0f : 0.0f)));
 }
 
 extern "C" cudaError_t dk_cross_entropy(const float *logits, const uint8_t *y, float *loss,

@@ -16,8 +16,8 @@ moe_status_t gemm_rm(cublasHandle_t h, int64_t M, int64_t N, int64_t K, gemm_ope
                                           ctype, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     else
         TRAINER_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-            h, opb, opa, (int)N, (int)M, (int)K, &alpha, B.data, B.type, (int)ldb, B.stride,
-            A.data, A.type, (int)lda, A.stride, &beta, C, ctype, (int)N, c_stride, (int)batch,
+            h, opb, opa, (int)N, (int)M, (int)K, &alpha, B.data, B.type, (int)ldb, B.stride, A.data,
+            A.type, (int)lda, A.stride, &beta, C, ctype, (int)N, c_stride, (int)batch,
             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return MOE_STATUS_SUCCESS;
 }

@@ -18,24 +18,24 @@
 #include <cuda_runtime_api.h>
 #include <moe/core.h>
 
-#define TRAINER_CUDA_CHECK(call)                                                           \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "moe_train: %s failed at %s:%d: %s\n", #call, __FILE__,       \
-                    __LINE__, cudaGetErrorString(e_));                                     \
-            return MOE_STATUS_BACKEND_ERROR;                                               \
-        }                                                                                  \
+#define TRAINER_CUDA_CHECK(call)                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "moe_train: %s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,      \
+                    cudaGetErrorString(e_));                                                       \
+            return MOE_STATUS_BACKEND_ERROR;                                                       \
+        }                                                                                          \
     } while (0)
 
-#define TRAINER_CUBLAS_CHECK(call)                                                         \
-    do {                                                                                   \
-        cublasStatus_t e_ = (call);                                                        \
-        if (e_ != CUBLAS_STATUS_SUCCESS) {                                                 \
-            fprintf(stderr, "moe_train: %s failed at %s:%d: %s\n", #call, __FILE__,       \
-                    __LINE__, cublasGetStatusString(e_));                                  \
-            return MOE_STATUS_BACKEND_ERROR;                                               \
-        }                                                                                  \
+#define TRAINER_CUBLAS_CHECK(call)                                                                 \
+    do {                                                                                           \
+        cublasStatus_t e_ = (call);                                                                \
+        if (e_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            fprintf(stderr, "moe_train: %s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,      \
+                    cublasGetStatusString(e_));                                                    \
+            return MOE_STATUS_BACKEND_ERROR;                                                       \
+        }                                                                                          \
     } while (0)
 
 typedef struct gemm_operand {

@@ -64,8 +64,8 @@ static int prepare(trainer_config_t *c, corpus_t *corpus, int argc, char **argv,
 {
     char err[512] = "";
     int bad = trainer_config_parse_args(c, argc, argv, err, sizeof err) ||
-              (!c->help && trainer_config_validate(c, c->print_config ? 0 : world, err,
-                                                   sizeof err));
+              (!c->help &&
+               trainer_config_validate(c, c->print_config ? 0 : world, err, sizeof err));
     if (!all_agree(!bad)) {
         if (rank == 0) fprintf(stderr, "moe_train: %s\n", err[0] ? err : "bad arguments");
         return 2;
@@ -115,8 +115,9 @@ int main(int argc, char **argv)
     }
     if (rank == 0)
         printf("data: %d files, %zu bytes: %zu train, %zu validation; unigram entropy of the "
-               "training bytes %.4f bits/byte\n", corpus.files, corpus.size, corpus.train_size,
-               corpus.size - corpus.train_size, corpus.unigram_bits);
+               "training bytes %.4f bits/byte\n",
+               corpus.files, corpus.size, corpus.train_size, corpus.size - corpus.train_size,
+               corpus.unigram_bits);
 
     if ((rc = memplan_gate(&c, rank, world)) != 0) { /* 1: --plan printed; 2: does not fit */
         rc = rc == 2 ? 2 : 0;
@@ -144,9 +145,10 @@ int main(int argc, char **argv)
     int64_t old_step = ck.ck && !c.resume ? trainer_ckpt_newest(&ck) : -1;
     if (!all_agree(old_step < 0)) {
         if (rank == 0)
-            fprintf(stderr, "moe_train: %s already holds checkpoints (newest: step %lld): pass "
-                    "--resume to continue from it, or another --ckpt-dir\n", c.ckpt_dir,
-                    (long long)old_step);
+            fprintf(stderr,
+                    "moe_train: %s already holds checkpoints (newest: step %lld): pass "
+                    "--resume to continue from it, or another --ckpt-dir\n",
+                    c.ckpt_dir, (long long)old_step);
         trainer_ckpt_close(&ck);
         trainer_teardown(&t);
         corpus_free(&corpus);
@@ -158,11 +160,13 @@ int main(int argc, char **argv)
     if (c.resume) {
         int r = trainer_ckpt_resume(&ck, &t);
         if (r < 0) die("resume");
-        if (rank == 0 && r == 0) printf("resume: step %lld from %s\n", (long long)t.step, c.ckpt_dir);
+        if (rank == 0 && r == 0)
+            printf("resume: step %lld from %s\n", (long long)t.step, c.ckpt_dir);
         if (rank == 0 && r == 0 && t.step >= c.steps)
             printf("resume: the run is complete (train.steps %lld); nothing to train\n",
                    (long long)c.steps);
-        if (rank == 0 && r == 1) printf("resume: no checkpoint in %s; starting at step 0\n", c.ckpt_dir);
+        if (rank == 0 && r == 1)
+            printf("resume: no checkpoint in %s; starting at step 0\n", c.ckpt_dir);
     }
     membership_resumed(t.step);
     metrics_t mx;
@@ -171,10 +175,9 @@ int main(int argc, char **argv)
         printf("mesh tp=%lld ep=%lld dp=%lld pp=%lld (%d ranks), L=%lld H=%lld heads=%lld T=%lld "
                "E=%lld K=%lld F=%lld, batch %lld x %lld bytes in %lld microbatches\n",
                (long long)c.tp, (long long)c.ep, (long long)c.dp, (long long)c.pp, world,
-               (long long)c.layers, (long long)c.hidden, (long long)c.heads,
-               (long long)c.context, (long long)c.experts, (long long)c.top_k,
-               (long long)c.ffn_hidden, (long long)c.batch, (long long)c.context,
-               (long long)c.microbatches);
+               (long long)c.layers, (long long)c.hidden, (long long)c.heads, (long long)c.context,
+               (long long)c.experts, (long long)c.top_k, (long long)c.ffn_hidden,
+               (long long)c.batch, (long long)c.context, (long long)c.microbatches);
 
     if (c.slow_slot >= 0 && membership_slot() == c.slow_slot) t.slow_s = c.slow_ms / 1e3;
     int64_t first_step = t.step;
@@ -209,11 +212,13 @@ int main(int argc, char **argv)
     if (first_step > 0)
         snprintf(span, sizeof span, "step %lld; steps %lld-%lld (this run)", (long long)t.step,
                  (long long)first_step + 1, (long long)t.step);
-    else snprintf(span, sizeof span, "%lld steps", (long long)t.step);
+    else
+        snprintf(span, sizeof span, "%lld steps", (long long)t.step);
     if (rank == 0 && val >= 0)
         printf("done: %s in %.1f s (%.0f tok/s); validation %.4f bits/byte = %.1f%% of the "
-               "unigram baseline %.4f\n", span, elapsed, elapsed > 0 ? tokens / elapsed : 0,
-               val / log(2.0), 100 * val / log(2.0) / corpus.unigram_bits, corpus.unigram_bits);
+               "unigram baseline %.4f\n",
+               span, elapsed, elapsed > 0 ? tokens / elapsed : 0, val / log(2.0),
+               100 * val / log(2.0) / corpus.unigram_bits, corpus.unigram_bits);
     metrics_close(&mx);
     trainer_teardown(&t);
     corpus_free(&corpus);

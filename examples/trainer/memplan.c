@@ -24,7 +24,7 @@
  * memory in use (total - free) less the other terms came to 820-833 MiB on the H100 and the
  * H200 at 0.1 to 3 G parameters, on top of the 256 MiB workspace reserve */
 #define CUDA_FIXED (1088.0 * MIB)
-#define FIT_SHARE 0.95                        /* of the available memory a plan may take */
+#define FIT_SHARE 0.95 /* of the available memory a plan may take */
 
 static const char *const KNOB_STATE =
     "mesh.ep (shards the experts), mesh.pp (splits the blocks), mesh.tp (splits F)";
@@ -36,8 +36,7 @@ static void add(memplan_t *p, const char *name, double bytes, const char *knob)
     p->term[p->nterms++] = (memplan_term_t){name, bytes, knob};
 }
 
-void memplan_compute(const trainer_config_t *c, int32_t stage, double process_bytes,
-                     memplan_t *p)
+void memplan_compute(const trainer_config_t *c, int32_t stage, double process_bytes, memplan_t *p)
 {
     memset(p, 0, sizeof *p);
     int cuda = !strcmp(c->backend, "cuda");
@@ -95,29 +94,35 @@ void memplan_compute(const trainer_config_t *c, int32_t stage, double process_by
     add(p, "pipeline", 2 * m * N * H * a, "train.batch or train.microbatches");
 
     double state = params * (a + 12);
-    double staging = c->ckpt_dir[0] ? (state < CKPT_PINNED_BUDGET ? state : CKPT_PINNED_BUDGET)
-                                    : 0;
-    if (cuda) add(p, "cuda_fixed", CUDA_FIXED, "fewer ranks per GPU");
-    else add(p, "process", process_bytes, "fewer ranks per node");
+    double staging = c->ckpt_dir[0] ? (state < CKPT_PINNED_BUDGET ? state : CKPT_PINNED_BUDGET) : 0;
+    if (cuda)
+        add(p, "cuda_fixed", CUDA_FIXED, "fewer ranks per GPU");
+    else
+        add(p, "process", process_bytes, "fewer ranks per node");
     for (int i = 0; i < p->nterms; i++) p->device_total += p->term[i].bytes;
     add(p, "ckpt_staging", staging, "MOE_CKPT_PINNED_BYTES (the checkpointer's pinned budget)");
-    if (cuda) p->host_total = staging;
-    else p->device_total += staging;
+    if (cuda)
+        p->host_total = staging;
+    else
+        p->device_total += staging;
 }
 
 void memplan_print(FILE *out, const memplan_t *p)
 {
-    fprintf(out, "memory plan, a rank of pipeline stage %d (%lld parameters, MoE state of %lld "
-            "microbatches in flight):\n", p->stage, (long long)p->params,
-            (long long)p->in_flight);
+    fprintf(out,
+            "memory plan, a rank of pipeline stage %d (%lld parameters, MoE state of %lld "
+            "microbatches in flight):\n",
+            p->stage, (long long)p->params, (long long)p->in_flight);
     for (int i = 0; i < p->nterms; i++)
         fprintf(out, "  %-13s %12.1f MiB\n", p->term[i].name, p->term[i].bytes / MIB);
     fprintf(out, "  %-13s %12.1f MiB", "total", (p->device_total + p->host_total) / MIB);
     if (p->host_total > 0)
         fprintf(out, " (%.1f MiB on the device, %.1f MiB pinned host)", p->device_total / MIB,
                 p->host_total / MIB);
-    if (p->available > 0) fprintf(out, "; available to the rank %.1f MiB\n", p->available / MIB);
-    else fprintf(out, "; available memory unknown\n");
+    if (p->available > 0)
+        fprintf(out, "; available to the rank %.1f MiB\n", p->available / MIB);
+    else
+        fprintf(out, "; available memory unknown\n");
 }
 
 /* This process's resident memory now (Linux; 0 where unknown). */
@@ -193,7 +198,8 @@ int memplan_gate(const trainer_config_t *c, int rank, int world)
     } else if (rank == 0) {
         printf("memory plan: %.1f MiB a rank of stage 0 (largest: ", p.device_total / MIB);
         int big = 0;
-        for (int i = 1; i < p.nterms; i++) if (p.term[i].bytes > p.term[big].bytes) big = i;
+        for (int i = 1; i < p.nterms; i++)
+            if (p.term[i].bytes > p.term[big].bytes) big = i;
         printf("%s %.1f MiB); available %.1f MiB (--plan for the terms)\n", p.term[big].name,
                p.term[big].bytes / MIB, p.available / MIB);
     }
@@ -201,12 +207,14 @@ int memplan_gate(const trainer_config_t *c, int rank, int world)
     MPI_Allreduce(&fits, &all_fit, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!fits) {
         int big = 0;
-        for (int i = 1; i < p.nterms; i++) if (p.term[i].bytes > p.term[big].bytes) big = i;
-        fprintf(stderr, "moe_train: rank %d (stage %d) needs %.1f MiB but has %.1f MiB (%.0f%% "
+        for (int i = 1; i < p.nterms; i++)
+            if (p.term[i].bytes > p.term[big].bytes) big = i;
+        fprintf(stderr,
+                "moe_train: rank %d (stage %d) needs %.1f MiB but has %.1f MiB (%.0f%% "
                 "of its %.1f MiB available); the largest term is %s, %.1f MiB: shrink it with "
-                "%s (moe_train --plan lists the terms)\n", rank, stage, p.device_total / MIB,
-                FIT_SHARE * p.available / MIB, 100 * FIT_SHARE, p.available / MIB,
-                p.term[big].name, p.term[big].bytes / MIB, p.term[big].knob);
+                "%s (moe_train --plan lists the terms)\n",
+                rank, stage, p.device_total / MIB, FIT_SHARE * p.available / MIB, 100 * FIT_SHARE,
+                p.available / MIB, p.term[big].name, p.term[big].bytes / MIB, p.term[big].knob);
     }
     if (!all_fit) return 2;
     return c->plan ? 1 : 0;
@@ -217,8 +225,7 @@ double memplan_measured(const trainer_config_t *c)
 #ifdef TRAINER_CUDA
     if (!strcmp(c->backend, "cuda")) {
         size_t free_b = 0, total_b = 0;
-        return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? (double)(total_b - free_b)
-                                                                : 0;
+        return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? (double)(total_b - free_b) : 0;
     }
 #endif
     (void)c;

@@ -38,20 +38,19 @@ typedef struct memplan_term {
 
 typedef struct memplan {
     int32_t stage;
-    int64_t params;            /* parameter count on this rank */
-    int64_t in_flight;         /* microbatches whose MoE state is held at once */
+    int64_t params;    /* parameter count on this rank */
+    int64_t in_flight; /* microbatches whose MoE state is held at once */
     memplan_term_t term[MEMPLAN_TERMS];
     int nterms;
-    double device_total;       /* the terms on the backend's device */
-    double host_total;         /* ckpt staging (and, on the host backend, everything) */
-    double available;          /* for this rank: the device's free memory (CUDA) or the
+    double device_total; /* the terms on the backend's device */
+    double host_total;   /* ckpt staging (and, on the host backend, everything) */
+    double available;    /* for this rank: the device's free memory (CUDA) or the
                                   node's available memory (host), shared by its ranks; 0: unknown */
 } memplan_t;
 
 /* The plan of a rank of pipeline stage `stage`; process_bytes: the process's resident memory
  * now (host backend: counted as a term). */
-void memplan_compute(const trainer_config_t *c, int32_t stage, double process_bytes,
-                     memplan_t *p);
+void memplan_compute(const trainer_config_t *c, int32_t stage, double process_bytes, memplan_t *p);
 /* Print the plan (rank 0's view of its stage). */
 void memplan_print(FILE *out, const memplan_t *p);
 /* Before any allocation, on every rank (collective over MPI_COMM_WORLD): compute this rank's

@@ -49,7 +49,7 @@ int metrics_open(metrics_t *mx, const trainer_t *t, double unigram_bits)
 {
     const trainer_config_t *c = t->cfg;
     memset(mx, 0, sizeof *mx);
-    double peak = c->peak_tflops > 0             ? c->peak_tflops
+    double peak = c->peak_tflops > 0            ? c->peak_tflops
                   : !strcmp(c->backend, "cuda") ? CUDA_PEAK_TFLOPS
                                                 : HOST_PEAK_TFLOPS;
     mx->peak_flops = peak * 1e12 * t->plan.world;
@@ -116,14 +116,17 @@ static void write_json(metrics_t *mx, const trainer_t *t, const step_report_t *r
     FILE *f = mx->jsonl;
     fprintf(f, "{\"step\":%lld,\"loss\":%.17g,\"train_bpb\":%.6f,", (long long)r->step, r->loss,
             bits(r->loss));
-    if (r->val_loss >= 0) fprintf(f, "\"val_loss\":%.17g,\"val_bpb\":%.6f,", r->val_loss,
-                                  bits(r->val_loss));
-    else fprintf(f, "\"val_loss\":null,\"val_bpb\":null,");
-    fprintf(f, "\"unigram_bpb\":%.6f,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
-            "\"mfu\":%.6g,\"step_s\":%.6f,", mx->unigram_bits, r->lr, r->grad_norm, tps, mfu,
-            r->step_s);
+    if (r->val_loss >= 0)
+        fprintf(f, "\"val_loss\":%.17g,\"val_bpb\":%.6f,", r->val_loss, bits(r->val_loss));
+    else
+        fprintf(f, "\"val_loss\":null,\"val_bpb\":null,");
+    fprintf(f,
+            "\"unigram_bpb\":%.6f,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
+            "\"mfu\":%.6g,\"step_s\":%.6f,",
+            mx->unigram_bits, r->lr, r->grad_norm, tps, mfu, r->step_s);
     const phase_times_t *p = &r->times;
-    fprintf(f, "\"phases_rank0_s\":{\"forward\":%.6f,\"backward\":%.6f,\"loss\":%.6f,"
+    fprintf(f,
+            "\"phases_rank0_s\":{\"forward\":%.6f,\"backward\":%.6f,\"loss\":%.6f,"
             "\"optimizer\":%.6f,\"pipeline_wait\":%.6f,\"checkpoint_stall\":%.6f,"
             "\"moe_forward\":%.6f,\"moe_backward\":%.6f},",
             p->forward, p->backward, p->loss, p->optimizer, p->pipeline_wait, r->ckpt_stall_s,
@@ -143,7 +146,8 @@ static void write_json(metrics_t *mx, const trainer_t *t, const step_report_t *r
         fprintf(f, "%s{\"layer\":%lld,\"tokens_per_expert\":[", l ? "," : "", (long long)l);
         for (int64_t e = 0; e < E; e++) fprintf(f, "%s%.0f", e ? "," : "", counts[e]);
         double slots = t->stats.slots[l];
-        fprintf(f, "],\"max_load\":%.0f,\"mean_load\":%.3f,\"max_over_mean\":%.4f,"
+        fprintf(f,
+                "],\"max_load\":%.0f,\"mean_load\":%.3f,\"max_over_mean\":%.4f,"
                 "\"entropy\":%.6f,\"dropped_ratio\":%.6f,\"aux\":%.6g,\"z\":%.6g}",
                 max, mean, mean > 0 ? max / mean : 0, t->stats.entropy[l],
                 slots > 0 ? t->stats.dropped[l] / slots : 0, t->stats.aux[l], t->stats.z[l]);
@@ -157,8 +161,9 @@ void metrics_step(metrics_t *mx, const trainer_t *t, const step_report_t *r)
     if (t->plan.world_rank != 0) return;
     const trainer_config_t *c = t->cfg;
     double tps = r->step_s > 0 ? mx->tokens_per_step / r->step_s : 0;
-    double mfu = r->step_s > 0 ? mx->flops_per_token * mx->tokens_per_step / r->step_s /
-                                     mx->peak_flops : 0;
+    double mfu = r->step_s > 0
+                     ? mx->flops_per_token * mx->tokens_per_step / r->step_s / mx->peak_flops
+                     : 0;
     if (mx->jsonl) write_json(mx, t, r, tps, mfu);
     if (r->step % c->progress_every != 0 && r->val_loss < 0 && r->step != c->steps) return;
     /* per layer: the busiest expert over the mean, the routing entropy, the dropped share */
@@ -168,18 +173,19 @@ void metrics_step(metrics_t *mx, const trainer_t *t, const step_report_t *r)
         double max, mean, slots = t->stats.slots[l];
         load_balance(t->stats.counts + l * c->experts, c->experts, &max, &mean);
         const char *sep = l ? "," : "";
-        nl += (size_t)snprintf(load + nl, nl < sizeof load ? sizeof load - nl : 0, "%s%.2f",
-                               sep, mean > 0 ? max / mean : 0);
+        nl += (size_t)snprintf(load + nl, nl < sizeof load ? sizeof load - nl : 0, "%s%.2f", sep,
+                               mean > 0 ? max / mean : 0);
         ne += (size_t)snprintf(ent + ne, ne < sizeof ent ? sizeof ent - ne : 0, "%s%.2f", sep,
                                t->stats.entropy[l]);
-        nd += (size_t)snprintf(drop + nd, nd < sizeof drop ? sizeof drop - nd : 0, "%s%.3f",
-                               sep, slots > 0 ? t->stats.dropped[l] / slots : 0);
+        nd += (size_t)snprintf(drop + nd, nd < sizeof drop ? sizeof drop - nd : 0, "%s%.3f", sep,
+                               slots > 0 ? t->stats.dropped[l] / slots : 0);
     }
     char val[48] = "";
     if (r->val_loss >= 0) snprintf(val, sizeof val, " | val %.3f bpb", bits(r->val_loss));
     printf("step %5lld/%lld  loss %.4f (%.3f bpb)%s | %.0f tok/s  mfu %.2f%% | load max/mean "
-           "%s  entropy %s  dropped %s | %.0f ms\n", (long long)r->step, (long long)c->steps,
-           r->loss, bits(r->loss), val, tps, 100 * mfu, load, ent, drop, 1e3 * r->step_s);
+           "%s  entropy %s  dropped %s | %.0f ms\n",
+           (long long)r->step, (long long)c->steps, r->loss, bits(r->loss), val, tps, 100 * mfu,
+           load, ent, drop, 1e3 * r->step_s);
     fflush(stdout);
 }
 

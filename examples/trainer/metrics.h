@@ -16,19 +16,19 @@
 
 typedef struct step_report {
     int64_t step;
-    double loss, val_loss;  /* nats per byte; val_loss < 0: not evaluated this step */
+    double loss, val_loss; /* nats per byte; val_loss < 0: not evaluated this step */
     double step_s, ckpt_stall_s;
     float lr;
     double grad_norm;
-    phase_times_t times;    /* the training step's, on rank 0 (not the evaluation's) */
+    phase_times_t times; /* the training step's, on rank 0 (not the evaluation's) */
 } step_report_t;
 
 typedef struct metrics {
-    FILE *jsonl;            /* NULL: no file */
-    double peak_flops;      /* of the whole job */
+    FILE *jsonl;       /* NULL: no file */
+    double peak_flops; /* of the whole job */
     double flops_per_token, tokens_per_step;
     double unigram_bits;
-    double *busy;           /* [world] each rank's busy time of the step (rank 0) */
+    double *busy; /* [world] each rank's busy time of the step (rank 0) */
     int world;
 } metrics_t;
 

@@ -79,8 +79,8 @@ static int param_init(model_t *m, dense_param_t *p, const char *name, int32_t nd
 static void param_free(model_t *m, dense_param_t *p)
 {
     moe_tensor_t t;
-    if (p->value && moe_tensor_view(p->value, m->dtype, m->device, p->ndim, p->shape, &t) ==
-                        MOE_STATUS_SUCCESS)
+    if (p->value &&
+        moe_tensor_view(p->value, m->dtype, m->device, p->ndim, p->shape, &t) == MOE_STATUS_SUCCESS)
         moe_tensor_free(m->rt, &t);
     if (p->grad && moe_tensor_view(p->grad, MOE_DTYPE_F32, m->device, p->ndim, p->shape, &t) ==
                        MOE_STATUS_SUCCESS)
@@ -199,7 +199,7 @@ static const model_ops_t *backend_ops(moe_runtime_t *rt)
     if (kind == MOE_BACKEND_CUDA) return &model_cuda_ops;
 #endif
     fprintf(stderr, "moe_train: the trainer was built without the CUDA model "
-            "(configure with -DMOE_CUDA=ON)\n");
+                    "(configure with -DMOE_CUDA=ON)\n");
     return NULL;
 }
 
@@ -286,8 +286,8 @@ void model_release(model_t *m, int32_t chunk, int32_t mb)
     for (int64_t j = 0; j < m->blocks_per_chunk; j++) (void)moe_layer_release_slot(b[j].moe, mb);
 }
 
-moe_status_t model_loss(model_t *m, const void *y, const uint8_t *targets, float weight,
-                        void *dy, double *loss)
+moe_status_t model_loss(model_t *m, const void *y, const uint8_t *targets, float weight, void *dy,
+                        double *loss)
 {
     return m->ops->loss(m, y, targets, weight, dy, loss);
 }
@@ -301,8 +301,7 @@ static double seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-typedef moe_status_t (*layer_call_fn)(moe_layer_t *, int32_t, const moe_tensor_t *,
-                                      moe_tensor_t *);
+typedef moe_status_t (*layer_call_fn)(moe_layer_t *, int32_t, const moe_tensor_t *, moe_tensor_t *);
 
 /* Run one MoE layer call between two waits for the device (none on the host), timed. */
 static moe_status_t timed(model_t *m, int which, layer_call_fn call, block_t *b, int32_t mb,

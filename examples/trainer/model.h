@@ -35,38 +35,38 @@
 #define MODEL_VOCAB 256
 
 typedef struct dense_param {
-    char name[96];     /* global, e.g. "blocks.3.attn.wqkv" */
+    char name[96]; /* global, e.g. "blocks.3.attn.wqkv" */
     int32_t ndim;
     int64_t shape[2];
-    void *value;       /* the model's dtype on its device */
-    float *grad;       /* f32 on the model's device */
+    void *value; /* the model's dtype on its device */
+    float *grad; /* f32 on the model's device */
 } dense_param_t;
 
 typedef struct block {
-    int64_t index;                      /* global block index 0..L-1 */
+    int64_t index; /* global block index 0..L-1 */
     dense_param_t norm1, wqkv, wo, norm2;
     moe_layer_t *moe;
-    void *act;                          /* the backend's saved activations, [microbatches] */
+    void *act; /* the backend's saved activations, [microbatches] */
 } block_t;
 
-typedef struct model_ops model_ops_t;   /* a backend's compute (model_backend.h) */
+typedef struct model_ops model_ops_t; /* a backend's compute (model_backend.h) */
 
 typedef struct model {
     moe_runtime_t *rt;
     const model_ops_t *ops;
-    void *impl;                         /* the backend's state: scratch, workspaces */
-    moe_dtype_t dtype;                  /* parameters and activations: F32 host, BF16 CUDA */
+    void *impl;        /* the backend's state: scratch, workspaces */
+    moe_dtype_t dtype; /* parameters and activations: F32 host, BF16 CUDA */
     moe_device_kind_t device;
-    int32_t device_index;               /* CUDA ordinal (0 on the host) */
+    int32_t device_index; /* CUDA ordinal (0 on the host) */
     int64_t S, T, H, heads, N;
-    int32_t microbatches, chunks;       /* chunks: virtual stages on this rank */
+    int32_t microbatches, chunks; /* chunks: virtual stages on this rank */
     int64_t blocks_per_chunk;
-    block_t *blocks;                    /* chunks * blocks_per_chunk, chunk-major */
-    int first, last;                    /* holds the embedding / the head */
+    block_t *blocks; /* chunks * blocks_per_chunk, chunk-major */
+    int first, last; /* holds the embedding / the head */
     dense_param_t embed, pos_embed, norm_f, head;
-    dense_param_t **params;             /* every dense parameter, registration order */
+    dense_param_t **params; /* every dense parameter, registration order */
     int32_t nparams;
-    double moe_seconds[2];              /* in the MoE layers' forward, backward since zeroed */
+    double moe_seconds[2]; /* in the MoE layers' forward, backward since zeroed */
 } model_t;
 
 /* Build the blocks of pipeline stage `stage` of `stages` (interleaved over c->virtual_stages
@@ -88,8 +88,8 @@ void model_release(model_t *m, int32_t chunk, int32_t mb);
 /* Last virtual stage: final norm, head and mean cross-entropy (nats per byte) of y [N,H]
  * against targets [N]. [out] dy [N,H]: the gradient of weight x loss (dy NULL: evaluation,
  * no gradients); the head's gradients accumulate. */
-moe_status_t model_loss(model_t *m, const void *y, const uint8_t *targets, float weight,
-                        void *dy, double *loss);
+moe_status_t model_loss(model_t *m, const void *y, const uint8_t *targets, float weight, void *dy,
+                        double *loss);
 /* Zero an activation [N,H] (the gradients an evaluation sends instead of real ones). */
 moe_status_t model_clear(model_t *m, void *act);
 /* Zero every gradient (dense and MoE) at the start of a batch. */

@@ -17,8 +17,8 @@ struct model_ops {
     moe_status_t (*forward)(model_t *m, int32_t chunk, int32_t mb, const uint8_t *tokens,
                             const void *x, void *y);
     moe_status_t (*backward)(model_t *m, int32_t chunk, int32_t mb, const void *dy, void *dx);
-    moe_status_t (*loss)(model_t *m, const void *y, const uint8_t *targets, float weight,
-                         void *dy, double *loss);
+    moe_status_t (*loss)(model_t *m, const void *y, const uint8_t *targets, float weight, void *dy,
+                         double *loss);
     moe_status_t (*clear)(model_t *m, void *act);
     moe_status_t (*zero_dense_grads)(model_t *m);
 };

@@ -22,14 +22,14 @@
 #define BF CUDA_R_16BF
 #define F32 CUDA_R_32F
 
-#define TRY(call)                                                                          \
-    do {                                                                                   \
-        moe_status_t s_ = (call);                                                          \
-        if (s_ != MOE_STATUS_SUCCESS) return s_;                                           \
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        moe_status_t s_ = (call);                                                                  \
+        if (s_ != MOE_STATUS_SUCCESS) return s_;                                                   \
     } while (0)
 
 typedef struct cuda_act {
-    const void *in;                                      /* block input [N,H] */
+    const void *in;                             /* block input [N,H] */
     void *a, *qkv, *o, *h1, *b, *moe_out, *out; /* bf16; qkv [N,3H] */
     float *r1, *r2;                             /* 1/rms of the two norms' inputs [N] */
     float *lse;                                 /* attention's log-sum-exp [S*nh*T] */
@@ -38,7 +38,7 @@ typedef struct cuda_act {
 typedef struct cuda_state {
     cublasHandle_t blas;
     cudaStream_t stream;
-    void **owned;                 /* every device allocation, freed by destroy */
+    void **owned; /* every device allocation, freed by destroy */
     int32_t nowned;
     float *delta;                 /* [S*nh*T] attention backward's do . o */
     void *dqkv;                   /* [N,3H] */
@@ -188,7 +188,8 @@ static int cuda_create(model_t *m)
     size_t nh_bytes = sizeof(uint16_t) * (size_t)(N * H); /* one bf16 [N,H] */
     size_t lse_bytes = sizeof(float) * (size_t)(BH * m->T);
     if (!attention_cuda_head_dim_ok(H / m->heads)) {
-        fprintf(stderr, "moe_train: the CUDA model's attention takes head dims (model.hidden / "
+        fprintf(stderr,
+                "moe_train: the CUDA model's attention takes head dims (model.hidden / "
                 "model.heads) that are multiples of 8 up to %d; this model's is %lld\n",
                 ATTENTION_CUDA_MAX_HEAD_DIM, (long long)(H / m->heads));
         return -1;
@@ -222,8 +223,7 @@ static int cuda_create(model_t *m)
     for (size_t k = 0; k < sizeof tmp / sizeof tmp[0]; k++)
         if (!(*tmp[k] = dalloc(cs, nh_bytes))) return -1;
     cs->gain_partial = dalloc(cs, sizeof(float) * (size_t)(DK_GAIN_CHUNKS * H));
-    if (!cs->delta || !cs->dqkv || !cs->gain_partial)
-        return -1;
+    if (!cs->delta || !cs->dqkv || !cs->gain_partial) return -1;
     if (m->first) {
         cs->tokens = dalloc(cs, (size_t)(m->microbatches * N));
         cs->order = dalloc(cs, sizeof(int32_t) * (size_t)(m->microbatches * (N + V + 1)));

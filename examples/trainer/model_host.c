@@ -11,22 +11,22 @@
 
 #define NORM_EPS 1e-5f
 
-#define TRY(call)                                                                          \
-    do {                                                                                   \
-        moe_status_t s_ = (call);                                                          \
-        if (s_ != MOE_STATUS_SUCCESS) return s_;                                           \
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        moe_status_t s_ = (call);                                                                  \
+        if (s_ != MOE_STATUS_SUCCESS) return s_;                                                   \
     } while (0)
 
 typedef struct host_act {
-    const float *in;  /* block input [N,H] (the previous block's out, or the stage input) */
+    const float *in; /* block input [N,H] (the previous block's out, or the stage input) */
     float *r1, *a, *qkv, *probs, *o, *h1, *r2, *b, *moe_out, *out;
 } host_act_t;
 
 typedef struct host_state {
-    float *scratch[7];   /* backward temporaries, N x max(3H, 256) */
-    float *head_buf[3];  /* loss: normed input, rms, logits */
-    uint8_t *tokens;     /* [microbatches][N]: the embedding's inputs */
-    float *embedded;     /* [microbatches][N,H]: chunk 0's input on stage 0 */
+    float *scratch[7];  /* backward temporaries, N x max(3H, 256) */
+    float *head_buf[3]; /* loss: normed input, rms, logits */
+    uint8_t *tokens;    /* [microbatches][N]: the embedding's inputs */
+    float *embedded;    /* [microbatches][N,H]: chunk 0's input on stage 0 */
 } host_state_t;
 
 /* ---- dense ops (row-major; loops ordered so the inner one streams rows) ------------------- */
@@ -156,8 +156,7 @@ static moe_status_t block_forward(model_t *m, block_t *b, int32_t mb, const floa
 }
 
 /* dout [N,H] -> dx [N,H]; dout and dx may not alias. */
-static moe_status_t block_backward(model_t *m, block_t *b, int32_t mb, const float *dout,
-                                   float *dx)
+static moe_status_t block_backward(model_t *m, block_t *b, int32_t mb, const float *dout, float *dx)
 {
     int64_t N = m->N, H = m->H;
     host_state_t *hs = m->impl;
@@ -254,8 +253,7 @@ static moe_status_t host_forward(model_t *m, int32_t chunk, int32_t mb, const ui
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t host_backward(model_t *m, int32_t chunk, int32_t mb, const void *dy,
-                                  void *dx)
+static moe_status_t host_backward(model_t *m, int32_t chunk, int32_t mb, const void *dy, void *dx)
 {
     int64_t N = m->N, H = m->H;
     host_state_t *hs = m->impl;

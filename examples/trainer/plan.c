@@ -94,8 +94,8 @@ static moe_status_t cb_loss(void *user, int32_t mb, const moe_tensor_t *y, moe_t
     load_microbatch(t, mb);
     /* the gradient of the global batch's mean (see plan.h) */
     float weight = 1.0f / (float)t->plan.data_ranks;
-    moe_status_t st = model_loss(t->model, y->data, t->targets, weight,
-                                 t->eval ? NULL : dy->data, loss);
+    moe_status_t st = model_loss(t->model, y->data, t->targets, weight, t->eval ? NULL : dy->data,
+                                 loss);
     if (t->eval && st == MOE_STATUS_SUCCESS) st = model_clear(t->model, dy->data);
     t->times.loss += phase_end(t, t0);
     return st;
@@ -188,7 +188,8 @@ static int make_optimizer(trainer_t *t)
     ac.weight_decay = (float)c->weight_decay;
     if (moe_adamw_create(t->rt, &ac, &t->opt) != MOE_STATUS_SUCCESS)
         return report("moe_adamw_create");
-    moe_lr_schedule_t ls = {.warmup_steps = c->warmup_steps, .decay_steps = c->steps,
+    moe_lr_schedule_t ls = {.warmup_steps = c->warmup_steps,
+                            .decay_steps = c->steps,
                             .min_lr_ratio = (float)c->min_lr_ratio};
     ls.decay = !strcmp(c->decay, "cosine")   ? MOE_LR_COSINE
                : !strcmp(c->decay, "linear") ? MOE_LR_LINEAR
@@ -225,9 +226,13 @@ static int make_pipeline(trainer_t *t)
     pc.act_shape[0] = t->model->N;
     pc.act_shape[1] = t->model->H;
     pc.act_dtype = t->model->dtype; /* the stage boundaries carry the compute dtype */
-    moe_pipeline_callbacks_t cb = {.forward = cb_forward, .loss = cb_loss,
-                                   .backward = cb_backward, .zero_grad = cb_zero_grad,
-                                   .step = cb_step, .abandon = cb_abandon, .user = t};
+    moe_pipeline_callbacks_t cb = {.forward = cb_forward,
+                                   .loss = cb_loss,
+                                   .backward = cb_backward,
+                                   .zero_grad = cb_zero_grad,
+                                   .step = cb_step,
+                                   .abandon = cb_abandon,
+                                   .user = t};
     if (moe_pipeline_create(t->rt, &pc, &cb, &t->pipe) != MOE_STATUS_SUCCESS)
         return report("moe_pipeline_create");
     return 0;
@@ -239,8 +244,7 @@ int trainer_setup(trainer_t *t, const trainer_config_t *c, const corpus_t *corpu
     t->cfg = c;
     t->corpus = corpus;
     if (make_runtime(t)) return -1;
-    if (model_create(t->rt, c, t->plan.pp_rank, (int32_t)c->pp, t->plan.seqs, &t->model))
-        return -1;
+    if (model_create(t->rt, c, t->plan.pp_rank, (int32_t)c->pp, t->plan.seqs, &t->model)) return -1;
     if (make_optimizer(t) || make_pipeline(t)) return -1;
     int64_t N = t->model->N, L = c->layers, E = c->experts;
     t->tokens = malloc((size_t)N);
@@ -349,8 +353,7 @@ moe_status_t trainer_evaluate(trainer_t *t, double *loss)
 void trainer_gather_stats(trainer_t *t)
 {
     int64_t L = t->cfg->layers, E = t->cfg->experts;
-    MPI_Allreduce(MPI_IN_PLACE, t->stats.counts, (int)(L * E), MPI_DOUBLE, MPI_SUM,
-                  MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, t->stats.counts, (int)(L * E), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     double *per_layer[] = {t->stats.aux, t->stats.z, t->stats.entropy, t->stats.dropped,
                            t->stats.slots};
     for (size_t i = 0; i < 5; i++)

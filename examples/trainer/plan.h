@@ -42,7 +42,7 @@ typedef struct plan {
 /* Per-step routing statistics of every MoE layer of the model (all stages), summed over
  * microbatches on each rank and over ranks by trainer_gather_stats. */
 typedef struct layer_stats {
-    double *counts;    /* [L][E] accepted slots per expert */
+    double *counts;                              /* [L][E] accepted slots per expert */
     double *aux, *z, *entropy, *dropped, *slots; /* [L] */
 } layer_stats_t;
 
@@ -62,13 +62,13 @@ typedef struct trainer {
     model_t *model;
     moe_adamw_t *opt;
     moe_pipeline_t *pipe;
-    int64_t step;         /* the batch being run: 1-based training step */
-    int eval;             /* 1: evaluation batch (no gradients, no update) */
+    int64_t step; /* the batch being run: 1-based training step */
+    int eval;     /* 1: evaluation batch (no gradients, no update) */
     int64_t eval_batch;
     uint8_t *tokens, *targets;
     layer_stats_t stats;
     phase_times_t times;
-    double slow_s;        /* test.slow_ms on the rank of test.slow_slot: slept in every step */
+    double slow_s; /* test.slow_ms on the rank of test.slow_slot: slept in every step */
 } trainer_t;
 
 /* Runtime (with the mesh), model, optimizer and pipeline. Collective. Returns 0 on success. */

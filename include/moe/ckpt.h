@@ -57,21 +57,21 @@ typedef struct moe_ckpt moe_ckpt_t;
 
 typedef struct moe_ckpt_config {
     size_t struct_size;
-    const char *dir;              /* local directory (created if missing); required */
-    int32_t keep_last;            /* complete checkpoints kept on each tier; <= 0 keeps all.
+    const char *dir;            /* local directory (created if missing); required */
+    int32_t keep_last;          /* complete checkpoints kept on each tier; <= 0 keeps all.
                                      default 3 */
-    size_t chunk_bytes;           /* checksum granularity and staging segment size; multiple of
+    size_t chunk_bytes;         /* checksum granularity and staging segment size; multiple of
                                      4096. default 256 MiB (MOE_CKPT_CHUNK_BYTES overrides) */
-    size_t pinned_budget_bytes;   /* pinned host staging memory; at least 2 chunks. When the
+    size_t pinned_budget_bytes; /* pinned host staging memory; at least 2 chunks. When the
                                      state is larger, save_async double-buffers (it waits for
                                      the writer to free segments). default 2 GiB
                                      (MOE_CKPT_PINNED_BYTES overrides) */
-    int32_t queue_depth;          /* io_uring requests in flight, 1..256; default 8 */
-    size_t io_block_bytes;        /* bytes per write request, multiple of 4096; default 8 MiB */
-    int32_t use_direct_io;        /* 1 (default): O_DIRECT, falling back to buffered writes
+    int32_t queue_depth;        /* io_uring requests in flight, 1..256; default 8 */
+    size_t io_block_bytes;      /* bytes per write request, multiple of 4096; default 8 MiB */
+    int32_t use_direct_io;      /* 1 (default): O_DIRECT, falling back to buffered writes
                                      (logged once) where the file system refuses it; 0: buffered */
     /* S3 mirror: NULL bucket disables it. */
-    const char *s3_endpoint;      /* "https://s3.us-east-1.amazonaws.com" or "http://127.0.0.1:
+    const char *s3_endpoint; /* "https://s3.us-east-1.amazonaws.com" or "http://127.0.0.1:
                                      4568"; NULL: https://s3.<region>.amazonaws.com */
     const char *s3_bucket;
     const char *s3_prefix;        /* key prefix, e.g. "runs/42"; NULL: "" */
@@ -87,7 +87,7 @@ typedef struct moe_ckpt_config {
                                      (MOE_CKPT_S3_RETRY_BASE_MS overrides) */
     int32_t s3_timeout_ms;        /* per request; default 60000 */
     /* Fields below were added later: a smaller struct_size leaves them at their defaults. */
-    int32_t s3_retry_max_ms;      /* longest backoff between two tries of a request, and the
+    int32_t s3_retry_max_ms; /* longest backoff between two tries of a request, and the
                                      pause before the mirror tries a failed step again;
                                      >= s3_retry_base_ms; default 20000
                                      (MOE_CKPT_S3_RETRY_MAX_MS overrides) */
@@ -106,7 +106,7 @@ MOE_API moe_ckpt_config_t moe_ckpt_config_default(void);
  * only (e.g. dp = ep = 0) to save space; a loader accepts overlapping pieces either way (and
  * refuses the checkpoint as CORRUPT where they differ). */
 typedef struct moe_ckpt_tensor {
-    const char *name;             /* unique within a save; [A-Za-z0-9._/-], at most 255 bytes */
+    const char *name; /* unique within a save; [A-Za-z0-9._/-], at most 255 bytes */
     moe_tensor_t tensor;
     int64_t global_shape[MOE_MAX_DIMS];
     int64_t offset[MOE_MAX_DIMS];
@@ -168,30 +168,30 @@ MOE_API moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step,
 MOE_API moe_status_t moe_ckpt_fence(moe_ckpt_t *ck);
 
 typedef enum moe_ckpt_state {
-    MOE_CKPT_IDLE = 0,        /* nothing queued */
-    MOE_CKPT_WRITING = 1,     /* a local write or commit is in progress */
-    MOE_CKPT_UPLOADING = 2,   /* committed locally; the newest step is not on S3 yet (an
+    MOE_CKPT_IDLE = 0,      /* nothing queued */
+    MOE_CKPT_WRITING = 1,   /* a local write or commit is in progress */
+    MOE_CKPT_UPLOADING = 2, /* committed locally; the newest step is not on S3 yet (an
                                  upload in flight, or waiting to be tried again) */
-    MOE_CKPT_FAILED = 3       /* a local save failed; see the async error */
+    MOE_CKPT_FAILED = 3     /* a local save failed; see the async error */
 } moe_ckpt_state_t;
 
 typedef struct moe_ckpt_status {
     size_t struct_size;
     moe_ckpt_state_t state;
-    int64_t last_committed_step;  /* newest step committed locally by this checkpointer, -1 */
-    int64_t last_uploaded_step;   /* newest step complete on S3, -1 */
-    int64_t pending_saves;        /* queued or in progress locally */
-    int64_t pending_uploads;      /* steps to upload: the one in flight and the newest
+    int64_t last_committed_step; /* newest step committed locally by this checkpointer, -1 */
+    int64_t last_uploaded_step;  /* newest step complete on S3, -1 */
+    int64_t pending_saves;       /* queued or in progress locally */
+    int64_t pending_uploads;     /* steps to upload: the one in flight and the newest
                                      waiting (0..2; 3 with a reconciled step) */
-    uint64_t bytes_written;       /* data bytes written locally since create */
+    uint64_t bytes_written;      /* data bytes written locally since create */
     uint64_t bytes_uploaded;
-    double last_stall_s;          /* time spent in the last save_async (the caller's stall;
+    double last_stall_s;   /* time spent in the last save_async (the caller's stall;
                                      the copy itself runs after it returns) */
-    double last_durable_s;        /* save_async start -> commit marker durable, last save */
-    int32_t direct_io;            /* 1 while O_DIRECT is in use, 0 after the fallback */
+    double last_durable_s; /* save_async start -> commit marker durable, last save */
+    int32_t direct_io;     /* 1 while O_DIRECT is in use, 0 after the fallback */
     /* Fields below were added later (copied only when struct_size covers them). */
-    int64_t uploads_superseded;   /* committed steps never uploaded: a newer step came first */
-    int64_t upload_failures;      /* failed upload attempts (each also logged at WARN) */
+    int64_t uploads_superseded;     /* committed steps never uploaded: a newer step came first */
+    int64_t upload_failures;        /* failed upload attempts (each also logged at WARN) */
     moe_status_t last_upload_error; /* of the newest failed attempt; SUCCESS once a later
                                        upload succeeded (or none failed) */
 } moe_ckpt_status_t;
@@ -247,10 +247,7 @@ MOE_API moe_status_t moe_ckpt_load_step(moe_ckpt_t *ck, int64_t step,
  * before it stay aside and are counted) or a step is being uploaded to S3 (IN_PROGRESS). */
 MOE_API moe_status_t moe_ckpt_set_aside_newer(moe_ckpt_t *ck, int64_t step, int32_t *count);
 
-typedef enum moe_ckpt_tier {
-    MOE_CKPT_TIER_LOCAL = 0,
-    MOE_CKPT_TIER_S3 = 1
-} moe_ckpt_tier_t;
+typedef enum moe_ckpt_tier { MOE_CKPT_TIER_LOCAL = 0, MOE_CKPT_TIER_S3 = 1 } moe_ckpt_tier_t;
 
 /* [out] steps[capacity], ascending; [out] count: how many complete checkpoints exist on the
  * tier (may exceed capacity; only the newest `capacity` are stored). Local: directories

@@ -45,7 +45,7 @@ extern "C" {
 #define MOE_VERSION_MAJOR 0
 #define MOE_VERSION_MINOR 2
 #define MOE_VERSION_PATCH 0
-#define MOE_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+#define MOE_VERSION_CODE(major, minor, patch) ((major)*10000 + (minor)*100 + (patch))
 #define MOE_VERSION MOE_VERSION_CODE(MOE_VERSION_MAJOR, MOE_VERSION_MINOR, MOE_VERSION_PATCH)
 
 /* The version of the library actually loaded (compare with MOE_VERSION at build time). */
@@ -96,26 +96,17 @@ typedef void (*moe_log_fn)(moe_log_level_t level, const char *message, void *use
 
 /* ---- dtypes and tensors ------------------------------------------------------------------ */
 
-typedef enum moe_dtype {
-    MOE_DTYPE_F32 = 0,
-    MOE_DTYPE_BF16 = 1
-} moe_dtype_t;
+typedef enum moe_dtype { MOE_DTYPE_F32 = 0, MOE_DTYPE_BF16 = 1 } moe_dtype_t;
 
 /* Bytes per element, or 0 for an unknown dtype. */
 MOE_API size_t moe_dtype_size(moe_dtype_t dtype);
 MOE_API const char *moe_dtype_name(moe_dtype_t dtype);
 
-typedef enum moe_device_kind {
-    MOE_DEVICE_HOST = 0,
-    MOE_DEVICE_CUDA = 1
-} moe_device_kind_t;
+typedef enum moe_device_kind { MOE_DEVICE_HOST = 0, MOE_DEVICE_CUDA = 1 } moe_device_kind_t;
 
 /* The router's score function (moe_layer_config_t.score_fn, <moe/layer.h>): here with the
  * other shared vocabulary so that the compute backends see it without the layer's API. */
-typedef enum moe_score_fn {
-    MOE_SCORE_SOFTMAX = 0,
-    MOE_SCORE_SIGMOID = 1
-} moe_score_fn_t;
+typedef enum moe_score_fn { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1 } moe_score_fn_t;
 
 #define MOE_MAX_DIMS 4
 
@@ -125,10 +116,10 @@ typedef enum moe_score_fn {
 typedef struct moe_tensor {
     void *data;
     moe_dtype_t dtype;
-    int32_t ndim;                  /* 1..MOE_MAX_DIMS */
-    int64_t shape[MOE_MAX_DIMS];   /* entries past ndim are ignored */
+    int32_t ndim;                /* 1..MOE_MAX_DIMS */
+    int64_t shape[MOE_MAX_DIMS]; /* entries past ndim are ignored */
     moe_device_kind_t device;
-    int32_t device_index;          /* CUDA ordinal; 0 for host */
+    int32_t device_index; /* CUDA ordinal; 0 for host */
 } moe_tensor_t;
 
 /* Fill a descriptor for caller-owned memory (no allocation). ndim 1..4, shape[i] >= 0. */
@@ -151,11 +142,11 @@ typedef enum moe_backend_kind {
 typedef struct moe_runtime_config {
     size_t struct_size;
     moe_backend_kind_t backend;
-    int32_t device_index;       /* CUDA device; -1: local rank modulo visible devices */
-    int32_t deterministic;      /* 1 (default): bitwise-reproducible results run to run */
-    uint64_t seed;              /* seeds parameter initialisation of layers on this runtime */
-    moe_log_level_t log_level;  /* default MOE_LOG_WARN */
-    moe_log_fn log_fn;          /* NULL: stderr */
+    int32_t device_index;      /* CUDA device; -1: local rank modulo visible devices */
+    int32_t deterministic;     /* 1 (default): bitwise-reproducible results run to run */
+    uint64_t seed;             /* seeds parameter initialisation of layers on this runtime */
+    moe_log_level_t log_level; /* default MOE_LOG_WARN */
+    moe_log_fn log_fn;         /* NULL: stderr */
     void *log_user_data;
     /* NULL: a single process, no MPI needed. Otherwise the 4D mesh (moe/mesh.h); creating
      * the runtime is then collective over the mesh's world communicator. */
@@ -231,14 +222,14 @@ MOE_API moe_status_t moe_runtime_get_stream(const moe_runtime_t *rt, void **cuda
 MOE_API moe_status_t moe_runtime_synchronize(moe_runtime_t *rt);
 
 /* Change logging after creation. */
-MOE_API moe_status_t moe_runtime_set_log(moe_runtime_t *rt, moe_log_level_t level,
-                                         moe_log_fn fn, void *user_data);
+MOE_API moe_status_t moe_runtime_set_log(moe_runtime_t *rt, moe_log_level_t level, moe_log_fn fn,
+                                         void *user_data);
 
 /* Allocate storage on the runtime's device (or pinned host memory when `device` is HOST and
  * the backend is CUDA). The descriptor's data is owned by libmoe until moe_tensor_free. */
 MOE_API moe_status_t moe_tensor_alloc(moe_runtime_t *rt, moe_dtype_t dtype,
-                                      moe_device_kind_t device, int32_t ndim,
-                                      const int64_t *shape, moe_tensor_t *out);
+                                      moe_device_kind_t device, int32_t ndim, const int64_t *shape,
+                                      moe_tensor_t *out);
 /* Free storage from moe_tensor_alloc and clear the descriptor; a cleared one is a no-op. */
 MOE_API moe_status_t moe_tensor_free(moe_runtime_t *rt, moe_tensor_t *t);
 /* Copy between tensors of equal shape on any devices, converting F32 <-> BF16 if the dtypes

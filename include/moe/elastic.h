@@ -103,8 +103,7 @@ MOE_API moe_status_t moe_elastic_member_report_exit(moe_elastic_member_t *m, int
  * answered for orphan_ms (> 0), the member is orphaned. create_from_env calls it with
  * MOE_ELASTIC_LAUNCHER_KEY and MOE_ELASTIC_ORPHAN_MS (default 60000) when the first is set. */
 MOE_API moe_status_t moe_elastic_member_watch_launcher(moe_elastic_member_t *m,
-                                                       const char *launcher_key,
-                                                       int32_t orphan_ms);
+                                                       const char *launcher_key, int32_t orphan_ms);
 /* Sets the orphan handler (NULL: none). Not collective. */
 MOE_API moe_status_t moe_elastic_member_set_orphan_handler(moe_elastic_member_t *m,
                                                            moe_elastic_orphan_fn fn, void *user);

@@ -63,30 +63,30 @@ typedef struct moe_layer moe_layer_t;
 
 /* How global experts map to ep ranks. */
 typedef enum moe_expert_placement {
-    MOE_PLACEMENT_CONTIGUOUS = 0,  /* rank r owns experts [r*E_l, (r+1)*E_l)     */
-    MOE_PLACEMENT_ROUND_ROBIN = 1  /* rank r owns experts r, r+ep, r+2ep, ...     */
+    MOE_PLACEMENT_CONTIGUOUS = 0, /* rank r owns experts [r*E_l, (r+1)*E_l)     */
+    MOE_PLACEMENT_ROUND_ROBIN = 1 /* rank r owns experts r, r+ep, r+2ep, ...     */
 } moe_expert_placement_t;
 
 typedef struct moe_layer_config {
     size_t struct_size;
-    int64_t hidden;              /* H >= 1 */
-    int64_t ffn_hidden;          /* F >= 1, divisible by tp */
-    int32_t num_experts;         /* E >= 1, divisible by ep */
-    int32_t top_k;               /* 1 <= K <= E */
-    moe_score_fn_t score_fn;     /* default softmax */
-    int32_t renormalize;         /* 1 (default): top-k weights divided by their sum */
-    float capacity_factor;       /* cf <= 0 (default 0): dropless; else each expert keeps at
+    int64_t hidden;           /* H >= 1 */
+    int64_t ffn_hidden;       /* F >= 1, divisible by tp */
+    int32_t num_experts;      /* E >= 1, divisible by ep */
+    int32_t top_k;            /* 1 <= K <= E */
+    moe_score_fn_t score_fn;  /* default softmax */
+    int32_t renormalize;      /* 1 (default): top-k weights divided by their sum */
+    float capacity_factor;    /* cf <= 0 (default 0): dropless; else each expert keeps at
                                     most min(ceil(cf*N*K/E), N*K) slots (stats.capacity) */
-    float aux_loss_coef;         /* default 0.01 */
-    float z_loss_coef;           /* default 0.001 */
-    int32_t expert_bias;         /* 1: aux-loss-free balancing bias used for selection only */
-    float expert_bias_rate;      /* default 1e-3 */
-    int32_t max_microbatches;    /* slots in flight, default 1 */
+    float aux_loss_coef;      /* default 0.01 */
+    float z_loss_coef;        /* default 0.001 */
+    int32_t expert_bias;      /* 1: aux-loss-free balancing bias used for selection only */
+    float expert_bias_rate;   /* default 1e-3 */
+    int32_t max_microbatches; /* slots in flight, default 1 */
     moe_expert_placement_t placement;
-    int32_t a2a_chunks;          /* dispatch/combine chunks for comm/compute overlap, default 2 */
-    float init_std;              /* parameters ~ N(0, init_std^2); default 0.02 */
+    int32_t a2a_chunks; /* dispatch/combine chunks for comm/compute overlap, default 2 */
+    float init_std;     /* parameters ~ N(0, init_std^2); default 0.02 */
     /* Appended in 0.2 (a struct_size that ends before it keeps the default 0): */
-    int32_t aux_global_batch;    /* 1: the aux loss's f_e over the global batch (below);
+    int32_t aux_global_batch; /* 1: the aux loss's f_e over the global batch (below);
                                     0 (default): over the microbatch */
 } moe_layer_config_t;
 
@@ -139,23 +139,23 @@ MOE_API moe_status_t moe_layer_discard_grad(moe_layer_t *layer);
 /* ---- parameters ---------------------------------------------------------------------------- */
 
 typedef enum moe_param_kind {
-    MOE_PARAM_DENSE = 0,   /* replicated over ep: gradients reduced over ep x dp          */
-    MOE_PARAM_EXPERT = 1,  /* sharded over ep: gradients reduced over expert-data-parallel */
-    MOE_PARAM_BUFFER = 2   /* state without gradient (expert bias)                         */
+    MOE_PARAM_DENSE = 0,  /* replicated over ep: gradients reduced over ep x dp          */
+    MOE_PARAM_EXPERT = 1, /* sharded over ep: gradients reduced over expert-data-parallel */
+    MOE_PARAM_BUFFER = 2  /* state without gradient (expert bias)                         */
 } moe_param_kind_t;
 
 typedef struct moe_param_info {
     size_t struct_size;
-    const char *name;                    /* stable, owned by the layer */
+    const char *name; /* stable, owned by the layer */
     moe_param_kind_t kind;
-    moe_tensor_t value;                  /* this rank's shard */
-    moe_tensor_t grad;                   /* same shape, always f32; data NULL for buffers */
-    int64_t global_shape[MOE_MAX_DIMS];  /* the unsharded shape */
-    int64_t shard_offset[MOE_MAX_DIMS];  /* where this shard starts in the global tensor;
+    moe_tensor_t value;                 /* this rank's shard */
+    moe_tensor_t grad;                  /* same shape, always f32; data NULL for buffers */
+    int64_t global_shape[MOE_MAX_DIMS]; /* the unsharded shape */
+    int64_t shard_offset[MOE_MAX_DIMS]; /* where this shard starts in the global tensor;
                                             along expert_dim use moe_layer_expert_id, since
                                             round-robin placement is not a contiguous slice */
-    int32_t expert_dim;                  /* dimension indexed by expert, or -1 */
-    int32_t tp_dim;                      /* dimension split over tp, or -1 */
+    int32_t expert_dim;                 /* dimension indexed by expert, or -1 */
+    int32_t tp_dim;                     /* dimension split over tp, or -1 */
 } moe_param_info_t;
 
 MOE_API moe_status_t moe_layer_num_params(const moe_layer_t *layer, int32_t *count);
@@ -170,16 +170,16 @@ MOE_API moe_status_t moe_layer_expert_id(const moe_layer_t *layer, int32_t local
 
 typedef struct moe_layer_stats {
     size_t struct_size;
-    int64_t tokens;            /* N: tokens this rank routed in that forward */
-    int64_t slots;             /* N * K */
-    int64_t dropped_slots;     /* slots refused by capacity */
-    double dropped_ratio;      /* dropped_slots / slots */
-    double max_load;           /* max over experts of accepted slots */
-    double mean_load;          /* accepted slots / E */
-    double entropy;            /* mean over tokens of -sum_e q log q (nats; q: see top) */
-    double aux_loss;           /* unscaled aux value (see top of file) */
-    double z_loss;             /* unscaled z value */
-    int64_t capacity;          /* slots each expert may keep, as the forward applied it:
+    int64_t tokens;        /* N: tokens this rank routed in that forward */
+    int64_t slots;         /* N * K */
+    int64_t dropped_slots; /* slots refused by capacity */
+    double dropped_ratio;  /* dropped_slots / slots */
+    double max_load;       /* max over experts of accepted slots */
+    double mean_load;      /* accepted slots / E */
+    double entropy;        /* mean over tokens of -sum_e q log q (nats; q: see top) */
+    double aux_loss;       /* unscaled aux value (see top of file) */
+    double z_loss;         /* unscaled z value */
+    int64_t capacity;      /* slots each expert may keep, as the forward applied it:
                                   min(ceil(cf*N*K/E), N*K), cf = capacity_factor, N -> Nt
                                   with a mesh (any value >= N drops nothing); -1 when
                                   dropless (cf <= 0) */

@@ -16,18 +16,20 @@ extern "C" {
 #endif
 
 typedef enum moe_comm_backend {
-    MOE_COMM_AUTO = 0, /* NCCL for the CUDA backend when every axis maps to distinct GPUs, else MPI */
-    MOE_COMM_MPI = 1,  /* host buffers; device buffers staged through pinned host memory */
-    MOE_COMM_NCCL = 2  /* device buffers on NCCL's own stream */
+    MOE_COMM_AUTO =
+        0, /* NCCL for the CUDA backend when every axis maps to distinct GPUs, else MPI */
+    MOE_COMM_MPI = 1, /* host buffers; device buffers staged through pinned host memory */
+    MOE_COMM_NCCL = 2 /* device buffers on NCCL's own stream */
 } moe_comm_backend_t;
 
 struct moe_mesh_config {
     size_t struct_size;
-    int32_t tp, ep, dp, pp;      /* each >= 1; product must equal the world size */
-    const char *rank_order;      /* NULL: "tp-ep-dp-pp" */
+    int32_t tp, ep, dp, pp; /* each >= 1; product must equal the world size */
+    const char *rank_order; /* NULL: "tp-ep-dp-pp" */
     moe_comm_backend_t comm;
-    void *mpi_comm;              /* pointer to an MPI_Comm to use as the world; NULL: MPI_COMM_WORLD */
-    int32_t timeout_ms;          /* collectives that take longer fail with MOE_STATUS_TIMEOUT; default 300000 */
+    void *mpi_comm; /* pointer to an MPI_Comm to use as the world; NULL: MPI_COMM_WORLD */
+    int32_t
+        timeout_ms; /* collectives that take longer fail with MOE_STATUS_TIMEOUT; default 300000 */
 };
 
 MOE_API moe_mesh_config_t moe_mesh_config_default(void);

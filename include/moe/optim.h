@@ -40,10 +40,10 @@ typedef enum moe_lr_decay {
 } moe_lr_decay_t;
 
 typedef struct moe_lr_schedule {
-    moe_lr_decay_t decay;  /* default CONSTANT */
-    int64_t warmup_steps;  /* W >= 0, default 0 */
-    int64_t decay_steps;   /* D > W for LINEAR and COSINE (usually the run's total steps) */
-    float min_lr_ratio;    /* in [0, 1], default 0 */
+    moe_lr_decay_t decay; /* default CONSTANT */
+    int64_t warmup_steps; /* W >= 0, default 0 */
+    int64_t decay_steps;  /* D > W for LINEAR and COSINE (usually the run's total steps) */
+    float min_lr_ratio;   /* in [0, 1], default 0 */
 } moe_lr_schedule_t;
 
 /* The rate at step t >= 1 (see above); -1 when the schedule or lr is invalid. Pure. */
@@ -53,11 +53,11 @@ MOE_API float moe_lr_schedule_rate(const moe_lr_schedule_t *schedule, float lr, 
 
 typedef struct moe_adamw_config {
     size_t struct_size;
-    float lr;            /* default 1e-3 */
-    float beta1;         /* default 0.9 */
-    float beta2;         /* default 0.999 */
-    float eps;           /* default 1e-8 */
-    float weight_decay;  /* default 0.01 (decoupled) */
+    float lr;           /* default 1e-3 */
+    float beta1;        /* default 0.9 */
+    float beta2;        /* default 0.999 */
+    float eps;          /* default 1e-8 */
+    float weight_decay; /* default 0.01 (decoupled) */
 } moe_adamw_config_t;
 
 MOE_API moe_adamw_config_t moe_adamw_config_default(void);
@@ -76,8 +76,7 @@ MOE_API moe_status_t moe_adamw_destroy(moe_adamw_t *opt);
 MOE_API moe_status_t moe_adamw_set_grad_clip(moe_adamw_t *opt, float max_grad_norm);
 /* The schedule moe_adamw_step applies to the configured rate when given
  * MOE_ADAMW_LR_CONFIGURED (default: constant, no warm-up). [in] schedule, copied. */
-MOE_API moe_status_t moe_adamw_set_lr_schedule(moe_adamw_t *opt,
-                                               const moe_lr_schedule_t *schedule);
+MOE_API moe_status_t moe_adamw_set_lr_schedule(moe_adamw_t *opt, const moe_lr_schedule_t *schedule);
 
 /* Register every trainable parameter of a layer (buffers are skipped) under the name
  * prefix + parameter name (e.g. prefix "layers.3." gives "layers.3.router.weight"); prefix may

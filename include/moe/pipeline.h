@@ -62,9 +62,9 @@ typedef enum moe_pipeline_op {
 
 typedef struct moe_pipeline_action {
     moe_pipeline_op_t op;
-    int32_t microbatch;  /* 0 .. m-1 */
-    int32_t peer;        /* peer stage of a transfer; -1 for compute */
-    int32_t chunk;       /* model chunk on this stage (interleaved); 0 without interleaving.
+    int32_t microbatch; /* 0 .. m-1 */
+    int32_t peer;       /* peer stage of a transfer; -1 for compute */
+    int32_t chunk;      /* model chunk on this stage (interleaved); 0 without interleaving.
                             For a transfer: the chunk on this stage that sends or receives. */
 } moe_pipeline_action_t;
 
@@ -83,9 +83,8 @@ MOE_API moe_status_t moe_pipeline_schedule_create(int32_t stages, int32_t microb
  * transfers. Warm-up is min(2(p-s-1) + (v-1)p, m v) forward units (all of them when m = p).
  * [in] stages >= 2, microbatches divisible by stages, virtual_stages >= 1 (1: plain 1F1B,
  * where any stages >= 1 and microbatches >= 1 work). Compute actions are exactly 2 m v. */
-MOE_API moe_status_t moe_pipeline_schedule_create_interleaved(int32_t stages,
-                                                              int32_t microbatches, int32_t stage,
-                                                              int32_t virtual_stages,
+MOE_API moe_status_t moe_pipeline_schedule_create_interleaved(int32_t stages, int32_t microbatches,
+                                                              int32_t stage, int32_t virtual_stages,
                                                               moe_pipeline_schedule_t **out);
 MOE_API moe_status_t moe_pipeline_schedule_destroy(moe_pipeline_schedule_t *sched);
 
@@ -160,8 +159,8 @@ typedef struct moe_pipeline_callbacks {
                             moe_tensor_t *y);
     moe_status_t (*loss)(void *user, int32_t microbatch, const moe_tensor_t *y, moe_tensor_t *dy,
                          double *loss_value);
-    moe_status_t (*backward)(void *user, int32_t chunk, int32_t microbatch,
-                             const moe_tensor_t *dy, moe_tensor_t *dx);
+    moe_status_t (*backward)(void *user, int32_t chunk, int32_t microbatch, const moe_tensor_t *dy,
+                             moe_tensor_t *dx);
     moe_status_t (*zero_grad)(void *user);
     moe_status_t (*step)(void *user, float grad_scale);
     moe_status_t (*abandon)(void *user, int32_t chunk, int32_t microbatch);
@@ -188,23 +187,23 @@ typedef enum moe_pipeline_issue {
 
 typedef struct moe_pipeline_config {
     size_t struct_size;
-    int32_t microbatches;              /* m >= 1, default 1 */
-    int32_t act_ndim;                  /* 1..MOE_MAX_DIMS: shape of a stage boundary tensor */
-    int64_t act_shape[MOE_MAX_DIMS];   /* per microbatch, e.g. {tokens, hidden}; equal on every
+    int32_t microbatches;            /* m >= 1, default 1 */
+    int32_t act_ndim;                /* 1..MOE_MAX_DIMS: shape of a stage boundary tensor */
+    int64_t act_shape[MOE_MAX_DIMS]; /* per microbatch, e.g. {tokens, hidden}; equal on every
                                           stage boundary and every pp rank */
-    moe_dtype_t act_dtype;             /* default: the runtime's compute dtype (set by create
+    moe_dtype_t act_dtype;           /* default: the runtime's compute dtype (set by create
                                           when left at -1, the default) */
-    int32_t prepost;                   /* PREPOST mode: receives kept posted ahead of use,
+    int32_t prepost;                 /* PREPOST mode: receives kept posted ahead of use,
                                           >= 1, default 2 (each holds a buffer) */
-    moe_adamw_t *optimizer;            /* used when callbacks.step is NULL; may be NULL */
-    float lr;                          /* passed to moe_adamw_step; <= 0: configured rate */
-    float grad_scale;                  /* <= 0 (default): 1/m */
-    int32_t timeout_ms;                /* transfers slower than this fail; <= 0: the pp
+    moe_adamw_t *optimizer;          /* used when callbacks.step is NULL; may be NULL */
+    float lr;                        /* passed to moe_adamw_step; <= 0: configured rate */
+    float grad_scale;                /* <= 0 (default): 1/m */
+    int32_t timeout_ms;              /* transfers slower than this fail; <= 0: the pp
                                           communicator's own timeout */
-    int32_t virtual_stages;            /* v >= 1 model chunks per stage (interleaved 1F1B when
+    int32_t virtual_stages;          /* v >= 1 model chunks per stage (interleaved 1F1B when
                                           > 1: needs pp >= 2 and m % pp == 0); default 1.
                                           m * v <= 15000. */
-    moe_pipeline_issue_t issue;        /* default AUTO */
+    moe_pipeline_issue_t issue;      /* default AUTO */
 } moe_pipeline_config_t;
 
 MOE_API moe_pipeline_config_t moe_pipeline_config_default(void);
@@ -250,11 +249,11 @@ MOE_API moe_status_t moe_pipeline_train_step(moe_pipeline_t *pipe, double *loss)
 /* Timings of the most recent train_step on this rank, for measuring the bubble. */
 typedef struct moe_pipeline_stats {
     size_t struct_size;
-    double schedule_seconds;  /* from the start of the schedule to the end of its last action */
-    double compute_seconds;   /* inside forward, loss and backward callbacks */
-    double wait_seconds;      /* blocked on receives and sends */
+    double schedule_seconds; /* from the start of the schedule to the end of its last action */
+    double compute_seconds;  /* inside forward, loss and backward callbacks */
+    double wait_seconds;     /* blocked on receives and sends */
     int32_t stage, stages, microbatches;
-    int32_t buffers;          /* stage boundary tensors allocated so far (the pool only grows:
+    int32_t buffers; /* stage boundary tensors allocated so far (the pool only grows:
                                  its size is the peak number in use at once) */
 } moe_pipeline_stats_t;
 

@@ -39,25 +39,26 @@ MOE_API moe_status_t moe_train_state_destroy(moe_train_state_t *state);
 
 /* Every parameter and buffer of the layer, as prefix + name (prefix may be NULL). */
 MOE_API moe_status_t moe_train_state_add_layer(moe_train_state_t *state, const moe_layer_t *layer,
-                                              const char *prefix);
+                                               const char *prefix);
 /* Every optimizer state (moe_adamw_state) as prefix + its name, and the step count as
  * prefix + "step"; loading restores the step count too. */
 MOE_API moe_status_t moe_train_state_add_adamw(moe_train_state_t *state, moe_adamw_t *opt,
-                                              const char *prefix);
+                                               const char *prefix);
 /* A user tensor: entry as for moe_ckpt_save_async (name copied; the data must outlive the
  * set). kind says who holds it: MOE_PARAM_DENSE or MOE_PARAM_BUFFER for a tensor replicated
  * over tp, ep and dp (written by one replica), MOE_PARAM_EXPERT for one that differs over ep
  * (its slice given by entry's offset / expert ids; written by the dp = 0 ranks). */
 MOE_API moe_status_t moe_train_state_add_tensor(moe_train_state_t *state,
-                                               const moe_ckpt_tensor_t *entry,
-                                               moe_param_kind_t kind);
+                                                const moe_ckpt_tensor_t *entry,
+                                                moe_param_kind_t kind);
 
 /* Save the set as `step` (see moe_ckpt_save_async: asynchronous, collective). */
-MOE_API moe_status_t moe_ckpt_save_train_state(moe_ckpt_t *ck, int64_t step, moe_train_state_t *state);
+MOE_API moe_status_t moe_ckpt_save_train_state(moe_ckpt_t *ck, int64_t step,
+                                               moe_train_state_t *state);
 /* Load the set from `step`, or from the newest complete checkpoint when step < 0 (see
  * moe_ckpt_load_latest; collective). [out] loaded_step (may be NULL). */
-MOE_API moe_status_t moe_ckpt_load_train_state(moe_ckpt_t *ck, int64_t step, moe_train_state_t *state,
-                                         int64_t *loaded_step);
+MOE_API moe_status_t moe_ckpt_load_train_state(moe_ckpt_t *ck, int64_t step,
+                                               moe_train_state_t *state, int64_t *loaded_step);
 
 #ifdef __cplusplus
 }

@@ -33,17 +33,17 @@ typedef struct moe_router_fwd {
     int32_t e, k;
     moe_score_fn_t score_fn;
     bool renormalize;
-    const void *x;           /* act [N,H] */
-    const void *wg;          /* act [H,E] */
-    const float *bias;       /* f32 [E] selection bias, or NULL */
+    const void *x;     /* act [N,H] */
+    const void *wg;    /* act [H,E] */
+    const float *bias; /* f32 [E] selection bias, or NULL */
     /* outputs */
-    float *logits;           /* f32 [N,E], saved for backward */
-    int32_t *topk_idx;       /* i32 [N,K] experts, in descending (score + bias) order; ties
+    float *logits;     /* f32 [N,E], saved for backward */
+    int32_t *topk_idx; /* i32 [N,K] experts, in descending (score + bias) order; ties
                                 broken towards the lower expert index */
-    float *topk_w;           /* f32 [N,K] combine weights (renormalised if asked) */
-    int32_t *counts;         /* i32 [E] selected slots per expert (before capacity) */
-    float *score_mean;       /* f32 [E] P_e: mean over tokens of the normalised score */
-    float *stats;            /* f32 [2]: mean_t lse_t^2 (z loss), mean_t entropy of normalised
+    float *topk_w;     /* f32 [N,K] combine weights (renormalised if asked) */
+    int32_t *counts;   /* i32 [E] selected slots per expert (before capacity) */
+    float *score_mean; /* f32 [E] P_e: mean over tokens of the normalised score */
+    float *stats;      /* f32 [2]: mean_t lse_t^2 (z loss), mean_t entropy of normalised
                                 scores */
 } moe_router_fwd_t;
 
@@ -53,19 +53,19 @@ typedef struct moe_router_bwd {
     int32_t e, k;
     moe_score_fn_t score_fn;
     bool renormalize;
-    const void *x;             /* act [N,H] */
-    const void *wg;            /* act [H,E] */
-    const float *logits;       /* f32 [N,E] from forward */
-    const int32_t *topk_idx;   /* i32 [N,K] */
-    const float *topk_w;       /* f32 [N,K] */
-    const float *d_topk_w;     /* f32 [N,K] (0 for dropped slots) */
-    const int32_t *counts;     /* i32 [E] from forward (aux f_e = counts / (N*K)) */
-    float aux_coef;            /* multiplies d aux / d scores; 0 disables */
-    float z_coef;              /* multiplies d z / d logits; 0 disables */
-    float *dlogits;            /* f32 [N,E] scratch */
-    void *dx;                  /* act [N,H]: dx += dlogits · wg^T (= when overwrite_dx) */
-    float *dwg;                /* f32 [H,E]: dwg += x^T · dlogits */
-    bool overwrite_dx;         /* the first writer of dx: write instead of add (no read) */
+    const void *x;           /* act [N,H] */
+    const void *wg;          /* act [H,E] */
+    const float *logits;     /* f32 [N,E] from forward */
+    const int32_t *topk_idx; /* i32 [N,K] */
+    const float *topk_w;     /* f32 [N,K] */
+    const float *d_topk_w;   /* f32 [N,K] (0 for dropped slots) */
+    const int32_t *counts;   /* i32 [E] from forward (aux f_e = counts / (N*K)) */
+    float aux_coef;          /* multiplies d aux / d scores; 0 disables */
+    float z_coef;            /* multiplies d z / d logits; 0 disables */
+    float *dlogits;          /* f32 [N,E] scratch */
+    void *dx;                /* act [N,H]: dx += dlogits · wg^T (= when overwrite_dx) */
+    float *dwg;              /* f32 [H,E]: dwg += x^T · dlogits */
+    bool overwrite_dx;       /* the first writer of dx: write instead of add (no read) */
 } moe_router_bwd_t;
 
 /* Dispatch plan: capacity drop and the stable counting sort of (token, k) slots by expert.
@@ -75,14 +75,14 @@ typedef struct moe_router_bwd {
 typedef struct moe_plan {
     int64_t n;
     int32_t e, k;
-    int64_t capacity;          /* < 0: dropless */
-    const int32_t *topk_idx;   /* i32 [N,K] */
-    const int32_t *first;      /* i32 [E] (0 <= first[e] <= capacity), or NULL: zeros */
-    const int32_t *row_order;  /* i32 [E] a permutation of the experts, or NULL: 0..E-1 */
+    int64_t capacity;         /* < 0: dropless */
+    const int32_t *topk_idx;  /* i32 [N,K] */
+    const int32_t *first;     /* i32 [E] (0 <= first[e] <= capacity), or NULL: zeros */
+    const int32_t *row_order; /* i32 [E] a permutation of the experts, or NULL: 0..E-1 */
     /* outputs */
-    int32_t *row_of_slot;      /* i32 [N,K] row in the permuted buffer, -1 if dropped */
-    int32_t *slot_of_row;      /* i32 [N*K] slot that fills each row (first R entries valid) */
-    int32_t *kept;             /* i32 [E] kept slots per expert */
+    int32_t *row_of_slot; /* i32 [N,K] row in the permuted buffer, -1 if dropped */
+    int32_t *slot_of_row; /* i32 [N*K] slot that fills each row (first R entries valid) */
+    int32_t *kept;        /* i32 [E] kept slots per expert */
     /* The plan ends in the layer's one device->host synchronisation, which brings the
      * routing results with it: summary_bytes at `summary` (device, `kept` among them) are
      * copied to host_summary. */
@@ -99,11 +99,11 @@ typedef struct moe_pad_plan {
     int64_t n;
     int32_t e, k;
     int64_t stride;
-    const int32_t *topk_idx;      /* i32 [N,K] */
-    const int32_t *kept;          /* i32 [E] the plan's */
-    const int32_t *slot_of_row;   /* i32 [R] the plan's */
-    int32_t *row_of_slot;         /* i32 [N,K] the plan's, rewritten in place */
-    int32_t *padded_slot_of_row;  /* i32 [E*stride] */
+    const int32_t *topk_idx;     /* i32 [N,K] */
+    const int32_t *kept;         /* i32 [E] the plan's */
+    const int32_t *slot_of_row;  /* i32 [R] the plan's */
+    int32_t *row_of_slot;        /* i32 [N,K] the plan's, rewritten in place */
+    int32_t *padded_slot_of_row; /* i32 [E*stride] */
 } moe_pad_plan_t;
 
 /* Expert FFN (SwiGLU) over El experts with variable row counts.
@@ -114,19 +114,19 @@ typedef struct moe_pad_plan {
 typedef struct moe_experts {
     int64_t h, f;
     int32_t el;
-    const int64_t *host_offsets;  /* host i64 [El+1] */
-    const void *w1;               /* act [El,H,2,F] */
-    const void *w2;               /* act [El,F,H] */
-    const void *xp;               /* act [R,H] */
-    void *hpre;                   /* act [R,2,F] forward output, saved */
-    void *act;                    /* act [R,F]   forward output, saved */
-    void *out;                    /* act [R,H]   forward output */
+    const int64_t *host_offsets; /* host i64 [El+1] */
+    const void *w1;              /* act [El,H,2,F] */
+    const void *w2;              /* act [El,F,H] */
+    const void *xp;              /* act [R,H] */
+    void *hpre;                  /* act [R,2,F] forward output, saved */
+    void *act;                   /* act [R,F]   forward output, saved */
+    void *out;                   /* act [R,H]   forward output */
     /* backward only */
-    const void *d_out;            /* act [R,H] */
-    void *d_xp;                   /* act [R,H]   written (not accumulated) */
-    float *dw1;                   /* f32 [El,H,2,F] += (= with overwrite_grads) */
-    float *dw2;                   /* f32 [El,F,H]   += (= with overwrite_grads) */
-    void *scratch;                /* act [R,3,F]: backward's d_act and d_hpre */
+    const void *d_out; /* act [R,H] */
+    void *d_xp;        /* act [R,H]   written (not accumulated) */
+    float *dw1;        /* f32 [El,H,2,F] += (= with overwrite_grads) */
+    float *dw2;        /* f32 [El,F,H]   += (= with overwrite_grads) */
+    void *scratch;     /* act [R,3,F]: backward's d_act and d_hpre */
     /* dw1/dw2 are written, not added to, and experts without rows get zeros: the layer's
      * first backward after moe_layer_discard_grad skips reading (and zeroing) them */
     bool overwrite_grads;
@@ -135,9 +135,9 @@ typedef struct moe_experts {
 /* One parameter tensor of an AdamW step: n elements. */
 typedef struct moe_adamw_tensor {
     int64_t n;
-    float *master, *m, *v;     /* f32 [n] */
-    void *param;               /* act [n] receives the updated master (rounded) */
-    const float *grad;         /* f32 [n] */
+    float *master, *m, *v; /* f32 [n] */
+    void *param;           /* act [n] receives the updated master (rounded) */
+    const float *grad;     /* f32 [n] */
 } moe_adamw_tensor_t;
 
 /* One AdamW step over a list of tensors (see moe/optim.h for the formula): one pass over
@@ -210,8 +210,8 @@ typedef struct moe_backend_ops {
                                      int64_t slots, float rate);
     /* Global-batch balancing's running selections (i32 [E] each): acc[j] += counts[j], then
      * out[j] = acc[j], the window's counts as this forward saw them. */
-    moe_status_t (*accumulate_counts)(void *ctx, int32_t *acc, const int32_t *counts,
-                                      int32_t *out, int32_t e);
+    moe_status_t (*accumulate_counts)(void *ctx, int32_t *acc, const int32_t *counts, int32_t *out,
+                                      int32_t e);
     moe_status_t (*plan)(void *ctx, const moe_plan_t *a);
     /* Rows per expert of a padded layout that suits this backend's expert GEMMs better than
      * the compact one, for these kept counts ([El]); 0 keeps the compact layout. NULL: never. */
@@ -238,8 +238,8 @@ typedef struct moe_backend_ops {
      * alone (the same result run to run; the two backends' orders differ, so their results
      * may differ in the last bits). Blocking: *out is set on return, after one wait. The
      * gradient norm for clipping. */
-    moe_status_t (*sum_squares)(void *ctx, const float *const *x, const int64_t *n,
-                                int32_t count, double *out);
+    moe_status_t (*sum_squares)(void *ctx, const float *const *x, const int64_t *n, int32_t count,
+                                double *out);
 } moe_backend_ops_t;
 
 typedef struct moe_backend {
@@ -248,7 +248,7 @@ typedef struct moe_backend {
 } moe_backend_t;
 
 typedef struct moe_backend_params {
-    int32_t device_index;      /* CUDA: resolved ordinal */
+    int32_t device_index; /* CUDA: resolved ordinal */
     bool deterministic;
     const moe_logger_t *logger;
 } moe_backend_params_t;

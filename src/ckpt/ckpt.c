@@ -27,10 +27,19 @@
 moe_ckpt_config_t moe_ckpt_config_default(void)
 {
     moe_ckpt_config_t c = {
-        .struct_size = sizeof c, .dir = NULL, .keep_last = 3, .chunk_bytes = 256u << 20,
-        .pinned_budget_bytes = (size_t)2 << 30, .queue_depth = 8, .io_block_bytes = 8u << 20,
-        .use_direct_io = 1, .s3_part_bytes = 64u << 20, .s3_parallel_parts = 4,
-        .s3_max_retries = 6, .s3_retry_base_ms = 200, .s3_timeout_ms = 60000,
+        .struct_size = sizeof c,
+        .dir = NULL,
+        .keep_last = 3,
+        .chunk_bytes = 256u << 20,
+        .pinned_budget_bytes = (size_t)2 << 30,
+        .queue_depth = 8,
+        .io_block_bytes = 8u << 20,
+        .use_direct_io = 1,
+        .s3_part_bytes = 64u << 20,
+        .s3_parallel_parts = 4,
+        .s3_max_retries = 6,
+        .s3_retry_base_ms = 200,
+        .s3_timeout_ms = 60000,
         .s3_retry_max_ms = 20000,
     };
     return c;
@@ -201,7 +210,7 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
         if (cst != MOE_STATUS_SUCCESS) st = cst;
         if (st == MOE_STATUS_SUCCESS && !all_ok)
             st = MOE_FAIL(MOE_STATUS_IO_ERROR, "another rank could not use its checkpoint "
-                          "directory");
+                                               "directory");
         if (st == MOE_STATUS_SUCCESS)
             st = world->ops->split(world, 0, ck->rank, "ckpt", &ck->comm_w);
     }
@@ -212,8 +221,10 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
         MOE_TRY_GOTO(st, ck_s3_create(&c, ck->log, &ck->s3));
         moe_status_t bst = ck_s3_check_bucket(ck->s3);
         if (bst == MOE_STATUS_TIMEOUT)
-            moe_log(ck->log, MOE_LOG_WARN, "checkpoint: S3 is unreachable now (%s); the mirror "
-                    "will retry", moe_last_error());
+            moe_log(ck->log, MOE_LOG_WARN,
+                    "checkpoint: S3 is unreachable now (%s); the mirror "
+                    "will retry",
+                    moe_last_error());
         else if (bst != MOE_STATUS_SUCCESS) {
             st = bst;
             goto fail;
@@ -246,8 +257,7 @@ fail:
 /* Wait until the saves (and, with uploads, the S3 uploads) are done or timeout_ms passes
  * (< 0: no limit), or (stop_on_error) an unreported error is there to return. Collective when
  * world > 1. Takes no error. */
-static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms,
-                              bool stop_on_error)
+static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms, bool stop_on_error)
 {
     if (ck->world > 1) return ckpt_progress(ck, true, uploads, timeout_ms, stop_on_error);
     struct timespec dl;
@@ -270,8 +280,10 @@ static moe_status_t wait_idle(moe_ckpt_t *ck, bool uploads, int64_t timeout_ms,
                         !(stop_on_error && ckpt_error_pending_locked(ck, uploads));
             pthread_mutex_unlock(&ck->mu);
             if (busy)
-                return MOE_FAIL(MOE_STATUS_TIMEOUT, "checkpoint work still in progress after "
-                                "%" PRId64 " ms", timeout_ms);
+                return MOE_FAIL(MOE_STATUS_TIMEOUT,
+                                "checkpoint work still in progress after "
+                                "%" PRId64 " ms",
+                                timeout_ms);
             pthread_mutex_lock(&ck->mu);
         }
     }
@@ -296,7 +308,8 @@ static moe_status_t mirror_outcome(moe_ckpt_t *ck, bool timed_out, int64_t limit
     pthread_mutex_unlock(&ck->mu);
     if (up) return MOE_STATUS_SUCCESS;
     if (timed_out)
-        return MOE_FAIL(MOE_STATUS_TIMEOUT, "step %" PRId64 " is not on S3: its upload did not "
+        return MOE_FAIL(MOE_STATUS_TIMEOUT,
+                        "step %" PRId64 " is not on S3: its upload did not "
                         "finish within destroy's limit (%" PRId64 " ms) and was cancelled%s%s",
                         want, limit_ms, err ? "; before that: " : "", err ? msg : "");
     if (err != MOE_STATUS_SUCCESS)
@@ -378,10 +391,14 @@ moe_status_t moe_ckpt_status(moe_ckpt_t *ck, moe_ckpt_status_t *status)
     pthread_mutex_lock(&ck->mu);
     moe_ckpt_status_t s = ck->st;
     s.pending_uploads = ckpt_mirror_pending_locked(ck);
-    if (ck->async_err != MOE_STATUS_SUCCESS) s.state = MOE_CKPT_FAILED;
-    else if (s.pending_saves > 0) s.state = MOE_CKPT_WRITING;
-    else if (ckpt_mirror_busy_locked(ck)) s.state = MOE_CKPT_UPLOADING;
-    else s.state = MOE_CKPT_IDLE;
+    if (ck->async_err != MOE_STATUS_SUCCESS)
+        s.state = MOE_CKPT_FAILED;
+    else if (s.pending_saves > 0)
+        s.state = MOE_CKPT_WRITING;
+    else if (ckpt_mirror_busy_locked(ck))
+        s.state = MOE_CKPT_UPLOADING;
+    else
+        s.state = MOE_CKPT_IDLE;
     pthread_mutex_unlock(&ck->mu);
     s.struct_size = status->struct_size;
     memcpy(status, &s, status->struct_size < sizeof s ? status->struct_size : sizeof s);

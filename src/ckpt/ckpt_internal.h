@@ -82,24 +82,24 @@ typedef struct ck_piece {
     int64_t global_shape[MOE_MAX_DIMS];
     int64_t start[MOE_MAX_DIMS];
     int64_t extent[MOE_MAX_DIMS];
-    int32_t file;             /* index into the manifest's files */
-    uint64_t offset, length;  /* bytes in that file; offset is CK_ALIGN-aligned */
+    int32_t file;            /* index into the manifest's files */
+    uint64_t offset, length; /* bytes in that file; offset is CK_ALIGN-aligned */
     uint32_t nchunks;
-    uint64_t *xxh;            /* [nchunks] */
+    uint64_t *xxh; /* [nchunks] */
     /* save side only: where the bytes come from (contiguous) */
     const uint8_t *src;
     moe_device_kind_t src_device;
 } ck_piece_t;
 
 typedef struct ck_file {
-    char *path;               /* plain file name inside the step directory */
-    uint64_t bytes;           /* file size (a multiple of CK_ALIGN) */
+    char *path;     /* plain file name inside the step directory */
+    uint64_t bytes; /* file size (a multiple of CK_ALIGN) */
 } ck_file_t;
 
 typedef struct ck_manifest {
     int64_t step;
     uint64_t chunk_bytes;
-    int32_t world, mesh[4];   /* tp, ep, dp, pp */
+    int32_t world, mesh[4]; /* tp, ep, dp, pp */
     int32_t nfiles;
     ck_file_t *files;
     int32_t npieces;
@@ -107,10 +107,10 @@ typedef struct ck_manifest {
 } ck_manifest_t;
 
 /* ---- names.c ---- */
-bool ck_valid_name(const char *s);       /* tensor names */
-bool ck_valid_file_name(const char *s);  /* a plain file name: no '/', not . or .. */
-bool ck_valid_prefix(const char *s);     /* S3 prefix: [A-Za-z0-9._/-], no .. component */
-void ck_step_dirname(int64_t step, char *buf, size_t len); /* "step-000000000012" */
+bool ck_valid_name(const char *s);      /* tensor names */
+bool ck_valid_file_name(const char *s); /* a plain file name: no '/', not . or .. */
+bool ck_valid_prefix(const char *s);    /* S3 prefix: [A-Za-z0-9._/-], no .. component */
+void ck_step_dirname(int64_t step, char *buf, size_t len);  /* "step-000000000012" */
 void ck_rank_filename(int32_t rank, char *buf, size_t len); /* "rank-00003.bin" */
 /* qsort comparator of int64_t, ascending. */
 int ck_cmp_i64(const void *a, const void *b);
@@ -155,9 +155,8 @@ void ck_writer_register(ck_writer_t *w, int slot, void *buf, size_t len);
 moe_status_t ck_writer_open(ck_writer_t *w, const char *path);
 /* Queue `len` bytes of buf (registered as `slot`, or -1) at `offset`; completions of earlier
  * segments are reaped meanwhile, calling done(cookie) for each finished segment. */
-moe_status_t ck_writer_write(ck_writer_t *w, int slot, const void *buf, size_t len,
-                             uint64_t offset, void *cookie, void (*done)(void *, void *),
-                             void *done_ctx);
+moe_status_t ck_writer_write(ck_writer_t *w, int slot, const void *buf, size_t len, uint64_t offset,
+                             void *cookie, void (*done)(void *, void *), void *done_ctx);
 /* Requests in flight? Then wait for at least one completion (segments come back through
  * their done callbacks). */
 bool ck_writer_pending(const ck_writer_t *w);
@@ -172,15 +171,14 @@ bool ck_writer_direct(const ck_writer_t *w);
 bool ck_file_exists(const char *path);
 moe_status_t ck_fsync_dir(const char *dir);
 moe_status_t ck_mkdir_p(const char *dir);
-moe_status_t ck_write_file_atomic(const char *dir, const char *name, const void *data,
-                                  size_t len);
+moe_status_t ck_write_file_atomic(const char *dir, const char *name, const void *data, size_t len);
 moe_status_t ck_rmtree(const char *dir);
 
 /* ---- s3.c ---- */
 typedef struct ck_s3 ck_s3_t;
 moe_status_t ck_s3_create(const moe_ckpt_config_t *c, const moe_logger_t *log, ck_s3_t **out);
 void ck_s3_destroy(ck_s3_t *s);
-void ck_s3_cancel(ck_s3_t *s);   /* make in-flight and later requests fail quickly */
+void ck_s3_cancel(ck_s3_t *s); /* make in-flight and later requests fail quickly */
 /* HEAD-like check that the bucket exists; UNREACHABLE is reported as TIMEOUT. */
 moe_status_t ck_s3_check_bucket(ck_s3_t *s);
 /* Upload a local file as <prefix>/<stepdir>/<name> (multipart above the part size). */
@@ -201,16 +199,16 @@ moe_status_t ck_sha256_fd_hex(int fd, uint64_t off, uint64_t len, char out[65]);
  * keep_slash), malloc'd; NULL when out of memory. */
 char *ck_uri_encode(const char *s, bool keep_slash);
 typedef struct ck_sigv4_header {
-    const char *name, *value;            /* as sent */
+    const char *name, *value; /* as sent */
 } ck_sigv4_header_t;
 typedef struct ck_sigv4_request {
-    const char *method;                  /* "GET", "PUT", ... */
-    const char *path;                    /* "/bucket/key", not URI-encoded (encoded here) */
-    const char *query;                   /* as sent (URI-encoded), NULL or "" for none */
-    const ck_sigv4_header_t *headers;    /* every header to sign (host, x-amz-*) */
+    const char *method;               /* "GET", "PUT", ... */
+    const char *path;                 /* "/bucket/key", not URI-encoded (encoded here) */
+    const char *query;                /* as sent (URI-encoded), NULL or "" for none */
+    const ck_sigv4_header_t *headers; /* every header to sign (host, x-amz-*) */
     int nheaders;
-    const char *payload_sha256;          /* hex, as in x-amz-content-sha256 */
-    const char *amz_date;                /* "YYYYMMDDTHHMMSSZ", as in x-amz-date */
+    const char *payload_sha256; /* hex, as in x-amz-content-sha256 */
+    const char *amz_date;       /* "YYYYMMDDTHHMMSSZ", as in x-amz-date */
     const char *region, *service, *access_key, *secret_key;
 } ck_sigv4_request_t;
 /* The Authorization header's value for r into authz[authz_len]; creq / sts (may be NULL)
@@ -233,12 +231,12 @@ moe_status_t ck_load_dir(moe_runtime_t *rt, const char *stepdir, int64_t step,
  * save from save_async to the writer thread and goes back to the free list once written. */
 typedef struct ckpt_seg {
     uint8_t *buf;
-    int slot;                    /* the writer's registration slot */
+    int slot; /* the writer's registration slot */
     bool registered;
-    uint64_t off;                /* file offset of buf[0] */
+    uint64_t off; /* file offset of buf[0] */
     size_t len;
-    void *event;                 /* CUDA: marks this segment's copies (the writer waits) */
-    struct ckpt_job *job;        /* host: the save the copy thread fills it for */
+    void *event;          /* CUDA: marks this segment's copies (the writer waits) */
+    struct ckpt_job *job; /* host: the save the copy thread fills it for */
     struct ckpt_seg *next;
 } ckpt_seg_t;
 
@@ -248,10 +246,10 @@ typedef struct ckpt_job {
     ck_piece_t *pieces;
     int32_t npieces;
     uint64_t file_bytes;
-    int64_t seq;                 /* this checkpointer's count of saves, from 1 */
-    ckpt_seg_t *q_head, *q_tail; /* copied (host) or copying (CUDA), waiting for the writer */
+    int64_t seq;                     /* this checkpointer's count of saves, from 1 */
+    ckpt_seg_t *q_head, *q_tail;     /* copied (host) or copying (CUDA), waiting for the writer */
     int32_t segs_issued, segs_ready; /* segments save_async started / the writer may take */
-    bool issue_done;             /* save_async has started every segment it will */
+    bool issue_done;                 /* save_async has started every segment it will */
     bool all_queued, snap_failed;
     double t_start;
     struct ckpt_job *next;
@@ -260,7 +258,7 @@ typedef struct ckpt_job {
     XXH3_state_t *hs;
     /* result of the local write, for the commit */
     bool local_ok;
-    char *mine;                  /* this rank's piece list (JSON) */
+    char *mine; /* this rank's piece list (JSON) */
 } ckpt_job_t;
 
 /* Pieces of at most this many bytes are copied first (CUDA), under an event of their own: a
@@ -270,9 +268,9 @@ typedef struct ckpt_job {
 
 /* Which parts of a segment ckpt_fill_segment copies. */
 typedef enum ckpt_fill {
-    CKPT_FILL_ALL = 0,     /* every piece, and the gaps zeroed */
-    CKPT_FILL_SMALL,       /* pieces up to CKPT_SMALL_PIECE_BYTES, and the gaps zeroed */
-    CKPT_FILL_LARGE        /* the other pieces */
+    CKPT_FILL_ALL = 0, /* every piece, and the gaps zeroed */
+    CKPT_FILL_SMALL,   /* pieces up to CKPT_SMALL_PIECE_BYTES, and the gaps zeroed */
+    CKPT_FILL_LARGE    /* the other pieces */
 } ckpt_fill_t;
 
 /* One source range a save's copy reads. */
@@ -294,10 +292,10 @@ typedef struct ckpt_fence {
 /* What the S3 thread does next (mirror.c). */
 typedef enum ckpt_mir_task {
     CKPT_MIR_NONE = 0,
-    CKPT_MIR_WHOLE,      /* every file of the step, manifest last (world of one, reconcile) */
-    CKPT_MIR_SHARD,      /* world > 1: this rank's data file of the round's step */
-    CKPT_MIR_MANIFEST,   /* world > 1, rank 0: every shard is up, put the manifest */
-    CKPT_MIR_BUSY        /* a SHARD or MANIFEST task the thread has taken */
+    CKPT_MIR_WHOLE,    /* every file of the step, manifest last (world of one, reconcile) */
+    CKPT_MIR_SHARD,    /* world > 1: this rank's data file of the round's step */
+    CKPT_MIR_MANIFEST, /* world > 1, rank 0: every shard is up, put the manifest */
+    CKPT_MIR_BUSY      /* a SHARD or MANIFEST task the thread has taken */
 } ckpt_mir_task_t;
 
 /* Locking: mu and cv guard the queues, the free segments, the status and the async error; the
@@ -309,48 +307,48 @@ struct moe_ckpt {
     moe_ckpt_config_t cfg;
     char *dir;
     int rank, world;
-    moe_comm_t *comm_w;                  /* NULL in a world of one; used on the training thread */
+    moe_comm_t *comm_w; /* NULL in a world of one; used on the training thread */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
     ckpt_seg_t *segs;
     int max_segs, nsegs;
     ckpt_seg_t *free_segs;
-    ckpt_job_t *jobs, *jobs_tail;        /* queued for the writer */
-    ckpt_job_t *done, *done_tail;        /* world > 1: durable here, not yet committed */
+    ckpt_job_t *jobs, *jobs_tail; /* queued for the writer */
+    ckpt_job_t *done, *done_tail; /* world > 1: durable here, not yet committed */
     bool retention_due;
     int64_t loading_step;
     /* the S3 mirror (mirror.c); steps are -1 when none */
-    int64_t mir_want;                    /* newest committed step, to be on S3 */
-    int64_t mir_round;                   /* step whose upload is in flight on this rank */
-    ckpt_mir_task_t mir_task;            /* world > 1: set by ckpt_progress for the S3 thread */
-    bool mir_shard_done, mir_shard_ok;   /* world > 1: this rank's shard of mir_round */
-    int64_t mir_failed;                  /* step of the newest failed round ... */
-    double mir_retry_at;                 /* ... tried again from then on (moe_now_s) */
-    int64_t mir_reconcile;               /* rank 0: a step from before create, to upload */
-    bool mir_draining;                   /* destroy: each wanted step is tried once more */
-    int64_t mir_drain_tried;             /* the newest step tried since draining began */
+    int64_t mir_want;                  /* newest committed step, to be on S3 */
+    int64_t mir_round;                 /* step whose upload is in flight on this rank */
+    ckpt_mir_task_t mir_task;          /* world > 1: set by ckpt_progress for the S3 thread */
+    bool mir_shard_done, mir_shard_ok; /* world > 1: this rank's shard of mir_round */
+    int64_t mir_failed;                /* step of the newest failed round ... */
+    double mir_retry_at;               /* ... tried again from then on (moe_now_s) */
+    int64_t mir_reconcile;             /* rank 0: a step from before create, to upload */
+    bool mir_draining;                 /* destroy: each wanted step is tried once more */
+    int64_t mir_drain_tried;           /* the newest step tried since draining began */
     bool stop, aborting;
-    bool defer_writer;                   /* see ckpt_write_job; MOE_CKPT_DEFER_WRITER=0: off */
+    bool defer_writer; /* see ckpt_write_job; MOE_CKPT_DEFER_WRITER=0: off */
     pthread_t writer_th, s3_th, copier_th;
     bool writer_started, s3_started, copier_started;
     /* the snapshot's copies (copy.c) */
-    bool device_copies;                  /* the backend copies (CUDA); else the copy thread */
-    ckpt_seg_t *copy_head, *copy_tail;   /* host: segments waiting for the copy thread */
-    int64_t snap_seq;                    /* saves started (job seq) */
-    int64_t copied_seq;                  /* every save up to this one is copied */
-    ckpt_fence_t *fences;                /* training thread: saves whose copy may still run */
+    bool device_copies;                /* the backend copies (CUDA); else the copy thread */
+    ckpt_seg_t *copy_head, *copy_tail; /* host: segments waiting for the copy thread */
+    int64_t snap_seq;                  /* saves started (job seq) */
+    int64_t copied_seq;                /* every save up to this one is copied */
+    ckpt_fence_t *fences;              /* training thread: saves whose copy may still run */
     int32_t nfences;
 
     ck_writer_t *w;
     ck_s3_t *s3;
 
     int64_t last_saved_step;
-    int32_t destroy_timeout_ms;          /* moe_ckpt_destroy's limit (MOE_CKPT_DESTROY_...) */
+    int32_t destroy_timeout_ms; /* moe_ckpt_destroy's limit (MOE_CKPT_DESTROY_...) */
     moe_ckpt_status_t st;
-    moe_status_t async_err;              /* the local tier's first unreported failure */
+    moe_status_t async_err; /* the local tier's first unreported failure */
     char async_msg[1024];
-    moe_status_t mirror_err;             /* the mirror's (reported only with uploads) */
+    moe_status_t mirror_err; /* the mirror's (reported only with uploads) */
     char mirror_msg[1024];
 };
 

@@ -60,8 +60,7 @@ static moe_status_t gather_pieces(moe_ckpt_t *ck, moe_comm_t *c, const char *min
  * caller holds ck->mu. */
 static bool step_pinned_locked(const moe_ckpt_t *ck, int64_t step)
 {
-    if (step == ck->mir_round || step == ck->mir_reconcile || step == ck->loading_step)
-        return true;
+    if (step == ck->mir_round || step == ck->mir_reconcile || step == ck->loading_step) return true;
     for (const ckpt_job_t *j = ck->jobs; j; j = j->next)
         if (j->step == step) return true;
     for (const ckpt_job_t *j = ck->done; j; j = j->next)
@@ -181,8 +180,7 @@ static void commit_job(moe_ckpt_t *ck, ckpt_job_t *j)
         free(all);
         free(bytes);
         if (ck->comm_w) { /* everyone learns whether rank 0 committed */
-            moe_status_t bst = moe_comm_broadcast_copy(ck->comm_w, &committed, 1, MOE_COMM_I32,
-                                                       0);
+            moe_status_t bst = moe_comm_broadcast_copy(ck->comm_w, &committed, 1, MOE_COMM_I32, 0);
             if (bst != MOE_STATUS_SUCCESS) {
                 ckpt_set_async_error(ck, bst, "checkpoint commit broadcast");
                 committed = 0;
@@ -207,8 +205,8 @@ static void commit_job(moe_ckpt_t *ck, ckpt_job_t *j)
     pthread_cond_broadcast(&ck->cv);
     pthread_mutex_unlock(&ck->mu);
     if (committed)
-        moe_log(ck->log, MOE_LOG_INFO, "checkpoint: step %" PRId64 " durable after %.3f s",
-                j->step, t - j->t_start);
+        moe_log(ck->log, MOE_LOG_INFO, "checkpoint: step %" PRId64 " durable after %.3f s", j->step,
+                t - j->t_start);
 }
 
 /* The writer thread: each queued save's data file in order (ckpt_write_job); in a world of
@@ -249,8 +247,10 @@ void *ckpt_writer_main(void *arg)
         if (ck->world == 1) {
             ck->st.pending_saves--;
         } else { /* durable here; committed by ckpt_progress() on the training thread */
-            if (ck->done_tail) ck->done_tail->next = j;
-            else ck->done = j;
+            if (ck->done_tail)
+                ck->done_tail->next = j;
+            else
+                ck->done = j;
             ck->done_tail = j;
         }
         pthread_cond_broadcast(&ck->cv);
@@ -305,8 +305,10 @@ moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t tim
             pthread_mutex_unlock(&ck->mu);
             ckpt_job_free(j);
         }
-        if (mins[1]) MOE_TRY(ckpt_mirror_agree_upload(ck));
-        else if (mins[2] && mins[3] < 0) ckpt_mirror_start_round(ck); /* mir_want agrees */
+        if (mins[1])
+            MOE_TRY(ckpt_mirror_agree_upload(ck));
+        else if (mins[2] && mins[3] < 0)
+            ckpt_mirror_start_round(ck); /* mir_want agrees */
         if (!drain) return MOE_STATUS_SUCCESS;
         pthread_mutex_lock(&ck->mu);
         int32_t busy[3] = {ckpt_busy_locked(ck, uploads),
@@ -317,8 +319,9 @@ moe_status_t ckpt_progress(moe_ckpt_t *ck, bool drain, bool uploads, int64_t tim
         MOE_TRY(moe_comm_allreduce_copy(ck->comm_w, busy, any, 3, MOE_COMM_I32, MOE_REDUCE_MAX));
         if (!any[0] || any[1]) return MOE_STATUS_SUCCESS; /* done, or an error to report */
         if (any[2])
-            return MOE_FAIL(MOE_STATUS_TIMEOUT, "checkpoint work still in progress after %" PRId64
-                            " ms (on some rank)", timeout_ms);
+            return MOE_FAIL(MOE_STATUS_TIMEOUT,
+                            "checkpoint work still in progress after %" PRId64 " ms (on some rank)",
+                            timeout_ms);
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }

@@ -44,9 +44,9 @@ moe_status_t ckpt_fill_segment(moe_ckpt_t *ck, const ckpt_job_t *j, ckpt_seg_t *
             uint8_t *dst = s->buf + (a - off);
             const uint8_t *src = p->src + (a - p->offset);
             if (p->src_device == MOE_DEVICE_CUDA)
-                MOE_TRY(MOE_OPS(ck->rt)->snapshot_copy(MOE_CTX(ck->rt), dst, src,
-                                                        (size_t)(b - a)));
-            else memcpy(dst, src, (size_t)(b - a));
+                MOE_TRY(MOE_OPS(ck->rt)->snapshot_copy(MOE_CTX(ck->rt), dst, src, (size_t)(b - a)));
+            else
+                memcpy(dst, src, (size_t)(b - a));
         }
         if (b > pos) pos = b;
     }
@@ -59,8 +59,10 @@ moe_status_t ckpt_fill_segment(moe_ckpt_t *ck, const ckpt_job_t *j, ckpt_seg_t *
 void ckpt_job_segment_ready_locked(moe_ckpt_t *ck, ckpt_job_t *j, ckpt_seg_t *s)
 {
     s->next = NULL;
-    if (j->q_tail) j->q_tail->next = s;
-    else j->q_head = s;
+    if (j->q_tail)
+        j->q_tail->next = s;
+    else
+        j->q_head = s;
     j->q_tail = s;
     j->segs_ready++;
     if (j->issue_done && j->segs_ready == j->segs_issued) {
@@ -130,8 +132,10 @@ static void fence_prune(moe_ckpt_t *ck)
     pthread_mutex_unlock(&ck->mu);
     int32_t n = 0;
     for (int32_t i = 0; i < ck->nfences; i++) {
-        if (ck->fences[i].seq <= done) fence_free(ck, &ck->fences[i]);
-        else ck->fences[n++] = ck->fences[i];
+        if (ck->fences[i].seq <= done)
+            fence_free(ck, &ck->fences[i]);
+        else
+            ck->fences[n++] = ck->fences[i];
     }
     ck->nfences = n;
 }
@@ -160,8 +164,10 @@ moe_status_t ckpt_fence_writes(void *arg, const void *data, size_t bytes)
         const ckpt_fence_t *f = &ck->fences[i];
         int need = fence_need(f, data, bytes);
         if (need == 0) continue;
-        if (!ck->device_copies) wait_seq = f->seq;
-        else MOE_TRY(ops->event_fence(MOE_CTX(ck->rt), need == 1 ? f->small_ev : f->full_ev));
+        if (!ck->device_copies)
+            wait_seq = f->seq;
+        else
+            MOE_TRY(ops->event_fence(MOE_CTX(ck->rt), need == 1 ? f->small_ev : f->full_ev));
     }
     if (wait_seq < 0) return MOE_STATUS_SUCCESS;
     pthread_mutex_lock(&ck->mu);

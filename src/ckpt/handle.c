@@ -52,8 +52,7 @@ moe_status_t ckpt_take_async_error(moe_ckpt_t *ck, bool uploads)
 
 bool ckpt_error_pending_locked(const moe_ckpt_t *ck, bool uploads)
 {
-    return ck->async_err != MOE_STATUS_SUCCESS ||
-           (uploads && ck->mirror_err != MOE_STATUS_SUCCESS);
+    return ck->async_err != MOE_STATUS_SUCCESS || (uploads && ck->mirror_err != MOE_STATUS_SUCCESS);
 }
 
 /* ---- steps on local disk ------------------------------------------------------------------- */

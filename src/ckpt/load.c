@@ -75,8 +75,7 @@ typedef struct sink {
 
 /* n elements of src (saved dtype sdt) at global coordinates idx (a run along the last
  * dimension) */
-static void sink_row(sink_t *k, const int64_t *idx, const uint8_t *src, moe_dtype_t sdt,
-                     int64_t n)
+static void sink_row(sink_t *k, const int64_t *idx, const uint8_t *src, moe_dtype_t sdt, int64_t n)
 {
     const box_t *b = k->b;
     int nd = k->nd;
@@ -120,7 +119,8 @@ static moe_status_t read_intersection(int fd, const char *fname, uint64_t chunk,
     uint64_t c0 = b0 / chunk, c1 = (b1 - 1) / chunk;
     uint64_t r0 = c0 * chunk, r1 = (c1 + 1) * chunk < p->length ? (c1 + 1) * chunk : p->length;
     uint8_t *buf = malloc((size_t)(r1 - r0));
-    if (!buf) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "read buffer of %" PRIu64 " bytes", r1 - r0);
+    if (!buf)
+        return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "read buffer of %" PRIu64 " bytes", r1 - r0);
     size_t got = 0, want = (size_t)(r1 - r0);
     while (got < want) {
         ssize_t n = pread(fd, buf + got, want - got, (off_t)(p->offset + r0 + got));
@@ -137,13 +137,15 @@ static moe_status_t read_intersection(int fd, const char *fname, uint64_t chunk,
         got += (size_t)n;
     }
     for (uint64_t c = c0; c <= c1; c++) {
-        uint64_t a = c * chunk - r0, len = (c + 1) * chunk < p->length ? chunk : p->length - c * chunk;
+        uint64_t a = c * chunk - r0,
+                 len = (c + 1) * chunk < p->length ? chunk : p->length - c * chunk;
         uint64_t h = XXH3_64bits(buf + a, (size_t)len);
         if (h != p->xxh[c]) {
             free(buf);
             return MOE_FAIL(MOE_STATUS_CORRUPT,
                             "checksum mismatch in %s: tensor %s chunk %" PRIu64 " (bytes %" PRIu64
-                            "..%" PRIu64 " of the piece): xxh3 %016" PRIx64 ", manifest %016" PRIx64,
+                            "..%" PRIu64 " of the piece): xxh3 %016" PRIx64
+                            ", manifest %016" PRIx64,
                             fname, p->name, c, c * chunk, c * chunk + len, h, p->xxh[c]);
         }
     }
@@ -222,7 +224,8 @@ static moe_status_t load_box(const ck_manifest_t *m, const int *fds, const char 
         if (!agrees) {
             st = MOE_FAIL(MOE_STATUS_CORRUPT,
                           "checkpoint step %" PRId64 ": the pieces of tensor %s disagree on its "
-                          "global shape", step, name);
+                          "global shape",
+                          step, name);
             goto done;
         }
         span_t span = {.piece = i};
@@ -278,8 +281,8 @@ static moe_status_t load_box(const ck_manifest_t *m, const int *fds, const char 
             len += snprintf(desc + len, sizeof desc - (size_t)len, "%s%" PRId64 ":%" PRId64,
                             d ? "," : "", b->gstart[d], b->gstart[d] + b->ext[d]);
         st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
-                      "checkpoint step %" PRId64 " does not hold all of tensor %s[%s]", step,
-                      name, desc);
+                      "checkpoint step %" PRId64 " does not hold all of tensor %s[%s]", step, name,
+                      desc);
     }
 done:
     free(k.raw);
@@ -315,7 +318,8 @@ static moe_status_t load_tensor(moe_runtime_t *rt, const ck_manifest_t *m, const
     if (!same)
         return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
                         "tensor %s: requested global shape [%s] but checkpoint step %" PRId64
-                        " has [%s]", e->name, want, step, have);
+                        " has [%s]",
+                        e->name, want, step, have);
     int64_t numel = moe_tensor_numel(x);
     size_t bytes = (size_t)numel * moe_dtype_size(x->dtype);
     if (numel == 0) return MOE_STATUS_SUCCESS;
@@ -347,9 +351,10 @@ static moe_status_t load_tensor(moe_runtime_t *rt, const ck_manifest_t *m, const
     if (staged) {
         if (st == MOE_STATUS_SUCCESS) {
             if (x->device != rt->backend.ops->device)
-                st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "tensor %s is on a device the "
-                              "runtime's backend (%s) cannot reach", e->name,
-                              rt->backend.ops->name);
+                st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
+                              "tensor %s is on a device the "
+                              "runtime's backend (%s) cannot reach",
+                              e->name, rt->backend.ops->name);
             else
                 st = MOE_OPS(rt)->copy(MOE_CTX(rt), x->data, dst, bytes);
         }
@@ -385,8 +390,9 @@ moe_status_t ck_load_dir(moe_runtime_t *rt, const char *stepdir, int64_t step,
         }
         struct stat sb;
         if (fstat(fds[opened], &sb) != 0 || (uint64_t)sb.st_size < m.files[opened].bytes) {
-            st = MOE_FAIL(MOE_STATUS_CORRUPT, "%s is truncated: %lld bytes, the manifest says %"
-                          PRIu64, path, (long long)sb.st_size, m.files[opened].bytes);
+            st = MOE_FAIL(MOE_STATUS_CORRUPT,
+                          "%s is truncated: %lld bytes, the manifest says %" PRIu64, path,
+                          (long long)sb.st_size, m.files[opened].bytes);
             opened++;
             goto out;
         }

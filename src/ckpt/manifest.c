@@ -158,8 +158,7 @@ static moe_status_t piece_binding(int64_t step, uint64_t chunk_bytes, const ck_p
            moe_dtype_name(q->dtype));
     const int64_t *dims[3] = {q->global_shape, q->start, q->extent};
     for (int k = 0; k < 3; k++) {
-        for (int d = 0; d < q->ndim; d++)
-            append(&p, &left, "%s%" PRId64, d ? "," : "", dims[k][d]);
+        for (int d = 0; d < q->ndim; d++) append(&p, &left, "%s%" PRId64, d ? "," : "", dims[k][d]);
         append(&p, &left, "|");
     }
     append(&p, &left, "%s|%" PRIu64 "|%" PRIu64 "|", file, q->offset, q->length);
@@ -293,9 +292,12 @@ static int get_shape(const cJSON *o, const char *key, int64_t *v)
 static bool parse_dtype(const char *s, moe_dtype_t *dt)
 {
     if (!s) return false;
-    if (!strcmp(s, "f32")) *dt = MOE_DTYPE_F32;
-    else if (!strcmp(s, "bf16")) *dt = MOE_DTYPE_BF16;
-    else return false;
+    if (!strcmp(s, "f32"))
+        *dt = MOE_DTYPE_F32;
+    else if (!strcmp(s, "bf16"))
+        *dt = MOE_DTYPE_BF16;
+    else
+        return false;
     return true;
 }
 
@@ -337,7 +339,8 @@ static moe_status_t parse_header(const cJSON *m, ck_manifest_t *out, uint64_t *n
     }
     if (!get_u64(m, "format_version", &ver) || ver < 2 || ver > CK_FORMAT_VERSION) {
         return BAD("unsupported format_version (this library reads 2 and %d: version 1 has no "
-                   "piece bindings)", CK_FORMAT_VERSION);
+                   "piece bindings)",
+                   CK_FORMAT_VERSION);
     }
     /* version 3 counts its pieces, so a piece entry removed is damage, not a missing tensor */
     *npieces = UINT64_MAX;
@@ -351,8 +354,8 @@ static moe_status_t parse_header(const cJSON *m, ck_manifest_t *out, uint64_t *n
     }
     if (!cJSON_IsString(sum) || strcmp(sum->valuestring, "xxh3_64") != 0) {
         bool named = cJSON_IsString(sum);
-        return BAD("\"checksum\" is %s%.40s%s; this library knows \"xxh3_64\"",
-                   named ? "\"" : "", named ? sum->valuestring : "missing", named ? "\"" : "");
+        return BAD("\"checksum\" is %s%.40s%s; this library knows \"xxh3_64\"", named ? "\"" : "",
+                   named ? sum->valuestring : "missing", named ? "\"" : "");
     }
     if (!get_u64(m, "step", &step) || !get_u64(m, "chunk_bytes", &chunk) || chunk == 0) {
         return BAD("missing or invalid step / chunk_bytes");
@@ -389,7 +392,8 @@ static moe_status_t parse_files(const cJSON *files, ck_manifest_t *out)
         }
         if (!ck_valid_file_name(p->valuestring)) {
             return BAD("files[%d].path \"%.80s\" is not a plain file name inside the checkpoint "
-                       "directory (rejected)", out->nfiles, p->valuestring);
+                       "directory (rejected)",
+                       out->nfiles, p->valuestring);
         }
         for (int32_t j = 0; j < out->nfiles; j++)
             if (!strcmp(out->files[j].path, p->valuestring)) {
@@ -447,7 +451,8 @@ static moe_status_t parse_piece(const cJSON *x, int idx, ck_manifest_t *out, ck_
     }
     if (!ck_valid_file_name(fl->valuestring)) {
         return BAD("tensor %s: file \"%.80s\" is not a plain file name inside the checkpoint "
-                   "directory (rejected)", q->name, fl->valuestring);
+                   "directory (rejected)",
+                   q->name, fl->valuestring);
     }
     q->file = -1;
     for (int32_t j = 0; j < out->nfiles; j++)
@@ -478,8 +483,7 @@ static moe_status_t parse_piece(const cJSON *x, int idx, ck_manifest_t *out, ck_
     cJSON_ArrayForEach(h, cs)
     {
         if (!cJSON_IsString(h) || !parse_hex64(h->valuestring, &q->xxh[c++])) {
-            return BAD("tensor %s: checksum %u is not 16 lower-case hex digits", q->name,
-                       c - 1);
+            return BAD("tensor %s: checksum %u is not 16 lower-case hex digits", q->name, c - 1);
         }
     }
     const cJSON *bd = cJSON_GetObjectItemCaseSensitive(x, "binding_xxh3_64");
@@ -530,7 +534,8 @@ moe_status_t ck_manifest_parse(const char *text, size_t len, ck_manifest_t *out)
     int nf = cJSON_GetArraySize(files), nt = cJSON_GetArraySize(tensors);
     if (npieces != UINT64_MAX && npieces != (uint64_t)nt) {
         st = BAD("\"tensors\" has %d entries where \"piece_count\" says %" PRIu64
-                 ": a piece entry was removed or added", nt, npieces);
+                 ": a piece entry was removed or added",
+                 nt, npieces);
         goto fail;
     }
     out->files = calloc((size_t)(nf ? nf : 1), sizeof *out->files);
@@ -583,8 +588,8 @@ moe_status_t ck_manifest_read(const char *stepdir, ck_manifest_t *out)
     struct stat sb;
     if (fstat(fd, &sb) != 0 || sb.st_size <= 0 || (uint64_t)sb.st_size > CK_MAX_MANIFEST_BYTES) {
         close(fd);
-        return MOE_FAIL(MOE_STATUS_CORRUPT, "%s: empty, unreadable or larger than %u bytes",
-                        path, CK_MAX_MANIFEST_BYTES);
+        return MOE_FAIL(MOE_STATUS_CORRUPT, "%s: empty, unreadable or larger than %u bytes", path,
+                        CK_MAX_MANIFEST_BYTES);
     }
     size_t n = (size_t)sb.st_size;
     char *buf = malloc(n + 1);

@@ -110,9 +110,10 @@ static void mirror_failed(moe_ckpt_t *ck, moe_status_t st, int64_t step)
                  step, moe_last_error());
     }
     pthread_mutex_unlock(&ck->mu);
-    moe_log(ck->log, MOE_LOG_WARN, "checkpoint: mirroring step %" PRId64 " to S3 failed: %s; "
-            "local checkpoints go on, the newest step is tried again in %.1f s", step,
-            moe_last_error(), ck->cfg.s3_retry_max_ms / 1000.0);
+    moe_log(ck->log, MOE_LOG_WARN,
+            "checkpoint: mirroring step %" PRId64 " to S3 failed: %s; "
+            "local checkpoints go on, the newest step is tried again in %.1f s",
+            step, moe_last_error(), ck->cfg.s3_retry_max_ms / 1000.0);
 }
 
 /* ---- uploads ------------------------------------------------------------------------------- */
@@ -132,8 +133,10 @@ static moe_status_t put_step_file(moe_ckpt_t *ck, int64_t step, const char *step
         st = ck_s3_put_file(ck->s3, name, file, local, &sent);
         if (st == MOE_STATUS_SUCCESS || st == MOE_STATUS_ABORTED || st == MOE_STATUS_IO_ERROR)
             break;
-        moe_log(ck->log, MOE_LOG_WARN, "checkpoint: uploading %s/%s failed (%s); retrying the "
-                "file", name, file, moe_last_error());
+        moe_log(ck->log, MOE_LOG_WARN,
+                "checkpoint: uploading %s/%s failed (%s); retrying the "
+                "file",
+                name, file, moe_last_error());
     }
     pthread_mutex_lock(&ck->mu);
     ck->st.bytes_uploaded += sent;
@@ -183,8 +186,8 @@ static void mirrored(moe_ckpt_t *ck, int64_t step)
     pthread_mutex_lock(&ck->mu);
     bool recovered = ck->mir_failed >= 0;
     pthread_mutex_unlock(&ck->mu);
-    moe_log(ck->log, MOE_LOG_INFO, "checkpoint: step %" PRId64
-            " mirrored to S3%s", step, recovered ? " (the mirror recovered)" : "");
+    moe_log(ck->log, MOE_LOG_INFO, "checkpoint: step %" PRId64 " mirrored to S3%s", step,
+            recovered ? " (the mirror recovered)" : "");
     s3_retention(ck);
 }
 
@@ -266,13 +269,15 @@ void *ckpt_mirror_main(void *arg)
         } else {
             st = put_whole_step(ck, step);
         }
-        if (st != MOE_STATUS_SUCCESS) mirror_failed(ck, st, step);
-        else if (task != CKPT_MIR_SHARD) mirrored(ck, step);
+        if (st != MOE_STATUS_SUCCESS)
+            mirror_failed(ck, st, step);
+        else if (task != CKPT_MIR_SHARD)
+            mirrored(ck, step);
 
         pthread_mutex_lock(&ck->mu);
         if (task == CKPT_MIR_WHOLE && step == ck->mir_reconcile &&
             (st == MOE_STATUS_NOT_FOUND || st == MOE_STATUS_CORRUPT))
-            ck->mir_reconcile = -1; /* gone or damaged locally: trying again cannot help */
+            ck->mir_reconcile = -1;   /* gone or damaged locally: trying again cannot help */
         if (task == CKPT_MIR_SHARD) { /* the ranks agree in ckpt_progress() */
             ck->mir_task = CKPT_MIR_NONE;
             ck->mir_shard_done = true;
@@ -300,13 +305,17 @@ void ckpt_mirror_reconcile(moe_ckpt_t *ck)
     int64_t newest = loc[nl - 1];
     free(loc);
     if (ck_s3_list_steps(ck->s3, &rem, &nr, 1) != MOE_STATUS_SUCCESS) {
-        moe_log(ck->log, MOE_LOG_WARN, "checkpoint: cannot list S3 (%s); local step %" PRId64
-                " will be uploaded when it can be", moe_last_error(), newest);
+        moe_log(ck->log, MOE_LOG_WARN,
+                "checkpoint: cannot list S3 (%s); local step %" PRId64
+                " will be uploaded when it can be",
+                moe_last_error(), newest);
     } else if (nr > 0 && rem[nr - 1] >= newest) {
         newest = -1; /* S3 has it, or a newer one */
     } else {
-        moe_log(ck->log, MOE_LOG_INFO, "checkpoint: local step %" PRId64 " is not on S3: "
-                "uploading it (kept locally until it is)", newest);
+        moe_log(ck->log, MOE_LOG_INFO,
+                "checkpoint: local step %" PRId64 " is not on S3: "
+                "uploading it (kept locally until it is)",
+                newest);
     }
     free(rem);
     ck->mir_reconcile = newest;

@@ -34,8 +34,8 @@ moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count)
         const moe_ckpt_tensor_t *e = &t[i];
         MOE_CHECK_ARG(ck_valid_name(e->name),
                       "tensors[%d].name is %s%s%s: names are 1..255 characters of "
-                      "[A-Za-z0-9._/-] in /-separated parts other than . and ..", i, e->name ? "\"" : "", e->name ? e->name : "NULL",
-                      e->name ? "\"" : "");
+                      "[A-Za-z0-9._/-] in /-separated parts other than . and ..",
+                      i, e->name ? "\"" : "", e->name ? e->name : "NULL", e->name ? "\"" : "");
         const moe_tensor_t *x = &e->tensor;
         MOE_CHECK_ARG(moe_dtype_size(x->dtype) != 0, "tensor %s: unknown dtype %d", e->name,
                       (int)x->dtype);
@@ -51,12 +51,14 @@ moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count)
                           x->shape[d]);
             numel *= x->shape[d];
             int64_t g = gs[d], o = go[d];
-            MOE_CHECK_ARG(o >= 0 && g >= 0, "tensor %s: offset[%d] = %" PRId64
-                          ", global_shape[%d] = %" PRId64, e->name, d, o, d, g);
+            MOE_CHECK_ARG(o >= 0 && g >= 0,
+                          "tensor %s: offset[%d] = %" PRId64 ", global_shape[%d] = %" PRId64,
+                          e->name, d, o, d, g);
             if (!(e->expert_ids && d == e->expert_dim))
                 MOE_CHECK_ARG(o + x->shape[d] <= g,
                               "tensor %s: dimension %d: offset %" PRId64 " + local %" PRId64
-                              " exceeds global %" PRId64, e->name, d, o, x->shape[d], g);
+                              " exceeds global %" PRId64,
+                              e->name, d, o, x->shape[d], g);
         }
         MOE_CHECK_ARG(numel == 0 || x->data != NULL, "tensor %s: data is NULL", e->name);
         MOE_CHECK_ARG(e->expert_dim >= -1 && e->expert_dim < x->ndim,
@@ -67,8 +69,8 @@ moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count)
             for (int d = 0; d < ed; d++)
                 MOE_CHECK_ARG(x->shape[d] == 1,
                               "tensor %s: expert_ids need every dimension before expert_dim %d"
-                              " to have extent 1 (dimension %d has %" PRId64 ")", e->name, ed,
-                              d, x->shape[d]);
+                              " to have extent 1 (dimension %d has %" PRId64 ")",
+                              e->name, ed, d, x->shape[d]);
             int64_t g = gs[ed];
             for (int64_t k = 0; k < x->shape[ed]; k++) {
                 MOE_CHECK_ARG(e->expert_ids[k] >= 0 && e->expert_ids[k] < g,
@@ -89,8 +91,7 @@ moe_status_t ck_check_request(const moe_ckpt_tensor_t *t, int32_t count)
         for (int32_t i = 1; i < count; i++)
             if (!strcmp(names[i - 1], names[i])) {
                 moe_status_t st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
-                                           "tensor name \"%s\" appears more than once",
-                                           names[i]);
+                                           "tensor name \"%s\" appears more than once", names[i]);
                 free(names);
                 return st;
             }

@@ -55,8 +55,10 @@ static moe_status_t set_aside_one(moe_ckpt_t *ck, int64_t step, const char *from
     if (!uploading && ck->mir_reconcile == step) ck->mir_reconcile = -1; /* nothing to upload */
     pthread_mutex_unlock(&ck->mu);
     if (uploading)
-        return MOE_FAIL(MOE_STATUS_IN_PROGRESS, "step %" PRId64 " is being uploaded to S3; "
-                        "set it aside after moe_ckpt_wait with uploads", step);
+        return MOE_FAIL(MOE_STATUS_IN_PROGRESS,
+                        "step %" PRId64 " is being uploaded to S3; "
+                        "set it aside after moe_ckpt_wait with uploads",
+                        step);
     char to[PATH_MAX];
     long long now = (long long)time(NULL);
     int rc = -1;
@@ -109,8 +111,10 @@ moe_status_t moe_ckpt_set_aside_newer(moe_ckpt_t *ck, int64_t step, int32_t *cou
     if (count) *count = agreed_n;
     if (agreed_st == MOE_STATUS_SUCCESS) return MOE_STATUS_SUCCESS;
     if (ck->rank == 0) return MOE_FAIL((moe_status_t)agreed_st, "%s", msg);
-    return MOE_FAIL((moe_status_t)agreed_st, "rank 0 could not set the steps newer than %" PRId64
-                    " aside (%d moved; its log says why)", step, agreed_n);
+    return MOE_FAIL((moe_status_t)agreed_st,
+                    "rank 0 could not set the steps newer than %" PRId64
+                    " aside (%d moved; its log says why)",
+                    step, agreed_n);
 }
 
 /* ---- load ---------------------------------------------------------------------------------- */
@@ -183,8 +187,8 @@ static moe_status_t load_agreed(moe_ckpt_t *ck, const char *stepdir, int64_t ste
 
 /* Try one step: local, then (if it fails for a reason of the checkpoint) the S3 copy.
  * Collective. Returns the agreed result. */
-static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
-                             const moe_ckpt_tensor_t *t, int32_t count)
+static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3, const moe_ckpt_tensor_t *t,
+                             int32_t count)
 {
     char stepdir[PATH_MAX];
     ckpt_local_step_dir(ck, step, stepdir, sizeof stepdir);
@@ -199,18 +203,20 @@ static moe_status_t try_step(moe_ckpt_t *ck, int64_t step, bool on_s3,
     if (ck->rank == 0) {
         moe_status_t rs = restore_from_s3(ck, step, stepdir);
         if (rs != MOE_STATUS_SUCCESS) {
-            moe_log(ck->log, MOE_LOG_WARN, "checkpoint: S3 copy of step %" PRId64
-                    " unusable: %s; falling back", step, moe_last_error());
+            moe_log(ck->log, MOE_LOG_WARN,
+                    "checkpoint: S3 copy of step %" PRId64 " unusable: %s; falling back", step,
+                    moe_last_error());
             ok = 0;
         }
     }
     if (ck->comm_w) MOE_TRY(moe_comm_broadcast_copy(ck->comm_w, &ok, 1, MOE_COMM_I32, 0));
-    if (!ok) return MOE_FAIL(MOE_STATUS_CORRUPT, "step %" PRId64 " unusable locally and on S3", step);
+    if (!ok)
+        return MOE_FAIL(MOE_STATUS_CORRUPT, "step %" PRId64 " unusable locally and on S3", step);
     ckpt_step_path(ck, step, stepdir, sizeof stepdir); /* where the restored copy is */
     st = load_agreed(ck, stepdir, step, t, count, &sev);
     if (st != MOE_STATUS_SUCCESS && sev == 1)
-        moe_log(ck->log, MOE_LOG_WARN, "checkpoint: S3 copy of step %" PRId64 " unusable: %s",
-                step, moe_last_error());
+        moe_log(ck->log, MOE_LOG_WARN, "checkpoint: S3 copy of step %" PRId64 " unusable: %s", step,
+                moe_last_error());
     return st;
 }
 
@@ -230,7 +236,8 @@ static moe_status_t candidates(moe_ckpt_t *ck, int64_t **cand, int32_t *ncand, i
     moe_status_t st = MOE_STATUS_SUCCESS;
     if (ck->rank == 0) {
         st = ckpt_local_steps(ck, &loc, &nl);
-        if (st == MOE_STATUS_SUCCESS && ck->s3 && ck_s3_list_steps(ck->s3, &rem, &nr, 1) != MOE_STATUS_SUCCESS) {
+        if (st == MOE_STATUS_SUCCESS && ck->s3 &&
+            ck_s3_list_steps(ck->s3, &rem, &nr, 1) != MOE_STATUS_SUCCESS) {
             moe_log(ck->log, MOE_LOG_WARN, "checkpoint: cannot list S3 (%s); local tier only",
                     moe_last_error());
             rem = NULL;
@@ -285,19 +292,19 @@ static moe_status_t candidates(moe_ckpt_t *ck, int64_t **cand, int32_t *ncand, i
 
 /* Load the newest usable candidate (with `one`, step `want` only), newer ones failing for a
  * reason of the checkpoint falling back to older ones. Collective. */
-static moe_status_t load_common(moe_ckpt_t *ck, bool one, int64_t want,
-                                const moe_ckpt_tensor_t *t, int32_t count, int64_t *step)
+static moe_status_t load_common(moe_ckpt_t *ck, bool one, int64_t want, const moe_ckpt_tensor_t *t,
+                                int32_t count, int64_t *step)
 {
     MOE_TRY(ck_check_request(t, count));
     MOE_TRY(ckpt_drain_saves(ck)); /* background errors stay on the handle for poll/wait */
     int64_t *cand = NULL, *rem = NULL;
     int32_t nc = 0, nr = 0;
     MOE_TRY(candidates(ck, &cand, &nc, &rem, &nr));
-    moe_status_t st =
-        one ? MOE_FAIL(MOE_STATUS_NOT_FOUND, "no checkpoint of step %" PRId64 " in %s%s", want,
-                       ck->dir, ck->s3 ? " or on S3" : "")
-            : MOE_FAIL(MOE_STATUS_NOT_FOUND, "no complete checkpoint in %s%s", ck->dir,
-                       ck->s3 ? " or on S3" : "");
+    moe_status_t st = one ? MOE_FAIL(MOE_STATUS_NOT_FOUND,
+                                     "no checkpoint of step %" PRId64 " in %s%s", want, ck->dir,
+                                     ck->s3 ? " or on S3" : "")
+                          : MOE_FAIL(MOE_STATUS_NOT_FOUND, "no complete checkpoint in %s%s",
+                                     ck->dir, ck->s3 ? " or on S3" : "");
     int tried = 0;
     for (int32_t i = 0; i < nc; i++) {
         if (one && cand[i] != want) continue;
@@ -317,8 +324,10 @@ static moe_status_t load_common(moe_ckpt_t *ck, bool one, int64_t want,
         if (severity(st) == 2 || st == MOE_STATUS_COMM_ERROR || st == MOE_STATUS_TIMEOUT) break;
     }
     if (st != MOE_STATUS_SUCCESS && tried > 0 && severity(st) == 1)
-        st = moe_error_wrap(MOE_STATUS_CORRUPT, "no usable checkpoint (%d candidate%s tried, "
-                            "newest first); last reason", tried, tried == 1 ? "" : "s");
+        st = moe_error_wrap(MOE_STATUS_CORRUPT,
+                            "no usable checkpoint (%d candidate%s tried, "
+                            "newest first); last reason",
+                            tried, tried == 1 ? "" : "s");
     free(cand);
     free(rem);
     return st;

@@ -37,14 +37,14 @@
 
 struct ck_s3 {
     char *endpoint, *bucket, *prefix, *region, *ak, *sk, *token;
-    char *host;              /* the endpoint's authority: the Host header sent and signed */
+    char *host; /* the endpoint's authority: the Host header sent and signed */
     size_t part_bytes;
     int parallel, max_retries, base_ms, max_ms, timeout_ms;
     const moe_logger_t *log;
     atomic_int cancelled;
 };
 
-typedef struct body {        /* request body: memory or a range of a file */
+typedef struct body { /* request body: memory or a range of a file */
     const char *mem;
     int fd;
     uint64_t off, len, pos;
@@ -53,8 +53,8 @@ typedef struct body {        /* request body: memory or a range of a file */
 typedef struct resp {
     char *data;
     size_t len, cap;
-    int fd;                  /* >= 0: a 2xx body goes to this file (an error body to data) */
-    CURL *curl;              /* the transfer, for its status in on_write */
+    int fd;     /* >= 0: a 2xx body goes to this file (an error body to data) */
+    CURL *curl; /* the transfer, for its status in on_write */
     uint64_t written;
     bool write_failed;
     char etag[128];
@@ -115,14 +115,17 @@ moe_status_t ck_s3_create(const moe_ckpt_config_t *c, const moe_logger_t *log, c
     const char *auth = strstr(s->endpoint, "://") + 3;
     s->host = strndup(auth, strcspn(auth, "/?#"));
     if (!s->host || !*s->host || strchr(s->host, '@')) {
-        moe_status_t st = s->host ? MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "s3_endpoint \"%s\" "
-                                             "needs a host (and no user name)", s->endpoint)
+        moe_status_t st = s->host ? MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
+                                             "s3_endpoint \"%s\" "
+                                             "needs a host (and no user name)",
+                                             s->endpoint)
                                   : MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "S3 client strings");
         ck_s3_destroy(s);
         return st;
     }
     if (!s->ak || !s->sk)
-        moe_log(log, MOE_LOG_WARN, "checkpoint: no S3 credentials (config or AWS_ACCESS_KEY_ID/"
+        moe_log(log, MOE_LOG_WARN,
+                "checkpoint: no S3 credentials (config or AWS_ACCESS_KEY_ID/"
                 "AWS_SECRET_ACCESS_KEY); requests are sent unsigned");
     *out = s;
     return MOE_STATUS_SUCCESS;
@@ -148,8 +151,10 @@ void ck_s3_cancel(ck_s3_t *s) { atomic_store(&s->cancelled, 1); }
 
 static void make_key(const ck_s3_t *s, const char *stepdir, const char *name, char *buf, size_t n)
 {
-    if (*s->prefix) snprintf(buf, n, "%s/%s/%s", s->prefix, stepdir, name);
-    else snprintf(buf, n, "%s/%s", stepdir, name);
+    if (*s->prefix)
+        snprintf(buf, n, "%s/%s/%s", s->prefix, stepdir, name);
+    else
+        snprintf(buf, n, "%s/%s", stepdir, name);
 }
 
 /* ---- one request, with retries ---------------------------------------------------------------- */
@@ -241,10 +246,8 @@ static bool retryable_curl(CURLcode rc)
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
-    case CURLE_COULDNT_RESOLVE_HOST:
-        return true;
-    default:
-        return false;
+    case CURLE_COULDNT_RESOLVE_HOST: return true;
+    default: return false;
     }
 }
 
@@ -280,8 +283,7 @@ static void backoff_sleep(const ck_s3_t *s, int attempt, unsigned *seed)
 /* The headers of one attempt: Host, the payload hash, the date, the session token and their
  * signature (when there are credentials), and no Expect (a round trip less per PUT). */
 static moe_status_t signed_headers(const ck_s3_t *s, const char *method, const char *path,
-                                   const char *query, const char *hash,
-                                   struct curl_slist **out)
+                                   const char *query, const char *hash, struct curl_slist **out)
 {
     char date[32], h_host[600], h_hash[100], h_date[64], h_tok[4200], h_auth[1024];
     time_t now = time(NULL);
@@ -299,10 +301,16 @@ static moe_status_t signed_headers(const ck_s3_t *s, const char *method, const c
     h_auth[0] = 0;
     if (s->ak && s->sk) {
         char authz[900];
-        ck_sigv4_request_t req = {.method = method, .path = path, .query = query,
-                                  .headers = signed_hdrs, .nheaders = nsigned,
-                                  .payload_sha256 = hash, .amz_date = date,
-                                  .region = s->region, .service = "s3", .access_key = s->ak,
+        ck_sigv4_request_t req = {.method = method,
+                                  .path = path,
+                                  .query = query,
+                                  .headers = signed_hdrs,
+                                  .nheaders = nsigned,
+                                  .payload_sha256 = hash,
+                                  .amz_date = date,
+                                  .region = s->region,
+                                  .service = "s3",
+                                  .access_key = s->ak,
                                   .secret_key = s->sk};
         MOE_TRY(ck_sigv4_sign(&req, NULL, NULL, authz, sizeof authz));
         snprintf(h_auth, sizeof h_auth, "Authorization: %s", authz);
@@ -334,9 +342,9 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
 {
     if (retries < 0) retries = s->max_retries;
     char hash[65];
-    moe_status_t hst = !body          ? ck_sha256_hex("", 0, hash)
-                       : body->mem    ? ck_sha256_hex(body->mem, (size_t)body->len, hash)
-                                      : ck_sha256_fd_hex(body->fd, body->off, body->len, hash);
+    moe_status_t hst = !body       ? ck_sha256_hex("", 0, hash)
+                       : body->mem ? ck_sha256_hex(body->mem, (size_t)body->len, hash)
+                                   : ck_sha256_fd_hex(body->fd, body->off, body->len, hash);
     if (hst != MOE_STATUS_SUCCESS) return moe_error_wrap(hst, "hashing the body of %s", key);
     size_t pl = strlen(s->bucket) + strlen(key) + 3;
     char *path = malloc(pl);
@@ -391,7 +399,8 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
         curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
         curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
         curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)s->timeout_ms);
-        curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)(s->timeout_ms < 10000 ? s->timeout_ms : 10000));
+        curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
+                         (long)(s->timeout_ms < 10000 ? s->timeout_ms : 10000));
         curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
         curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
         curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
@@ -435,9 +444,9 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
                 continue;
             }
             st = MOE_FAIL(retryable_curl(rc) ? MOE_STATUS_TIMEOUT : MOE_STATUS_REMOTE_ERROR,
-                          "S3 %s %s/%s/%s failed after %d attempt%s: %s (%s)", method,
-                          s->endpoint, s->bucket, key, attempt + 1, attempt ? "s" : "",
-                          curl_easy_strerror(rc), errbuf);
+                          "S3 %s %s/%s/%s failed after %d attempt%s: %s (%s)", method, s->endpoint,
+                          s->bucket, key, attempt + 1, attempt ? "s" : "", curl_easy_strerror(rc),
+                          errbuf);
             break;
         }
         if ((code >= 500 || code == 429) && !last) {
@@ -453,7 +462,8 @@ static moe_status_t s3_req(ck_s3_t *s, const char *method, const char *key, cons
             xml_value(r->data, "Code", ecode, sizeof ecode);
             xml_value(r->data, "Message", emsg, sizeof emsg);
             moe_status_t kind = MOE_STATUS_REMOTE_ERROR;
-            if (code == 404 && (!strcmp(ecode, "NoSuchKey") || (!*ecode && strcmp(method, "HEAD") == 0)))
+            if (code == 404 &&
+                (!strcmp(ecode, "NoSuchKey") || (!*ecode && strcmp(method, "HEAD") == 0)))
                 kind = MOE_STATUS_NOT_FOUND;
             if (code == 404 && !strcmp(ecode, "NoSuchBucket"))
                 st = MOE_FAIL(kind, "S3 bucket \"%s\" does not exist at %s (HTTP 404 NoSuchBucket)",
@@ -557,7 +567,8 @@ static moe_status_t multipart(ck_s3_t *s, const char *key, int fd, uint64_t size
     char uid[512];
     xml_value(r.data, "UploadId", uid, sizeof uid);
     free(r.data);
-    if (!uid[0]) return MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "S3 multipart start for %s: no UploadId", key);
+    if (!uid[0])
+        return MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "S3 multipart start for %s: no UploadId", key);
     CURL *c = curl_easy_init();
     char *enc = c ? curl_easy_escape(c, uid, 0) : NULL;
     if (c) curl_easy_cleanup(c);
@@ -668,8 +679,10 @@ static moe_status_t list_keys(ck_s3_t *s, const char *sub, void (*fn)(const char
                               void *ud, int retries)
 {
     char pfx[2048];
-    if (*s->prefix) snprintf(pfx, sizeof pfx, "%s/%s", s->prefix, sub);
-    else snprintf(pfx, sizeof pfx, "%s", sub);
+    if (*s->prefix)
+        snprintf(pfx, sizeof pfx, "%s/%s", s->prefix, sub);
+    else
+        snprintf(pfx, sizeof pfx, "%s", sub);
     CURL *c = curl_easy_init();
     if (!c) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "curl handle");
     char *epfx = curl_easy_escape(c, pfx, 0);

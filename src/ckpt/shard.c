@@ -39,7 +39,7 @@ moe_status_t ckpt_seg_acquire(moe_ckpt_t *ck, ckpt_seg_t **out)
             ckpt_seg_t *s = &ck->segs[ck->nsegs];
             pthread_mutex_unlock(&ck->mu);
             MOE_TRY(MOE_OPS(ck->rt)->alloc_pinned(MOE_CTX(ck->rt), ck->cfg.chunk_bytes,
-                                                   (void **)&s->buf));
+                                                  (void **)&s->buf));
             if (((uintptr_t)s->buf & (CK_ALIGN - 1)) != 0) {
                 MOE_OPS(ck->rt)->free_pinned(MOE_CTX(ck->rt), s->buf);
                 s->buf = NULL;

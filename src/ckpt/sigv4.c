@@ -139,8 +139,10 @@ static void sb_uri_encode(sbuf_t *b, const char *p, size_t n, bool keep_slash)
 
 static int hexval(char c)
 {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 char *ck_uri_encode(const char *s, bool keep_slash)
@@ -351,14 +353,15 @@ moe_status_t ck_sigv4_sign(const ck_sigv4_request_t *r, char **creq_out, char **
         const unsigned char *kp = (const unsigned char *)k.s;
         size_t kl = k.len;
         for (int i = 0; ok && i < 4; i++) {
-            ok = HMAC(EVP_sha256(), kp, (int)kl, (const unsigned char *)parts[i],
-                      strlen(parts[i]), key, &klen) != NULL;
+            ok = HMAC(EVP_sha256(), kp, (int)kl, (const unsigned char *)parts[i], strlen(parts[i]),
+                      key, &klen) != NULL;
             kp = key;
             kl = klen;
         }
         if (ok)
             ok = HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)sts.s, sts.len, mac,
-                      &mlen) != NULL && mlen == 32;
+                      &mlen) != NULL &&
+                 mlen == 32;
         if (k.s) {
             memset(k.s, 0, k.len);
             free(k.s);
@@ -372,11 +375,10 @@ moe_status_t ck_sigv4_sign(const ck_sigv4_request_t *r, char **creq_out, char **
     }
     int n = snprintf(authz, authz_len,
                      "AWS4-HMAC-SHA256 Credential=%s/%s/%s/%s/aws4_request, SignedHeaders=%s, "
-                     "Signature=%s", r->access_key, date, r->region, r->service,
-                     names.s ? names.s : "", sig);
+                     "Signature=%s",
+                     r->access_key, date, r->region, r->service, names.s ? names.s : "", sig);
     if (n < 0 || (size_t)n >= authz_len) {
-        st = MOE_FAIL(MOE_STATUS_INTERNAL, "Authorization header longer than %zu bytes",
-                      authz_len);
+        st = MOE_FAIL(MOE_STATUS_INTERNAL, "Authorization header longer than %zu bytes", authz_len);
         goto free_all;
     }
     if (creq_out) {

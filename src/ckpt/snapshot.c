@@ -31,15 +31,17 @@ static moe_status_t save_checks(moe_ckpt_t *ck, int64_t step, const moe_ckpt_ten
     char stepdir[PATH_MAX], mpath[PATH_MAX + 32];
     ckpt_step_path(ck, step, stepdir, sizeof stepdir);
     snprintf(mpath, sizeof mpath, "%s/%s", stepdir, CK_MANIFEST);
-    MOE_CHECK_ARG(!ck_file_exists(mpath), "a complete checkpoint of step %" PRId64
-                  " already exists in %s", step, ck->dir);
+    MOE_CHECK_ARG(!ck_file_exists(mpath),
+                  "a complete checkpoint of step %" PRId64 " already exists in %s", step, ck->dir);
     MOE_TRY(ck_layout(tensors, count, ck->cfg.chunk_bytes, ck->rank, &j->pieces, &j->npieces,
                       &j->file_bytes));
     for (int32_t i = 0; i < j->npieces; i++)
         if (j->pieces[i].src_device == MOE_DEVICE_CUDA &&
             MOE_OPS(ck->rt)->device != MOE_DEVICE_CUDA)
-            return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "tensor %s is on a CUDA device but the "
-                            "runtime's backend is %s", j->pieces[i].name, MOE_OPS(ck->rt)->name);
+            return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
+                            "tensor %s is on a CUDA device but the "
+                            "runtime's backend is %s",
+                            j->pieces[i].name, MOE_OPS(ck->rt)->name);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -50,8 +52,10 @@ static void enqueue_job(moe_ckpt_t *ck, ckpt_job_t *j, int64_t step, double t0, 
     j->t_start = t0;
     j->all_queued = j->snap_failed = failed;
     pthread_mutex_lock(&ck->mu);
-    if (ck->jobs_tail) ck->jobs_tail->next = j;
-    else ck->jobs = j;
+    if (ck->jobs_tail)
+        ck->jobs_tail->next = j;
+    else
+        ck->jobs = j;
     ck->jobs_tail = j;
     ck->st.pending_saves++;
     if (!failed) ck->st.state = MOE_CKPT_WRITING;
@@ -85,8 +89,10 @@ static moe_status_t snapshot_host(moe_ckpt_t *ck, ckpt_job_t *j)
         MOE_TRY(take_segment(ck, j, off, &s));
         pthread_mutex_lock(&ck->mu);
         s->next = NULL;
-        if (ck->copy_tail) ck->copy_tail->next = s;
-        else ck->copy_head = s;
+        if (ck->copy_tail)
+            ck->copy_tail->next = s;
+        else
+            ck->copy_head = s;
         ck->copy_tail = s;
         j->segs_issued++;
         pthread_cond_broadcast(&ck->cv);
@@ -188,8 +194,6 @@ moe_status_t moe_ckpt_save_async(moe_ckpt_t *ck, int64_t step, const moe_ckpt_te
     ck->st.last_stall_s = moe_now_s() - t0;
     pthread_cond_broadcast(&ck->cv);
     pthread_mutex_unlock(&ck->mu);
-    if (st != MOE_STATUS_SUCCESS)
-        return moe_error_wrap(st, "snapshot of step %" PRId64, step);
+    if (st != MOE_STATUS_SUCCESS) return moe_error_wrap(st, "snapshot of step %" PRId64, step);
     return MOE_STATUS_SUCCESS;
 }
-

@@ -88,8 +88,9 @@ static moe_status_t append(moe_train_state_t *s, const char *prefix, const char 
 
 /* An entry for a layer parameter or an optimizer state described by info; the expert ids of
  * its expert dimension come from `layer`. */
-static moe_status_t append_info(moe_train_state_t *s, const char *prefix, const moe_param_info_t *info,
-                                const moe_layer_t *layer, moe_param_kind_t kind)
+static moe_status_t append_info(moe_train_state_t *s, const char *prefix,
+                                const moe_param_info_t *info, const moe_layer_t *layer,
+                                moe_param_kind_t kind)
 {
     moe_ckpt_tensor_t t = moe_ckpt_tensor_whole(info->name, &info->value);
     memcpy(t.global_shape, info->global_shape, sizeof t.global_shape);
@@ -112,7 +113,7 @@ static moe_status_t append_info(moe_train_state_t *s, const char *prefix, const 
 }
 
 moe_status_t moe_train_state_add_layer(moe_train_state_t *s, const moe_layer_t *layer,
-                                      const char *prefix)
+                                       const char *prefix)
 {
     MOE_ENTRY(s, MOE_MAGIC_TRAIN_STATE, "training state");
     int32_t n;
@@ -155,7 +156,7 @@ moe_status_t moe_train_state_add_adamw(moe_train_state_t *s, moe_adamw_t *opt, c
 }
 
 moe_status_t moe_train_state_add_tensor(moe_train_state_t *s, const moe_ckpt_tensor_t *entry,
-                                       moe_param_kind_t kind)
+                                        moe_param_kind_t kind)
 {
     MOE_ENTRY(s, MOE_MAGIC_TRAIN_STATE, "training state");
     MOE_CHECK_ARG(entry != NULL && entry->name != NULL, "entry or its name is NULL");
@@ -215,7 +216,7 @@ moe_status_t moe_ckpt_save_train_state(moe_ckpt_t *ck, int64_t step, moe_train_s
 }
 
 moe_status_t moe_ckpt_load_train_state(moe_ckpt_t *ck, int64_t step, moe_train_state_t *s,
-                                 int64_t *loaded_step)
+                                       int64_t *loaded_step)
 {
     MOE_ENTRY(ck, MOE_MAGIC_CKPT, "checkpointer");
     MOE_CHECK_HANDLE(s, MOE_MAGIC_TRAIN_STATE, "training state");

@@ -30,11 +30,11 @@
 
 #define CK_MAX_REG_SLOTS 1024
 
-typedef struct track {       /* one ck_writer_write call */
+typedef struct track { /* one ck_writer_write call */
     void *cookie;
     void (*done)(void *, void *);
     void *done_ctx;
-    int remaining;           /* requests not yet completed */
+    int remaining; /* requests not yet completed */
     bool all_submitted;
 } track_t;
 
@@ -58,7 +58,7 @@ struct ck_writer {
     wreq_t *reqs, *free_reqs;
     int fd;
     char path[PATH_MAX];
-    moe_status_t err;        /* first failure on the current file */
+    moe_status_t err; /* first failure on the current file */
 };
 
 bool ck_writer_direct(const ck_writer_t *w) { return w->direct; }
@@ -95,7 +95,8 @@ moe_status_t ck_writer_create(int queue_depth, size_t io_block, bool direct,
         if (!w->reg_ok)
             moe_log(log, MOE_LOG_INFO,
                     "checkpoint: io_uring buffer registration unavailable (%s); using "
-                    "unregistered buffers", strerror(-r2));
+                    "unregistered buffers",
+                    strerror(-r2));
     }
     *out = w;
     return MOE_STATUS_SUCCESS;
@@ -111,7 +112,8 @@ void ck_writer_register(ck_writer_t *w, int slot, void *buf, size_t len)
         w->reg_ok = false;
         moe_log(w->log, MOE_LOG_INFO,
                 "checkpoint: registering a %zu-byte staging buffer failed (%s); using "
-                "unregistered buffers", len, rc < 0 ? strerror(-rc) : "0 updated");
+                "unregistered buffers",
+                len, rc < 0 ? strerror(-rc) : "0 updated");
         return;
     }
     w->reg_slot[slot] = true;
@@ -222,8 +224,8 @@ static void reap(ck_writer_t *w, int min)
         }
         if (res < 0) {
             fail_once(w, MOE_FAIL_ERRNUM(MOE_STATUS_IO_ERROR, -res,
-                                         "io_uring write of %zu bytes at offset %llu to %s",
-                                         r->len, (unsigned long long)r->off, w->path));
+                                         "io_uring write of %zu bytes at offset %llu to %s", r->len,
+                                         (unsigned long long)r->off, w->path));
             complete_part(w, r);
             continue;
         }
@@ -232,8 +234,8 @@ static void reap(ck_writer_t *w, int min)
             r->len -= (size_t)res;
             r->off += (uint64_t)res;
             if (res == 0) {
-                fail_once(w, MOE_FAIL(MOE_STATUS_IO_ERROR, "write to %s made no progress",
-                                      w->path));
+                fail_once(w,
+                          MOE_FAIL(MOE_STATUS_IO_ERROR, "write to %s made no progress", w->path));
                 complete_part(w, r);
                 continue;
             }
@@ -254,8 +256,10 @@ static moe_status_t pwrite_all(ck_writer_t *w, const uint8_t *buf, size_t len, u
             continue;
         }
         if (n <= 0)
-            return MOE_FAIL(MOE_STATUS_IO_ERROR, "pwrite of %zu bytes at offset %llu to %s "
-                            "failed: %s", len, (unsigned long long)off, w->path,
+            return MOE_FAIL(MOE_STATUS_IO_ERROR,
+                            "pwrite of %zu bytes at offset %llu to %s "
+                            "failed: %s",
+                            len, (unsigned long long)off, w->path,
                             n < 0 ? strerror(errno) : "no progress");
         buf += n;
         len -= (size_t)n;
@@ -264,9 +268,8 @@ static moe_status_t pwrite_all(ck_writer_t *w, const uint8_t *buf, size_t len, u
     return MOE_STATUS_SUCCESS;
 }
 
-moe_status_t ck_writer_write(ck_writer_t *w, int slot, const void *buf, size_t len,
-                             uint64_t offset, void *cookie, void (*done)(void *, void *),
-                             void *done_ctx)
+moe_status_t ck_writer_write(ck_writer_t *w, int slot, const void *buf, size_t len, uint64_t offset,
+                             void *cookie, void (*done)(void *, void *), void *done_ctx)
 {
     if (!w->uring || w->err != MOE_STATUS_SUCCESS) {
         if (w->err == MOE_STATUS_SUCCESS) fail_once(w, pwrite_all(w, buf, len, offset));

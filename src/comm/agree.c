@@ -61,8 +61,7 @@ static moe_status_t first_rank_where(moe_comm_t *c, const bool *mine, int n, int
     int64_t *who = malloc(sizeof *who * (size_t)n);
     if (!who) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "agreement table");
     for (int i = 0; i < n; i++) who[i] = mine[i] ? c->rank : INT64_MAX;
-    moe_status_t st = moe_comm_allreduce_copy(c, who, who, (size_t)n, MOE_COMM_I64,
-                                              MOE_REDUCE_MIN);
+    moe_status_t st = moe_comm_allreduce_copy(c, who, who, (size_t)n, MOE_COMM_I64, MOE_REDUCE_MIN);
     for (int i = 0; st == MOE_STATUS_SUCCESS && i < n; i++)
         world[i] = who[i] >= 0 && who[i] < c->size ? c->world_ranks[who[i]] : -1;
     free(who);
@@ -84,12 +83,12 @@ static moe_status_t report_rejection(moe_comm_t *c, const char *what, moe_status
     MOE_TRY(moe_comm_broadcast_copy(c, text, sizeof text, MOE_COMM_U8, root));
     text[sizeof text - 1] = '\0';
     if (mine) return local; /* this rank's own message stands */
-    return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "%s: world rank %d refused it (%s): %s", what,
-                    who, c->members, text);
+    return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "%s: world rank %d refused it (%s): %s", what, who,
+                    c->members, text);
 }
 
-moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_field_t *fields,
-                            int n, moe_status_t local)
+moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_field_t *fields, int n,
+                            moe_status_t local)
 {
     MOE_CHECK_ARG(!c->device_buffers, "agreement needs a communicator on host buffers");
     char local_msg[REJECT_TEXT] = "";
@@ -106,8 +105,7 @@ moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_fie
         return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "agreement table");
     }
     memcpy(mine, v, sizeof *mine * (size_t)w);
-    moe_status_t st = moe_comm_allreduce_copy(c, v, v, 2 * (size_t)w, MOE_COMM_I64,
-                                              MOE_REDUCE_MAX);
+    moe_status_t st = moe_comm_allreduce_copy(c, v, v, 2 * (size_t)w, MOE_COMM_I64, MOE_REDUCE_MAX);
     if (st != MOE_STATUS_SUCCESS) {
         free(v);
         free(mine);
@@ -138,16 +136,19 @@ moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_fie
     st = first_rank_where(c, holds, 2 * nd, who);
     if (st != MOE_STATUS_SUCCESS) goto done;
     char text[768];
-    size_t len = (size_t)snprintf(text, sizeof text, "%s differs between the ranks that share it "
-                                  "(%s):", what, c->members);
+    size_t len = (size_t)snprintf(text, sizeof text,
+                                  "%s differs between the ranks that share it "
+                                  "(%s):",
+                                  what, c->members);
     for (int d = 0; d < nd && len < sizeof text; d++) {
         const moe_agree_field_t *f = &fields[diff[d]];
         char lo[32], hi[32];
         format_value(lo, sizeof lo, f->kind, ~v[w + 1 + diff[d]]);
         format_value(hi, sizeof hi, f->kind, v[1 + diff[d]]);
-        len += (size_t)snprintf(text + len, sizeof text - len, "%s %s is %s on world rank %d and "
-                                "%s on world rank %d", d ? ";" : "", f->name, lo, who[2 * d], hi,
-                                who[2 * d + 1]);
+        len += (size_t)snprintf(text + len, sizeof text - len,
+                                "%s %s is %s on world rank %d and "
+                                "%s on world rank %d",
+                                d ? ";" : "", f->name, lo, who[2 * d], hi, who[2 * d + 1]);
     }
     st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "%s", text);
 done:

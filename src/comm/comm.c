@@ -102,8 +102,10 @@ moe_status_t moe_comm_poll_watch(moe_comm_t *c, const char *what)
     const char *cause = NULL;
     if (moe_comm_watch_failure(c->watch, &cause) == MOE_STATUS_SUCCESS) return MOE_STATUS_SUCCESS;
     moe_comm_mark_dead(c, "a failure elsewhere");
-    return MOE_FAIL(MOE_STATUS_ABORTED, "%s on the %s communicator (%s; this is world rank %d) "
-                    "stopped: %s", what, c->name, c->members, moe_comm_my_world_rank(c), cause);
+    return MOE_FAIL(MOE_STATUS_ABORTED,
+                    "%s on the %s communicator (%s; this is world rank %d) "
+                    "stopped: %s",
+                    what, c->name, c->members, moe_comm_my_world_rank(c), cause);
 }
 
 moe_status_t moe_comm_timed_out(moe_comm_t *c, const char *what, int timeout_ms, const int *late,
@@ -122,8 +124,9 @@ moe_status_t moe_comm_timed_out(moe_comm_t *c, const char *what, int timeout_ms,
     }
     return MOE_FAIL(MOE_STATUS_TIMEOUT,
                     "%s on the %s communicator (%s; this is world rank %d) did not complete "
-                    "within %d ms%s%s: %s", what, c->name, c->members, moe_comm_my_world_rank(c),
-                    timeout_ms, detail && *detail ? "; " : "", detail ? detail : "", found);
+                    "within %d ms%s%s: %s",
+                    what, c->name, c->members, moe_comm_my_world_rank(c), timeout_ms,
+                    detail && *detail ? "; " : "", detail ? detail : "", found);
 }
 
 moe_status_t moe_comm_failed(moe_comm_t *c, moe_status_t status, const char *fmt, ...)
@@ -154,8 +157,8 @@ moe_status_t moe_comm_check_peer_tag(const moe_comm_t *c, const char *what, int 
 
 moe_status_t moe_comm_check_root(const moe_comm_t *c, int root)
 {
-    MOE_CHECK_ARG(root >= 0 && root < c->size, "broadcast root %d on the %s communicator of %d ranks",
-                  root, c->name, c->size);
+    MOE_CHECK_ARG(root >= 0 && root < c->size,
+                  "broadcast root %d on the %s communicator of %d ranks", root, c->name, c->size);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -194,8 +197,8 @@ moe_status_t moe_comm_alltoallv(moe_comm_t *c, const void *send, const size_t *s
                                 const size_t *recv_displs, moe_comm_dtype_t dt)
 {
     moe_comm_req_t *req = NULL;
-    MOE_TRY(c->ops->alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
-                              dt, &req));
+    MOE_TRY(c->ops->alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt,
+                              &req));
     return moe_comm_wait(c, req);
 }
 
@@ -263,8 +266,8 @@ moe_status_t moe_comm_send(moe_comm_t *c, const void *buf, size_t count, moe_com
     return moe_comm_wait(c, req);
 }
 
-moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
-                           int peer, int tag)
+moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt, int peer,
+                           int tag)
 {
     moe_comm_req_t *req = NULL;
     MOE_TRY(c->ops->recv(c, buf, count, dt, peer, tag, &req));
@@ -287,8 +290,7 @@ moe_status_t moe_comm_test(moe_comm_t *c, moe_comm_req_t *req, bool *done)
     return c->ops->test(c, req, done);
 }
 
-moe_status_t moe_comm_split(moe_comm_t *c, int color, int key, const char *name,
-                            moe_comm_t **out)
+moe_status_t moe_comm_split(moe_comm_t *c, int color, int key, const char *name, moe_comm_t **out)
 {
     return c->ops->split(c, color, key, name, out);
 }

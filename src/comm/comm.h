@@ -60,12 +60,11 @@ typedef struct moe_comm_ops {
     const char *name; /* "mpi" or "nccl" */
     moe_status_t (*allreduce)(moe_comm_t *c, const void *send, void *recv, size_t count,
                               moe_comm_dtype_t dt, moe_reduce_op_t op, moe_comm_req_t **req);
-    moe_status_t (*broadcast)(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
-                              int root, moe_comm_req_t **req);
+    moe_status_t (*broadcast)(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt, int root,
+                              moe_comm_req_t **req);
     moe_status_t (*alltoallv)(moe_comm_t *c, const void *send, const size_t *send_counts,
                               const size_t *send_displs, void *recv, const size_t *recv_counts,
-                              const size_t *recv_displs, moe_comm_dtype_t dt,
-                              moe_comm_req_t **req);
+                              const size_t *recv_displs, moe_comm_dtype_t dt, moe_comm_req_t **req);
     moe_status_t (*send)(moe_comm_t *c, const void *buf, size_t count, moe_comm_dtype_t dt,
                          int peer, int tag, moe_comm_req_t **req);
     moe_status_t (*recv)(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt, int peer,
@@ -86,9 +85,9 @@ struct moe_comm {
     const moe_comm_ops_t *ops;
     void *impl;
     int rank, size;
-    char name[32];            /* axis name for messages: "tp", "ep", "dp", "pp", "edp", "world" */
+    char name[32]; /* axis name for messages: "tp", "ep", "dp", "pp", "edp", "world" */
     int timeout_ms;
-    bool device_buffers;      /* buffers passed in live on the GPU */
+    bool device_buffers; /* buffers passed in live on the GPU */
     const moe_logger_t *logger;
     /* The runtime's compute backend (not owned): mpi.c stages device buffers through its
      * pinned host memory and copies; nccl.c orders each operation after the backend's
@@ -210,8 +209,8 @@ moe_status_t moe_comm_alltoallv(moe_comm_t *c, const void *send, const size_t *s
 moe_status_t moe_comm_barrier(moe_comm_t *c);
 moe_status_t moe_comm_send(moe_comm_t *c, const void *buf, size_t count, moe_comm_dtype_t dt,
                            int peer, int tag);
-moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
-                           int peer, int tag);
+moe_status_t moe_comm_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt, int peer,
+                           int tag);
 
 /* The blocking all-reduce and broadcast for small host messages whose buffers may live on
  * the caller's stack (flags, counts, headers): the operation runs on a heap copy that is
@@ -227,8 +226,7 @@ moe_status_t moe_comm_broadcast_copy(moe_comm_t *c, void *buf, size_t count, moe
 moe_status_t moe_comm_wait(moe_comm_t *c, moe_comm_req_t *req);
 moe_status_t moe_comm_wait_within(moe_comm_t *c, moe_comm_req_t *req, int timeout_ms);
 moe_status_t moe_comm_test(moe_comm_t *c, moe_comm_req_t *req, bool *done);
-moe_status_t moe_comm_split(moe_comm_t *c, int color, int key, const char *name,
-                            moe_comm_t **out);
+moe_status_t moe_comm_split(moe_comm_t *c, int color, int key, const char *name, moe_comm_t **out);
 /* NULL: no-op. The reason told to the other ranks is the calling thread's last error (the
  * failure that made the caller give up). */
 void moe_comm_abort(moe_comm_t *c);
@@ -264,7 +262,7 @@ moe_agree_field_t moe_agree_f32(const char *name, float value);
  * each differing field, a world rank holding the smallest and one holding the largest value,
  * and both values). `what` names the configuration in messages ("the layer config"). One
  * all-reduce when everything agrees. */
-moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_field_t *fields,
-                            int n, moe_status_t local);
+moe_status_t moe_comm_agree(moe_comm_t *c, const char *what, const moe_agree_field_t *fields, int n,
+                            moe_status_t local);
 
 #endif /* MOE_COMM_H */

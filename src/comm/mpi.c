@@ -40,7 +40,8 @@ const char *moe_mpi_describe(int rc)
 {
     static _Thread_local char buf[MPI_MAX_ERROR_STRING + 16];
     int len = 0;
-    if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) snprintf(buf, sizeof buf, "MPI error %d", rc);
+    if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS)
+        snprintf(buf, sizeof buf, "MPI error %d", rc);
     return buf;
 }
 
@@ -65,26 +66,26 @@ typedef struct pool_block {
 
 typedef struct mpi_impl {
     MPI_Comm comm;
-    MPI_Op bf16_op[3];         /* sum, max, min on bf16 (MPI has no bf16 type) */
-    pool_block_t *pool;        /* pinned staging blocks (device buffers only), grown */
+    MPI_Op bf16_op[3];  /* sum, max, min on bf16 (MPI has no bf16 type) */
+    pool_block_t *pool; /* pinned staging blocks (device buffers only), grown */
     int npool;
-    moe_comm_req_t *inflight;  /* started, not completed */
+    moe_comm_req_t *inflight; /* started, not completed */
 } mpi_impl_t;
 
 typedef struct stage_back {
-    void *dst;                 /* device */
-    size_t src_off, bytes;     /* in the request's recv staging block */
+    void *dst;             /* device */
+    size_t src_off, bytes; /* in the request's recv staging block */
 } stage_back_t;
 
 struct moe_comm_req {
     const char *what;
-    int n;                     /* MPI requests */
+    int n; /* MPI requests */
     MPI_Request *reqs;
-    int *peer;                 /* transfers: the peer of each request; NULL for collectives */
-    int nrecv;                 /* alltoallv: requests [0, nrecv) are the receives */
-    size_t *expect;            /* alltoallv: bytes each receive must deliver */
-    int stage[2];              /* pool slots in use (-1: none) */
-    int nback;                 /* device copies to do on completion */
+    int *peer;      /* transfers: the peer of each request; NULL for collectives */
+    int nrecv;      /* alltoallv: requests [0, nrecv) are the receives */
+    size_t *expect; /* alltoallv: bytes each receive must deliver */
+    int stage[2];   /* pool slots in use (-1: none) */
+    int nback;      /* device copies to do on completion */
     stage_back_t *back;
     moe_comm_req_t *next;
     MPI_Request inline_reqs[2];
@@ -118,9 +119,21 @@ static void bf16_reduce(void *in, void *inout, int *len, int op)
         b[i] = moe_f32_to_bf16(r);
     }
 }
-static void bf16_sum(void *in, void *io, int *len, MPI_Datatype *t) { (void)t; bf16_reduce(in, io, len, 0); }
-static void bf16_max(void *in, void *io, int *len, MPI_Datatype *t) { (void)t; bf16_reduce(in, io, len, 1); }
-static void bf16_min(void *in, void *io, int *len, MPI_Datatype *t) { (void)t; bf16_reduce(in, io, len, 2); }
+static void bf16_sum(void *in, void *io, int *len, MPI_Datatype *t)
+{
+    (void)t;
+    bf16_reduce(in, io, len, 0);
+}
+static void bf16_max(void *in, void *io, int *len, MPI_Datatype *t)
+{
+    (void)t;
+    bf16_reduce(in, io, len, 1);
+}
+static void bf16_min(void *in, void *io, int *len, MPI_Datatype *t)
+{
+    (void)t;
+    bf16_reduce(in, io, len, 2);
+}
 
 static MPI_Op mpi_op(const mpi_impl_t *m, moe_comm_dtype_t dt, moe_reduce_op_t op)
 {
@@ -247,8 +260,8 @@ static moe_status_t start_failed(moe_comm_t *c, moe_comm_req_t *r, moe_status_t 
     inflight_add(c, r);
     char msg[640];
     snprintf(msg, sizeof msg, "%s", moe_last_error());
-    return moe_comm_failed(c, st, "%s on the %s communicator (%s) failed half-started: %s",
-                           r->what, c->name, c->members, msg);
+    return moe_comm_failed(c, st, "%s on the %s communicator (%s) failed half-started: %s", r->what,
+                           c->name, c->members, msg);
 }
 
 /* Completion: check delivered byte counts, copy staged receives back to the device. */
@@ -264,8 +277,9 @@ static moe_status_t finish(moe_comm_t *c, moe_comm_req_t *r, MPI_Status *statuse
                 st = MOE_FAIL(MOE_STATUS_COMM_ERROR,
                               "alltoallv on the %s communicator (%s): world rank %d expected %zu "
                               "bytes from world rank %d and got %d; send and receive counts "
-                              "disagree", c->name, c->members, moe_comm_my_world_rank(c),
-                              r->expect[i], c->world_ranks[r->peer[i]], got);
+                              "disagree",
+                              c->name, c->members, moe_comm_my_world_rank(c), r->expect[i],
+                              c->world_ranks[r->peer[i]], got);
                 break;
             }
         }
@@ -282,8 +296,8 @@ static moe_status_t finish(moe_comm_t *c, moe_comm_req_t *r, MPI_Status *statuse
 static moe_status_t mpi_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
 {
     *done = false;
-    MOE_CHECK_ARG(r != NULL && is_inflight(c, r), "not an operation in flight on the %s communicator",
-                  c->name);
+    MOE_CHECK_ARG(r != NULL && is_inflight(c, r),
+                  "not an operation in flight on the %s communicator", c->name);
     MOE_TRY(moe_comm_check_live(c, r->what));
     const char *what = r->what;
     MPI_Status st_inline[2];
@@ -389,8 +403,8 @@ static moe_status_t wait_until(moe_comm_t *c, moe_comm_req_t *r, int timeout_ms)
 
 static moe_status_t mpi_wait(moe_comm_t *c, moe_comm_req_t *r, int timeout_ms)
 {
-    MOE_CHECK_ARG(r != NULL && is_inflight(c, r), "not an operation in flight on the %s communicator",
-                  c->name);
+    MOE_CHECK_ARG(r != NULL && is_inflight(c, r),
+                  "not an operation in flight on the %s communicator", c->name);
     moe_comm_watch_waiting(c->watch, c, r, mpi_late);
     moe_status_t st = wait_until(c, r, timeout_ms);
     moe_comm_watch_waiting(c->watch, NULL, NULL, NULL);
@@ -468,7 +482,8 @@ static moe_status_t mpi_broadcast(moe_comm_t *c, void *buf, size_t count, moe_co
     void *d = buf;
     if (staged(c) && bytes) {
         bool root_rank = c->rank == root;
-        MOE_TRY_GOTO(st, stage_one(c, r, bytes, root_rank ? buf : NULL, root_rank ? NULL : buf, &d));
+        MOE_TRY_GOTO(st,
+                     stage_one(c, r, bytes, root_rank ? buf : NULL, root_rank ? NULL : buf, &d));
     }
     MOE_MPI_CHECK_GOTO(st, MPI_Ibcast(d, (int)count, mpi_type(dt), root, m->comm, &r->reqs[0]));
     inflight_add(c, r);
@@ -500,7 +515,8 @@ static moe_status_t mpi_alltoallv(moe_comm_t *c, const void *send, const size_t 
     }
     MOE_CHECK_ARG(send_counts[me] == recv_counts[me],
                   "alltoallv on the %s communicator: rank %d sends itself %zu elements but "
-                  "expects %zu", c->name, me, send_counts[me], recv_counts[me]);
+                  "expects %zu",
+                  c->name, me, send_counts[me], recv_counts[me]);
     MOE_CHECK_ARG((send || !send_end) && (recv || !recv_end), "alltoallv: buffer is NULL");
     moe_comm_req_t *r = NULL;
     MOE_TRY(req_new(c, "alltoallv", 2 * (P - 1) > 0 ? 2 * (P - 1) : 1, true, false, &r));
@@ -511,7 +527,8 @@ static moe_status_t mpi_alltoallv(moe_comm_t *c, const void *send, const size_t 
         if (send_end) {
             MOE_TRY_GOTO(st, pool_get(c, send_end * es, &r->stage[0]));
             s = pool_ptr(c, r->stage[0]);
-            MOE_TRY_GOTO(st, c->backend->ops->copy(c->backend->ctx, (void *)s, send, send_end * es));
+            MOE_TRY_GOTO(st,
+                         c->backend->ops->copy(c->backend->ctx, (void *)s, send, send_end * es));
         }
         if (recv_end) {
             MOE_TRY_GOTO(st, pool_get(c, recv_end * es, &r->stage[1]));
@@ -546,7 +563,8 @@ static moe_status_t mpi_alltoallv(moe_comm_t *c, const void *send, const size_t 
                                          MPI_BYTE, p, A2A_TAG, m->comm, &r->reqs[k]));
         k++;
     }
-    if (send_counts[me]) memmove(d + recv_displs[me] * es, s + send_displs[me] * es, send_counts[me] * es);
+    if (send_counts[me])
+        memmove(d + recv_displs[me] * es, s + send_displs[me] * es, send_counts[me] * es);
     inflight_add(c, r);
     *out = r;
     return MOE_STATUS_SUCCESS;
@@ -572,9 +590,11 @@ static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count, mo
     if (staged(c) && bytes)
         MOE_TRY_GOTO(st, stage_one(c, r, bytes, is_send ? buf : NULL, is_send ? NULL : buf, &d));
     if (is_send)
-        MOE_MPI_CHECK_GOTO(st, MPI_Isend(d, (int)count, mpi_type(dt), peer, tag, m->comm, &r->reqs[0]));
+        MOE_MPI_CHECK_GOTO(st,
+                           MPI_Isend(d, (int)count, mpi_type(dt), peer, tag, m->comm, &r->reqs[0]));
     else
-        MOE_MPI_CHECK_GOTO(st, MPI_Irecv(d, (int)count, mpi_type(dt), peer, tag, m->comm, &r->reqs[0]));
+        MOE_MPI_CHECK_GOTO(st,
+                           MPI_Irecv(d, (int)count, mpi_type(dt), peer, tag, m->comm, &r->reqs[0]));
     inflight_add(c, r);
     *out = r;
     return MOE_STATUS_SUCCESS;
@@ -625,7 +645,8 @@ static void mpi_destroy(moe_comm_t *c)
     if (leak)
         moe_log(c->logger, MOE_LOG_WARN,
                 "comm: the %s communicator is destroyed with operations in flight; their "
-                "buffers are leaked", c->name);
+                "buffers are leaked",
+                c->name);
     for (moe_comm_req_t *r = m->inflight; r;) {
         moe_comm_req_t *next = r->next;
         if (!dead) {
@@ -657,7 +678,8 @@ static void mpi_destroy(moe_comm_t *c)
     free(c);
 }
 
-static moe_status_t mpi_split(moe_comm_t *c, int color, int key, const char *name, moe_comm_t **out);
+static moe_status_t mpi_split(moe_comm_t *c, int color, int key, const char *name,
+                              moe_comm_t **out);
 
 static const moe_comm_ops_t mpi_ops = {
     .name = "mpi",
@@ -834,7 +856,7 @@ static moe_status_t mpi_split(moe_comm_t *c, int color, int key, const char *nam
     for (int i = 0; i < c->size; i++) {
         if (all[2 * i] != color) continue;
         int j = n++;
-        while (j > 0 && all[2 * (ranks[j - 1])+ 1] > all[2 * i + 1]) {
+        while (j > 0 && all[2 * (ranks[j - 1]) + 1] > all[2 * i + 1]) {
             ranks[j] = ranks[j - 1];
             j--;
         }
@@ -863,9 +885,9 @@ bool moe_comm_have_mpi(void) { return true; }
 
 /* ---- process-wide MPI state ----------------------------------------------------------------- */
 
-static atomic_int mpi_users;     /* acquires not yet released */
-static atomic_bool mpi_ours;     /* libmoe called MPI_Init */
-static atomic_bool mpi_lost;     /* a mesh lost a peer: MPI_Finalize could never return */
+static atomic_int mpi_users; /* acquires not yet released */
+static atomic_bool mpi_ours; /* libmoe called MPI_Init */
+static atomic_bool mpi_lost; /* a mesh lost a peer: MPI_Finalize could never return */
 
 moe_status_t moe_comm_mpi_acquire(void)
 {

@@ -33,9 +33,9 @@
 typedef struct nccl_impl {
     ncclComm_t comm;
     cudaStream_t stream;
-    cudaEvent_t produced;     /* recorded on the producing stream before each operation */
-    int world_rank;           /* this rank in the root (bootstrap) communicator */
-    int *dev_scratch;         /* device int [size]: barrier and member discovery */
+    cudaEvent_t produced; /* recorded on the producing stream before each operation */
+    int world_rank;       /* this rank in the root (bootstrap) communicator */
+    int *dev_scratch;     /* device int [size]: barrier and member discovery */
     moe_comm_req_t *inflight;
 } nccl_impl_t;
 
@@ -88,19 +88,22 @@ static moe_status_t settle(moe_comm_t *c, ncclComm_t comm, const char *what)
         if (state != ncclInProgress) {
             char why[96];
             snprintf(why, sizeof why, "an NCCL error in %s", what);
-            moe_status_t st = MOE_FAIL(MOE_STATUS_COMM_ERROR,
-                                       "%s on the %s communicator (rank %d of %d; %s): %s", what,
-                                       c->name, c->rank, c->size, c->members,
-                                       ncclGetErrorString(state));
-            if (c->impl) mark_dead(c, why);
-            else ncclCommAbort(comm);
+            moe_status_t st = MOE_FAIL(
+                MOE_STATUS_COMM_ERROR, "%s on the %s communicator (rank %d of %d; %s): %s", what,
+                c->name, c->rank, c->size, c->members, ncclGetErrorString(state));
+            if (c->impl)
+                mark_dead(c, why);
+            else
+                ncclCommAbort(comm);
             return st;
         }
         if (moe_now_ms() > deadline) {
             char why[96];
             snprintf(why, sizeof why, "a timeout in %s", what);
-            if (c->impl) mark_dead(c, why);
-            else ncclCommAbort(comm);
+            if (c->impl)
+                mark_dead(c, why);
+            else
+                ncclCommAbort(comm);
             return MOE_FAIL(MOE_STATUS_TIMEOUT,
                             "%s on the %s communicator (rank %d of %d; %s) did not complete "
                             "within %d ms: a peer is dead or stalled (ncclCommAbort called)",
@@ -123,8 +126,8 @@ static moe_status_t begin(moe_comm_t *c, const char *what)
     cudaError_t e = cudaEventRecord(m->produced, producer);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(m->stream, m->produced, 0);
     if (e != cudaSuccess)
-        return MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "ordering %s after the compute stream: %s",
-                        what, cudaGetErrorString(e));
+        return MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "ordering %s after the compute stream: %s", what,
+                        cudaGetErrorString(e));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -189,15 +192,15 @@ static moe_status_t nccl_test(moe_comm_t *c, moe_comm_req_t *r, bool *done)
         return watched;
     }
     if (q != cudaErrorNotReady)
-        return MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "%s on the %s communicator: %s", r->what,
-                        c->name, cudaGetErrorString(q));
+        return MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "%s on the %s communicator: %s", r->what, c->name,
+                        cudaGetErrorString(q));
     ncclResult_t state = ncclSuccess;
     ncclCommGetAsyncError(m->comm, &state);
     if (state != ncclSuccess && state != ncclInProgress) {
         const char *what = r->what;
         mark_dead(c, "an asynchronous NCCL error");
-        return moe_comm_failed(c, MOE_STATUS_COMM_ERROR, "%s on the %s communicator (%s): %s",
-                               what, c->name, c->members, ncclGetErrorString(state));
+        return moe_comm_failed(c, MOE_STATUS_COMM_ERROR, "%s on the %s communicator (%s): %s", what,
+                               c->name, c->members, ncclGetErrorString(state));
     }
     return MOE_STATUS_SUCCESS;
 }
@@ -281,8 +284,8 @@ static moe_status_t nccl_alltoallv(moe_comm_t *c, const void *send, const size_t
             MOE_NCCL_CHECK_GOTO(st, ncclSend((const char *)send + send_displs[p] * es,
                                              send_counts[p], t, p, m->comm, m->stream));
         if (recv_counts[p])
-            MOE_NCCL_CHECK_GOTO(st, ncclRecv((char *)recv + recv_displs[p] * es,
-                                             recv_counts[p], t, p, m->comm, m->stream));
+            MOE_NCCL_CHECK_GOTO(st, ncclRecv((char *)recv + recv_displs[p] * es, recv_counts[p], t,
+                                             p, m->comm, m->stream));
     }
 fail:
     /* The group is ended whatever happened: left open, it would take in every later NCCL
@@ -351,7 +354,8 @@ static void nccl_destroy(moe_comm_t *c)
             r = next;
         }
         if (m->comm) {
-            if (moe_comm_is_dead(c)) ncclCommAbort(m->comm);
+            if (moe_comm_is_dead(c))
+                ncclCommAbort(m->comm);
             else {
                 cudaStreamSynchronize(m->stream);
                 ncclCommDestroy(m->comm);
@@ -416,7 +420,8 @@ static moe_status_t wrap(ncclComm_t comm, const moe_comm_t *like, int world_rank
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&m->produced, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc((void **)&m->dev_scratch, sizeof(int) * (size_t)c->size);
     if (e != cudaSuccess) {
-        st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "NCCL communicator stream: %s", cudaGetErrorString(e));
+        st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "NCCL communicator stream: %s",
+                      cudaGetErrorString(e));
         goto fail;
     }
     host = malloc(sizeof(int) * (size_t)c->size);
@@ -436,8 +441,8 @@ static moe_status_t wrap(ncclComm_t comm, const moe_comm_t *like, int world_rank
         ncclResult_t rc = ncclAllGather(m->dev_scratch + c->rank, m->dev_scratch, 1, ncclInt32,
                                         m->comm, m->stream);
         if (rc != ncclSuccess && rc != ncclInProgress) {
-            st = MOE_FAIL(MOE_STATUS_COMM_ERROR, "ncclAllGather of the members of %s: %s",
-                          c->name, ncclGetErrorString(rc));
+            st = MOE_FAIL(MOE_STATUS_COMM_ERROR, "ncclAllGather of the members of %s: %s", c->name,
+                          ncclGetErrorString(rc));
             goto fail;
         }
         MOE_TRY_GOTO(st, finish_start(c, "allgather", &r));
@@ -491,7 +496,8 @@ moe_status_t moe_comm_nccl_create(moe_comm_t *bootstrap, const char *name, moe_c
     if (rc != ncclSuccess && rc != ncclInProgress)
         return MOE_FAIL(MOE_STATUS_COMM_ERROR,
                         "ncclCommInitRankConfig for the %s communicator (rank %d of %d): %s",
-                        name ? name : "?", bootstrap->rank, bootstrap->size, ncclGetErrorString(rc));
+                        name ? name : "?", bootstrap->rank, bootstrap->size,
+                        ncclGetErrorString(rc));
     moe_comm_t probe = *bootstrap; /* names and timeout for messages while settling */
     probe.impl = NULL;
     snprintf(probe.name, sizeof probe.name, "%s", name ? name : "?");
@@ -499,7 +505,8 @@ moe_status_t moe_comm_nccl_create(moe_comm_t *bootstrap, const char *name, moe_c
     return wrap(comm, bootstrap, world_rank, name, out);
 }
 
-static moe_status_t nccl_split(moe_comm_t *c, int color, int key, const char *name, moe_comm_t **out)
+static moe_status_t nccl_split(moe_comm_t *c, int color, int key, const char *name,
+                               moe_comm_t **out)
 {
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;

@@ -35,9 +35,9 @@ enum { MSG_PING = 1, MSG_PONG = 2, MSG_NOTICE = 3, MSG_LEFT = 4 };
 
 typedef struct ctl_msg {
     int32_t kind, origin, seq, status;
-    int32_t nwait;             /* PONG: whom the answering rank waits for, wait[0..nwait) */
+    int32_t nwait; /* PONG: whom the answering rank waits for, wait[0..nwait) */
     int32_t wait[WAIT_MAX];
-    char text[480];            /* NOTICE: the failure */
+    char text[480]; /* NOTICE: the failure */
 } ctl_msg_t;
 
 typedef struct outgoing {
@@ -49,22 +49,22 @@ struct moe_comm_watch {
     MPI_Comm ctl;
     int rank, size, grace_ms;
     const moe_logger_t *logger;
-    ctl_msg_t *inbox;          /* the posted receive's buffer (MPI's until it completes) */
-    MPI_Request inbox_req;     /* MPI_REQUEST_NULL when the channel broke */
-    outgoing_t *out;           /* sends not seen complete */
+    ctl_msg_t *inbox;      /* the posted receive's buffer (MPI's until it completes) */
+    MPI_Request inbox_req; /* MPI_REQUEST_NULL when the channel broke */
+    outgoing_t *out;       /* sends not seen complete */
     int nout, cap_out;
-    int32_t seq;               /* the current probe */
+    int32_t seq; /* the current probe */
     bool probing;
-    int *asked;                /* [size] pinged in the current probe, in order; nasked of them */
+    int *asked; /* [size] pinged in the current probe, in order; nasked of them */
     int nasked;
-    uint8_t *was_asked;        /* [size] */
-    uint8_t *answered;         /* [size] answered the current probe */
-    uint8_t *left;             /* [size] left normally (its LEFT came) */
+    uint8_t *was_asked; /* [size] */
+    uint8_t *answered;  /* [size] answered the current probe */
+    uint8_t *left;      /* [size] left normally (its LEFT came) */
     /* the wait in progress on this rank, for the answers */
     const moe_comm_t *wait_c;
     moe_comm_req_t *wait_r;
     moe_comm_late_fn wait_late;
-    moe_status_t status;       /* the first failure, or SUCCESS */
+    moe_status_t status; /* the first failure, or SUCCESS */
     char cause[512];
 };
 
@@ -77,8 +77,8 @@ static void post_inbox(moe_comm_watch_t *w)
         w->inbox_req = MPI_REQUEST_NULL;
 }
 
-static void send_msg(moe_comm_watch_t *w, int dest, int32_t kind, int32_t seq,
-                     moe_status_t status, const char *text, const int *wait, int nwait)
+static void send_msg(moe_comm_watch_t *w, int dest, int32_t kind, int32_t seq, moe_status_t status,
+                     const char *text, const int *wait, int nwait)
 {
     if (w->nout == w->cap_out) {
         int cap = w->cap_out ? 2 * w->cap_out : 16;
@@ -156,7 +156,8 @@ static void handle(moe_comm_watch_t *w, const ctl_msg_t *m)
     case MSG_PONG:
         if (!w->probing || m->seq != w->seq) break;
         w->answered[m->origin] = 1;
-        for (int i = 0; i < m->nwait && i < WAIT_MAX; i++) ask(w, m->wait[i]); /* follow the chain */
+        for (int i = 0; i < m->nwait && i < WAIT_MAX; i++)
+            ask(w, m->wait[i]); /* follow the chain */
         break;
     case MSG_NOTICE: {
         char text[sizeof m->text];
@@ -217,8 +218,7 @@ static void poll_for(moe_comm_watch_t *w, double ms, bool (*done)(const moe_comm
                      void *arg)
 {
     double deadline = moe_now_ms() + ms;
-    while (w->status == MOE_STATUS_SUCCESS && !(done && done(w, arg)) &&
-           moe_now_ms() < deadline) {
+    while (w->status == MOE_STATUS_SUCCESS && !(done && done(w, arg)) && moe_now_ms() < deadline) {
         moe_comm_watch_poll(w);
         struct timespec ts = {0, 500000};
         nanosleep(&ts, NULL);
@@ -283,17 +283,20 @@ void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const ch
     int ndead = 0, ngone = 0, *gone = dead ? dead + (w->nasked > 0 ? w->nasked : 1) : NULL;
     for (int i = 0; dead && i < w->nasked; i++) {
         int r = w->asked[i];
-        if (w->left[r]) gone[ngone++] = r;
-        else if (!w->answered[r]) dead[ndead++] = r;
+        if (w->left[r])
+            gone[ngone++] = r;
+        else if (!w->answered[r])
+            dead[ndead++] = r;
     }
     char ranks[160], cause[sizeof w->cause];
     if (ndead > 0) {
         const char *verb = ndead == 1 ? "does not answer" : "do not answer";
         moe_comm_format_ranks(ranks, sizeof ranks, dead, ndead);
         snprintf(text, size, "%s %s (dead or stalled)", ranks, verb);
-        snprintf(cause, sizeof cause, "%s %s (dead or stalled; found by world rank %d when %s on "
-                 "the %s communicator did not complete within %d ms)", ranks, verb, w->rank,
-                 what, c->name, timeout_ms);
+        snprintf(cause, sizeof cause,
+                 "%s %s (dead or stalled; found by world rank %d when %s on "
+                 "the %s communicator did not complete within %d ms)",
+                 ranks, verb, w->rank, what, c->name, timeout_ms);
         record(w, MOE_STATUS_TIMEOUT, cause);
         notify_all(w, dead, ndead);
         free(dead);
@@ -301,12 +304,15 @@ void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const ch
     }
     if (ngone > 0) { /* no rank failed: they ran different work (steps, calls) */
         moe_comm_format_ranks(ranks, sizeof ranks, gone, ngone);
-        snprintf(text, size, "%s left normally (%s runtime was destroyed without a failure) "
+        snprintf(text, size,
+                 "%s left normally (%s runtime was destroyed without a failure) "
                  "while this rank still needed %s: the ranks did not run the same operations "
-                 "(a different number of steps or calls)", ranks,
-                 ngone == 1 ? "its" : "their", ngone == 1 ? "it" : "them");
-        snprintf(cause, sizeof cause, "world rank %d: %s on the %s communicator did not complete "
-                 "within %d ms; %s", w->rank, what, c->name, timeout_ms, text);
+                 "(a different number of steps or calls)",
+                 ranks, ngone == 1 ? "its" : "their", ngone == 1 ? "it" : "them");
+        snprintf(cause, sizeof cause,
+                 "world rank %d: %s on the %s communicator did not complete "
+                 "within %d ms; %s",
+                 w->rank, what, c->name, timeout_ms, text);
         record(w, MOE_STATUS_TIMEOUT, cause);
         notify_all(w, gone, ngone);
         free(dead);
@@ -321,14 +327,18 @@ void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const ch
     }
     if (w->nasked > 0) {
         moe_comm_format_ranks(ranks, sizeof ranks, w->asked, w->nasked);
-        snprintf(text, size, "%s %s but did not take part: %s on another operation (ranks that "
-                 "start collectives in different orders, or a rank busy outside libmoe)", ranks,
-                 w->nasked == 1 ? "answers" : "answer", w->nasked == 1 ? "it waits" : "they wait");
+        snprintf(text, size,
+                 "%s %s but did not take part: %s on another operation (ranks that "
+                 "start collectives in different orders, or a rank busy outside libmoe)",
+                 ranks, w->nasked == 1 ? "answers" : "answer",
+                 w->nasked == 1 ? "it waits" : "they wait");
     } else {
         snprintf(text, size, "no peer was waited for");
     }
-    snprintf(cause, sizeof cause, "world rank %d: %s on the %s communicator did not complete "
-             "within %d ms; %s", w->rank, what, c->name, timeout_ms, text);
+    snprintf(cause, sizeof cause,
+             "world rank %d: %s on the %s communicator did not complete "
+             "within %d ms; %s",
+             w->rank, what, c->name, timeout_ms, text);
     record(w, MOE_STATUS_TIMEOUT, cause);
     notify_all(w, NULL, 0);
 }

@@ -71,8 +71,7 @@ moe_status_t moe_comm_watch_failure(const moe_comm_watch_t *w, const char **caus
  * ranks it was waiting for. Finds which ranks do not answer, records the failure, tells every
  * other rank, and writes what is known about the culprits to text[0..size). */
 void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const char *what,
-                              int timeout_ms, const int *late, int nlate, char *text,
-                              size_t size);
+                              int timeout_ms, const int *late, int nlate, char *text, size_t size);
 /* A local failure (an MPI error, an abort) that makes the mesh unusable: recorded with
  * `status` and told to every other rank with `cause`. A failure already recorded stays. */
 void moe_comm_watch_fail(moe_comm_watch_t *w, moe_status_t status, const char *cause);

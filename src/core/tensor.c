@@ -28,8 +28,8 @@ static const char *device_name(moe_device_kind_t d)
     return d == MOE_DEVICE_HOST ? "host" : d == MOE_DEVICE_CUDA ? "cuda" : "unknown";
 }
 
-moe_status_t moe_tensor_view(void *data, moe_dtype_t dtype, moe_device_kind_t device,
-                             int32_t ndim, const int64_t *shape, moe_tensor_t *out)
+moe_status_t moe_tensor_view(void *data, moe_dtype_t dtype, moe_device_kind_t device, int32_t ndim,
+                             const int64_t *shape, moe_tensor_t *out)
 {
     moe_error_clear();
     MOE_CHECK_ARG(out != NULL, "out is NULL");
@@ -58,9 +58,12 @@ int64_t moe_tensor_numel(const moe_tensor_t *t)
     for (int i = 0; i < t->ndim; i++) {
         int64_t s = t->shape[i];
         if (s < 0) return -1;
-        if (s == 0) empty = true;
-        else if (n > MOE_TENSOR_MAX_ELEMENTS / s) too_many = true;
-        else n *= s;
+        if (s == 0)
+            empty = true;
+        else if (n > MOE_TENSOR_MAX_ELEMENTS / s)
+            too_many = true;
+        else
+            n *= s;
     }
     return empty ? 0 : too_many ? -1 : n;
 }
@@ -76,8 +79,8 @@ moe_status_t moe_tensor_check(const moe_tensor_t *t, const char *what, moe_dtype
 {
     MOE_CHECK_ARG(t != NULL, "%s is NULL", what);
     MOE_CHECK_ARG(moe_dtype_size(t->dtype) != 0, "%s has unknown dtype %d", what, (int)t->dtype);
-    MOE_CHECK_ARG(t->dtype == dtype, "%s has dtype %s; expected %s", what,
-                  moe_dtype_name(t->dtype), moe_dtype_name(dtype));
+    MOE_CHECK_ARG(t->dtype == dtype, "%s has dtype %s; expected %s", what, moe_dtype_name(t->dtype),
+                  moe_dtype_name(dtype));
     MOE_CHECK_ARG(t->device == device, "%s is on %s memory; expected %s", what,
                   device_name(t->device), device_name(device));
     MOE_CHECK_ARG(t->ndim >= 1 && t->ndim <= MOE_MAX_DIMS, "%s has %d dimensions; expected 1..%d",

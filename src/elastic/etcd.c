@@ -41,7 +41,7 @@
 struct el_etcd {
     char *endpoints[MAX_ENDPOINTS]; /* without trailing '/' */
     int n_endpoints;
-    int current;                    /* the member that answered last (under lock) */
+    int current; /* the member that answered last (under lock) */
     int32_t timeout_ms;
     CURL *curl;
     pthread_mutex_t lock;
@@ -149,8 +149,10 @@ static moe_status_t post_once(el_etcd_t *e, const char *endpoint, const char *me
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         *try_next = http >= 500;
-        st = MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "etcd %s at %s: HTTP %ld and no JSON object in "
-                      "the answer (%.200s)", method, endpoint, http, b.data ? b.data : "");
+        st = MOE_FAIL(MOE_STATUS_REMOTE_ERROR,
+                      "etcd %s at %s: HTTP %ld and no JSON object in "
+                      "the answer (%.200s)",
+                      method, endpoint, http, b.data ? b.data : "");
         goto fail;
     }
     if (http >= 400 || cJSON_GetObjectItemCaseSensitive(root, "error")) {
@@ -225,12 +227,15 @@ moe_status_t el_etcd_create(const char *endpoints, int32_t timeout_ms, el_etcd_t
             e->n_endpoints < MAX_ENDPOINTS) {
             char *one = strndup(p, n);
             while (one && n > 0 && one[n - 1] == '/') one[--n] = 0;
-            if (!one) st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd client");
-            else e->endpoints[e->n_endpoints++] = one;
+            if (!one)
+                st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "etcd client");
+            else
+                e->endpoints[e->n_endpoints++] = one;
         } else {
             st = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT, "etcd endpoint \"%.*s\" in \"%s\": %s",
-                          (int)n, p, endpoints, e->n_endpoints == MAX_ENDPOINTS
-                          ? "too many (at most 16)" : "must start with http:// or https://");
+                          (int)n, p, endpoints,
+                          e->n_endpoints == MAX_ENDPOINTS ? "too many (at most 16)"
+                                                          : "must start with http:// or https://");
         }
         p += n;
         if (*p == ',') p++;
@@ -376,7 +381,8 @@ moe_status_t el_etcd_range_prefix(el_etcd_t *e, const char *prefix, el_kv_t **kv
     }
     int i = 0;
     const cJSON *kv;
-    cJSON_ArrayForEach(kv, arr) {
+    cJSON_ArrayForEach(kv, arr)
+    {
         const cJSON *k = cJSON_GetObjectItemCaseSensitive(kv, "key");
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, "value");
         out[i].key = cJSON_IsString(k) ? b64_decode(k->valuestring) : NULL;
@@ -386,8 +392,10 @@ moe_status_t el_etcd_range_prefix(el_etcd_t *e, const char *prefix, el_kv_t **kv
         if (!out[i].key || !out[i].value) {
             el_kvs_free(out, (size_t)i + 1);
             cJSON_Delete(r);
-            return MOE_FAIL(MOE_STATUS_REMOTE_ERROR, "etcd range %s: a key or value is not "
-                            "base64", prefix);
+            return MOE_FAIL(MOE_STATUS_REMOTE_ERROR,
+                            "etcd range %s: a key or value is not "
+                            "base64",
+                            prefix);
         }
         i++;
     }

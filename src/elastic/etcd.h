@@ -17,9 +17,9 @@
 typedef struct el_etcd el_etcd_t;
 
 typedef struct el_kv {
-    char *key, *value;      /* decoded, NUL-terminated */
-    int64_t mod_revision;   /* the store's revision of the last write: a total order */
-    int64_t lease;          /* 0: none */
+    char *key, *value;    /* decoded, NUL-terminated */
+    int64_t mod_revision; /* the store's revision of the last write: a total order */
+    int64_t lease;        /* 0: none */
 } el_kv_t;
 
 /* endpoints: one member "http://127.0.0.1:2379" or a comma-separated list of a cluster's

@@ -21,7 +21,7 @@
 #include "core/error.h"
 #include "etcd.h"
 
-#define MAX_RENEW_MS 1000                      /* renew at least this often, whatever the TTL */
+#define MAX_RENEW_MS 1000 /* renew at least this often, whatever the TTL */
 
 struct moe_elastic_member {
     uint64_t magic;
@@ -35,9 +35,9 @@ struct moe_elastic_member {
     bool stop, dirty;
     moe_elastic_phase_t phase;
     int64_t step, resumed_step; /* resumed_step: -1 until RESUMED is reported */
-    moe_status_t failed;   /* the thread's first failure */
+    moe_status_t failed;        /* the thread's first failure */
     char failure[512];
-    char *launcher_key;    /* NULL: not watched (under lock) */
+    char *launcher_key; /* NULL: not watched (under lock) */
     int64_t orphan_ms;
     struct timespec contact; /* the last request etcd answered */
     moe_elastic_orphan_fn on_orphan;
@@ -51,14 +51,17 @@ struct moe_elastic_member {
 
 static const char *phase_name(moe_elastic_phase_t p)
 {
-    return p == MOE_ELASTIC_PHASE_RESUMED ? "resumed"
-           : p == MOE_ELASTIC_PHASE_TRAINING ? "training" : "started";
+    return p == MOE_ELASTIC_PHASE_RESUMED    ? "resumed"
+           : p == MOE_ELASTIC_PHASE_TRAINING ? "training"
+                                             : "started";
 }
 
 moe_elastic_member_config_t moe_elastic_member_config_default(void)
 {
     return (moe_elastic_member_config_t){.struct_size = sizeof(moe_elastic_member_config_t),
-                                         .slot = -1, .rank = -1, .ttl_ms = 5000,
+                                         .slot = -1,
+                                         .rank = -1,
+                                         .ttl_ms = 5000,
                                          .request_timeout_ms = 2000};
 }
 
@@ -128,7 +131,8 @@ static const char *orphan_cause(moe_elastic_member_t *m, moe_status_t st)
     if (st == MOE_STATUS_NOT_FOUND) return "its own lease expired: the launcher has given it up";
     if (st != MOE_STATUS_SUCCESS)
         return key[0] && ms_since(&m->contact) > orphan_ms
-                   ? "etcd unreachable for longer than the orphan time" : NULL;
+                   ? "etcd unreachable for longer than the orphan time"
+                   : NULL;
     clock_gettime(CLOCK_MONOTONIC, &m->contact);
     if (!key[0]) return NULL;
     el_kv_t *kvs;
@@ -172,8 +176,10 @@ static void *keepalive_main(void *arg)
             st = el_etcd_lease_keepalive(m->etcd, m->lease);
             deadline_in(&next, m->renew_ms);
         }
-        if (st == MOE_STATUS_SUCCESS && write) st = put_member(m, value);
-        else free(value);
+        if (st == MOE_STATUS_SUCCESS && write)
+            st = put_member(m, value);
+        else
+            free(value);
         const char *orphan = renew ? orphan_cause(m, st) : NULL;
         if (orphan) notify_orphan(m, orphan);
         pthread_mutex_lock(&m->lock);
@@ -209,8 +215,8 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     MOE_CHECK_ARG(c->slot >= 0 && c->rank >= 0, "elastic member: slot %d and rank %d must be >= 0",
                   (int)c->slot, (int)c->rank);
     MOE_CHECK_ARG(c->ttl_ms > 0 && c->request_timeout_ms > 0,
-                  "elastic member: ttl_ms %d and request_timeout_ms %d must be > 0",
-                  (int)c->ttl_ms, (int)c->request_timeout_ms);
+                  "elastic member: ttl_ms %d and request_timeout_ms %d must be > 0", (int)c->ttl_ms,
+                  (int)c->request_timeout_ms);
     moe_elastic_member_t *m = calloc(1, sizeof *m);
     if (!m) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "elastic member");
     m->magic = MOE_MAGIC_MEMBER;
@@ -234,8 +240,7 @@ moe_status_t moe_elastic_member_create(const moe_elastic_member_config_t *c,
     snprintf(m->key, kl, "%s/member/%d", c->prefix, (int)c->slot);
     int64_t granted = 0;
     st = el_etcd_lease_grant(m->etcd, ttl_s, &m->lease, &granted);
-    if (st == MOE_STATUS_SUCCESS)
-        st = put_member(m, member_value(m, MOE_ELASTIC_PHASE_STARTED, 0));
+    if (st == MOE_STATUS_SUCCESS) st = put_member(m, member_value(m, MOE_ELASTIC_PHASE_STARTED, 0));
     if (st != MOE_STATUS_SUCCESS) {
         if (m->lease) el_etcd_lease_revoke(m->etcd, m->lease);
         member_free(m);
@@ -289,7 +294,8 @@ moe_status_t moe_elastic_member_create_from_env(int32_t rank, moe_elastic_member
     c.rank = rank;
     MOE_CHECK_ARG(c.prefix && c.prefix[0] == '/',
                   "MOE_ELASTIC_PREFIX (\"%s\") must be set and start with '/' when "
-                  "MOE_ELASTIC_ENDPOINT is", c.prefix ? c.prefix : "");
+                  "MOE_ELASTIC_ENDPOINT is",
+                  c.prefix ? c.prefix : "");
     const char *slots = moe_env_string(MOE_ENV_ELASTIC_SLOTS, NULL);
     c.slot = slots ? slot_of_rank(slots, rank) : -1;
     MOE_CHECK_ARG(c.slot >= 0, "MOE_ELASTIC_SLOTS (\"%s\") gives no slot to world rank %d",
@@ -337,8 +343,10 @@ moe_status_t moe_elastic_member_report(moe_elastic_member_t *m, moe_elastic_phas
 moe_status_t moe_elastic_member_report_busy(moe_elastic_member_t *m, int64_t step, double busy_s)
 {
     MOE_ENTRY(m, MOE_MAGIC_MEMBER, "elastic member");
-    MOE_CHECK_ARG(step >= 0 && busy_s >= 0, "elastic member: step %lld and busy_s %g must be "
-                  ">= 0", (long long)step, busy_s);
+    MOE_CHECK_ARG(step >= 0 && busy_s >= 0,
+                  "elastic member: step %lld and busy_s %g must be "
+                  ">= 0",
+                  (long long)step, busy_s);
     pthread_mutex_lock(&m->lock);
     m->busy_step[m->busy_next] = step;
     m->busy_s[m->busy_next] = busy_s;

@@ -9,10 +9,7 @@
 #include "core/error.h"
 #include "mesh_choice.h"
 
-static double log2_ratio(int64_t a, int64_t b)
-{
-    return fabs(log2((double)a / (double)b));
-}
+static double log2_ratio(int64_t a, int64_t b) { return fabs(log2((double)a / (double)b)); }
 
 static int same_axes(const el_mesh_t *a, const el_mesh_t *b)
 {
@@ -24,7 +21,7 @@ moe_status_t el_choose_mesh(const el_model_shape_t *s, int64_t max_world, int64_
 {
     MOE_CHECK_ARG(s && out && (s->valid || !s->n_valid), "mesh choice: NULL argument");
     MOE_CHECK_ARG(s->job.tp >= 1 && s->job.ep >= 1 && s->job.dp >= 1 && s->job.pp >= 1 &&
-                  s->job.microbatches >= 1,
+                      s->job.microbatches >= 1,
                   "mesh choice: every axis and the microbatches of the job's mesh must be >= 1");
     MOE_CHECK_ARG(min_world >= 1, "mesh choice: min_world %lld must be >= 1", (long long)min_world);
     for (size_t i = 0; i < s->n_valid; i++) {

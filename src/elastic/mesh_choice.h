@@ -21,8 +21,8 @@ typedef struct el_mesh {
 } el_mesh_t;
 
 typedef struct el_model_shape {
-    el_mesh_t job;            /* the job's own mesh and microbatches: the preferred ones */
-    const el_mesh_t *valid;   /* every mesh the trainer accepts (any order) */
+    el_mesh_t job;          /* the job's own mesh and microbatches: the preferred ones */
+    const el_mesh_t *valid; /* every mesh the trainer accepts (any order) */
     size_t n_valid;
 } el_model_shape_t;
 

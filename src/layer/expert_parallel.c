@@ -49,26 +49,26 @@
 #include "routing.h"
 
 typedef struct moe_dist {
-    moe_comm_t *ep, *tp;             /* data (device buffers); NULL when the axis is 1 */
-    moe_comm_t *hep, *htp, *hdense;  /* host control */
-    bool hash_tp_inputs;             /* MOE_CHECK_TP_INPUTS=1: compare the tokens' hash too */
+    moe_comm_t *ep, *tp;            /* data (device buffers); NULL when the axis is 1 */
+    moe_comm_t *hep, *htp, *hdense; /* host control */
+    bool hash_tp_inputs;            /* MOE_CHECK_TP_INPUTS=1: compare the tokens' hash too */
     int32_t P, D, dense_rank;
     moe_comm_dtype_t act_dt;
-    size_t act;                      /* bytes per activation element */
-    int32_t *group;                  /* [E] expert -> owner * El + local (row order) */
-    int32_t *row_order;              /* device i32 [E]: the inverse, the plan's row_order */
-    int32_t *first, *host_first;     /* device and host i32 [E]: the plan's first */
-    bool worker_thread;              /* host backend: experts on a thread while MPI progresses */
+    size_t act;                  /* bytes per activation element */
+    int32_t *group;              /* [E] expert -> owner * El + local (row order) */
+    int32_t *row_order;          /* device i32 [E]: the inverse, the plan's row_order */
+    int32_t *first, *host_first; /* device and host i32 [E]: the plan's first */
+    bool worker_thread;          /* host backend: experts on a thread while MPI progresses */
     moe_dist_timing_t timing;
 } moe_dist_t;
 
 typedef struct moe_dist_slot {
-    int64_t rows_send, rows_recv;    /* token-side rows, expert-side rows */
-    int64_t *sc, *sd, *rc, *rd;      /* [P] rows to / from each ep peer and their offsets */
-    int64_t *cnt;                    /* [P, El] rows from peer q for local expert le */
-    float aux_scale, z_scale;        /* router backward coefficient factors (N/Nt)^2, N/Nt */
-    void *back;                      /* act [Rs,H] expert outputs back on the token side */
-    void *xr, *hpre, *act;           /* act [Rr,H], [Rr,2,Fl], [Rr,Fl] expert side, saved */
+    int64_t rows_send, rows_recv; /* token-side rows, expert-side rows */
+    int64_t *sc, *sd, *rc, *rd;   /* [P] rows to / from each ep peer and their offsets */
+    int64_t *cnt;                 /* [P, El] rows from peer q for local expert le */
+    float aux_scale, z_scale;     /* router backward coefficient factors (N/Nt)^2, N/Nt */
+    void *back;                   /* act [Rs,H] expert outputs back on the token side */
+    void *xr, *hpre, *act;        /* act [Rr,H], [Rr,2,Fl], [Rr,Fl] expert side, saved */
 } moe_dist_slot_t;
 
 /* ---- create / destroy ---------------------------------------------------------------------- */
@@ -161,7 +161,7 @@ void moe_dist_timing_reset(moe_layer_t *l)
 static int64_t chunk_lo(int64_t n, int c, int C) { return n * c / C; }
 
 typedef struct a2a_op {
-    moe_comm_req_t *req;   /* NULL: already complete */
+    moe_comm_req_t *req; /* NULL: already complete */
     double t_start;
     bool done;
 } a2a_op_t;
@@ -235,8 +235,14 @@ static moe_status_t run_slice(moe_layer_t *l, moe_slot_t *s, bool backward, int6
     moe_dist_slot_t *ds = s->dist;
     size_t a = l->dist->act, H = (size_t)l->h, F = (size_t)l->f_local, r0 = (size_t)row0;
     moe_experts_t ex = {
-        .h = l->h, .f = l->f_local, .el = l->el, .host_offsets = off, .w1 = l->w1, .w2 = l->w2,
-        .xp = (char *)ds->xr + r0 * H * a, .hpre = (char *)ds->hpre + r0 * 2 * F * a,
+        .h = l->h,
+        .f = l->f_local,
+        .el = l->el,
+        .host_offsets = off,
+        .w1 = l->w1,
+        .w2 = l->w2,
+        .xp = (char *)ds->xr + r0 * H * a,
+        .hpre = (char *)ds->hpre + r0 * 2 * F * a,
         .act = (char *)ds->act + r0 * F * a,
     };
     if (!backward) {
@@ -266,7 +272,7 @@ typedef struct chunk_job {
 
 typedef struct poll_set {
     a2a_op_t *ops[2];
-    int lo[2], hi[2];          /* ops[i][lo..hi) are polled */
+    int lo[2], hi[2]; /* ops[i][lo..hi) are polled */
 } poll_set_t;
 
 static moe_status_t poll_all(moe_layer_t *l, poll_set_t *ps, bool *idle)
@@ -358,7 +364,11 @@ static moe_status_t pipeline(moe_layer_t *l, moe_slot_t *s, const void *tok_in, 
     a2a_op_t disp[C], comb[C];
     moe_status_t st = MOE_STATUS_SUCCESS;
     int started_d = 0, started_c = 0;
-    chunk_job_t job = {.l = l, .s = s, .backward = backward, .exp_in = exp_in, .exp_out = exp_out,
+    chunk_job_t job = {.l = l,
+                       .s = s,
+                       .backward = backward,
+                       .exp_in = exp_in,
+                       .exp_out = exp_out,
                        .scratch = scratch};
 
     MOE_TRY_GOTO(st, a2a_start(l, ds, 0, false, tok_in, exp_in, &disp[0]));
@@ -416,9 +426,9 @@ static moe_status_t alloc_dist_slot(moe_layer_t *l, moe_slot_t *s)
  * [N, N*z, N*entropy, counts[E], N*P[E]] in f64 (counts are exact below 2^53). */
 typedef struct global_routing {
     int64_t n_total, capacity;
-    double *counts;      /* [E] global selections per expert (before capacity) */
-    double *prefix;      /* [E] selections on dense ranks before this one */
-    double *p;           /* [E] P_e over the dense group's tokens */
+    double *counts; /* [E] global selections per expert (before capacity) */
+    double *prefix; /* [E] selections on dense ranks before this one */
+    double *p;      /* [E] P_e over the dense group's tokens */
     double z, entropy;
 } global_routing_t;
 
@@ -438,8 +448,8 @@ static moe_status_t exchange_routing(moe_layer_t *l, moe_slot_t *s, const int32_
         row[3 + E + e] = n * pmean[e];
     }
     if (d->hdense)
-        MOE_TRY(moe_comm_allreduce(d->hdense, table, table, (size_t)d->D * (size_t)W,
-                                   MOE_COMM_F64, MOE_REDUCE_SUM));
+        MOE_TRY(moe_comm_allreduce(d->hdense, table, table, (size_t)d->D * (size_t)W, MOE_COMM_F64,
+                                   MOE_REDUCE_SUM));
     double nt = 0, zs = 0, hs = 0;
     for (int32_t j = 0; j < d->D; j++) {
         const double *r = table + (size_t)j * (size_t)W;
@@ -480,14 +490,23 @@ static moe_status_t plan_rows(moe_layer_t *l, moe_slot_t *s, const global_routin
     if (g->capacity >= 0) {
         for (int32_t e = 0; e < E; e++)
             d->host_first[e] = (int32_t)(g->prefix[e] < (double)g->capacity ? g->prefix[e]
-                                                                          : (double)g->capacity);
+                                                                            : (double)g->capacity);
         MOE_TRY(ops->copy(ctx, d->first, d->host_first, sizeof(int32_t) * (size_t)E));
     }
     moe_plan_t plan = {
-        .n = s->n, .e = E, .k = l->k, .capacity = g->capacity, .topk_idx = s->topk_idx,
-        .first = g->capacity >= 0 ? d->first : NULL, .row_order = d->row_order,
-        .row_of_slot = s->row_of_slot, .slot_of_row = s->slot_of_row, .kept = s->kept,
-        .summary = s->kept, .summary_bytes = sizeof(int32_t) * (size_t)E, .host_summary = r->kept,
+        .n = s->n,
+        .e = E,
+        .k = l->k,
+        .capacity = g->capacity,
+        .topk_idx = s->topk_idx,
+        .first = g->capacity >= 0 ? d->first : NULL,
+        .row_order = d->row_order,
+        .row_of_slot = s->row_of_slot,
+        .slot_of_row = s->slot_of_row,
+        .kept = s->kept,
+        .summary = s->kept,
+        .summary_bytes = sizeof(int32_t) * (size_t)E,
+        .host_summary = r->kept,
     };
     MOE_TRY(ops->plan(ctx, &plan));
     for (int32_t e = 0; e < E; e++) {
@@ -587,8 +606,7 @@ static moe_status_t check_tp_inputs(moe_layer_t *l, const moe_tensor_t *x)
     return moe_comm_agree(d->hdense, what, NULL, 0, st);
 }
 
-moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x,
-                              moe_tensor_t *y)
+moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *x, moe_tensor_t *y)
 {
     moe_runtime_t *rt = l->rt;
     const moe_backend_ops_t *ops = MOE_OPS(rt);
@@ -618,8 +636,8 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     }
     /* 2. global routing statistics, capacity and this rank's place in the global order */
     global_routing_t g = {.counts = gbuf, .prefix = gbuf + E, .p = gbuf + 2 * E};
-    MOE_TRY_GOTO(st, exchange_routing(l, s, routing.counts, routing.score_mean, routing.stats,
-                                       table, &g));
+    MOE_TRY_GOTO(
+        st, exchange_routing(l, s, routing.counts, routing.score_mean, routing.stats, table, &g));
     ds->aux_scale = g.n_total ? (float)(((double)n / g.n_total) * ((double)n / g.n_total)) : 0;
     ds->z_scale = g.n_total ? (float)((double)n / g.n_total) : 0;
     /* backward's aux gradient needs the global selections */
@@ -646,8 +664,8 @@ moe_status_t moe_dist_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t 
     MOE_TRY_GOTO(st, pipeline(l, s, xs, ds->xr, outr, ds->back, false, NULL));
     /* 6. unpermute */
     if (n > 0)
-        MOE_TRY_GOTO(st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H,
-                                      false));
+        MOE_TRY_GOTO(
+            st, ops->combine(ctx, y->data, ds->back, s->row_of_slot, s->topk_w, n, K, H, false));
     moe_routing_set_stats(l, s, g.capacity, (double)E * aux, g.z, g.entropy);
     MOE_TRY_GOTO(st, moe_routing_update_bias(l, s, g.n_total * K)); /* s->counts: global */
 fail:
@@ -688,12 +706,11 @@ moe_status_t moe_dist_backward(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t
     }
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(l->rt, (size_t)max_slice * 3 * (size_t)Fl * a, &scratch));
     if (n > 0) {
-        MOE_TRY_GOTO(st, ops->combine_weight_grad(ctx, d_w, dy->data, ds->back, s->row_of_slot, n,
-                                                  K, H));
+        MOE_TRY_GOTO(
+            st, ops->combine_weight_grad(ctx, d_w, dy->data, ds->back, s->row_of_slot, n, K, H));
         /* the router writes dx; the combine below adds the experts' part. The op scales by
          * its local N; the global batch's terms need Nt (see top) */
-        MOE_TRY_GOTO(st, moe_routing_backward(l, s, d_w, dx,
-                                              l->cfg.aux_loss_coef * ds->aux_scale,
+        MOE_TRY_GOTO(st, moe_routing_backward(l, s, d_w, dx, l->cfg.aux_loss_coef * ds->aux_scale,
                                               l->cfg.z_loss_coef * ds->z_scale));
     }
     if (Rs)

@@ -29,12 +29,12 @@ void moe_dist_slot_free(moe_layer_t *l, moe_slot_t *s);
 /* Communication timing of the last forward + backward on this layer (for measuring how much
  * of the all-to-all time the chunked schedule hides). */
 typedef struct moe_dist_timing {
-    double a2a_blocked_ms;   /* time spent blocked in all-to-all waits */
-    double a2a_started_ms;   /* sum over all-to-alls of (completion seen - start) */
-    double compute_ms;       /* time in the expert computations of the pipeline */
+    double a2a_blocked_ms; /* time spent blocked in all-to-all waits */
+    double a2a_started_ms; /* sum over all-to-alls of (completion seen - start) */
+    double compute_ms;     /* time in the expert computations of the pipeline */
     int64_t a2a_count;
-    int64_t a2a_bytes;       /* bytes this rank sent in the data all-to-alls (self included) */
-    int64_t worker_chunks;   /* chunks whose experts ran on the host worker thread */
+    int64_t a2a_bytes;     /* bytes this rank sent in the data all-to-alls (self included) */
+    int64_t worker_chunks; /* chunks whose experts ran on the host worker thread */
 } moe_dist_timing_t;
 void moe_dist_timing(const moe_layer_t *l, moe_dist_timing_t *out);
 void moe_dist_timing_reset(moe_layer_t *l);

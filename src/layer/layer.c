@@ -26,11 +26,23 @@
 moe_layer_config_t moe_layer_config_default(void)
 {
     moe_layer_config_t c = {
-        .struct_size = sizeof c, .hidden = 0, .ffn_hidden = 0, .num_experts = 0, .top_k = 0,
-        .score_fn = MOE_SCORE_SOFTMAX, .renormalize = 1, .capacity_factor = 0.0f,
-        .aux_loss_coef = 0.01f, .z_loss_coef = 0.001f, .expert_bias = 0,
-        .expert_bias_rate = 1e-3f, .max_microbatches = 1, .placement = MOE_PLACEMENT_CONTIGUOUS,
-        .a2a_chunks = 2, .init_std = 0.02f, .aux_global_batch = 0,
+        .struct_size = sizeof c,
+        .hidden = 0,
+        .ffn_hidden = 0,
+        .num_experts = 0,
+        .top_k = 0,
+        .score_fn = MOE_SCORE_SOFTMAX,
+        .renormalize = 1,
+        .capacity_factor = 0.0f,
+        .aux_loss_coef = 0.01f,
+        .z_loss_coef = 0.001f,
+        .expert_bias = 0,
+        .expert_bias_rate = 1e-3f,
+        .max_microbatches = 1,
+        .placement = MOE_PLACEMENT_CONTIGUOUS,
+        .a2a_chunks = 2,
+        .init_std = 0.02f,
+        .aux_global_batch = 0,
     };
     return c;
 }
@@ -134,8 +146,8 @@ static void *init_range_fill(void *arg)
 {
     const init_range_t *r = arg;
     for (int64_t i = r->lo; i < r->hi; i++)
-        r->out[i] = init_value(init_seed(r->l), (uint64_t)r->tensor_id,
-                               global_index(r->l, r->p, i), r->l->cfg.init_std);
+        r->out[i] = init_value(init_seed(r->l), (uint64_t)r->tensor_id, global_index(r->l, r->p, i),
+                               r->l->cfg.init_std);
     return NULL;
 }
 
@@ -155,8 +167,8 @@ static int init_threads(const moe_layer_t *l, int64_t n)
     return t > INIT_MAX_THREADS ? INIT_MAX_THREADS : (int)t;
 }
 
-static void init_values(const moe_layer_t *l, int tensor_id, const moe_param_info_t *p,
-                        float *out, int64_t n)
+static void init_values(const moe_layer_t *l, int tensor_id, const moe_param_info_t *p, float *out,
+                        int64_t n)
 {
     int threads = init_threads(l, n);
     init_range_t r[INIT_MAX_THREADS];
@@ -240,16 +252,16 @@ static moe_status_t create_params(moe_layer_t *l)
     int64_t zero[4] = {0, 0, 0, 0};
 
     int64_t wg_shape[2] = {h, e};
-    MOE_TRY(add_param(l, "router.weight", MOE_PARAM_DENSE, act, 2, wg_shape, wg_shape, zero, -1,
-                      -1, &l->wg, &l->dwg));
+    MOE_TRY(add_param(l, "router.weight", MOE_PARAM_DENSE, act, 2, wg_shape, wg_shape, zero, -1, -1,
+                      &l->wg, &l->dwg));
     int64_t w1_local[4] = {el, h, 2, fl}, w1_global[4] = {e, h, 2, f};
     int64_t w1_off[4] = {first_expert, 0, 0, l->tp_rank * fl};
-    MOE_TRY(add_param(l, "experts.w1", MOE_PARAM_EXPERT, act, 4, w1_local, w1_global, w1_off, 0,
-                      3, &l->w1, &l->dw1));
+    MOE_TRY(add_param(l, "experts.w1", MOE_PARAM_EXPERT, act, 4, w1_local, w1_global, w1_off, 0, 3,
+                      &l->w1, &l->dw1));
     int64_t w2_local[3] = {el, fl, h}, w2_global[3] = {e, f, h};
     int64_t w2_off[3] = {first_expert, l->tp_rank * fl, 0};
-    MOE_TRY(add_param(l, "experts.w2", MOE_PARAM_EXPERT, act, 3, w2_local, w2_global, w2_off, 0,
-                      1, &l->w2, &l->dw2));
+    MOE_TRY(add_param(l, "experts.w2", MOE_PARAM_EXPERT, act, 3, w2_local, w2_global, w2_off, 0, 1,
+                      &l->w2, &l->dw2));
     for (int i = 0; i < l->num_params; i++) MOE_TRY(init_param(l, i, &l->params[i]));
 
     if (l->cfg.expert_bias) {
@@ -288,8 +300,7 @@ static void layer_free(moe_layer_t *l)
 /* The fields every rank of a pp stage must hold alike: they size the exchanges (H, F, E, K,
  * chunks, placement), set the global capacity and loss terms, or initialise the replicated
  * parameters. A rank whose own config is invalid (`local`) still joins, so the others learn. */
-static moe_status_t agree_config(moe_runtime_t *rt, const moe_layer_config_t *c,
-                                 moe_status_t local)
+static moe_status_t agree_config(moe_runtime_t *rt, const moe_layer_config_t *c, moe_status_t local)
 {
     moe_agree_field_t f[] = {
         moe_agree_int("hidden", c->hidden),
@@ -402,9 +413,18 @@ moe_status_t moe_layer_destroy(moe_layer_t *layer)
 static void slot_free(moe_layer_t *l, moe_slot_t *s)
 {
     moe_runtime_t *rt = l->rt;
-    void **dev[] = {&s->x, (void **)&s->logits, (void **)&s->topk_idx, (void **)&s->topk_w,
-                    &s->summary, (void **)&s->row_of_slot, (void **)&s->slot_of_row,
-                    &s->xp, &s->hpre, &s->act, &s->out, (void **)&s->window_counts};
+    void **dev[] = {&s->x,
+                    (void **)&s->logits,
+                    (void **)&s->topk_idx,
+                    (void **)&s->topk_w,
+                    &s->summary,
+                    (void **)&s->row_of_slot,
+                    (void **)&s->slot_of_row,
+                    &s->xp,
+                    &s->hpre,
+                    &s->act,
+                    &s->out,
+                    (void **)&s->window_counts};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) moe_layer_free_dev(rt, dev[i]);
     moe_dist_slot_free(l, s);
     free(s->host_summary);
@@ -427,8 +447,8 @@ static moe_status_t zero_param_grads(moe_layer_t *l, bool experts)
     for (int i = 0; i < l->num_params; i++) {
         moe_param_info_t *p = &l->params[i];
         if (!p->grad.data || (p->kind == MOE_PARAM_EXPERT && !experts)) continue;
-        MOE_TRY(MOE_OPS(l->rt)->memset_zero(MOE_CTX(l->rt), p->grad.data,
-                                            moe_tensor_bytes(&p->grad)));
+        MOE_TRY(
+            MOE_OPS(l->rt)->memset_zero(MOE_CTX(l->rt), p->grad.data, moe_tensor_bytes(&p->grad)));
     }
     return MOE_STATUS_SUCCESS;
 }
@@ -469,8 +489,7 @@ moe_status_t moe_layer_forward(moe_layer_t *layer, int32_t slot, const moe_tenso
 
 /* ---- backward ----------------------------------------------------------------------------- */
 
-static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *dy,
-                                  void *dx)
+static moe_status_t backward_impl(moe_layer_t *l, moe_slot_t *s, const moe_tensor_t *dy, void *dx)
 {
     /* The first backward since discard_grad: the expert GEMMs write their gradients (the
      * single-rank path issues them once over all rows; the distributed one per slice, so it

@@ -88,18 +88,29 @@ moe_status_t moe_routing_forward(moe_layer_t *l, moe_slot_t *s, const moe_tensor
     /* no tokens: the summary holds zeros (backward and the plan read it) */
     if (n == 0) return ops->memset_zero(ctx, s->summary, moe_routing_summary_bytes(l));
     moe_router_fwd_t r = {
-        .n = n, .h = l->h, .e = l->e, .k = l->k, .score_fn = l->cfg.score_fn,
-        .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .bias = l->bias,
-        .logits = s->logits, .topk_idx = s->topk_idx, .topk_w = s->topk_w,
-        .counts = s->counts, .score_mean = s->score_mean, .stats = s->router_stats,
+        .n = n,
+        .h = l->h,
+        .e = l->e,
+        .k = l->k,
+        .score_fn = l->cfg.score_fn,
+        .renormalize = l->cfg.renormalize != 0,
+        .x = s->x,
+        .wg = l->wg,
+        .bias = l->bias,
+        .logits = s->logits,
+        .topk_idx = s->topk_idx,
+        .topk_w = s->topk_w,
+        .counts = s->counts,
+        .score_mean = s->score_mean,
+        .stats = s->router_stats,
     };
     return ops->router_forward(ctx, &r);
 }
 
 moe_status_t moe_routing_fetch(moe_layer_t *l, const moe_slot_t *s, moe_routing_parts_t *out)
 {
-    MOE_TRY(MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), s->host_summary, s->summary,
-                                 router_results_bytes(l)));
+    MOE_TRY(
+        MOE_OPS(l->rt)->copy(MOE_CTX(l->rt), s->host_summary, s->summary, router_results_bytes(l)));
     *out = moe_routing_summary_parts(l, s->host_summary);
     return MOE_STATUS_SUCCESS;
 }
@@ -171,18 +182,31 @@ moe_status_t moe_routing_aux_freq(moe_layer_t *l, moe_slot_t *s, const int32_t *
 
 /* ---- router backward ------------------------------------------------------------------------- */
 
-moe_status_t moe_routing_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w,
-                                  void *dx, float aux_coef, float z_coef)
+moe_status_t moe_routing_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w, void *dx,
+                                  float aux_coef, float z_coef)
 {
     moe_runtime_t *rt = l->rt;
     float *dlogits = NULL;
     MOE_TRY(moe_layer_alloc_dev(rt, (size_t)s->n * (size_t)l->e * sizeof(float), &dlogits));
     moe_router_bwd_t r = {
-        .n = s->n, .h = l->h, .e = l->e, .k = l->k, .score_fn = l->cfg.score_fn,
-        .renormalize = l->cfg.renormalize != 0, .x = s->x, .wg = l->wg, .logits = s->logits,
-        .topk_idx = s->topk_idx, .topk_w = s->topk_w, .d_topk_w = d_w,
+        .n = s->n,
+        .h = l->h,
+        .e = l->e,
+        .k = l->k,
+        .score_fn = l->cfg.score_fn,
+        .renormalize = l->cfg.renormalize != 0,
+        .x = s->x,
+        .wg = l->wg,
+        .logits = s->logits,
+        .topk_idx = s->topk_idx,
+        .topk_w = s->topk_w,
+        .d_topk_w = d_w,
         .counts = s->window_counts ? s->window_counts : s->counts,
-        .aux_coef = aux_coef * s->aux_f_scale, .z_coef = z_coef, .dlogits = dlogits, .dx = dx, .dwg = l->dwg,
+        .aux_coef = aux_coef * s->aux_f_scale,
+        .z_coef = z_coef,
+        .dlogits = dlogits,
+        .dx = dx,
+        .dwg = l->dwg,
         .overwrite_dx = true,
     };
     moe_status_t st = MOE_OPS(rt)->router_backward(MOE_CTX(rt), &r);

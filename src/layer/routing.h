@@ -19,10 +19,10 @@ int64_t moe_routing_capacity(const moe_layer_t *l, int64_t n);
 
 /* The parts of a routing summary block (moe_slot_t's layout), on the device or the host. */
 typedef struct moe_routing_parts {
-    int32_t *counts;       /* [E] selections per expert (before capacity) */
-    float *score_mean;     /* [E] P_e over this rank's tokens */
-    float *stats;          /* [2] mean lse^2, mean entropy, over this rank's tokens */
-    int32_t *kept;         /* [E] kept per expert (after the plan) */
+    int32_t *counts;   /* [E] selections per expert (before capacity) */
+    float *score_mean; /* [E] P_e over this rank's tokens */
+    float *stats;      /* [2] mean lse^2, mean entropy, over this rank's tokens */
+    int32_t *kept;     /* [E] kept per expert (after the plan) */
 } moe_routing_parts_t;
 
 /* Bytes of the whole summary block: the router's results, then the plan's kept counts. */
@@ -56,7 +56,7 @@ moe_status_t moe_routing_aux_freq(moe_layer_t *l, moe_slot_t *s, const int32_t *
 
 /* Router backward: writes dx (the first of its two parts; the experts' combine adds the other)
  * and adds the router gradient, with the given loss coefficients. */
-moe_status_t moe_routing_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w,
-                                  void *dx, float aux_coef, float z_coef);
+moe_status_t moe_routing_backward(moe_layer_t *l, const moe_slot_t *s, const float *d_w, void *dx,
+                                  float aux_coef, float z_coef);
 
 #endif /* MOE_ROUTING_H */

@@ -57,8 +57,14 @@ static moe_status_t pad_rows(moe_layer_t *l, moe_slot_t *s, int64_t stride)
     int32_t *padded = NULL;
     MOE_TRY(moe_layer_alloc_dev(l->rt, sizeof(int32_t) * (size_t)(l->el * stride), &padded));
     moe_pad_plan_t a = {
-        .n = s->n, .e = l->e, .k = l->k, .stride = stride, .topk_idx = s->topk_idx,
-        .kept = s->kept, .slot_of_row = s->slot_of_row, .row_of_slot = s->row_of_slot,
+        .n = s->n,
+        .e = l->e,
+        .k = l->k,
+        .stride = stride,
+        .topk_idx = s->topk_idx,
+        .kept = s->kept,
+        .slot_of_row = s->slot_of_row,
+        .row_of_slot = s->row_of_slot,
         .padded_slot_of_row = padded,
     };
     moe_status_t st = MOE_OPS(l->rt)->pad_plan(MOE_CTX(l->rt), &a);
@@ -85,9 +91,16 @@ moe_status_t moe_single_rank_forward(moe_layer_t *l, moe_slot_t *s, const moe_te
     s->host_offsets = calloc((size_t)l->el + 1, sizeof(int64_t));
     if (!s->host_offsets) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "slot host arrays");
     moe_plan_t p = {
-        .n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = s->topk_idx,
-        .row_of_slot = s->row_of_slot, .slot_of_row = s->slot_of_row, .kept = s->kept,
-        .summary = s->summary, .summary_bytes = moe_routing_summary_bytes(l),
+        .n = n,
+        .e = e,
+        .k = k,
+        .capacity = capacity,
+        .topk_idx = s->topk_idx,
+        .row_of_slot = s->row_of_slot,
+        .slot_of_row = s->slot_of_row,
+        .kept = s->kept,
+        .summary = s->summary,
+        .summary_bytes = moe_routing_summary_bytes(l),
         .host_summary = s->host_summary,
     };
     MOE_TRY(ops->plan(ctx, &p)); /* the forward's one wait for the device */
@@ -103,8 +116,16 @@ moe_status_t moe_single_rank_forward(moe_layer_t *l, moe_slot_t *s, const moe_te
     if (rows > 0) {
         MOE_TRY(ops->gather_rows(ctx, s->xp, s->x, s->slot_of_row, k, NULL, rows, h));
         moe_experts_t ex = {
-            .h = h, .f = l->f_local, .el = l->el, .host_offsets = s->host_offsets,
-            .w1 = l->w1, .w2 = l->w2, .xp = s->xp, .hpre = s->hpre, .act = s->act, .out = s->out,
+            .h = h,
+            .f = l->f_local,
+            .el = l->el,
+            .host_offsets = s->host_offsets,
+            .w1 = l->w1,
+            .w2 = l->w2,
+            .xp = s->xp,
+            .hpre = s->hpre,
+            .act = s->act,
+            .out = s->out,
         };
         MOE_TRY(ops->experts_forward(ctx, &ex));
     }
@@ -131,18 +152,29 @@ moe_status_t moe_single_rank_backward(moe_layer_t *l, moe_slot_t *s, const moe_t
 
     MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)n * (size_t)k * sizeof(float), &d_w));
     MOE_TRY_GOTO(st, ops->combine_weight_grad(ctx, d_w, dy->data, s->out, s->row_of_slot, n, k, h));
-    MOE_TRY_GOTO(st, moe_routing_backward(l, s, d_w, dx, l->cfg.aux_loss_coef,
-                                          l->cfg.z_loss_coef));
+    MOE_TRY_GOTO(st, moe_routing_backward(l, s, d_w, dx, l->cfg.aux_loss_coef, l->cfg.z_loss_coef));
     if (rows > 0) {
         MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_out));
         MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * (size_t)h * act, &d_xp));
         MOE_TRY_GOTO(st, moe_layer_alloc_dev(rt, (size_t)rows * 3 * (size_t)fl * act, &scratch));
-        MOE_TRY_GOTO(st, ops->gather_rows(ctx, d_out, dy->data, s->slot_of_row, k, s->topk_w,
-                                          rows, h));
+        MOE_TRY_GOTO(st,
+                     ops->gather_rows(ctx, d_out, dy->data, s->slot_of_row, k, s->topk_w, rows, h));
         moe_experts_t ex = {
-            .h = h, .f = fl, .el = l->el, .host_offsets = s->host_offsets, .w1 = l->w1,
-            .w2 = l->w2, .xp = s->xp, .hpre = s->hpre, .act = s->act, .out = s->out,
-            .d_out = d_out, .d_xp = d_xp, .dw1 = l->dw1, .dw2 = l->dw2, .scratch = scratch,
+            .h = h,
+            .f = fl,
+            .el = l->el,
+            .host_offsets = s->host_offsets,
+            .w1 = l->w1,
+            .w2 = l->w2,
+            .xp = s->xp,
+            .hpre = s->hpre,
+            .act = s->act,
+            .out = s->out,
+            .d_out = d_out,
+            .d_xp = d_xp,
+            .dw1 = l->dw1,
+            .dw2 = l->dw2,
+            .scratch = scratch,
             .overwrite_grads = overwrite_grads,
         };
         MOE_TRY_GOTO(st, ops->experts_backward(ctx, &ex));

@@ -17,14 +17,21 @@
 #include "core/env.h"
 #include "core/error.h"
 
-static const char *const axis_names[MOE_MESH_GROUPS] = {"tp", "ep", "dp", "pp", "edp", "world",
-                                                        "dense", "stage"};
+static const char *const axis_names[MOE_MESH_GROUPS] = {"tp",  "ep",    "dp",    "pp",
+                                                        "edp", "world", "dense", "stage"};
 
 moe_mesh_config_t moe_mesh_config_default(void)
 {
     moe_mesh_config_t c = {
-        .struct_size = sizeof c, .tp = 1, .ep = 1, .dp = 1, .pp = 1, .rank_order = NULL,
-        .comm = MOE_COMM_AUTO, .mpi_comm = NULL, .timeout_ms = 300000,
+        .struct_size = sizeof c,
+        .tp = 1,
+        .ep = 1,
+        .dp = 1,
+        .pp = 1,
+        .rank_order = NULL,
+        .comm = MOE_COMM_AUTO,
+        .mpi_comm = NULL,
+        .timeout_ms = 300000,
     };
     return c;
 }
@@ -45,7 +52,8 @@ moe_status_t moe_mesh_parse_order(const char *text, int32_t order[4])
         if (axis < 0 || (seen & (1 << axis)) || n == 4)
             return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
                             "rank_order \"%s\" must name tp, ep, dp and pp once each, fastest "
-                            "first, separated by '-' (e.g. \"tp-ep-dp-pp\")", text);
+                            "first, separated by '-' (e.g. \"tp-ep-dp-pp\")",
+                            text);
         seen |= 1 << axis;
         order[n++] = axis;
         p = *end ? end + 1 : end;
@@ -54,7 +62,8 @@ moe_status_t moe_mesh_parse_order(const char *text, int32_t order[4])
     if (n != 4)
         return MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
                         "rank_order \"%s\" must name tp, ep, dp and pp once each, fastest first, "
-                        "separated by '-' (e.g. \"tp-ep-dp-pp\")", text);
+                        "separated by '-' (e.g. \"tp-ep-dp-pp\")",
+                        text);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -99,9 +108,7 @@ static void group_color_key(const moe_mesh_t *m, int group, int *color, int *key
         *key = c[group];
         return;
     }
-    case MOE_AXIS_EDP:
-        group_color_key(m, MOE_AXIS_DP, color, key);
-        return;
+    case MOE_AXIS_EDP: group_color_key(m, MOE_AXIS_DP, color, key); return;
     case MOE_MESH_DENSE: {
         int32_t other[4] = {c[MOE_AXIS_TP], 0, 0, c[MOE_AXIS_PP]};
         *color = moe_mesh_rank_of(s, m->order, other);
@@ -111,13 +118,10 @@ static void group_color_key(const moe_mesh_t *m, int group, int *color, int *key
     case MOE_MESH_STAGE: {
         int32_t other[4] = {0, 0, 0, c[MOE_AXIS_PP]};
         *color = moe_mesh_rank_of(s, m->order, other);
-        *key = c[MOE_AXIS_TP] +
-               s[MOE_AXIS_TP] * (c[MOE_AXIS_EP] + s[MOE_AXIS_EP] * c[MOE_AXIS_DP]);
+        *key = c[MOE_AXIS_TP] + s[MOE_AXIS_TP] * (c[MOE_AXIS_EP] + s[MOE_AXIS_EP] * c[MOE_AXIS_DP]);
         return;
     }
-    default:
-        *color = 0;
-        *key = m->world_rank;
+    default: *color = 0; *key = m->world_rank;
     }
 }
 
@@ -142,7 +146,8 @@ static moe_status_t build_groups(moe_mesh_t *m, moe_comm_t *root, bool host,
             moe_comm_destroy(c);
             return MOE_FAIL(MOE_STATUS_INTERNAL,
                             "the %s communicator has %d ranks and this is rank %d; the mesh "
-                            "expects %d and %d", axis_names[g], cs, cr, moe_mesh_group_size(m, g), key);
+                            "expects %d and %d",
+                            axis_names[g], cs, cr, moe_mesh_group_size(m, g), key);
         }
         if (c->size == 1) {
             moe_comm_destroy(c);
@@ -233,8 +238,8 @@ static moe_status_t validate(const moe_mesh_config_t *cfg, int32_t order[4])
     const int32_t sizes[4] = {cfg->tp, cfg->ep, cfg->dp, cfg->pp};
     int64_t product = 1;
     for (int a = 0; a < 4 && product <= (1 << 24); a++) product *= sizes[a];
-    MOE_CHECK_ARG(product <= (1 << 24), "mesh tp=%d x ep=%d x dp=%d x pp=%d is too large",
-                  cfg->tp, cfg->ep, cfg->dp, cfg->pp);
+    MOE_CHECK_ARG(product <= (1 << 24), "mesh tp=%d x ep=%d x dp=%d x pp=%d is too large", cfg->tp,
+                  cfg->ep, cfg->dp, cfg->pp);
     MOE_CHECK_ARG(cfg->comm >= MOE_COMM_AUTO && cfg->comm <= MOE_COMM_NCCL,
                   "unknown comm backend %d (0 auto, 1 mpi, 2 nccl)", (int)cfg->comm);
     MOE_CHECK_ARG(cfg->timeout_ms > 0, "mesh timeout_ms is %d; it must be > 0 (milliseconds)",
@@ -290,8 +295,8 @@ static moe_status_t agree_config(moe_mesh_t *m, const moe_mesh_config_t *cfg,
 /* The world's host communicator, its watch, and the agreement on the config. A rank whose own
  * config is invalid (`local`) still joins, so that the others learn it at once. */
 static moe_status_t join_world(moe_mesh_t *m, const moe_mesh_config_t *cfg,
-                               const moe_backend_t *backend, int32_t order[4],
-                               moe_status_t local, const moe_logger_t *logger, int64_t product)
+                               const moe_backend_t *backend, int32_t order[4], moe_status_t local,
+                               const moe_logger_t *logger, int64_t product)
 {
     int wr = 0, ws = 1;
     MOE_TRY(moe_comm_mpi_rank_size(cfg->mpi_comm, &wr, &ws));
@@ -300,8 +305,8 @@ static moe_status_t join_world(moe_mesh_t *m, const moe_mesh_config_t *cfg,
     if (local == MOE_STATUS_SUCCESS && ws != product)
         local = MOE_FAIL(MOE_STATUS_INVALID_ARGUMENT,
                          "the mesh tp=%d x ep=%d x dp=%d x pp=%d = %lld ranks, but the world "
-                         "communicator has %d ranks", cfg->tp, cfg->ep, cfg->dp, cfg->pp,
-                         (long long)product, ws);
+                         "communicator has %d ranks",
+                         cfg->tp, cfg->ep, cfg->dp, cfg->pp, (long long)product, ws);
     if (ws == 1) return local; /* a world of one under a launcher: nothing to compare */
     /* the handshake needs a deadline even when this rank's own one is invalid */
     int timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : moe_mesh_config_default().timeout_ms;
@@ -349,7 +354,8 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
         local = validate(cfg, order);
     }
     int64_t product = 1;
-    if (cfg && local == MOE_STATUS_SUCCESS) product = (int64_t)cfg->tp * cfg->ep * cfg->dp * cfg->pp;
+    if (cfg && local == MOE_STATUS_SUCCESS)
+        product = (int64_t)cfg->tp * cfg->ep * cfg->dp * cfg->pp;
     bool need_mpi = cfg && (product > 1 || cfg->mpi_comm || launcher_world_size() > 1 ||
                             moe_comm_mpi_ready());
     if (!need_mpi) {
@@ -372,7 +378,8 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
     if (!moe_comm_have_mpi()) {
         st = MOE_FAIL(MOE_STATUS_UNSUPPORTED,
                       "a mesh of tp=%d ep=%d dp=%d pp=%d needs MPI, which this build does not "
-                      "have", cfg->tp, cfg->ep, cfg->dp, cfg->pp);
+                      "have",
+                      cfg->tp, cfg->ep, cfg->dp, cfg->pp);
         goto fail;
     }
     MOE_TRY_GOTO(st, moe_comm_mpi_acquire());
@@ -405,8 +412,8 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
             MOE_TRY_GOTO(st, moe_comm_nccl_create(hworld, "world", &dworld));
             dworld->backend = backend; /* orders NCCL after the compute stream; splits inherit */
         } else {
-            MOE_TRY_GOTO(st, moe_comm_mpi_create(cfg->mpi_comm, "world", cfg->timeout_ms,
-                                                 backend, logger, &dworld));
+            MOE_TRY_GOTO(st, moe_comm_mpi_create(cfg->mpi_comm, "world", cfg->timeout_ms, backend,
+                                                 logger, &dworld));
             dworld->watch = m->watch;
         }
         m->comm[MOE_AXIS_WORLD] = dworld;
@@ -414,9 +421,9 @@ moe_status_t moe_mesh_create(const moe_mesh_config_t *cfg, const moe_backend_t *
     }
     time_waits(m);
     moe_log(logger, MOE_LOG_INFO,
-            "mesh: world rank %d of %d = (tp %d/%d, ep %d/%d, dp %d/%d, pp %d/%d), comm %s", wr,
-            ws, m->coord[0], m->size[0], m->coord[1], m->size[1], m->coord[2], m->size[2],
-            m->coord[3], m->size[3], m->comm_backend == MOE_COMM_NCCL ? "nccl" : "mpi");
+            "mesh: world rank %d of %d = (tp %d/%d, ep %d/%d, dp %d/%d, pp %d/%d), comm %s", wr, ws,
+            m->coord[0], m->size[0], m->coord[1], m->size[1], m->coord[2], m->size[2], m->coord[3],
+            m->size[3], m->comm_backend == MOE_COMM_NCCL ? "nccl" : "mpi");
     *out = m;
     return MOE_STATUS_SUCCESS;
 fail:
@@ -426,8 +433,8 @@ fail:
     m->lost = st != MOE_STATUS_INVALID_ARGUMENT && st != MOE_STATUS_UNSUPPORTED;
     if (m->lost && m->watch) {
         char cause[768];
-        snprintf(cause, sizeof cause, "world rank %d could not create its mesh: %s",
-                 m->world_rank, moe_last_error());
+        snprintf(cause, sizeof cause, "world rank %d could not create its mesh: %s", m->world_rank,
+                 moe_last_error());
         moe_comm_watch_fail(m->watch, st, cause);
     }
     release(m, m->lost || moe_mesh_failure(m, NULL) != MOE_STATUS_SUCCESS);
@@ -461,11 +468,13 @@ moe_status_t moe_mesh_destroy(moe_mesh_t *mesh)
             moe_error_wrap(st, "destroying the mesh (the ranks meet before MPI_Finalize)");
         lost = st != MOE_STATUS_SUCCESS;
     } else if (lost && cause && *cause) {
-        st = MOE_FAIL(MOE_STATUS_ABORTED, "the mesh lost a peer: %s; its communicators and "
-                      "buffers are leaked and MPI is left unfinalised (exit the process)", cause);
+        st = MOE_FAIL(MOE_STATUS_ABORTED,
+                      "the mesh lost a peer: %s; its communicators and "
+                      "buffers are leaked and MPI is left unfinalised (exit the process)",
+                      cause);
     } else if (lost) {
         st = MOE_FAIL(MOE_STATUS_ABORTED, "the mesh could not be completed; MPI is left "
-                      "unfinalised (exit the process)");
+                                          "unfinalised (exit the process)");
     }
     release(mesh, lost);
     return st;

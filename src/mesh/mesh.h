@@ -40,17 +40,17 @@
 #define MOE_MESH_GROUPS 8
 
 typedef struct moe_mesh {
-    int32_t size[5];        /* indexed by moe_axis_t: tp, ep, dp, pp, edp */
+    int32_t size[5]; /* indexed by moe_axis_t: tp, ep, dp, pp, edp */
     int32_t coord[5];
     int32_t world_rank, world_size;
     moe_comm_t *comm[MOE_MESH_GROUPS]; /* moe_axis_t, DENSE; NULL where size 1 (and STAGE) */
     moe_comm_t *host[MOE_MESH_GROUPS]; /* the same groups over MPI with host buffers */
     moe_comm_watch_t *watch;           /* NULL in a world of one */
     moe_comm_waited_t waited;          /* the time every communicator above spent waiting */
-    int32_t order[4];       /* axes, fastest-varying first */
-    moe_comm_backend_t comm_backend; /* resolved: MPI or NCCL (MPI for a world of one) */
-    bool mpi_initialised;   /* this mesh acquired MPI (released, or abandoned, by destroy) */
-    bool lost;              /* creation failed in a way the other ranks cannot follow */
+    int32_t order[4];                  /* axes, fastest-varying first */
+    moe_comm_backend_t comm_backend;   /* resolved: MPI or NCCL (MPI for a world of one) */
+    bool mpi_initialised; /* this mesh acquired MPI (released, or abandoned, by destroy) */
+    bool lost;            /* creation failed in a way the other ranks cannot follow */
 } moe_mesh_t;
 
 /* [in] cfg may be NULL (world of one). [in] backend: the runtime's compute backend (device

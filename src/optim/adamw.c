@@ -21,11 +21,11 @@
 
 typedef struct adamw_param {
     char *name;
-    char *state_names[3];       /* "<name>.master", ".exp_avg", ".exp_avg_sq" */
-    moe_param_info_t info;      /* value, grad and sharding, as registered */
-    float *state[3];            /* master, m, v: f32 on the device */
-    const moe_layer_t *layer;   /* the layer it came from, or NULL for a user parameter */
-    moe_grad_sync_t sync;       /* its gradient reduction, once started */
+    char *state_names[3];     /* "<name>.master", ".exp_avg", ".exp_avg_sq" */
+    moe_param_info_t info;    /* value, grad and sharding, as registered */
+    float *state[3];          /* master, m, v: f32 on the device */
+    const moe_layer_t *layer; /* the layer it came from, or NULL for a user parameter */
+    moe_grad_sync_t sync;     /* its gradient reduction, once started */
     bool sync_started;
 } adamw_param_t;
 
@@ -36,18 +36,22 @@ struct moe_adamw {
     adamw_param_t *params;
     int32_t count, capacity;
     int64_t steps;
-    float max_grad_norm;         /* 0: no clipping (moe_adamw_set_grad_clip) */
-    moe_lr_schedule_t schedule;  /* moe_adamw_set_lr_schedule; constant by default */
-    float last_lr;           /* the rate of the last step */
-    double last_grad_norm;   /* its global gradient norm before clipping; -1: not measured */
-    bool warned_lr_zero;     /* the lr = 0 compatibility note is logged once */
-    bool step_settings_agreed; /* the first step compared the schedule and clipping */
+    float max_grad_norm;        /* 0: no clipping (moe_adamw_set_grad_clip) */
+    moe_lr_schedule_t schedule; /* moe_adamw_set_lr_schedule; constant by default */
+    float last_lr;              /* the rate of the last step */
+    double last_grad_norm;      /* its global gradient norm before clipping; -1: not measured */
+    bool warned_lr_zero;        /* the lr = 0 compatibility note is logged once */
+    bool step_settings_agreed;  /* the first step compared the schedule and clipping */
 };
 
 moe_adamw_config_t moe_adamw_config_default(void)
 {
-    moe_adamw_config_t c = {.struct_size = sizeof c, .lr = 1e-3f, .beta1 = 0.9f,
-                            .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+    moe_adamw_config_t c = {.struct_size = sizeof c,
+                            .lr = 1e-3f,
+                            .beta1 = 0.9f,
+                            .beta2 = 0.999f,
+                            .eps = 1e-8f,
+                            .weight_decay = 0.01f};
     return c;
 }
 
@@ -64,8 +68,7 @@ static moe_status_t validate(const moe_adamw_config_t *c)
 /* The ranks of a pp stage hold replicas and shards of the same parameters: a different rate,
  * decay or moment setting on one of them makes the replicas drift apart silently. A rank
  * whose own config is invalid (`local`) still joins, so the others learn. */
-static moe_status_t agree_config(moe_runtime_t *rt, const moe_adamw_config_t *c,
-                                 moe_status_t local)
+static moe_status_t agree_config(moe_runtime_t *rt, const moe_adamw_config_t *c, moe_status_t local)
 {
     moe_agree_field_t f[] = {
         moe_agree_f32("lr", c->lr),
@@ -91,8 +94,8 @@ static moe_status_t agree_step_settings(moe_adamw_t *opt)
         moe_agree_int("schedule decay_steps", s->decay_steps),
         moe_agree_f32("schedule min_lr_ratio", s->min_lr_ratio),
     };
-    return moe_mesh_agree(opt->rt->mesh, MOE_AXIS_WORLD, "the optimizer's clipping and schedule",
-                          f, (int)(sizeof f / sizeof f[0]), MOE_STATUS_SUCCESS);
+    return moe_mesh_agree(opt->rt->mesh, MOE_AXIS_WORLD, "the optimizer's clipping and schedule", f,
+                          (int)(sizeof f / sizeof f[0]), MOE_STATUS_SUCCESS);
 }
 
 moe_status_t moe_adamw_create(moe_runtime_t *rt, const moe_adamw_config_t *config,
@@ -182,8 +185,7 @@ static bool name_taken(const moe_adamw_t *opt, const char *name)
 
 static moe_status_t check_name_free(const moe_adamw_t *opt, const char *name)
 {
-    MOE_CHECK_ARG(!name_taken(opt, name), "a parameter named \"%s\" is already registered",
-                  name);
+    MOE_CHECK_ARG(!name_taken(opt, name), "a parameter named \"%s\" is already registered", name);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -269,8 +271,13 @@ moe_status_t moe_adamw_add_param(moe_adamw_t *opt, const char *name, moe_param_k
     MOE_TRY(moe_tensor_check(value, "value", ops->compute_dtype, ops->device, value->ndim,
                              value->shape));
     MOE_TRY(moe_tensor_check(grad, "grad", MOE_DTYPE_F32, ops->device, value->ndim, value->shape));
-    moe_param_info_t info = {.struct_size = sizeof info, .name = name, .kind = kind,
-                             .value = *value, .grad = *grad, .expert_dim = -1, .tp_dim = -1};
+    moe_param_info_t info = {.struct_size = sizeof info,
+                             .name = name,
+                             .kind = kind,
+                             .value = *value,
+                             .grad = *grad,
+                             .expert_dim = -1,
+                             .tp_dim = -1};
     for (int d = 0; d < value->ndim; d++) info.global_shape[d] = value->shape[d];
     return register_param(opt, name, &info);
 }
@@ -299,7 +306,8 @@ moe_status_t moe_adamw_start_grad_sync(moe_adamw_t *opt, moe_layer_t *layer)
         for (int32_t i = 0; i < opt->count; i++)
             MOE_CHECK_ARG(opt->params[i].layer != layer || !opt->params[i].sync_started,
                           "the gradient reduction of \"%s\" has already started in this "
-                          "global batch", opt->params[i].name);
+                          "global batch",
+                          opt->params[i].name);
     }
     return start_grad_sync(opt, layer);
 }
@@ -342,8 +350,8 @@ static moe_status_t clip_factor(moe_adamw_t *opt, float scale, float *factor)
     }
     double share = 0, norm;
     if (counted > 0)
-        MOE_TRY_GOTO(st, MOE_OPS(opt->rt)->sum_squares(MOE_CTX(opt->rt), grads, sizes, counted,
-                                                       &share));
+        MOE_TRY_GOTO(
+            st, MOE_OPS(opt->rt)->sum_squares(MOE_CTX(opt->rt), grads, sizes, counted, &share));
     MOE_TRY_GOTO(st, moe_grad_norm_reduce(opt->rt, share, &norm));
     norm *= scale;
     opt->last_grad_norm = norm;
@@ -384,9 +392,12 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
         adamw_param_t *p = &opt->params[i];
         int64_t n = moe_tensor_numel(&p->info.value);
         if (n > 0)
-            tensors[count++] = (moe_adamw_tensor_t){
-                .n = n, .master = p->state[0], .m = p->state[1], .v = p->state[2],
-                .param = p->info.value.data, .grad = p->info.grad.data};
+            tensors[count++] = (moe_adamw_tensor_t){.n = n,
+                                                    .master = p->state[0],
+                                                    .m = p->state[1],
+                                                    .v = p->state[2],
+                                                    .param = p->info.value.data,
+                                                    .grad = p->info.grad.data};
     }
     /* a checkpoint's snapshot of this state may still be copying: the update waits for it
      * (CUDA: the stream waits for the copy's event; the host does not) */
@@ -396,9 +407,15 @@ moe_status_t moe_adamw_step(moe_adamw_t *opt, float lr, float grad_scale)
         return fenced;
     }
     moe_adamw_update_t u = {
-        .lr = rate, .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2, .eps = opt->cfg.eps,
-        .weight_decay = opt->cfg.weight_decay, .grad_scale = scale, .step = opt->steps + 1,
-        .tensors = tensors, .count = count,
+        .lr = rate,
+        .beta1 = opt->cfg.beta1,
+        .beta2 = opt->cfg.beta2,
+        .eps = opt->cfg.eps,
+        .weight_decay = opt->cfg.weight_decay,
+        .grad_scale = scale,
+        .step = opt->steps + 1,
+        .tensors = tensors,
+        .count = count,
     };
     moe_status_t st = MOE_OPS(rt)->adamw_update(MOE_CTX(rt), &u);
     free(tensors);

@@ -8,8 +8,8 @@ int32_t moe_grad_replicas(const moe_runtime_t *rt)
     return moe_mesh_group_size(rt->mesh, MOE_MESH_DENSE);
 }
 
-moe_status_t moe_grad_sync_start(moe_runtime_t *rt, moe_param_kind_t kind, float *grad,
-                                 int64_t n, moe_grad_sync_t *out)
+moe_status_t moe_grad_sync_start(moe_runtime_t *rt, moe_param_kind_t kind, float *grad, int64_t n,
+                                 moe_grad_sync_t *out)
 {
     moe_mesh_t *m = rt->mesh;
     out->comm = kind == MOE_PARAM_DENSE ? m->comm[MOE_MESH_DENSE] : m->comm[MOE_AXIS_EDP];

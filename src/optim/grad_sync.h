@@ -26,8 +26,8 @@ typedef struct moe_grad_sync {
 
 /* Start the in-place sum of grad[0..n) over the parameter's group. Collective over it: every
  * member starts its reductions in the same order. */
-moe_status_t moe_grad_sync_start(moe_runtime_t *rt, moe_param_kind_t kind, float *grad,
-                                 int64_t n, moe_grad_sync_t *out);
+moe_status_t moe_grad_sync_start(moe_runtime_t *rt, moe_param_kind_t kind, float *grad, int64_t n,
+                                 moe_grad_sync_t *out);
 /* Wait for a started reduction (no-op when none) and clear it. */
 moe_status_t moe_grad_sync_wait(moe_grad_sync_t *sync);
 

@@ -54,9 +54,9 @@ struct moe_pipeline {
     moe_pipeline_config_t cfg;
     moe_pipeline_callbacks_t cb;
     moe_pipeline_schedule_t *sched;
-    int32_t stage, stages, m, v;  /* v: model chunks (virtual stages) on this rank */
-    moe_comm_t *pp;             /* NULL when p == 1 */
-    moe_comm_t *world;          /* NULL in a world of one */
+    int32_t stage, stages, m, v; /* v: model chunks (virtual stages) on this rank */
+    moe_comm_t *pp;              /* NULL when p == 1 */
+    moe_comm_t *world;           /* NULL in a world of one */
     moe_comm_dtype_t comm_dtype;
     size_t act_bytes, act_numel;
 
@@ -77,12 +77,12 @@ struct moe_pipeline {
     uint8_t *ready;
     /* stream-ordered communicator (NCCL): transfers go out in sched->issue order */
     bool ordered;
-    pipe_send_t *sends;         /* started, not yet completed */
+    pipe_send_t *sends; /* started, not yet completed */
     int32_t nsends;
 
-    void *ctrl;                 /* device scratch for the status exchange (world_size*2 i32 + f64) */
-    bool broken;                /* a transfer failed: the pp communicator is unusable */
-    bool sync_before_send;      /* device buffers on a communicator that does not stage them */
+    void *ctrl;            /* device scratch for the status exchange (world_size*2 i32 + f64) */
+    bool broken;           /* a transfer failed: the pp communicator is unusable */
+    bool sync_before_send; /* device buffers on a communicator that does not stage them */
     moe_pipeline_stats_t stats;
 };
 
@@ -142,8 +142,7 @@ static void buf_release(moe_pipeline_t *pp, int32_t *idx)
 
 /* Wait for a transfer within the pipeline's timeout (0: the communicator's); a timeout names
  * the peer's world rank and whether it answers. */
-static moe_status_t wait_req(moe_pipeline_t *pp, moe_comm_req_t *req, const char *what,
-                             int32_t mb)
+static moe_status_t wait_req(moe_pipeline_t *pp, moe_comm_req_t *req, const char *what, int32_t mb)
 {
     double t0 = moe_now_s();
     moe_status_t st = pp->cfg.timeout_ms > 0 ? moe_comm_wait_within(pp->pp, req, pp->cfg.timeout_ms)
@@ -170,9 +169,17 @@ static void mark_broken(moe_pipeline_t *pp)
 moe_pipeline_config_t moe_pipeline_config_default(void)
 {
     moe_pipeline_config_t c = {
-        .struct_size = sizeof c, .microbatches = 1, .act_ndim = 0, .act_shape = {0},
-        .act_dtype = (moe_dtype_t)-1, .prepost = 2, .optimizer = NULL, .lr = 0.0f,
-        .grad_scale = 0.0f, .timeout_ms = 0, .virtual_stages = 1,
+        .struct_size = sizeof c,
+        .microbatches = 1,
+        .act_ndim = 0,
+        .act_shape = {0},
+        .act_dtype = (moe_dtype_t)-1,
+        .prepost = 2,
+        .optimizer = NULL,
+        .lr = 0.0f,
+        .grad_scale = 0.0f,
+        .timeout_ms = 0,
+        .virtual_stages = 1,
         .issue = MOE_PIPELINE_ISSUE_AUTO,
     };
     return c;
@@ -211,15 +218,14 @@ static moe_status_t check_config(const moe_runtime_t *rt, const moe_pipeline_con
     const moe_mesh_t *mesh = rt->mesh;
     int32_t p = mesh->size[MOE_AXIS_PP], s = mesh->coord[MOE_AXIS_PP];
     MOE_CHECK_ARG(c->microbatches >= 1, "microbatches is %d; expected >= 1", c->microbatches);
-    MOE_CHECK_ARG(c->virtual_stages >= 1, "virtual_stages is %d; expected >= 1",
-                  c->virtual_stages);
+    MOE_CHECK_ARG(c->virtual_stages >= 1, "virtual_stages is %d; expected >= 1", c->virtual_stages);
     /* tags 2*unit+1 must stay below the communicators' user tag limit */
     MOE_CHECK_ARG((int64_t)c->microbatches * c->virtual_stages <= PIPE_MAX_UNITS,
                   "microbatches x virtual_stages is %lld; at most %d",
                   (long long)c->microbatches * c->virtual_stages, PIPE_MAX_UNITS);
     MOE_CHECK_ARG(c->act_ndim >= 1 && c->act_ndim <= MOE_MAX_DIMS,
-                  "act_ndim is %d; expected 1..%d (the stage boundary tensor's shape)",
-                  c->act_ndim, MOE_MAX_DIMS);
+                  "act_ndim is %d; expected 1..%d (the stage boundary tensor's shape)", c->act_ndim,
+                  MOE_MAX_DIMS);
     for (int d = 0; d < c->act_ndim; d++)
         MOE_CHECK_ARG(c->act_shape[d] >= 1, "act_shape[%d] is %lld; expected >= 1", d,
                       (long long)c->act_shape[d]);
@@ -326,8 +332,10 @@ moe_status_t moe_pipeline_create(moe_runtime_t *rt, const moe_pipeline_config_t 
     pp->magic = MOE_MAGIC_PIPELINE;
     moe_runtime_adopt(rt, MOE_CHILD_PIPELINE);
     *out = pp;
-    moe_log(&rt->logger, MOE_LOG_DEBUG, "pipeline: stage %d of %d, %d microbatches, %zu bytes "
-            "per boundary tensor", s, p, pp->m, pp->act_bytes);
+    moe_log(&rt->logger, MOE_LOG_DEBUG,
+            "pipeline: stage %d of %d, %d microbatches, %zu bytes "
+            "per boundary tensor",
+            s, p, pp->m, pp->act_bytes);
     return MOE_STATUS_SUCCESS;
 fail:
     pipeline_free(pp);
@@ -373,13 +381,13 @@ typedef struct step_state {
     moe_status_t failed;
     char message[1024];
     double loss_sum;
-    int32_t next_post;   /* next action index to consider for posting a receive */
-    int32_t posted;      /* receives posted and not yet consumed */
-    int32_t next_issue;  /* ordered mode: next entry of sched->issue */
+    int32_t next_post;  /* next action index to consider for posting a receive */
+    int32_t posted;     /* receives posted and not yet consumed */
+    int32_t next_issue; /* ordered mode: next entry of sched->issue */
 } step_state_t;
 
-static void record_failure(moe_pipeline_t *pp, step_state_t *ss, moe_status_t st,
-                           const char *what, int32_t mb, int32_t chunk)
+static void record_failure(moe_pipeline_t *pp, step_state_t *ss, moe_status_t st, const char *what,
+                           int32_t mb, int32_t chunk)
 {
     if (ss->failed != MOE_STATUS_SUCCESS) return;
     if (moe_last_error()[0] == '\0') /* the callback failed without a libmoe message */
@@ -388,8 +396,8 @@ static void record_failure(moe_pipeline_t *pp, step_state_t *ss, moe_status_t st
         moe_error_wrap(st, "pipeline stage %d/%d: %s of microbatch %d (chunk %d)", pp->stage,
                        pp->stages, what, mb, chunk);
     else if (mb >= 0)
-        moe_error_wrap(st, "pipeline stage %d/%d: %s of microbatch %d", pp->stage, pp->stages,
-                       what, mb);
+        moe_error_wrap(st, "pipeline stage %d/%d: %s of microbatch %d", pp->stage, pp->stages, what,
+                       mb);
     else
         moe_error_wrap(st, "pipeline stage %d/%d: %s", pp->stage, pp->stages, what);
     ss->failed = st;
@@ -403,12 +411,10 @@ static moe_status_t post_receive(moe_pipeline_t *pp, step_state_t *ss, int32_t i
     const moe_pipeline_action_t *a = &pp->sched->actions[i];
     MOE_TRY(buf_acquire(pp, &pp->recv_buf[i]));
     moe_status_t st = pp->pp->ops->recv(pp->pp, pp->bufs[pp->recv_buf[i]]->t.data, pp->act_numel,
-                                        pp->comm_dtype, a->peer, tag_of(pp, a),
-                                        &pp->recv_req[i]);
+                                        pp->comm_dtype, a->peer, tag_of(pp, a), &pp->recv_req[i]);
     if (st != MOE_STATUS_SUCCESS)
-        return moe_error_wrap(st, "pipeline stage %d/%d: posting %s of microbatch %d",
-                              pp->stage, pp->stages, moe_pipeline_op_string(a->op),
-                              a->microbatch);
+        return moe_error_wrap(st, "pipeline stage %d/%d: posting %s of microbatch %d", pp->stage,
+                              pp->stages, moe_pipeline_op_string(a->op), a->microbatch);
     ss->posted++;
     return MOE_STATUS_SUCCESS;
 }
@@ -435,8 +441,8 @@ static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *
     /* draining: the buffer holds whatever the pool had (never-written memory may hold NaN
      * patterns); send zeros, a safe input for the peer's layers until the batch ends */
     if (draining)
-        MOE_TRY(MOE_OPS(pp->rt)->memset_zero(MOE_CTX(pp->rt), pp->bufs[*buf]->t.data,
-                                             pp->act_bytes));
+        MOE_TRY(
+            MOE_OPS(pp->rt)->memset_zero(MOE_CTX(pp->rt), pp->bufs[*buf]->t.data, pp->act_bytes));
     /* GPU buffers: the callback's kernels that fill the buffer are on the runtime's stream.
      * The MPI communicator stages through a copy on that stream (ordered, blocking); any other
      * communicator (NCCL) gets a finished buffer. */
@@ -444,9 +450,8 @@ static moe_status_t start_send(moe_pipeline_t *pp, const moe_pipeline_action_t *
     moe_status_t st = pp->pp->ops->send(pp->pp, pp->bufs[*buf]->t.data, pp->act_numel,
                                         pp->comm_dtype, a->peer, tag_of(pp, a), &sd->req);
     if (st != MOE_STATUS_SUCCESS)
-        return moe_error_wrap(st, "pipeline stage %d/%d: starting %s of microbatch %d",
-                              pp->stage, pp->stages, moe_pipeline_op_string(a->op),
-                              a->microbatch);
+        return moe_error_wrap(st, "pipeline stage %d/%d: starting %s of microbatch %d", pp->stage,
+                              pp->stages, moe_pipeline_op_string(a->op), a->microbatch);
     sd->buf = *buf;
     sd->action = a;
     *buf = -1; /* owned by the send until it completes */
@@ -492,8 +497,8 @@ static moe_status_t progress_sends(moe_pipeline_t *pp, bool all)
         pipe_send_t sd = pp->sends[i];
         bool done = false;
         if (all) {
-            MOE_TRY(wait_req(pp, sd.req, moe_pipeline_op_string(sd.action->op),
-                             sd.action->microbatch));
+            MOE_TRY(
+                wait_req(pp, sd.req, moe_pipeline_op_string(sd.action->op), sd.action->microbatch));
             done = true;
         } else {
             moe_status_t st = moe_comm_test(pp->pp, sd.req, &done);
@@ -512,16 +517,16 @@ static moe_status_t progress_sends(moe_pipeline_t *pp, bool all)
 }
 
 /* Run a user callback unless the batch already failed here; time it. */
-#define RUN_CALLBACK(pp, ss, what, mb, chunk, call)                                        \
-    do {                                                                                   \
-        if ((ss)->failed == MOE_STATUS_SUCCESS) {                                          \
-            double t0_ = moe_now_s();                                                    \
-            moe_error_clear();                                                             \
-            moe_status_t cst_ = (call);                                                    \
-            (pp)->stats.compute_seconds += moe_now_s() - t0_;                            \
-            if (cst_ != MOE_STATUS_SUCCESS)                                                \
-                record_failure((pp), (ss), cst_, (what), (mb), (chunk));                   \
-        }                                                                                  \
+#define RUN_CALLBACK(pp, ss, what, mb, chunk, call)                                                \
+    do {                                                                                           \
+        if ((ss)->failed == MOE_STATUS_SUCCESS) {                                                  \
+            double t0_ = moe_now_s();                                                              \
+            moe_error_clear();                                                                     \
+            moe_status_t cst_ = (call);                                                            \
+            (pp)->stats.compute_seconds += moe_now_s() - t0_;                                      \
+            if (cst_ != MOE_STATUS_SUCCESS)                                                        \
+                record_failure((pp), (ss), cst_, (what), (mb), (chunk));                           \
+        }                                                                                          \
     } while (0)
 
 /* Execute this stage's action list. Returns a non-success status only for transfer and
@@ -540,9 +545,10 @@ static moe_status_t run_schedule(moe_pipeline_t *pp, step_state_t *ss)
         case MOE_PIPELINE_RECV_ACT:
         case MOE_PIPELINE_RECV_GRAD: {
             if (!pp->recv_req[i])
-                return MOE_FAIL(MOE_STATUS_INTERNAL, "pipeline stage %d/%d: %s of microbatch "
-                                "%d was not issued before it is needed", pp->stage, pp->stages,
-                                moe_pipeline_op_string(a->op), mb);
+                return MOE_FAIL(MOE_STATUS_INTERNAL,
+                                "pipeline stage %d/%d: %s of microbatch "
+                                "%d was not issued before it is needed",
+                                pp->stage, pp->stages, moe_pipeline_op_string(a->op), mb);
             MOE_TRY(wait_req(pp, pp->recv_req[i], moe_pipeline_op_string(a->op), mb));
             pp->recv_req[i] = NULL;
             ss->posted--;
@@ -656,8 +662,10 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
 {
     MOE_ENTRY(pp, MOE_MAGIC_PIPELINE, "pipeline");
     if (pp->broken)
-        return MOE_FAIL(MOE_STATUS_ABORTED, "a transfer of an earlier batch failed on stage "
-                        "%d; the pp communicator is unusable", pp->stage);
+        return MOE_FAIL(MOE_STATUS_ABORTED,
+                        "a transfer of an earlier batch failed on stage "
+                        "%d; the pp communicator is unusable",
+                        pp->stage);
     step_state_t ss = {.failed = MOE_STATUS_SUCCESS};
     for (int32_t i = 0; i < pp->m * pp->v; i++) {
         pp->x_buf[i] = pp->y_buf[i] = pp->dy_buf[i] = pp->dx_buf[i] = -1;
@@ -703,8 +711,8 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
     if (bad_rank >= 0)
         return MOE_FAIL(MOE_STATUS_ABORTED,
                         "pipeline batch stopped: world rank %d (pp stage %d) failed with '%s'; "
-                        "no optimizer step was taken", bad_rank, bad_stage,
-                        moe_status_string(bad_status));
+                        "no optimizer step was taken",
+                        bad_rank, bad_stage, moe_status_string(bad_status));
 
     double mean = ss.loss_sum / pp->m;
     MOE_TRY(share_loss(pp, &mean));
@@ -715,8 +723,7 @@ moe_status_t moe_pipeline_train_step(moe_pipeline_t *pp, double *loss)
     if (pp->cb.step) {
         st = pp->cb.step(pp->cb.user, scale);
         if (st != MOE_STATUS_SUCCESS)
-            return moe_error_wrap(st, "pipeline stage %d/%d: step callback", pp->stage,
-                                  pp->stages);
+            return moe_error_wrap(st, "pipeline stage %d/%d: step callback", pp->stage, pp->stages);
     } else if (pp->cfg.optimizer) {
         float lr = pp->cfg.lr > 0 ? pp->cfg.lr : MOE_ADAMW_LR_CONFIGURED;
         st = moe_adamw_step(pp->cfg.optimizer, lr, scale);

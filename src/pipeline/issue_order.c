@@ -87,8 +87,8 @@ moe_status_t moe_pipeline_issue_order(moe_pipeline_schedule_t *mine)
                 }
             }
             if (!in_flight) {
-                st = MOE_FAIL(MOE_STATUS_INTERNAL, "the schedule of p=%d m=%d v=%d deadlocks",
-                              p, m, v);
+                st = MOE_FAIL(MOE_STATUS_INTERNAL, "the schedule of p=%d m=%d v=%d deadlocks", p, m,
+                              v);
                 goto fail;
             }
         }

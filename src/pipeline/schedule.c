@@ -33,8 +33,8 @@
 static void push(moe_pipeline_schedule_t *sc, moe_pipeline_op_t op, int32_t mb, int32_t chunk,
                  int32_t peer)
 {
-    sc->actions[sc->count++] =
-        (moe_pipeline_action_t){.op = op, .microbatch = mb, .peer = peer, .chunk = chunk};
+    sc->actions[sc->count++] = (moe_pipeline_action_t){
+        .op = op, .microbatch = mb, .peer = peer, .chunk = chunk};
 }
 
 /* Virtual stage vs = chunk * p + stage; its neighbours as (rank, chunk). */
@@ -75,14 +75,15 @@ moe_status_t moe_pipeline_schedule_build(int32_t stages, int32_t microbatches, i
     MOE_CHECK_ARG((int64_t)microbatches * virtual_stages <= (1 << 24),
                   "microbatches x virtual_stages is %lld; at most %d supported",
                   (long long)microbatches * virtual_stages, 1 << 24);
-    MOE_CHECK_ARG(stage >= 0 && stage < stages, "stage is %d; expected 0..%d", stage,
-                  stages - 1);
+    MOE_CHECK_ARG(stage >= 0 && stage < stages, "stage is %d; expected 0..%d", stage, stages - 1);
     if (virtual_stages > 1) {
-        MOE_CHECK_ARG(stages >= 2, "interleaving (virtual_stages=%d) needs at least 2 stages, "
-                      "not %d", virtual_stages, stages);
+        MOE_CHECK_ARG(stages >= 2,
+                      "interleaving (virtual_stages=%d) needs at least 2 stages, "
+                      "not %d",
+                      virtual_stages, stages);
         MOE_CHECK_ARG(microbatches % stages == 0,
-                      "interleaving needs microbatches (%d) divisible by stages (%d)",
-                      microbatches, stages);
+                      "interleaving needs microbatches (%d) divisible by stages (%d)", microbatches,
+                      stages);
     }
     moe_pipeline_schedule_t *sc = calloc(1, sizeof *sc);
     if (!sc) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "schedule allocation");
@@ -233,7 +234,7 @@ static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
 }
 
 moe_status_t moe_pipeline_schedule_to_string(const moe_pipeline_schedule_t *sc, char *buf,
-                                              size_t size, size_t *needed)
+                                             size_t size, size_t *needed)
 {
     MOE_ENTRY(sc, MOE_MAGIC_PIPE_SCHED, "schedule");
     MOE_CHECK_ARG(buf != NULL || size == 0, "buf is NULL but size is %zu", size);

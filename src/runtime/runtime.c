@@ -38,9 +38,15 @@ static moe_log_level_t log_level_from_env(moe_log_level_t fallback)
 moe_runtime_config_t moe_runtime_config_default(void)
 {
     moe_runtime_config_t c = {
-        .struct_size = sizeof c, .backend = MOE_BACKEND_AUTO, .device_index = -1,
-        .deterministic = 1, .seed = 1234, .log_level = MOE_LOG_WARN, .log_fn = NULL,
-        .log_user_data = NULL, .mesh = NULL,
+        .struct_size = sizeof c,
+        .backend = MOE_BACKEND_AUTO,
+        .device_index = -1,
+        .deterministic = 1,
+        .seed = 1234,
+        .log_level = MOE_LOG_WARN,
+        .log_fn = NULL,
+        .log_user_data = NULL,
+        .mesh = NULL,
     };
     return c;
 }
@@ -65,8 +71,7 @@ static moe_status_t create_backend(const moe_runtime_config_t *c, moe_runtime_t 
     if (kind == MOE_BACKEND_AUTO) kind = ngpu > 0 ? MOE_BACKEND_CUDA : MOE_BACKEND_HOST;
     if (kind == MOE_BACKEND_HOST) return moe_backend_host_create(&p, &rt->backend);
     if (ngpu <= 0)
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED,
-                        "the CUDA backend was requested but %s",
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "the CUDA backend was requested but %s",
                         ngpu < 0 ? "libmoe was built without CUDA" : "no CUDA device is visible");
     int dev = c->device_index >= 0 ? c->device_index : local_rank_from_env() % ngpu;
     MOE_CHECK_ARG(dev < ngpu, "device_index %d but only %d CUDA devices are visible", dev, ngpu);
@@ -108,8 +113,8 @@ moe_status_t moe_runtime_create(const moe_runtime_config_t *config, moe_runtime_
     rt->seed = c.seed;
     moe_status_t st;
     MOE_TRY_GOTO(st, create_backend(&c, rt));
-    MOE_TRY_GOTO(st, moe_mesh_create(c.mesh, &rt->backend, rt->device_index, &rt->logger,
-                                     &rt->mesh));
+    MOE_TRY_GOTO(st,
+                 moe_mesh_create(c.mesh, &rt->backend, rt->device_index, &rt->logger, &rt->mesh));
     st = agree_config(rt, &c);
     if (st != MOE_STATUS_SUCCESS) {
         moe_mesh_destroy(rt->mesh); /* the message stays the agreement's unless this fails */
@@ -163,17 +168,20 @@ bool moe_runtime_poisoned(const moe_runtime_t *rt)
 /* INVALID_ARGUMENT naming what is still alive on the runtime, or SUCCESS. */
 static moe_status_t check_no_children(const moe_runtime_t *rt)
 {
-    static const char *const names[MOE_CHILD_KINDS][2] = {
-        {"layer", "layers"}, {"optimizer", "optimizers"}, {"pipeline", "pipelines"},
-        {"checkpointer", "checkpointers"}};
+    static const char *const names[MOE_CHILD_KINDS][2] = {{"layer", "layers"},
+                                                          {"optimizer", "optimizers"},
+                                                          {"pipeline", "pipelines"},
+                                                          {"checkpointer", "checkpointers"}};
     char alive[256] = "";
     size_t len = 0;
     for (int k = 0; k < MOE_CHILD_KINDS; k++)
         if (rt->children[k] > 0)
             len += (size_t)snprintf(alive + len, sizeof alive - len, "%s%d %s", len ? ", " : "",
                                     rt->children[k], names[k][rt->children[k] != 1]);
-    MOE_CHECK_ARG(len == 0, "the runtime still has %s made on it; destroy them first (the "
-                  "runtime stays usable)", alive);
+    MOE_CHECK_ARG(len == 0,
+                  "the runtime still has %s made on it; destroy them first (the "
+                  "runtime stays usable)",
+                  alive);
     return MOE_STATUS_SUCCESS;
 }
 

@@ -88,10 +88,7 @@ void gpu_down_i32(gpu_pair_t *p, int32_t *host, const int32_t *dev, int64_t n)
     TEST_OK(p->cuda.ops->copy(p->cuda.ctx, host, dev, 4 * (size_t)n));
 }
 
-void gpu_free(gpu_pair_t *p, void *dev)
-{
-    p->cuda.ops->free(p->cuda.ctx, dev);
-}
+void gpu_free(gpu_pair_t *p, void *dev) { p->cuda.ops->free(p->cuda.ctx, dev); }
 
 float *rand_f32(test_rng_t *rng, int64_t n, double std)
 {

@@ -188,7 +188,8 @@ static void run_case(const layer_case_t *lc)
     float st_h[3] = {(float)sh.aux_loss, (float)sh.z_loss, (float)sh.entropy};
     float st_g[3] = {(float)sg.aux_loss, (float)sg.z_loss, (float)sg.entropy};
     check_close("stats (aux, z, entropy)", st_g, st_h, 3, 1e-5);
-    fprintf(stderr, "  dropped %lld of %lld slots\n", (long long)sg.dropped_slots, (long long)sg.slots);
+    fprintf(stderr, "  dropped %lld of %lld slots\n", (long long)sg.dropped_slots,
+            (long long)sg.slots);
     /* the rows the GPU experts ran: compact, or padded where the backend asked for it (the
      * host side is always compact, so the comparisons below cover the padded layout) */
     int64_t kept = 0;
@@ -224,7 +225,8 @@ static void run_case(const layer_case_t *lc)
         gpu_step(&gs, false, r1);
         gpu_step(&gs, false, r2);
         gpu_step(&gs, true, r3);
-        int64_t sizes[5] = {nh, nh, lc->h * lc->e, lc->e * lc->h * 2 * lc->f, lc->e * lc->f * lc->h};
+        int64_t sizes[5] = {nh, nh, lc->h * lc->e, lc->e * lc->h * 2 * lc->f,
+                            lc->e * lc->f * lc->h};
         for (int i = 0; i < 5; i++) {
             assert_memory_equal(r1[i], r2[i], 4 * (size_t)sizes[i]);
             check_close(i < 2 ? "discard_grad step output" : "discard_grad step gradient", r3[i],

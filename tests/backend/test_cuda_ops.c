@@ -64,7 +64,11 @@ static void check_router(const router_case_t *rc, float big, test_rng_t *rng, gp
     float *bias = rc->bias ? rand_f32(rng, e, 0.05) : NULL;
     void *dx_ = gpu_up_bf16(G, x, n * h), *dwg_ = gpu_up_bf16(G, wg, h * e);
     float *dbias = bias ? gpu_up_f32(G, bias, e) : NULL;
-    moe_router_fwd_t probe = {.n = n, .h = h, .e = rc->e, .x = dx_, .wg = dwg_,
+    moe_router_fwd_t probe = {.n = n,
+                              .h = h,
+                              .e = rc->e,
+                              .x = dx_,
+                              .wg = dwg_,
                               .logits = gpu_poison(G, 4 * n * e, false)};
     bool fused = moe_cuda_router_uses_fused(G->cuda.ctx, &probe);
     fprintf(stderr, "router N=%lld H=%lld E=%d K=%d %s renorm=%d bias=%d big=%g: %s\n",
@@ -75,10 +79,21 @@ static void check_router(const router_case_t *rc, float big, test_rng_t *rng, gp
     /* host forward */
     float *logits = malloc(4 * n * e), *tw = malloc(4 * n * k), *pm = malloc(4 * e), st[2];
     int32_t *idx = malloc(4 * n * k), *counts = malloc(4 * e);
-    moe_router_fwd_t hf = {.n = n, .h = h, .e = rc->e, .k = rc->k, .score_fn = rc->fn,
-                           .renormalize = rc->renorm, .x = x, .wg = wg, .bias = bias,
-                           .logits = logits, .topk_idx = idx, .topk_w = tw, .counts = counts,
-                           .score_mean = pm, .stats = st};
+    moe_router_fwd_t hf = {.n = n,
+                           .h = h,
+                           .e = rc->e,
+                           .k = rc->k,
+                           .score_fn = rc->fn,
+                           .renormalize = rc->renorm,
+                           .x = x,
+                           .wg = wg,
+                           .bias = bias,
+                           .logits = logits,
+                           .topk_idx = idx,
+                           .topk_w = tw,
+                           .counts = counts,
+                           .score_mean = pm,
+                           .stats = st};
     TEST_OK(G->host.ops->router_forward(G->host.ctx, &hf));
 
     /* GPU forward into poisoned buffers */
@@ -152,10 +167,23 @@ static void check_router(const router_case_t *rc, float big, test_rng_t *rng, gp
     void *dx_g = gpu_up_bf16(G, dx_h, n * h);
     float *dwg_g = gpu_up_f32(G, dwg_h, h * e);
     float *dl_h = malloc(4 * n * e);
-    moe_router_bwd_t hb = {.n = n, .h = h, .e = rc->e, .k = rc->k, .score_fn = rc->fn,
-                           .renormalize = rc->renorm, .x = x, .wg = wg, .logits = logits,
-                           .topk_idx = idx, .topk_w = tw, .d_topk_w = d_tw, .counts = counts,
-                           .aux_coef = 0.3f, .z_coef = 0.2f, .dlogits = dl_h, .dx = dx_h,
+    moe_router_bwd_t hb = {.n = n,
+                           .h = h,
+                           .e = rc->e,
+                           .k = rc->k,
+                           .score_fn = rc->fn,
+                           .renormalize = rc->renorm,
+                           .x = x,
+                           .wg = wg,
+                           .logits = logits,
+                           .topk_idx = idx,
+                           .topk_w = tw,
+                           .d_topk_w = d_tw,
+                           .counts = counts,
+                           .aux_coef = 0.3f,
+                           .z_coef = 0.2f,
+                           .dlogits = dl_h,
+                           .dx = dx_h,
                            .dwg = dwg_h};
     TEST_OK(G->host.ops->router_backward(G->host.ctx, &hb));
     moe_router_bwd_t gb = hb;
@@ -187,12 +215,26 @@ static void check_router(const router_case_t *rc, float big, test_rng_t *rng, gp
     check_close("dx (overwritten, bf16)", g_dx, dx_h, n * h, 1e-2);
     gpu_free(G, gb.dx);
 
-    void *dev[] = {dx_, dwg_, dbias, gf.logits, gf.topk_idx, gf.topk_w, gf.counts, gf.score_mean,
-                   gf.stats, dx_g, dwg_g, (void *)gb.logits, (void *)gb.topk_idx,
-                   (void *)gb.topk_w, (void *)gb.d_topk_w, (void *)gb.counts, gb.dlogits};
+    void *dev[] = {dx_,
+                   dwg_,
+                   dbias,
+                   gf.logits,
+                   gf.topk_idx,
+                   gf.topk_w,
+                   gf.counts,
+                   gf.score_mean,
+                   gf.stats,
+                   dx_g,
+                   dwg_g,
+                   (void *)gb.logits,
+                   (void *)gb.topk_idx,
+                   (void *)gb.topk_w,
+                   (void *)gb.d_topk_w,
+                   (void *)gb.counts,
+                   gb.dlogits};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(G, dev[i]);
-    void *hostp[] = {x, wg, bias, logits, tw, pm, idx, counts, g_logits, g_tw, g_pm, g_idx,
-                     g_counts, d_tw, dx_h, dwg_h, dl_h, g_dl, g_dx, g_dwg};
+    void *hostp[] = {x,    wg,    bias,     logits, tw,   pm,    idx,  counts, g_logits, g_tw,
+                     g_pm, g_idx, g_counts, d_tw,   dx_h, dwg_h, dl_h, g_dl,   g_dx,     g_dwg};
     for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
 }
 
@@ -279,9 +321,18 @@ static void run_router_nan_case(const router_case_t *rc, test_rng_t *rng, gpu_pa
     float *logits = malloc(4 * n * e), *tw = malloc(4 * n * k), st[2], g_st[2];
     float pm[MOE_ROUTER_MAX_E], g_pm[MOE_ROUTER_MAX_E];
     int32_t *idx = malloc(4 * n * k), *counts = malloc(4 * e);
-    moe_router_fwd_t hf = {.n = n, .h = h, .e = rc->e, .k = rc->k, .score_fn = rc->fn,
-                           .renormalize = rc->renorm, .wg = wg, .logits = logits,
-                           .topk_idx = idx, .topk_w = tw, .counts = counts, .score_mean = pm,
+    moe_router_fwd_t hf = {.n = n,
+                           .h = h,
+                           .e = rc->e,
+                           .k = rc->k,
+                           .score_fn = rc->fn,
+                           .renormalize = rc->renorm,
+                           .wg = wg,
+                           .logits = logits,
+                           .topk_idx = idx,
+                           .topk_w = tw,
+                           .counts = counts,
+                           .score_mean = pm,
                            .stats = st};
     moe_router_fwd_t gf = hf;
     gf.wg = dwg;
@@ -376,10 +427,19 @@ static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, boo
     for (int32_t j = 0; j < e; j++)
         first[j] = (int32_t)(test_rng_uniform(rng) * (double)(capacity + 1));
     test_fill_permutation(rng, order, e);
-    moe_plan_t hp = {.n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = idx,
-                     .first = global ? first : NULL, .row_order = global ? order : NULL,
-                     .row_of_slot = ros, .slot_of_row = sor, .kept = kept, .summary = kept,
-                     .summary_bytes = 4 * (size_t)e, .host_summary = hk};
+    moe_plan_t hp = {.n = n,
+                     .e = e,
+                     .k = k,
+                     .capacity = capacity,
+                     .topk_idx = idx,
+                     .first = global ? first : NULL,
+                     .row_order = global ? order : NULL,
+                     .row_of_slot = ros,
+                     .slot_of_row = sor,
+                     .kept = kept,
+                     .summary = kept,
+                     .summary_bytes = 4 * (size_t)e,
+                     .host_summary = hk};
     TEST_OK(P.host.ops->plan(P.host.ctx, &hp));
     moe_plan_t gp = hp;
     gp.topk_idx = gpu_up_i32(&P, idx, s);
@@ -413,12 +473,23 @@ static void run_plan_case(int64_t n, int32_t e, int32_t k, int64_t capacity, boo
         for (int32_t j = 0; j < e; j++) stride = kept[j] + 3 > stride ? kept[j] + 3 : stride;
         size_t padded = (size_t)(e * stride);
         int32_t *pad = malloc(4 * padded), *g_pad = malloc(4 * padded);
-        moe_pad_plan_t ha = {.n = n, .e = e, .k = k, .stride = stride, .topk_idx = idx,
-                             .kept = kept, .slot_of_row = sor, .row_of_slot = ros,
+        moe_pad_plan_t ha = {.n = n,
+                             .e = e,
+                             .k = k,
+                             .stride = stride,
+                             .topk_idx = idx,
+                             .kept = kept,
+                             .slot_of_row = sor,
+                             .row_of_slot = ros,
                              .padded_slot_of_row = pad};
         TEST_OK(P.host.ops->pad_plan(P.host.ctx, &ha));
-        moe_pad_plan_t ga = {.n = n, .e = e, .k = k, .stride = stride, .topk_idx = gp.topk_idx,
-                             .kept = gp.kept, .slot_of_row = gp.slot_of_row,
+        moe_pad_plan_t ga = {.n = n,
+                             .e = e,
+                             .k = k,
+                             .stride = stride,
+                             .topk_idx = gp.topk_idx,
+                             .kept = gp.kept,
+                             .slot_of_row = gp.slot_of_row,
                              .row_of_slot = gp.row_of_slot,
                              .padded_slot_of_row = gpu_poison(&P, 4 * padded, true)};
         TEST_OK(P.cuda.ops->pad_plan(P.cuda.ctx, &ga));
@@ -477,7 +548,8 @@ static void run_rows_case(int64_t n, int32_t k, int64_t h, test_rng_t *rng)
         sor[j] = t;
     }
     for (int64_t r = 0; r < rows; r++) ros[sor[r]] = (int32_t)r;
-    float *x = rand_f32(rng, n * h, 1.0), *w = rand_f32(rng, s, 1.0), *src = rand_f32(rng, rows * h, 1.0);
+    float *x = rand_f32(rng, n * h, 1.0), *w = rand_f32(rng, s, 1.0),
+          *src = rand_f32(rng, rows * h, 1.0);
     float *dy = rand_f32(rng, n * h, 1.0);
     void *gx = gpu_up_bf16(&P, x, n * h), *gsrc = gpu_up_bf16(&P, src, rows * h);
     void *gdy = gpu_up_bf16(&P, dy, n * h);
@@ -501,7 +573,8 @@ static void run_rows_case(int64_t n, int32_t k, int64_t h, test_rng_t *rng)
         HOST(gather_rows, ref, x, fsor, k, scaled ? w : NULL, rows, h);
         CUDA(gather_rows, out, gx, gfsor, k, scaled ? gw : NULL, rows, h);
         gpu_down_bf16(&P, got, out, rows * h);
-        for (int64_t i = 0; i < h; i++) assert_true(ref[3 * h + i] == 0.0f && got[3 * h + i] == 0.0f);
+        for (int64_t i = 0; i < h; i++)
+            assert_true(ref[3 * h + i] == 0.0f && got[3 * h + i] == 0.0f);
         check_close("gather_rows (filler rows)", got, ref, rows * h, 1e-2);
         gpu_free(&P, out);
         gpu_free(&P, gfsor);
@@ -536,7 +609,7 @@ static void test_rows(void **state)
     (void)state;
     test_rng_t rng = {seed + 2};
     run_rows_case(300, 2, 256, &rng);
-    run_rows_case(97, 3, 75, &rng);   /* H % 8 != 0: the scalar path */
+    run_rows_case(97, 3, 75, &rng); /* H % 8 != 0: the scalar path */
     run_rows_case(64, 8, 2048, &rng);
 }
 
@@ -569,10 +642,20 @@ static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *ro
     float *w2 = rand_f32(rng, el * f * h, 1.0 / sqrt((double)f));
     float *xp = rand_f32(rng, r * h, 1.0), *d_out = rand_f32(rng, r * h, 1.0);
     float *dw1 = rand_f32(rng, el * h * 2 * f, 0.1), *dw2 = rand_f32(rng, el * f * h, 0.1);
-    moe_experts_t ha = {.h = h, .f = f, .el = el, .host_offsets = off, .w1 = w1, .w2 = w2, .xp = xp,
-                        .hpre = malloc(4 * r * 2 * f), .act = malloc(4 * r * f),
-                        .out = malloc(4 * r * h), .d_out = d_out, .d_xp = malloc(4 * r * h),
-                        .dw1 = malloc(4 * el * h * 2 * f), .dw2 = malloc(4 * el * f * h),
+    moe_experts_t ha = {.h = h,
+                        .f = f,
+                        .el = el,
+                        .host_offsets = off,
+                        .w1 = w1,
+                        .w2 = w2,
+                        .xp = xp,
+                        .hpre = malloc(4 * r * 2 * f),
+                        .act = malloc(4 * r * f),
+                        .out = malloc(4 * r * h),
+                        .d_out = d_out,
+                        .d_xp = malloc(4 * r * h),
+                        .dw1 = malloc(4 * el * h * 2 * f),
+                        .dw2 = malloc(4 * el * f * h),
                         .scratch = malloc(4 * r * 3 * f + 4)};
     memcpy(ha.dw1, dw1, 4 * el * h * 2 * f);
     memcpy(ha.dw2, dw2, 4 * el * f * h);
@@ -643,11 +726,11 @@ static void run_experts_case(int32_t el, int64_t h, int64_t f, const int64_t *ro
     check_close("dw1 (=)", got, ha.dw1, el * h * 2 * f, 1e-2);
     gpu_down_f32(&Q, got, ga.dw2, el * f * h);
     check_close("dw2 (=)", got, ha.dw2, el * f * h, 1e-2);
-    void *dev[] = {(void *)ga.w1, (void *)ga.w2, (void *)ga.xp, (void *)ga.d_out, ga.dw1, ga.dw2,
-                   ga.hpre, ga.act, ga.out, ga.d_xp, ga.scratch};
+    void *dev[] = {(void *)ga.w1, (void *)ga.w2, (void *)ga.xp, (void *)ga.d_out, ga.dw1,    ga.dw2,
+                   ga.hpre,       ga.act,        ga.out,        ga.d_xp,          ga.scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(&Q, dev[i]);
-    void *hostp[] = {w1, w2, xp, d_out, dw1, dw2, ha.hpre, ha.act, ha.out, ha.d_xp, ha.dw1, ha.dw2,
-                     ha.scratch, got};
+    void *hostp[] = {w1,     w2,     xp,      d_out,  dw1,    dw2,        ha.hpre,
+                     ha.act, ha.out, ha.d_xp, ha.dw1, ha.dw2, ha.scratch, got};
     for (size_t i = 0; i < sizeof hostp / sizeof hostp[0]; i++) free(hostp[i]);
     gpu_pair_free(&Q);
     unsetenv("MOE_CUDA_EXPERT_GEMM");
@@ -748,16 +831,22 @@ static void test_optimizer_passes(void **state)
     moe_adamw_tensor_t ht[COUNT], gt[COUNT];
     const float *hg[COUNT], *gg[COUNT];
     for (int i = 0; i < COUNT; i++) {
-        ht[i] = (moe_adamw_tensor_t){sizes[i], master + at[i], m + at[i], v + at[i],
-                                     param + at[i], grad + at[i]};
-        gt[i] = (moe_adamw_tensor_t){sizes[i], gmaster + at[i], gm + at[i], gv + at[i],
-                                     gparam + at[i], ggrad + at[i]};
+        ht[i] = (moe_adamw_tensor_t){sizes[i],  master + at[i], m + at[i],
+                                     v + at[i], param + at[i],  grad + at[i]};
+        gt[i] = (moe_adamw_tensor_t){sizes[i],   gmaster + at[i], gm + at[i],
+                                     gv + at[i], gparam + at[i],  ggrad + at[i]};
         hg[i] = grad + at[i];
         gg[i] = ggrad + at[i];
     }
-    moe_adamw_update_t ha = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                             .weight_decay = 0.01f, .grad_scale = 0.5f, .step = 3,
-                             .tensors = ht, .count = COUNT};
+    moe_adamw_update_t ha = {.lr = 1e-2f,
+                             .beta1 = 0.9f,
+                             .beta2 = 0.999f,
+                             .eps = 1e-8f,
+                             .weight_decay = 0.01f,
+                             .grad_scale = 0.5f,
+                             .step = 3,
+                             .tensors = ht,
+                             .count = COUNT};
     moe_adamw_update_t ga = ha;
     ga.tensors = gt;
     for (int step = 0; step < 2; step++) { /* the second from the first's state */

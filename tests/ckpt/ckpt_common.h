@@ -51,7 +51,8 @@ static inline float ct_f32(uint64_t h)
 static inline void ct_fill(ct_state_t *s, int64_t step)
 {
     for (int64_t i = 0; i < CT_A_N; i++) s->a[i] = ct_f32(ct_hash((uint64_t)step, 0, (uint64_t)i));
-    for (int64_t i = 0; i < CT_B_N; i++) s->b[i] = (uint16_t)(ct_hash((uint64_t)step, 1, (uint64_t)i) & 0x7f7f);
+    for (int64_t i = 0; i < CT_B_N; i++)
+        s->b[i] = (uint16_t)(ct_hash((uint64_t)step, 1, (uint64_t)i) & 0x7f7f);
     for (int64_t i = 0; i < CT_E_N; i++) s->e[i] = ct_f32(ct_hash((uint64_t)step, 2, (uint64_t)i));
 }
 

@@ -39,7 +39,8 @@ static int free_port(void)
 static bool can_connect(int port)
 {
     int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     bool ok = s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0;
     if (s >= 0) close(s);
@@ -113,13 +114,32 @@ static bool launch(s3_fixture_t *f, const char *bucket)
     snprintf(up, sizeof up, "%d", f->s3rver_port);
     /* s3rver 3.7.1 makes ListObjectsV2 continuation tokens with DES, which OpenSSL 3
      * (Node >= 17) only offers through its legacy provider */
-    char *s3rver[] = {"node", "--openssl-legacy-provider", MOE_S3RVER_JS, "-d", f->dir, "-a",
-                      "127.0.0.1", "-p", up,
+    char *s3rver[] = {"node",
+                      "--openssl-legacy-provider",
+                      MOE_S3RVER_JS,
+                      "-d",
+                      f->dir,
+                      "-a",
+                      "127.0.0.1",
+                      "-p",
+                      up,
                       getenv("MOE_TEST_S3_VERBOSE") ? "--no-vhost-buckets" : "--silent",
-                      "--configure-bucket", (char *)bucket, NULL};
-    char *front[] = {(char *)python_with_botocore(), MOE_S3_FRONT_PY, "--port", port,
-                     "--upstream-port", up, "--access-key", S3_FIXTURE_ACCESS_KEY,
-                     "--secret-key", S3_FIXTURE_SECRET_KEY, "--region", "us-east-1", NULL};
+                      "--configure-bucket",
+                      (char *)bucket,
+                      NULL};
+    char *front[] = {(char *)python_with_botocore(),
+                     MOE_S3_FRONT_PY,
+                     "--port",
+                     port,
+                     "--upstream-port",
+                     up,
+                     "--access-key",
+                     S3_FIXTURE_ACCESS_KEY,
+                     "--secret-key",
+                     S3_FIXTURE_SECRET_KEY,
+                     "--region",
+                     "us-east-1",
+                     NULL};
     if (!spawn(s3rver, f->s3rver_port, &f->pid, "s3rver")) return false;
     if (spawn(front, f->port, &f->front_pid, "the signature-verifying front")) return true;
     kill_child(&f->pid);
@@ -136,7 +156,7 @@ bool s3_fixture_start(s3_fixture_t *f, const char *bucket)
     }
     if (!python_with_botocore()) {
         fprintf(stderr, "s3 fixture: no Python with botocore (python3-botocore; run "
-                "scripts/setup-deps.sh --tests)\n");
+                        "scripts/setup-deps.sh --tests)\n");
         return false;
     }
     snprintf(f->dir, sizeof f->dir, "/tmp/moe-s3rver-XXXXXX");
@@ -145,8 +165,7 @@ bool s3_fixture_start(s3_fixture_t *f, const char *bucket)
         f->port = free_port();
         f->s3rver_port = free_port();
         snprintf(f->endpoint, sizeof f->endpoint, "http://127.0.0.1:%d", f->port);
-        if (f->port > 0 && f->s3rver_port > 0 && f->port != f->s3rver_port &&
-            launch(f, bucket))
+        if (f->port > 0 && f->s3rver_port > 0 && f->port != f->s3rver_port && launch(f, bucket))
             return true;
     }
     return false;

@@ -19,7 +19,7 @@
 
 typedef struct s3_fixture {
     pid_t pid, front_pid;
-    int port;          /* the front's: the endpoint */
+    int port; /* the front's: the endpoint */
     int s3rver_port;
     char dir[256];
     char endpoint[64];

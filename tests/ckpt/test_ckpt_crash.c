@@ -174,7 +174,8 @@ static void test_kill9(void **st)
 int main(void)
 {
     g_have_s3 = s3_fixture_start(&g_s3, BUCKET);
-    if (!g_have_s3) fprintf(stderr, "S3 test server unavailable: crash trials run without the mirror\n");
+    if (!g_have_s3)
+        fprintf(stderr, "S3 test server unavailable: crash trials run without the mirror\n");
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_kill9)};
     int r = cmocka_run_group_tests(tests, NULL, NULL);
     if (g_have_s3) s3_fixture_destroy(&g_s3);

@@ -8,8 +8,8 @@
 
 #include "ckpt_common.h"
 
-#define N1 (3 * 1000003)   /* bf16, ~6 MB */
-#define N2 (257 * 1031)    /* f32, ~1 MB */
+#define N1 (3 * 1000003) /* bf16, ~6 MB */
+#define N2 (257 * 1031)  /* f32, ~1 MB */
 
 int main(void)
 {
@@ -70,8 +70,8 @@ int main(void)
     moe_ckpt_status_t st = {.struct_size = sizeof st};
     TEST_OK(moe_ckpt_status(ck, &st));
     printf("cuda round trip: step %lld, %s, stall %.4f s, durable %.4f s, direct_io %d\n",
-           (long long)step, bad ? "MISMATCH" : "bitwise equal", st.last_stall_s,
-           st.last_durable_s, st.direct_io);
+           (long long)step, bad ? "MISMATCH" : "bitwise equal", st.last_stall_s, st.last_durable_s,
+           st.direct_io);
     TEST_OK(moe_ckpt_destroy(ck));
     moe_tensor_free(rt, &d1);
     moe_tensor_free(rt, &d2);

@@ -204,8 +204,10 @@ static void write_json(cJSON *m)
 static cJSON *piece(cJSON *m, const char *name, int k)
 {
     cJSON *x;
-    cJSON_ArrayForEach(x, cJSON_GetObjectItem(m, "tensors"))
-        if (!strcmp(cJSON_GetObjectItem(x, "name")->valuestring, name) && k-- == 0) return x;
+    cJSON_ArrayForEach(
+        x, cJSON_GetObjectItem(
+               m, "tensors")) if (!strcmp(cJSON_GetObjectItem(x, "name")->valuestring, name) &&
+                                  k-- == 0) return x;
     fail_msg("no piece %d of %s", k, name);
     return NULL;
 }
@@ -324,7 +326,8 @@ static void test_random_single_byte_damage(void **st)
         fell_back += step == 1;
     }
     print_message("%d of %d single-byte damages fell back to step 1, the others loaded step 2 "
-                  "exactly\n", fell_back, trials);
+                  "exactly\n",
+                  fell_back, trials);
     free(s);
     restore_manifest();
 }
@@ -335,8 +338,10 @@ static void insert_piece(cJSON *m, cJSON *p, int order)
 {
     rebind(m, p);
     cJSON *tensors = cJSON_GetObjectItem(m, "tensors");
-    if (order == 0) cJSON_InsertItemInArray(tensors, 0, p);
-    else cJSON_AddItemToArray(tensors, p);
+    if (order == 0)
+        cJSON_InsertItemInArray(tensors, 0, p);
+    else
+        cJSON_AddItemToArray(tensors, p);
     cJSON_ReplaceItemInObject(m, "piece_count", cJSON_CreateNumber(cJSON_GetArraySize(tensors)));
 }
 

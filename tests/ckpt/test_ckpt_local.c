@@ -153,7 +153,7 @@ static void test_reshard_experts(void **st)
     e.expert_ids = ids;
     TEST_OK(moe_ckpt_load_step(ck, 3, &e, 1));
     for (int i = 0; i < 128; i++) {
-        assert_true(got[i] == s.e[3 * 128 + i]);  /* global 7 = local 3 of the saver */
+        assert_true(got[i] == s.e[3 * 128 + i]); /* global 7 = local 3 of the saver */
         assert_true(got[128 + i] == s.e[0 * 128 + i]);
     }
     /* contiguous experts [5, 7) hold 5 (saved) and 6 (never saved): not covered */
@@ -171,7 +171,8 @@ static void test_reshard_experts(void **st)
     e.expert_dim = 0;
     TEST_OK(moe_ckpt_load_step(ck, 3, &e, 1));
     for (int r = 0; r < 3; r++)
-        for (int c = 0; c < 16; c++) assert_true(part[r * 16 + c] == s.e[1 * 128 + (2 + r) * 16 + c]);
+        for (int c = 0; c < 16; c++)
+            assert_true(part[r * 16 + c] == s.e[1 * 128 + (2 + r) * 16 + c]);
     /* f32 saved, bf16 wanted: converted (round to nearest even) */
     uint16_t a16[CT_A_N];
     int64_t sa[2] = {37, 129};

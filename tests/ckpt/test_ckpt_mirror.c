@@ -177,8 +177,9 @@ static void test_outage_costs_no_local_checkpoint(void **st)
     TEST_OK(moe_ckpt_status(ck, &down));
     print_message("during the outage: %lld steps committed locally (newest %lld), at most %d on "
                   "local disk, %lld upload attempts failed (last: %s), %lld uploads superseded, "
-                  "newest on S3 %lld\n", (long long)(step - 5), (long long)down.last_committed_step,
-                  most, (long long)down.upload_failures, moe_status_string(down.last_upload_error),
+                  "newest on S3 %lld\n",
+                  (long long)(step - 5), (long long)down.last_committed_step, most,
+                  (long long)down.upload_failures, moe_status_string(down.last_upload_error),
                   (long long)down.uploads_superseded, (long long)down.last_uploaded_step);
     assert_true(down.upload_failures >= 2);
     assert_int_not_equal(down.last_upload_error, MOE_STATUS_SUCCESS);

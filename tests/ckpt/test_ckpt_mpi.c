@@ -156,7 +156,8 @@ static void load_and_compare(const char *dir, int ep, int dp, moe_expert_placeme
     float y[NTOK * H];
     forward(l, x, y);
     double before = test_rel_err(y, yref, NTOK * H);
-    RANK_CHECK(before > 1e-3, "ep=%d: outputs already equal before loading (rel err %.3g)", ep, before);
+    RANK_CHECK(before > 1e-3, "ep=%d: outputs already equal before loading (rel err %.3g)", ep,
+               before);
     moe_ckpt_config_t c = moe_ckpt_config_default();
     c.dir = dir;
     c.chunk_bytes = 64 << 10;
@@ -173,8 +174,10 @@ static void load_and_compare(const char *dir, int ep, int dp, moe_expert_placeme
     RANK_CHECK(step == 5, "ep=%d: loaded step %lld", ep, (long long)step);
     forward(l, x, y);
     double after = test_rel_err(y, yref, NTOK * H);
-    RANK_CHECK(after <= 1e-6, "ep=%d dp=%d: outputs differ after loading: rel err %.3g", ep, dp, after);
-    if (R == 0) printf("ep=%d dp=%d: rel err before load %.3g, after %.3g\n", ep, dp, before, after);
+    RANK_CHECK(after <= 1e-6, "ep=%d dp=%d: outputs differ after loading: rel err %.3g", ep, dp,
+               after);
+    if (R == 0)
+        printf("ep=%d dp=%d: rel err before load %.3g, after %.3g\n", ep, dp, before, after);
     TEST_OK(moe_ckpt_destroy(ck));
     TEST_OK(moe_layer_destroy(l));
     TEST_OK(moe_runtime_destroy(rt));
@@ -197,15 +200,15 @@ static void refused_save(const char *dir)
     if (R == 2) t[1] = t[0]; /* duplicate name on one rank only */
     moe_status_t s = moe_ckpt_save_async(ck, 6, t, n);
     RANK_CHECK(s == (R == 2 ? MOE_STATUS_INVALID_ARGUMENT : MOE_STATUS_SUCCESS), "save_async: %s",
-          moe_status_string(s));
+               moe_status_string(s));
     s = moe_ckpt_wait(ck, 1, 60000);
     RANK_CHECK(s == (R == 2 ? MOE_STATUS_SUCCESS : MOE_STATUS_ABORTED), "wait: %s (%s)",
-          moe_status_string(s), moe_last_error());
+               moe_status_string(s), moe_last_error());
     int64_t steps[4];
     int32_t ns = 0;
     TEST_OK(moe_ckpt_list(ck, MOE_CKPT_TIER_LOCAL, steps, 4, &ns));
     RANK_CHECK(ns == 1 && steps[0] == 5, "after a refused save: %d checkpoints, newest %lld", ns,
-          ns ? (long long)steps[ns - 1] : -1LL);
+               ns ? (long long)steps[ns - 1] : -1LL);
     TEST_OK(moe_ckpt_destroy(ck));
     TEST_OK(moe_layer_destroy(l));
     TEST_OK(moe_runtime_destroy(rt));
@@ -338,7 +341,8 @@ static void retention_beside_uploads(void)
         TEST_OK(moe_ckpt_wait(ck, 1, 60000));
         moe_ckpt_status_t st = {.struct_size = sizeof st};
         TEST_OK(moe_ckpt_status(ck, &st));
-        RANK_CHECK(st.last_uploaded_step == 80, "last uploaded %lld", (long long)st.last_uploaded_step);
+        RANK_CHECK(st.last_uploaded_step == 80, "last uploaded %lld",
+                   (long long)st.last_uploaded_step);
         TEST_OK(moe_ckpt_destroy(ck));
     } else {
         moe_ckpt_abort(ck);
@@ -395,17 +399,19 @@ int main(int argc, char **argv)
     TEST_OK(moe_ckpt_wait(ck, 1, 60000));
     moe_ckpt_status_t st = {.struct_size = sizeof st};
     TEST_OK(moe_ckpt_status(ck, &st));
-    RANK_CHECK(st.last_committed_step == 5, "last committed %lld", (long long)st.last_committed_step);
+    RANK_CHECK(st.last_committed_step == 5, "last committed %lld",
+               (long long)st.last_committed_step);
     if (g_have_s3)
-        RANK_CHECK(st.last_uploaded_step == 5, "last uploaded %lld", (long long)st.last_uploaded_step);
+        RANK_CHECK(st.last_uploaded_step == 5, "last uploaded %lld",
+                   (long long)st.last_uploaded_step);
     TEST_OK(moe_ckpt_destroy(ck));
     if (R == 0) {
         char sd[300];
         snprintf(sd, sizeof sd, "%s/step-000000000005", dir);
         ck_manifest_t m;
         TEST_OK(ck_manifest_read(sd, &m));
-        RANK_CHECK(m.nfiles == W && m.world == W && m.mesh[1] == 4, "manifest: %d files, world %d, ep %d",
-              m.nfiles, m.world, m.mesh[1]);
+        RANK_CHECK(m.nfiles == W && m.world == W && m.mesh[1] == 4,
+                   "manifest: %d files, world %d, ep %d", m.nfiles, m.world, m.mesh[1]);
         ck_manifest_free(&m);
     }
     TEST_OK(moe_layer_destroy(l));

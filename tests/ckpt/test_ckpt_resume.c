@@ -171,7 +171,8 @@ int main(int argc, char **argv)
     }
     bad |= !resumed_equal;
     printf("%d tensors (%zu bytes): loaded state %s the saved one; resumed run %s the "
-           "uninterrupted one\n", n, saved_len,
+           "uninterrupted one\n",
+           n, saved_len,
            loaded_len == saved_len && !memcmp(loaded, saved, saved_len) ? "equals" : "DIFFERS FROM",
            resumed_equal ? "bitwise equals" : "DIFFERS FROM");
     free(saved), free(ref), free(fresh), free(loaded), free(out);

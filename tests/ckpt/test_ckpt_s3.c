@@ -22,7 +22,6 @@
 #include "ckpt_common.h"
 #include "s3_fixture.h"
 
-
 #define BUCKET "moe-test"
 #define BIG_N (3 * (1 << 20)) /* 12 MiB of f32 */
 
@@ -78,7 +77,8 @@ static int setup(void **st)
 {
     (void)st;
     if (!g_have_s3) {
-        print_message("S3 test server unavailable (node + tests/ckpt/s3 via scripts/setup-deps.sh --tests)\n");
+        print_message("S3 test server unavailable (node + tests/ckpt/s3 via scripts/setup-deps.sh "
+                      "--tests)\n");
         skip();
     }
     ct_up(g_dir, sizeof g_dir, "s3", &g_rt);

@@ -64,8 +64,8 @@ static int setup(run_t *r, bool cuda)
     TEST_OK(moe_adamw_create(r->rt, &ac, &r->opt));
     TEST_OK(moe_adamw_add_param(r->opt, "big", MOE_PARAM_DENSE, &r->value[0], &r->grad[0]));
     TEST_OK(moe_adamw_add_param(r->opt, "small", MOE_PARAM_DENSE, &r->value[1], &r->grad[1]));
-    static const char *const names[8] = {"big", "small", "big.master", "big.m", "big.v",
-                                         "small.master", "small.m", "small.v"};
+    static const char *const names[8] = {"big",   "small",        "big.master", "big.m",
+                                         "big.v", "small.master", "small.m",    "small.v"};
     r->t[0] = moe_ckpt_tensor_whole(names[0], &r->value[0]);
     r->t[1] = moe_ckpt_tensor_whole(names[1], &r->value[1]);
     for (int32_t i = 0; i < 6; i++) {
@@ -179,7 +179,8 @@ int main(int argc, char **argv)
 
     printf("%s backend: save_async stall %.4f s; after 3 optimizer steps during the copy the "
            "checkpoint %s the synchronous one (training %s the state); after the fence and a "
-           "write, %s\n", cuda ? "cuda" : "host", stall, same1 ? "equals" : "DIFFERS FROM",
+           "write, %s\n",
+           cuda ? "cuda" : "host", stall, same1 ? "equals" : "DIFFERS FROM",
            trained ? "changed" : "DID NOT CHANGE", same2 ? "equal" : "DIFFERENT");
     TEST_OK(moe_ckpt_destroy(cs));
     TEST_OK(moe_ckpt_destroy(ca));

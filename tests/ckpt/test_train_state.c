@@ -25,8 +25,10 @@ static uint8_t *state_bytes(moe_layer_t *l, moe_adamw_t *opt, const float *user,
     size_t n = 0;
     for (int32_t i = 0; i < np + ns; i++) {
         moe_param_info_t info = {.struct_size = sizeof info};
-        if (i < np) TEST_OK(moe_layer_param(l, i, &info));
-        else TEST_OK(moe_adamw_state(opt, i - np, &info));
+        if (i < np)
+            TEST_OK(moe_layer_param(l, i, &info));
+        else
+            TEST_OK(moe_adamw_state(opt, i - np, &info));
         size_t k = sizeof(float) * (size_t)moe_tensor_numel(&info.value);
         buf = realloc(buf, n + k);
         memcpy(buf + n, info.value.data, k);
@@ -45,8 +47,10 @@ static void scribble(moe_layer_t *l, moe_adamw_t *opt, float *user)
     TEST_OK(moe_adamw_num_states(opt, &ns));
     for (int32_t i = 0; i < np + ns; i++) {
         moe_param_info_t info = {.struct_size = sizeof info};
-        if (i < np) TEST_OK(moe_layer_param(l, i, &info));
-        else TEST_OK(moe_adamw_state(opt, i - np, &info));
+        if (i < np)
+            TEST_OK(moe_layer_param(l, i, &info));
+        else
+            TEST_OK(moe_adamw_state(opt, i - np, &info));
         float *v = info.value.data;
         for (int64_t j = 0; j < moe_tensor_numel(&info.value); j++) v[j] = -7.0f;
     }
@@ -133,6 +137,7 @@ int main(void)
     TEST_OK(moe_layer_destroy(l));
     TEST_OK(moe_runtime_destroy(rt));
     ct_rmrf(dir);
-    if (rc_ == 0) printf("train state: layer, optimizer (step 2) and user tensor restored bitwise\n");
+    if (rc_ == 0)
+        printf("train state: layer, optimizer (step 2) and user tensor restored bitwise\n");
     return rc_;
 }

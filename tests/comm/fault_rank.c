@@ -122,7 +122,10 @@ static moe_status_t cb_backward(void *user, int32_t chunk, int32_t mb, const moe
     return moe_layer_backward(m->layer, mb, dy, dx);
 }
 
-static moe_status_t cb_zero_grad(void *user) { return moe_layer_zero_grad(((model_t *)user)->layer); }
+static moe_status_t cb_zero_grad(void *user)
+{
+    return moe_layer_zero_grad(((model_t *)user)->layer);
+}
 
 static moe_status_t cb_abandon(void *user, int32_t chunk, int32_t mb)
 {
@@ -135,9 +138,12 @@ static moe_status_t cb_abandon(void *user, int32_t chunk, int32_t mb)
 static moe_status_t setup(model_t *m, const char *mesh, int timeout_ms)
 {
     moe_mesh_config_t mc = moe_mesh_config_default();
-    if (strcmp(mesh, "ep") == 0) mc.ep = 4;
-    else if (strcmp(mesh, "dp") == 0) mc.dp = 4;
-    else mc.pp = 4;
+    if (strcmp(mesh, "ep") == 0)
+        mc.ep = 4;
+    else if (strcmp(mesh, "dp") == 0)
+        mc.dp = 4;
+    else
+        mc.pp = 4;
     mc.timeout_ms = timeout_ms;
     moe_runtime_config_t rc = moe_runtime_config_default();
     rc.backend = MOE_BACKEND_HOST;
@@ -159,9 +165,12 @@ static moe_status_t setup(model_t *m, const char *mesh, int timeout_ms)
     pc.act_shape[1] = H;
     pc.optimizer = m->opt;
     pc.lr = 1e-3f;
-    moe_pipeline_callbacks_t cb = {.forward = cb_forward, .loss = cb_loss,
-                                   .backward = cb_backward, .zero_grad = cb_zero_grad,
-                                   .abandon = cb_abandon, .user = m};
+    moe_pipeline_callbacks_t cb = {.forward = cb_forward,
+                                   .loss = cb_loss,
+                                   .backward = cb_backward,
+                                   .zero_grad = cb_zero_grad,
+                                   .abandon = cb_abandon,
+                                   .user = m};
     return moe_pipeline_create(m->rt, &pc, &cb, &m->pipe);
 }
 
@@ -180,7 +189,8 @@ static void teardown(model_t *m)
     d[3].name = "moe_runtime_destroy", d[3].st = moe_runtime_destroy(m->rt), t[3] = now_s();
     for (int i = 0; i < 4; i++) {
         fprintf(logf_, "%s: %s after %.3f s%s%s\n", d[i].name, moe_status_string(d[i].st),
-                t[i] - t0, i == 3 && d[i].st ? ": " : "", i == 3 && d[i].st ? moe_last_error() : "");
+                t[i] - t0, i == 3 && d[i].st ? ": " : "",
+                i == 3 && d[i].st ? moe_last_error() : "");
     }
     fflush(logf_);
 }

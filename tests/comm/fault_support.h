@@ -13,15 +13,15 @@
 
 extern int fault_rank, fault_size, fault_failures;
 
-#define FCHECK(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", fault_rank, __FILE__,   \
-                    __LINE__, #cond);                                                      \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            fault_failures++;                                                              \
-        }                                                                                  \
+#define FCHECK(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", fault_rank, __FILE__, __LINE__,  \
+                    #cond);                                                                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            fault_failures++;                                                                      \
+        }                                                                                          \
     } while (0)
 
 /* MPI_Init, rank and size; fails the run unless there are `np` ranks. */

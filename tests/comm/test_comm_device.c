@@ -45,9 +45,11 @@ static void run_ops(moe_comm_t *c)
     TEST_OK(moe_comm_allreduce(c, d, d, N, MOE_COMM_F32, MOE_REDUCE_MAX));
     down(o, d2, sizeof o);
     for (int i = 0; i < N; i++)
-        RANK_CHECK(o[i] == (float)((i + 1) * n * (n + 1) / 2), "%s allreduce sum [%d] %g", kind, i, o[i]);
+        RANK_CHECK(o[i] == (float)((i + 1) * n * (n + 1) / 2), "%s allreduce sum [%d] %g", kind, i,
+                   o[i]);
     down(o, d, sizeof o);
-    for (int i = 0; i < N; i++) RANK_CHECK(o[i] == (float)((i + 1) * n), "%s allreduce max [%d]", kind, i);
+    for (int i = 0; i < N; i++)
+        RANK_CHECK(o[i] == (float)((i + 1) * n), "%s allreduce max [%d]", kind, i);
     /* bf16 (exact small integers) */
     uint16_t hb[N], ob[N];
     for (int i = 0; i < N; i++) hb[i] = moe_f32_to_bf16((float)(me + 1));
@@ -64,7 +66,8 @@ static void run_ops(moe_comm_t *c)
     up(di, hi, sizeof hi);
     TEST_OK(moe_comm_broadcast(c, di, N, MOE_COMM_I32, n - 1));
     down(oi, di, sizeof oi);
-    for (int i = 0; i < N; i++) RANK_CHECK(oi[i] == 100 * (n - 1) + i, "%s broadcast [%d]", kind, i);
+    for (int i = 0; i < N; i++)
+        RANK_CHECK(oi[i] == 100 * (n - 1) + i, "%s broadcast [%d]", kind, i);
     /* alltoallv with gaps in the receive buffer */
     size_t sc[16], sd[16], rc[16], rd[16], off = 0;
     float s[64], r[64];
@@ -89,7 +92,8 @@ static void run_ops(moe_comm_t *c)
     bool used[64] = {false};
     for (int p = 0; p < n; p++)
         for (size_t j = 0; j < rc[p]; j++) {
-            RANK_CHECK(r[rd[p] + j] == (float)(1000 * p + 10 * me + (int)j), "%s alltoallv from %d", kind, p);
+            RANK_CHECK(r[rd[p] + j] == (float)(1000 * p + 10 * me + (int)j), "%s alltoallv from %d",
+                       kind, p);
             used[rd[p] + j] = true;
         }
     for (int i = 0; i < 64; i++)
@@ -109,7 +113,8 @@ static void run_ops(moe_comm_t *c)
         TEST_OK(moe_comm_wait(c, qs));
         TEST_OK(moe_comm_wait(c, qr));
         down(w, dw, sizeof w);
-        for (int i = 0; i < 4; i++) RANK_CHECK(w[i] == (me + n - 1) % n + i, "%s recv [%d]", kind, i);
+        for (int i = 0; i < 4; i++)
+            RANK_CHECK(w[i] == (me + n - 1) % n + i, "%s recv [%d]", kind, i);
         be.ops->free(be.ctx, dv);
         be.ops->free(be.ctx, dw);
     }
@@ -121,8 +126,8 @@ static void run_ops(moe_comm_t *c)
     up(d1, &one, sizeof one);
     TEST_OK(moe_comm_allreduce(half, d1, d1, 1, MOE_COMM_F32, MOE_REDUCE_SUM));
     down(&cnt, d1, sizeof cnt);
-    RANK_CHECK(cnt == (float)half->size && half->size == (n + (me % 2 ? 0 : 1)) / 2, "%s split size",
-          kind);
+    RANK_CHECK(cnt == (float)half->size && half->size == (n + (me % 2 ? 0 : 1)) / 2,
+               "%s split size", kind);
     TEST_OK(moe_comm_barrier(half));
     TEST_OK(moe_comm_barrier(c));
     moe_comm_destroy(half);
@@ -155,12 +160,13 @@ int main(int argc, char **argv)
         moe_comm_t *nc = NULL;
         TEST_OK(moe_comm_nccl_create(host, "nccl-world", &nc));
         RANK_CHECK(strcmp(nc->members, P == 1 ? "world ranks 0" : nc->members) == 0, "members %s",
-              nc->members);
+                   nc->members);
         run_ops(nc);
         moe_comm_abort(nc);
         float x = 0;
-        RANK_CHECK(moe_comm_allreduce(nc, &x, &x, 1, MOE_COMM_F32, MOE_REDUCE_SUM) == MOE_STATUS_ABORTED,
-              "aborted NCCL communicator accepted work");
+        RANK_CHECK(moe_comm_allreduce(nc, &x, &x, 1, MOE_COMM_F32, MOE_REDUCE_SUM) ==
+                       MOE_STATUS_ABORTED,
+                   "aborted NCCL communicator accepted work");
         moe_comm_destroy(nc);
         moe_comm_destroy(host);
     } else if (R == 0) {

@@ -201,7 +201,8 @@ static void a2a_prepare(a2a_bufs_t *b, int salt)
     for (int p = 0; p < P; p++) {
         b->sc[p] = a2a_count(R, p);
         b->sd[p] = off;
-        for (size_t j = 0; j < b->sc[p]; j++) b->send[off + j] = (float)(1000 * R + 10 * p + (int)j + salt);
+        for (size_t j = 0; j < b->sc[p]; j++)
+            b->send[off + j] = (float)(1000 * R + 10 * p + (int)j + salt);
         off += b->sc[p];
     }
     off = 1; /* receive blocks in reverse peer order, one-element gaps */

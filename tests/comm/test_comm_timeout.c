@@ -36,15 +36,14 @@
 
 static int R, P, failures;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", R, __FILE__, __LINE__,  \
-                    #cond);                                                                \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            failures++;                                                                    \
-        }                                                                                  \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", R, __FILE__, __LINE__, #cond);   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static double now_s(void)
@@ -136,7 +135,8 @@ static void survivor_recv(moe_comm_t *c)
 {
     float x = 0;
     double t0 = now_s();
-    moe_status_t st = R == 0 ? moe_comm_recv(c, &x, 1, MOE_COMM_F32, VICTIM, 3) : MOE_STATUS_TIMEOUT;
+    moe_status_t st = R == 0 ? moe_comm_recv(c, &x, 1, MOE_COMM_F32, VICTIM, 3)
+                             : MOE_STATUS_TIMEOUT;
     if (R == 0) expect_timeout(st, t0, "recv", c->name, NULL);
 }
 

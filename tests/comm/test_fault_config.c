@@ -107,8 +107,10 @@ static void t_runtime(void)
 {
     setup_t s = base();
     if (fault_rank == 1) s.rt.seed = 99;
-    const char *n[] = {"the runtime config differs", "seed is 99 on world rank 1 and 1234 on "
-                       "world rank 0", NULL};
+    const char *n[] = {"the runtime config differs",
+                       "seed is 99 on world rank 1 and 1234 on "
+                       "world rank 0",
+                       NULL};
     expect_refused(&s, "seed", n);
 
     s = base();
@@ -136,8 +138,8 @@ static moe_layer_config_t layer_config(void)
     return lc;
 }
 
-static void expect_layer_refused(moe_runtime_t *rt, const moe_layer_config_t *lc,
-                                 const char *what, const char *const *needles)
+static void expect_layer_refused(moe_runtime_t *rt, const moe_layer_config_t *lc, const char *what,
+                                 const char *const *needles)
 {
     moe_layer_t *layer = (moe_layer_t *)0x1;
     double t0 = fault_now_s();
@@ -170,8 +172,8 @@ static void t_layer(void)
     expect_layer_refused(rt, &lc, "top_k", n2);
 
     lc = layer_config();
-    if (fault_rank == 2) lc.capacity_factor = 1.25f, lc.score_fn = MOE_SCORE_SIGMOID,
-                         lc.ffn_hidden = 64;
+    if (fault_rank == 2)
+        lc.capacity_factor = 1.25f, lc.score_fn = MOE_SCORE_SIGMOID, lc.ffn_hidden = 64;
     char score[96];
     snprintf(score, sizeof score, "score_fn is %d on world rank 0 and %d on world rank 2",
              (int)MOE_SCORE_SOFTMAX, (int)MOE_SCORE_SIGMOID);
@@ -225,8 +227,7 @@ static void t_tp_inputs(void)
     if (!rt) return;
     moe_layer_config_t lc = layer_config();
     moe_layer_t *layer = NULL;
-    FCHECK(moe_layer_create(rt, &lc, &layer) == MOE_STATUS_SUCCESS, "layer: %s",
-           moe_last_error());
+    FCHECK(moe_layer_create(rt, &lc, &layer) == MOE_STATUS_SUCCESS, "layer: %s", moe_last_error());
     if (layer) {
         expect_forward_refused(layer, 16, 0.0f, "tp token count",
                                "tokens is 16 on world rank 1 and 32 on world rank 0");
@@ -237,8 +238,7 @@ static void t_tp_inputs(void)
     }
     setenv("MOE_CHECK_TP_INPUTS", "1", 1);
     layer = NULL;
-    FCHECK(moe_layer_create(rt, &lc, &layer) == MOE_STATUS_SUCCESS, "layer: %s",
-           moe_last_error());
+    FCHECK(moe_layer_create(rt, &lc, &layer) == MOE_STATUS_SUCCESS, "layer: %s", moe_last_error());
     unsetenv("MOE_CHECK_TP_INPUTS");
     if (layer) {
         expect_forward_refused(layer, 32, 0.5f, "tp token contents",
@@ -261,8 +261,8 @@ static void expect_msg(moe_status_t st, double dt, const char *what, const char 
     fprintf(stderr, "rank %d: %s refused after %.2f s: %s\n", fault_rank, what, dt, msg);
 }
 
-static void expect_adamw_refused(moe_runtime_t *rt, const moe_adamw_config_t *c,
-                                 const char *what, const char *const *needles)
+static void expect_adamw_refused(moe_runtime_t *rt, const moe_adamw_config_t *c, const char *what,
+                                 const char *const *needles)
 {
     moe_adamw_t *opt = (moe_adamw_t *)0x1;
     double t0 = fault_now_s();
@@ -308,14 +308,13 @@ static moe_status_t nop_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_ten
     return MOE_STATUS_SUCCESS;
 }
 
-static void expect_pipeline_refused(moe_runtime_t *rt, float lr, float grad_scale,
-                                    const char *what, const char *const *needles)
+static void expect_pipeline_refused(moe_runtime_t *rt, float lr, float grad_scale, const char *what,
+                                    const char *const *needles)
 {
     moe_pipeline_config_t c = moe_pipeline_config_default();
     c.act_ndim = 2, c.act_shape[0] = 4, c.act_shape[1] = 16;
     c.lr = lr, c.grad_scale = grad_scale;
-    moe_pipeline_callbacks_t cb = {.forward = nop_stage, .loss = nop_loss,
-                                   .backward = nop_stage};
+    moe_pipeline_callbacks_t cb = {.forward = nop_stage, .loss = nop_loss, .backward = nop_stage};
     moe_pipeline_t *pp = (moe_pipeline_t *)0x1;
     double t0 = fault_now_s();
     moe_status_t st = moe_pipeline_create(rt, &c, &cb, &pp);

@@ -36,8 +36,15 @@ int main(int argc, char **argv)
     moe_runtime_t *rt = NULL;
     pm_model_t *pm = NULL;
     moe_pipeline_t *pipe = NULL;
-    pm_shape_t sh = {.n = 6, .h = 8, .layers = 4, .moe_every = 0, .experts = 4, .top_k = 2,
-                     .ffn = 12, .m = 2, .seed = 4242};
+    pm_shape_t sh = {.n = 6,
+                     .h = 8,
+                     .layers = 4,
+                     .moe_every = 0,
+                     .experts = 4,
+                     .top_k = 2,
+                     .ffn = 12,
+                     .m = 2,
+                     .seed = 4242};
     int32_t stage = 0, stages = 0;
     moe_status_t st = moe_runtime_create(&rc, &rt);
     if (st == MOE_STATUS_SUCCESS) st = moe_runtime_axis(rt, MOE_AXIS_PP, &stage, &stages);
@@ -73,12 +80,13 @@ int main(int argc, char **argv)
     st = moe_pipeline_train_step(pipe, NULL);
     double secs = fault_now_s() - t0;
     const char *msg = moe_last_error();
-    fprintf(stderr, "rank 0: the extra batch: %s after %.2f s: %s\n", moe_status_string(st),
-            secs, msg);
-    FCHECK(st == MOE_STATUS_TIMEOUT || st == MOE_STATUS_ABORTED, "got %s",
-           moe_status_string(st));
-    FCHECK(strstr(msg, "world rank 1 left") != NULL, "the message does not say that world "
-           "rank 1 left: %s", msg);
+    fprintf(stderr, "rank 0: the extra batch: %s after %.2f s: %s\n", moe_status_string(st), secs,
+            msg);
+    FCHECK(st == MOE_STATUS_TIMEOUT || st == MOE_STATUS_ABORTED, "got %s", moe_status_string(st));
+    FCHECK(strstr(msg, "world rank 1 left") != NULL,
+           "the message does not say that world "
+           "rank 1 left: %s",
+           msg);
     FCHECK(strstr(msg, "does not answer") == NULL && strstr(msg, "dead or stalled") == NULL,
            "world rank 1, which finished normally, is blamed: %s", msg);
     FCHECK(secs < 2.0 * TIMEOUT_MS / 1000.0, "the failure took %.2f s", secs);

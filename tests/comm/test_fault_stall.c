@@ -67,8 +67,7 @@ int main(int argc, char **argv)
     snprintf(msg, sizeof msg, "%s", moe_last_error());
     fprintf(stderr, "rank %d: step: %s after %.2f s: %s\n", fault_rank, moe_status_string(st), dt,
             msg);
-    FCHECK(st == MOE_STATUS_TIMEOUT || st == MOE_STATUS_ABORTED, "step: %s",
-           moe_status_string(st));
+    FCHECK(st == MOE_STATUS_TIMEOUT || st == MOE_STATUS_ABORTED, "step: %s", moe_status_string(st));
     FCHECK(dt < 1.75 * TIMEOUT_MS * 1e-3, "step took %.2f s: more than one timeout", dt);
     FCHECK(strstr(msg, "world rank 3 does not answer") != NULL, "no culprit named: %s", msg);
     FCHECK(strstr(msg, "allreduce on the dense communicator") ||

@@ -12,14 +12,14 @@
 #include "test_support.h"
 
 /* The call fails with `want` and leaves a message containing `needle`. */
-#define EXPECT_FAIL(want, needle, call)                                                    \
-    do {                                                                                   \
-        moe_status_t got_ = (call);                                                        \
-        if (got_ != (want) || strstr(moe_last_error(), (needle)) == NULL)                  \
-            fprintf(stderr, "%s -> %s: \"%s\"\n", #call, moe_status_string(got_),          \
-                    moe_last_error());                                                     \
-        assert_int_equal(got_, (want));                                                    \
-        assert_non_null(strstr(moe_last_error(), (needle)));                               \
+#define EXPECT_FAIL(want, needle, call)                                                            \
+    do {                                                                                           \
+        moe_status_t got_ = (call);                                                                \
+        if (got_ != (want) || strstr(moe_last_error(), (needle)) == NULL)                          \
+            fprintf(stderr, "%s -> %s: \"%s\"\n", #call, moe_status_string(got_),                  \
+                    moe_last_error());                                                             \
+        assert_int_equal(got_, (want));                                                            \
+        assert_non_null(strstr(moe_last_error(), (needle)));                                       \
     } while (0)
 
 static moe_runtime_t *host_runtime(void)
@@ -88,7 +88,8 @@ static void test_runtime_bad_input(void **state)
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "unknown log level",
                 moe_runtime_set_log(rt, (moe_log_level_t)-1, NULL, NULL));
     int32_t r, s;
-    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "unknown axis", moe_runtime_axis(rt, (moe_axis_t)17, &r, &s));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "unknown axis",
+                moe_runtime_axis(rt, (moe_axis_t)17, &r, &s));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "NULL", moe_runtime_axis(rt, MOE_AXIS_EP, NULL, &s));
     TEST_OK(moe_runtime_axis(rt, MOE_AXIS_WORLD, &r, &s));
     assert_int_equal(r, 0);
@@ -99,8 +100,10 @@ static void test_runtime_bad_input(void **state)
     void *stream = &stream; /* the host backend has no stream: the getter says NULL */
     TEST_OK(moe_runtime_get_stream(rt, &stream));
     assert_null(stream);
-    EXPECT_FAIL(MOE_STATUS_INVALID_HANDLE, "runtime is NULL", moe_runtime_get_stream(NULL, &stream));
-    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "cuda_stream is NULL", moe_runtime_get_stream(rt, NULL));
+    EXPECT_FAIL(MOE_STATUS_INVALID_HANDLE, "runtime is NULL",
+                moe_runtime_get_stream(NULL, &stream));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "cuda_stream is NULL",
+                moe_runtime_get_stream(rt, NULL));
     TEST_OK(moe_runtime_destroy(rt));
 }
 
@@ -217,7 +220,8 @@ static void test_layer_call_bad_input(void **state)
     TEST_OK(moe_tensor_view(xb, MOE_DTYPE_BF16, MOE_DEVICE_HOST, 2, s34, &x16));
 
     EXPECT_FAIL(MOE_STATUS_INVALID_HANDLE, "layer is NULL", moe_layer_forward(NULL, 0, &x, &y));
-    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "slot 2 is out of range", moe_layer_forward(l, 2, &x, &y));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "slot 2 is out of range",
+                moe_layer_forward(l, 2, &x, &y));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "x is NULL", moe_layer_forward(l, 0, NULL, &y));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "y is NULL", moe_layer_forward(l, 0, &x, NULL));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "x shape[1] is 5; expected 4",
@@ -261,14 +265,16 @@ static void test_layer_call_bad_input(void **state)
     TEST_OK(moe_layer_num_params(l, &count));
     assert_int_equal(count, 3);
     moe_param_info_t info = {.struct_size = sizeof info};
-    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "index 3 is out of range", moe_layer_param(l, 3, &info));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "index 3 is out of range",
+                moe_layer_param(l, 3, &info));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "info is NULL", moe_layer_param(l, 0, NULL));
     info.struct_size = 0;
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "struct_size is 0", moe_layer_param(l, 0, &info));
     int32_t ge;
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "local_expert 4 is out of range",
                 moe_layer_expert_id(l, 4, &ge));
-    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "global_expert is NULL", moe_layer_expert_id(l, 0, NULL));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "global_expert is NULL",
+                moe_layer_expert_id(l, 0, NULL));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "stats is NULL", moe_layer_stats(l, NULL, NULL));
     TEST_OK(moe_layer_destroy(l));
     TEST_OK(moe_runtime_destroy(rt));
@@ -350,7 +356,8 @@ static void test_adamw_bad_input(void **state)
     TEST_OK(moe_adamw_num_states(opt, &nstates));
     assert_int_equal(nstates, 3 * (1 + 3 + 3)); /* w, then 3 per layer; the failed add added none */
     moe_param_info_t info = {.struct_size = sizeof info};
-    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "index 21 is out of range", moe_adamw_state(opt, 21, &info));
+    EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "index 21 is out of range",
+                moe_adamw_state(opt, 21, &info));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "steps is -2", moe_adamw_set_step_count(opt, -2));
     EXPECT_FAIL(MOE_STATUS_INVALID_ARGUMENT, "steps is NULL", moe_adamw_step_count(opt, NULL));
     assert_int_equal(moe_adamw_destroy(NULL), MOE_STATUS_SUCCESS);

@@ -121,10 +121,8 @@ static void test_keep_first_error(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_positive),
-        cmocka_unit_test(test_positive_checked),
-        cmocka_unit_test(test_flag_int_string),
-        cmocka_unit_test(test_choice),
+        cmocka_unit_test(test_positive),         cmocka_unit_test(test_positive_checked),
+        cmocka_unit_test(test_flag_int_string),  cmocka_unit_test(test_choice),
         cmocka_unit_test(test_keep_first_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

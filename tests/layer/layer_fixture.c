@@ -20,10 +20,16 @@ void fixture_init(fixture_t *fx, const moe_layer_config_t *cfg, int64_t n, test_
     TEST_OK(moe_layer_create(fx->rt, cfg, &fx->layer));
     int64_t h = cfg->hidden, f = cfg->ffn_hidden, e = cfg->num_experts;
     fx->n = n;
-    fx->ref = (ref_cfg_t){.n = n, .h = h, .f = f, .e = cfg->num_experts, .k = cfg->top_k,
-                          .score_fn = cfg->score_fn, .renormalize = cfg->renormalize,
+    fx->ref = (ref_cfg_t){.n = n,
+                          .h = h,
+                          .f = f,
+                          .e = cfg->num_experts,
+                          .k = cfg->top_k,
+                          .score_fn = cfg->score_fn,
+                          .renormalize = cfg->renormalize,
                           .capacity_factor = cfg->capacity_factor,
-                          .aux_coef = cfg->aux_loss_coef, .z_coef = cfg->z_loss_coef};
+                          .aux_coef = cfg->aux_loss_coef,
+                          .z_coef = cfg->z_loss_coef};
     fx->x = fill(rng, n * h, 1.0);
     fx->wg = fill(rng, h * e, scale);
     fx->w1 = fill(rng, e * h * 2 * f, scale);

@@ -10,9 +10,9 @@ typedef struct fixture {
     moe_layer_t *layer;
     ref_cfg_t ref;
     int64_t n;
-    double *x, *wg, *w1, *w2;   /* fp64 copies of what the layer holds (fp32 values) */
-    float *xf;                  /* x as fp32 */
-    moe_param_info_t p[3];      /* router.weight, experts.w1, experts.w2 */
+    double *x, *wg, *w1, *w2; /* fp64 copies of what the layer holds (fp32 values) */
+    float *xf;                /* x as fp32 */
+    moe_param_info_t p[3];    /* router.weight, experts.w1, experts.w2 */
 } fixture_t;
 
 /* Make a layer from cfg with random parameters (std `scale`) and random x [n,H]. */

@@ -12,7 +12,8 @@ void ref_forward(const ref_cfg_t *c, const double *x, const double *wg, const do
     int32_t e = c->e, k = c->k;
     double *logit = malloc(sizeof(double) * (size_t)e), *s = malloc(sizeof(double) * (size_t)e);
     double *pmean = calloc((size_t)e, sizeof(double));
-    int64_t *count = calloc((size_t)e, sizeof(int64_t)), *accepted = calloc((size_t)e, sizeof(int64_t));
+    int64_t *count = calloc((size_t)e, sizeof(int64_t)),
+            *accepted = calloc((size_t)e, sizeof(int64_t));
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)(n * k + 1));
     double *w = malloc(sizeof(double) * (size_t)(n * k + 1));
     double *act = malloc(sizeof(double) * (size_t)f);
@@ -29,7 +30,8 @@ void ref_forward(const ref_cfg_t *c, const double *x, const double *wg, const do
         double lse = mx + log(sum), total = 0;
         z += lse * lse;
         for (int32_t j = 0; j < e; j++) {
-            s[j] = c->score_fn == MOE_SCORE_SOFTMAX ? exp(logit[j] - lse) : 1 / (1 + exp(-logit[j]));
+            s[j] = c->score_fn == MOE_SCORE_SOFTMAX ? exp(logit[j] - lse)
+                                                    : 1 / (1 + exp(-logit[j]));
             total += s[j];
         }
         for (int32_t j = 0; j < e; j++) {

@@ -15,20 +15,20 @@ typedef struct ref_cfg {
     int32_t e, k;
     moe_score_fn_t score_fn;
     int renormalize;
-    double capacity_factor;   /* <= 0 dropless */
+    double capacity_factor; /* <= 0 dropless */
     double aux_coef, z_coef;
-    const double *bias;       /* [E] selection bias or NULL */
+    const double *bias; /* [E] selection bias or NULL */
 } ref_cfg_t;
 
 typedef struct ref_result {
-    int32_t *idx;        /* [N,K] chosen experts (caller-allocated, or NULL) */
-    double *w;           /* [N,K] combine weights (or NULL) */
-    int8_t *kept;        /* [N,K] 1 if the slot passed capacity (or NULL) */
-    int64_t *counts;     /* [E] selected slots per expert (or NULL) */
-    int64_t *accepted;   /* [E] kept slots per expert (or NULL) */
-    double aux, z;       /* unscaled loss terms */
-    double entropy;      /* mean over tokens of the entropy of the normalised scores */
-    double min_gap;      /* smallest gap between the K-th and (K+1)-th selection key */
+    int32_t *idx;      /* [N,K] chosen experts (caller-allocated, or NULL) */
+    double *w;         /* [N,K] combine weights (or NULL) */
+    int8_t *kept;      /* [N,K] 1 if the slot passed capacity (or NULL) */
+    int64_t *counts;   /* [E] selected slots per expert (or NULL) */
+    int64_t *accepted; /* [E] kept slots per expert (or NULL) */
+    double aux, z;     /* unscaled loss terms */
+    double entropy;    /* mean over tokens of the entropy of the normalised scores */
+    double min_gap;    /* smallest gap between the K-th and (K+1)-th selection key */
 } ref_result_t;
 
 /* y [N,H] = layer(x). Parameters: wg [H,E], w1 [E,H,2,F], w2 [E,F,H]. */

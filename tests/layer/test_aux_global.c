@@ -44,7 +44,7 @@ static int64_t tokens(int step, int j, int d) { return step == 1 ? 3 + 2 * d + j
 static void batch_x(int step, int j, int d, float *x)
 {
     test_rng_t rng = {.state = 0x5eedULL + 1000003ULL * (uint64_t)step + 7919ULL * (uint64_t)j +
-                           104729ULL * (uint64_t)d};
+                               104729ULL * (uint64_t)d};
     test_fill_normal(&rng, x, tokens(step, j, d) * H, 1.0);
 }
 
@@ -233,8 +233,8 @@ static void run_case(int ep, int dp, int sigmoid, int global)
     float a[H * E], b[H * E];
     for (int i = 0; i < H * E; i++) a[i] = (float)dwg[i], b[i] = (float)dwg_other[i];
     RANK_CHECK(test_rel_err(b, a, H * E) > 1e-2,
-               "%s: the scenario does not tell the options apart (references differ by %.3g)",
-               ctx, test_rel_err(b, a, H * E));
+               "%s: the scenario does not tell the options apart (references differ by %.3g)", ctx,
+               test_rel_err(b, a, H * E));
 
     float x[MAXN * H], y[MAXN * H], dy[MAXN * H];
     /* step 1: F0 F1 B0 F2 B1 B2 */
@@ -270,7 +270,8 @@ int main(int argc, char **argv)
     for (int ep = 1; ep <= W; ep++) {
         if (W % ep) continue;
         for (int sigmoid = 0; sigmoid <= 1; sigmoid++)
-            for (int global = 1; global >= 0; global--, cases++) run_case(ep, W / ep, sigmoid, global);
+            for (int global = 1; global >= 0; global--, cases++)
+                run_case(ep, W / ep, sigmoid, global);
     }
     /* a struct_size that ends before aux_global_batch gets its default 0 */
     moe_runtime_config_t rc = moe_runtime_config_default();
@@ -295,8 +296,10 @@ int main(int argc, char **argv)
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(&worst, &w, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (R == 0)
-        fprintf(stderr, "world %d: %d cases, worst relative error %.3g (bound 1e-5), %d failed "
-                "checks\n", W, cases, w, total);
+        fprintf(stderr,
+                "world %d: %d cases, worst relative error %.3g (bound 1e-5), %d failed "
+                "checks\n",
+                W, cases, w, total);
     MPI_Finalize();
     return total ? 1 : 0;
 }

@@ -68,7 +68,8 @@ static void compare_within(const char *what, const float *got, const float *ref,
                            const char *ctx, double bound)
 {
     double e = test_rel_err(got, ref, n);
-    if (getenv("MOE_TEST_VERBOSE") && e > 1e-6) fprintf(stderr, "rank %d: %s: %s rel err %.3g\n", R, ctx, what, e);
+    if (getenv("MOE_TEST_VERBOSE") && e > 1e-6)
+        fprintf(stderr, "rank %d: %s: %s rel err %.3g\n", R, ctx, what, e);
     if (e > worst) worst = e;
     RANK_CHECK(e <= bound, "%s: %s rel err %.3g over %lld values (bound %g)", ctx, what, e,
                (long long)n, bound);
@@ -148,8 +149,8 @@ static int64_t global_flat(moe_layer_t *l, const moe_param_info_t *p, int64_t i)
 
 /* Compare every parameter (value, and gradient if grads) of the distributed layer with the
  * reference; gradients are first summed over their data-parallel group. */
-static void compare_params(moe_runtime_t *rt, moe_layer_t *l, moe_runtime_t *rrt,
-                           moe_layer_t *ref, bool grads, const char *ctx)
+static void compare_params(moe_runtime_t *rt, moe_layer_t *l, moe_runtime_t *rrt, moe_layer_t *ref,
+                           bool grads, const char *ctx)
 {
     int32_t np, nr;
     TEST_OK(moe_layer_num_params(l, &np));
@@ -161,14 +162,16 @@ static void compare_params(moe_runtime_t *rt, moe_layer_t *l, moe_runtime_t *rrt
         TEST_OK(moe_layer_param(ref, i, &q));
         if (grads && !p.grad.data) continue;
         int64_t n = moe_tensor_numel(&p.value), rn = moe_tensor_numel(&q.value);
-        float *got = malloc(sizeof(float) * (size_t)(n + 1)), *want = malloc(sizeof(float) * (size_t)(n + 1));
+        float *got = malloc(sizeof(float) * (size_t)(n + 1)),
+              *want = malloc(sizeof(float) * (size_t)(n + 1));
         float *rsrc = malloc(sizeof(float) * (size_t)(rn + 1));
         read_f32(rt, grads ? &p.grad : &p.value, got);
         read_f32(rrt, grads ? &q.grad : &q.value, rsrc);
         if (grads) {
             moe_comm_t *c = p.kind == MOE_PARAM_DENSE ? rt->mesh->host[MOE_MESH_DENSE]
                                                       : rt->mesh->host[MOE_AXIS_EDP];
-            if (c) TEST_OK(moe_comm_allreduce(c, got, got, (size_t)n, MOE_COMM_F32, MOE_REDUCE_SUM));
+            if (c)
+                TEST_OK(moe_comm_allreduce(c, got, got, (size_t)n, MOE_COMM_F32, MOE_REDUCE_SUM));
         }
         for (int64_t j = 0; j < n; j++) want[j] = rsrc[global_flat(l, &p, j)];
         char what[96];
@@ -225,7 +228,8 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
         off[j + 1] = off[j] + n[j];
     }
     int64_t NT = off[D];
-    float *x = malloc(sizeof(float) * (size_t)(NT * H + 1)), *dy = malloc(sizeof(float) * (size_t)(NT * H + 1));
+    float *x = malloc(sizeof(float) * (size_t)(NT * H + 1)),
+          *dy = malloc(sizeof(float) * (size_t)(NT * H + 1));
     test_fill_normal(&rng, x, NT * H, 1.0);
     test_fill_normal(&rng, dy, NT * H, 1.0);
     if (sc->skew)
@@ -261,12 +265,16 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
     TEST_OK(moe_runtime_axis(rt, MOE_AXIS_DP, &dr, &ds_));
     int j = er + ep * dr;
     int64_t nj = n[j];
-    float *yr = malloc(sizeof(float) * (size_t)(NT * H + 1)), *dxr = malloc(sizeof(float) * (size_t)(NT * H + 1));
-    float *y = malloc(sizeof(float) * (size_t)(nj * H + 1)), *dx = malloc(sizeof(float) * (size_t)(nj * H + 1));
-    float *x2 = malloc(sizeof(float) * (size_t)(NT * H + 1)), *dy2 = malloc(sizeof(float) * (size_t)(NT * H + 1));
+    float *yr = malloc(sizeof(float) * (size_t)(NT * H + 1)),
+          *dxr = malloc(sizeof(float) * (size_t)(NT * H + 1));
+    float *y = malloc(sizeof(float) * (size_t)(nj * H + 1)),
+          *dx = malloc(sizeof(float) * (size_t)(nj * H + 1));
+    float *x2 = malloc(sizeof(float) * (size_t)(NT * H + 1)),
+          *dy2 = malloc(sizeof(float) * (size_t)(NT * H + 1));
     /* r*: the reference's whole batch; the rest: this rank's piece j */
     act_t rax = act_make(rrt, x, NT), ray = act_make(rrt, yr, NT), rady = act_make(rrt, dy, NT),
-          radx = act_make(rrt, dxr, NT), rax2 = act_make(rrt, x2, NT), rady2 = act_make(rrt, dy2, NT);
+          radx = act_make(rrt, dxr, NT), rax2 = act_make(rrt, x2, NT),
+          rady2 = act_make(rrt, dy2, NT);
     act_t ax = act_make(rt, x + off[j] * H, nj), ay = act_make(rt, y, nj),
           ady = act_make(rt, dy + off[j] * H, nj), adx = act_make(rt, dx, nj),
           ax2 = act_make(rt, x2 + off[j] * H, nj), ady2 = act_make(rt, dy2 + off[j] * H, nj);
@@ -276,7 +284,8 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
         char sctx[200];
         snprintf(sctx, sizeof sctx, "%s step %d", ctx, step);
         /* step 2 starts from step 1's gradients: discard_grad must make them irrelevant */
-        moe_status_t (*start)(moe_layer_t *) = step == 1 ? moe_layer_zero_grad : moe_layer_discard_grad;
+        moe_status_t (*start)(moe_layer_t *) = step == 1 ? moe_layer_zero_grad
+                                                         : moe_layer_discard_grad;
         TEST_OK(start(ref));
         TEST_OK(start(l));
         TEST_OK(moe_layer_forward(ref, 0, &rax.t, &ray.t));
@@ -286,11 +295,11 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
         moe_layer_stats_t s = {.struct_size = sizeof s}, rs = {.struct_size = sizeof rs};
         TEST_OK(moe_layer_stats(l, &s, NULL));
         TEST_OK(moe_layer_stats(ref, &rs, NULL));
-        float terms[2] = {(float)s.aux_loss, (float)s.z_loss}, rterms[2] = {(float)rs.aux_loss,
-                                                                             (float)rs.z_loss};
+        float terms[2] = {(float)s.aux_loss, (float)s.z_loss},
+              rterms[2] = {(float)rs.aux_loss, (float)rs.z_loss};
         compare("aux and z losses", terms, rterms, 2, sctx);
-        RANK_CHECK(s.capacity == rs.capacity, "%s: capacity %lld vs %lld", sctx, (long long)s.capacity,
-              (long long)rs.capacity);
+        RANK_CHECK(s.capacity == rs.capacity, "%s: capacity %lld vs %lld", sctx,
+                   (long long)s.capacity, (long long)rs.capacity);
         /* task loss: its error relative to sum |y dy| (the sum cancels, so relative to
          * |loss| it would measure the cancellation, not the layer) */
         double loss = 0, rloss = 0, rabs = 0;
@@ -305,7 +314,7 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
         double lerr = rabs > 0 ? fabs(loss - rloss) / rabs : fabs(loss - rloss);
         if (lerr > worst) worst = lerr;
         RANK_CHECK(lerr <= tol, "%s: task loss %.9g vs %.9g (error %.3g of sum |y dy|)", sctx, loss,
-              rloss, lerr);
+                   rloss, lerr);
         if (step == 1 && sc->cf > 0 && R == 0)
             fprintf(stderr, "  %s: reference dropped %lld of %lld slots\n", sctx,
                     (long long)rs.dropped_slots, (long long)rs.slots);
@@ -334,7 +343,8 @@ static void run_case(int tp, int ep, int dp, const scenario_t *sc, uint64_t seed
         TEST_OK(moe_adamw_step(opt, 0, 1.0f));
         compare_params(rt, l, rrt, ref, false, sctx);
     }
-    act_t *acts[] = {&ax, &ay, &ady, &adx, &ax2, &ady2}, *racts[] = {&rax, &ray, &rady, &radx, &rax2, &rady2};
+    act_t *acts[] = {&ax, &ay, &ady, &adx, &ax2, &ady2},
+          *racts[] = {&rax, &ray, &rady, &radx, &rax2, &rady2};
     for (int i = 0; i < 6; i++) act_free(rt, acts[i]), act_free(rrt, racts[i]);
     TEST_OK(moe_adamw_destroy(opt));
     TEST_OK(moe_layer_destroy(l));
@@ -368,7 +378,10 @@ int main(int argc, char **argv)
         }
         TEST_OK(moe_runtime_destroy(probe));
     }
-    if (cm) comm = strcmp(cm, "nccl") == 0 ? MOE_COMM_NCCL : strcmp(cm, "mpi") == 0 ? MOE_COMM_MPI : MOE_COMM_AUTO;
+    if (cm)
+        comm = strcmp(cm, "nccl") == 0  ? MOE_COMM_NCCL
+               : strcmp(cm, "mpi") == 0 ? MOE_COMM_MPI
+                                        : MOE_COMM_AUTO;
     int cases = 0;
     for (int tp = 1; tp <= W; tp++)
         for (int ep = 1; ep <= W; ep++)
@@ -377,7 +390,8 @@ int main(int argc, char **argv)
                 for (size_t s = 0; s < sizeof scenarios / sizeof scenarios[0]; s++) {
                     if (scenarios[s].e % ep) continue;
                     if (scenarios[s].zero_rank >= ep * dp) continue;
-                    run_case(tp, ep, dp, &scenarios[s], seed + 1000 * s + 7 * (uint64_t)(tp + 3 * ep));
+                    run_case(tp, ep, dp, &scenarios[s],
+                             seed + 1000 * s + 7 * (uint64_t)(tp + 3 * ep));
                     cases++;
                 }
             }
@@ -398,18 +412,20 @@ int main(int argc, char **argv)
         moe_layer_t *l = NULL;
         if (ep > 1) {
             c.num_experts = 2 * ep + 1;
-            snprintf(want, sizeof want, "num_experts (%d) is not divisible by ep (%d)", 2 * ep + 1, ep);
+            snprintf(want, sizeof want, "num_experts (%d) is not divisible by ep (%d)", 2 * ep + 1,
+                     ep);
             moe_status_t st = moe_layer_create(rt, &c, &l);
             RANK_CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
-                  "E %% ep: %s: %s", moe_status_string(st), moe_last_error());
+                       "E %% ep: %s: %s", moe_status_string(st), moe_last_error());
             c.num_experts = 2 * ep;
         }
         if (tp > 1) {
             c.ffn_hidden = 4 * tp + 1;
-            snprintf(want, sizeof want, "ffn_hidden (%d) is not divisible by tp (%d)", 4 * tp + 1, tp);
+            snprintf(want, sizeof want, "ffn_hidden (%d) is not divisible by tp (%d)", 4 * tp + 1,
+                     tp);
             moe_status_t st = moe_layer_create(rt, &c, &l);
             RANK_CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), want),
-                  "F %% tp: %s: %s", moe_status_string(st), moe_last_error());
+                       "F %% tp: %s: %s", moe_status_string(st), moe_last_error());
         }
         TEST_OK(moe_runtime_destroy(rt));
     }
@@ -418,9 +434,10 @@ int main(int argc, char **argv)
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(&worst, &w, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (R == 0)
-        fprintf(stderr, "world %d, %s backend, comm %s: %d mesh x scenario cases, worst relative "
-                "error %.3g (bound %g; router gradient with tp > 1: %g), %d failed checks\n", W,
-                backend == MOE_BACKEND_HOST ? "host" : "cuda", cm ? cm : "auto", cases, w, tol,
+        fprintf(stderr,
+                "world %d, %s backend, comm %s: %d mesh x scenario cases, worst relative "
+                "error %.3g (bound %g; router gradient with tp > 1: %g), %d failed checks\n",
+                W, backend == MOE_BACKEND_HOST ? "host" : "cuda", cm ? cm : "auto", cases, w, tol,
                 tol_router_tp, total);
     MPI_Finalize();
     return total ? 1 : 0;

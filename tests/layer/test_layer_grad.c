@@ -74,11 +74,13 @@ static bool check_case(const grad_case_t *gc, uint64_t seed)
         moe_param_info_t b = {.struct_size = sizeof b};
         TEST_OK(moe_layer_param(fx.layer, 3, &b));
         assert_string_equal(b.name, "router.expert_bias");
-        for (int j = 0; j < e; j++) bias[j] = ((float *)b.value.data)[j] = (float)(0.2 * test_rng_normal(&rng));
+        for (int j = 0; j < e; j++)
+            bias[j] = ((float *)b.value.data)[j] = (float)(0.2 * test_rng_normal(&rng));
         fx.ref.bias = bias;
     }
     double *g = malloc(sizeof(double) * (size_t)(n * h));
-    float *gf = malloc(sizeof(float) * (size_t)(n * h)), *y = malloc(sizeof(float) * (size_t)(n * h));
+    float *gf = malloc(sizeof(float) * (size_t)(n * h)),
+          *y = malloc(sizeof(float) * (size_t)(n * h));
     float *dx = malloc(sizeof(float) * (size_t)(n * h));
     for (int64_t i = 0; i < n * h; i++) gf[i] = (float)(g[i] = test_rng_normal(&rng));
 
@@ -108,7 +110,12 @@ static bool check_case(const grad_case_t *gc, uint64_t seed)
     TEST_OK(moe_tensor_view(dx, MOE_DTYPE_F32, MOE_DEVICE_HOST, 2, shape, &dxt));
     TEST_OK(moe_layer_backward(fx.layer, 0, &dyt, &dxt));
 
-    struct { const char *what; double *v; int64_t n; const float *analytic; } checks[] = {
+    struct {
+        const char *what;
+        double *v;
+        int64_t n;
+        const float *analytic;
+    } checks[] = {
         {"dx", fx.x, n * h, dx},
         {"d router.weight", fx.wg, h * e, fx.p[0].grad.data},
         {"d experts.w1", fx.w1, e * h * 2 * f, fx.p[1].grad.data},

@@ -97,7 +97,8 @@ static bool check_random_case(uint64_t seed)
     int64_t nk = sh.n * sh.k, nh = sh.n * sh.h;
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)nk);
     int8_t *kept = malloc((size_t)nk);
-    int64_t *counts = calloc((size_t)sh.e, sizeof(int64_t)), *accepted = calloc((size_t)sh.e, sizeof(int64_t));
+    int64_t *counts = calloc((size_t)sh.e, sizeof(int64_t)),
+            *accepted = calloc((size_t)sh.e, sizeof(int64_t));
     double *yref = malloc(sizeof(double) * (size_t)nh);
     ref_result_t rr = {.idx = idx, .kept = kept, .counts = counts, .accepted = accepted};
     ref_forward(&fx.ref, fx.x, fx.wg, fx.w1, fx.w2, yref, &rr);
@@ -219,8 +220,8 @@ static void test_capacity_reported_is_applied(void **state)
         float cf;
         int64_t capacity;
     } cases[] = {
-        {0.0f, -1}, {-1.0f, -1}, {0.1f, 1}, {1.0f, 5}, {1.3f, 7}, /* 1.3f * 5 = 6.4999998 */
-        {3.9f, 20}, {4.0f, 20}, {5.0f, 20}, {1e30f, 20}, {FLT_MAX, 20},
+        {0.0f, -1}, {-1.0f, -1}, {0.1f, 1},  {1.0f, 5},   {1.3f, 7}, /* 1.3f * 5 = 6.4999998 */
+        {3.9f, 20}, {4.0f, 20},  {5.0f, 20}, {1e30f, 20}, {FLT_MAX, 20},
     };
     shape_t sh = {10, 4, 3, 4, 2};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -322,10 +323,17 @@ static void test_pad_plan(void **state)
         kept += s->kept[j];
     }
     assert_true(kept < slots); /* the capacity dropped some */
-    int32_t *ros = malloc(sizeof(int32_t) * (size_t)slots), *pad = malloc(sizeof(int32_t) * (size_t)(sh.e * stride));
+    int32_t *ros = malloc(sizeof(int32_t) * (size_t)slots),
+            *pad = malloc(sizeof(int32_t) * (size_t)(sh.e * stride));
     memcpy(ros, s->row_of_slot, sizeof(int32_t) * (size_t)slots);
-    moe_pad_plan_t a = {.n = sh.n, .e = sh.e, .k = sh.k, .stride = stride, .topk_idx = s->topk_idx,
-                        .kept = s->kept, .slot_of_row = s->slot_of_row, .row_of_slot = ros,
+    moe_pad_plan_t a = {.n = sh.n,
+                        .e = sh.e,
+                        .k = sh.k,
+                        .stride = stride,
+                        .topk_idx = s->topk_idx,
+                        .kept = s->kept,
+                        .slot_of_row = s->slot_of_row,
+                        .row_of_slot = ros,
                         .padded_slot_of_row = pad};
     TEST_OK(MOE_OPS(fx.rt)->pad_plan(MOE_CTX(fx.rt), &a));
     for (int64_t i = 0; i < slots; i++) {
@@ -360,7 +368,8 @@ static void check_global_plan(test_rng_t *rng, int64_t n, int32_t e, int32_t k, 
     TEST_OK(moe_backend_host_create(&bp, &be));
     const moe_backend_ops_t *ops = be.ops;
     size_t slots = (size_t)(n * k), ne = (size_t)e, i4 = sizeof(int32_t);
-    int32_t *idx = malloc(i4 * slots + 1), *ros = malloc(i4 * slots + 1), *sor = malloc(i4 * slots + 1);
+    int32_t *idx = malloc(i4 * slots + 1), *ros = malloc(i4 * slots + 1),
+            *sor = malloc(i4 * slots + 1);
     int32_t *first = malloc(i4 * ne), *order = malloc(i4 * ne), *kept = malloc(i4 * ne);
     int32_t *host_kept = malloc(i4 * ne), *count = calloc(ne, i4);
     test_fill_routing(rng, idx, n, e, k);
@@ -368,9 +377,18 @@ static void check_global_plan(test_rng_t *rng, int64_t n, int32_t e, int32_t k, 
     for (int32_t j = 0; j < e; j++)
         first[j] = capacity < 0 ? 0 : (int32_t)(test_rng_uniform(rng) * (double)(capacity + 1));
     test_fill_permutation(rng, order, e);
-    moe_plan_t p = {.n = n, .e = e, .k = k, .capacity = capacity, .topk_idx = idx,
-                    .first = capacity < 0 ? NULL : first, .row_order = order, .row_of_slot = ros,
-                    .slot_of_row = sor, .kept = kept, .summary = kept, .summary_bytes = i4 * ne,
+    moe_plan_t p = {.n = n,
+                    .e = e,
+                    .k = k,
+                    .capacity = capacity,
+                    .topk_idx = idx,
+                    .first = capacity < 0 ? NULL : first,
+                    .row_order = order,
+                    .row_of_slot = ros,
+                    .slot_of_row = sor,
+                    .kept = kept,
+                    .summary = kept,
+                    .summary_bytes = i4 * ne,
                     .host_summary = host_kept};
     TEST_OK(ops->plan(be.ctx, &p));
     int64_t *base = malloc(sizeof(int64_t) * ne), *seen = calloc(ne, sizeof(int64_t));

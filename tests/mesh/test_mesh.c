@@ -29,11 +29,11 @@
 
 static int W, R;
 
-#define OK(call)                                                                           \
-    do {                                                                                   \
-        moe_status_t s__ = (call);                                                         \
-        if (s__ != MOE_STATUS_SUCCESS) print_error("%s: %s\n", #call, moe_last_error());    \
-        assert_int_equal(s__, MOE_STATUS_SUCCESS);                                         \
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        moe_status_t s__ = (call);                                                                 \
+        if (s__ != MOE_STATUS_SUCCESS) print_error("%s: %s\n", #call, moe_last_error());           \
+        assert_int_equal(s__, MOE_STATUS_SUCCESS);                                                 \
     } while (0)
 
 static moe_runtime_t *make(int tp, int ep, int dp, int pp, const char *order, moe_status_t *st)
@@ -127,8 +127,8 @@ static void check_mesh(int tp, int ep, int dp, int pp, bool reversed)
             int64_t bit = (int64_t)1 << R, got = 0;
             OK(moe_comm_allreduce(c, &bit, &got, 1, MOE_COMM_I64, MOE_REDUCE_SUM));
             if (got != expect)
-                print_error("mesh (%d,%d,%d,%d)%s group %d: members %llx, expected %llx\n", tp,
-                            ep, dp, pp, reversed ? " reversed" : "", g, (unsigned long long)got,
+                print_error("mesh (%d,%d,%d,%d)%s group %d: members %llx, expected %llx\n", tp, ep,
+                            dp, pp, reversed ? " reversed" : "", g, (unsigned long long)got,
                             (unsigned long long)expect);
             assert_true(got == expect);
         }
@@ -166,8 +166,8 @@ static void expect_invalid(int tp, int ep, int dp, int pp, const char *order, in
     moe_runtime_t *rt = (moe_runtime_t *)0x1;
     moe_status_t st = moe_runtime_create(&rc, &rt);
     if (st != want || !strstr(moe_last_error(), needle))
-        print_error("mesh (%d,%d,%d,%d) order %s: got %s \"%s\", expected %s with \"%s\"\n", tp,
-                    ep, dp, pp, order ? order : "-", moe_status_string(st), moe_last_error(),
+        print_error("mesh (%d,%d,%d,%d) order %s: got %s \"%s\", expected %s with \"%s\"\n", tp, ep,
+                    dp, pp, order ? order : "-", moe_status_string(st), moe_last_error(),
                     moe_status_string(want), needle);
     assert_int_equal(st, want);
     assert_non_null(strstr(moe_last_error(), needle));
@@ -187,8 +187,8 @@ static void t_invalid(void **state)
     /* a product that would overflow 64 bits (65536^4 = 2^64) is too large, not a world of 0 */
     expect_invalid(65536, 65536, 65536, 65536, NULL, 1000, MOE_STATUS_INVALID_ARGUMENT,
                    "is too large");
-    const char *bad[] = {"tp-ep-ep-pp", "tp-ep-dp", "tp-ep-dp-pp-", "xx-ep-dp-pp", "tp-ep-dp-pp-tp",
-                         "", "tpep-dp-pp"};
+    const char *bad[] = {"tp-ep-ep-pp",    "tp-ep-dp", "tp-ep-dp-pp-", "xx-ep-dp-pp",
+                         "tp-ep-dp-pp-tp", "",         "tpep-dp-pp"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(msg, sizeof msg, "rank_order \"%s\"", bad[i]);
         expect_invalid(1, W, 1, 1, bad[i], 1000, MOE_STATUS_INVALID_ARGUMENT, msg);
@@ -253,12 +253,14 @@ static void t_sub_world(void **state)
     assert_int_equal(size, W / 2);
     assert_int_equal(rank, R / 2);
     int64_t bit = (int64_t)1 << R, got = 0, want = 0;
-    OK(moe_comm_allreduce(rt->mesh->comm[MOE_AXIS_EP], &bit, &got, 1, MOE_COMM_I64, MOE_REDUCE_SUM));
+    OK(moe_comm_allreduce(rt->mesh->comm[MOE_AXIS_EP], &bit, &got, 1, MOE_COMM_I64,
+                          MOE_REDUCE_SUM));
     for (int r = R % 2; r < W; r += 2) want |= (int64_t)1 << r;
     assert_true(got == want);
     char members[96];
     int n = snprintf(members, sizeof members, "world ranks 0"); /* ranks in the given world */
-    for (int r = 1; r < W / 2; r++) n += snprintf(members + n, sizeof members - (size_t)n, ",%d", r);
+    for (int r = 1; r < W / 2; r++)
+        n += snprintf(members + n, sizeof members - (size_t)n, ",%d", r);
     assert_string_equal(rt->mesh->comm[MOE_AXIS_EP]->members, members);
     OK(moe_runtime_destroy(rt));
     MPI_Comm_free(&half);

@@ -24,11 +24,13 @@ int main(void)
     int32_t rank, size;
     TEST_OK(moe_runtime_axis(a, MOE_AXIS_EP, &rank, &size));
     float x = (float)rank + 1, y = 0;
-    TEST_OK(moe_comm_allreduce(a->mesh->comm[MOE_AXIS_EP], &x, &y, 1, MOE_COMM_F32, MOE_REDUCE_SUM));
+    TEST_OK(
+        moe_comm_allreduce(a->mesh->comm[MOE_AXIS_EP], &x, &y, 1, MOE_COMM_F32, MOE_REDUCE_SUM));
     if (y != 3) return 3;
     TEST_OK(moe_runtime_destroy(a));
     if (!moe_comm_mpi_ready()) return 4; /* b still holds it */
-    TEST_OK(moe_comm_allreduce(b->mesh->comm[MOE_AXIS_EP], &x, &y, 1, MOE_COMM_F32, MOE_REDUCE_SUM));
+    TEST_OK(
+        moe_comm_allreduce(b->mesh->comm[MOE_AXIS_EP], &x, &y, 1, MOE_COMM_F32, MOE_REDUCE_SUM));
     if (y != 3) return 5;
     TEST_OK(moe_runtime_destroy(b));
     if (moe_comm_mpi_ready()) return 6; /* finalised by the last destroy */

@@ -65,8 +65,16 @@ static void t_parse_order(void **state)
     assert_int_equal(o[1], MOE_AXIS_EP);
     assert_int_equal(o[2], MOE_AXIS_TP);
     assert_int_equal(o[3], MOE_AXIS_DP);
-    const char *bad[] = {"", "tp", "tp-ep-dp", "tp-ep-dp-pp-", "-tp-ep-dp-pp", "tp-ep-ep-pp",
-                         "TP-ep-dp-pp", "tp-ep-dp-pp-tp", "tp--ep-dp-pp", "tp ep dp pp"};
+    const char *bad[] = {"",
+                         "tp",
+                         "tp-ep-dp",
+                         "tp-ep-dp-pp-",
+                         "-tp-ep-dp-pp",
+                         "tp-ep-ep-pp",
+                         "TP-ep-dp-pp",
+                         "tp-ep-dp-pp-tp",
+                         "tp--ep-dp-pp",
+                         "tp ep dp pp"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(moe_mesh_parse_order(bad[i], o), MOE_STATUS_INVALID_ARGUMENT);
         char want[64];
@@ -106,7 +114,8 @@ static void t_rank_coords(void **state)
                                 assert_int_equal(co2[order[0]], co[order[0]] + 1);
                             }
                             if (a == 0 && b == 1 && c == 2) /* default order, written out */
-                                assert_int_equal(r, co[0] + s[0] * (co[1] + s[1] * (co[2] + s[2] * co[3])));
+                                assert_int_equal(
+                                    r, co[0] + s[0] * (co[1] + s[1] * (co[2] + s[2] * co[3])));
                         }
                     }
     }

@@ -64,8 +64,9 @@ static void train_step(model_t *m, uint64_t seed, int overlap)
     if (overlap) {
         TEST_OK(moe_adamw_start_grad_sync(m->opt, m->l[1]));
         moe_status_t again = moe_adamw_start_grad_sync(m->opt, m->l[1]);
-        RANK_CHECK(again == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), "already started"),
-              "a second start in one batch: %s", moe_last_error());
+        RANK_CHECK(again == MOE_STATUS_INVALID_ARGUMENT &&
+                       strstr(moe_last_error(), "already started"),
+                   "a second start in one batch: %s", moe_last_error());
     }
     TEST_OK(moe_layer_backward(m->l[0], 0, &td1, &td0));
     if (overlap) TEST_OK(moe_adamw_start_grad_sync(m->opt, m->l[0]));
@@ -114,8 +115,9 @@ int main(int argc, char **argv)
     lc.top_k = K;
     TEST_OK(moe_layer_create(rt, &lc, &stranger));
     moe_status_t st = moe_adamw_start_grad_sync(a.opt, stranger);
-    RANK_CHECK(st == MOE_STATUS_INVALID_ARGUMENT && strstr(moe_last_error(), "no parameters registered"),
-          "an unregistered layer: %s", moe_last_error());
+    RANK_CHECK(st == MOE_STATUS_INVALID_ARGUMENT &&
+                   strstr(moe_last_error(), "no parameters registered"),
+               "an unregistered layer: %s", moe_last_error());
     TEST_OK(moe_layer_destroy(stranger));
 
     for (int step = 0; step < 2; step++) {
@@ -132,13 +134,14 @@ int main(int argc, char **argv)
             double e = test_rel_err(pa.value.data, pb.value.data, n);
             worst = e > worst ? e : worst;
             RANK_CHECK(e <= 1e-6, "layer %d %s: overlapped vs step-time reduction rel err %.3g", li,
-                  pa.name, e);
+                       pa.name, e);
             if (p == 0) { /* the router is replicated: equal on every rank after the step */
-                float *mx = malloc(sizeof(float) * (size_t)n), *mn = malloc(sizeof(float) * (size_t)n);
+                float *mx = malloc(sizeof(float) * (size_t)n),
+                      *mn = malloc(sizeof(float) * (size_t)n);
                 MPI_Allreduce(pa.value.data, mx, (int)n, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
                 MPI_Allreduce(pa.value.data, mn, (int)n, MPI_FLOAT, MPI_MIN, MPI_COMM_WORLD);
                 RANK_CHECK(memcmp(mx, mn, sizeof(float) * (size_t)n) == 0,
-                      "layer %d router.weight differs across the dense group", li);
+                           "layer %d router.weight differs across the dense group", li);
                 free(mx);
                 free(mn);
             }

@@ -18,8 +18,8 @@
 static void test_schedule_formula(void **state)
 {
     (void)state;
-    moe_lr_schedule_t s = {.decay = MOE_LR_COSINE, .warmup_steps = 10, .decay_steps = 110,
-                           .min_lr_ratio = 0.1f};
+    moe_lr_schedule_t s = {
+        .decay = MOE_LR_COSINE, .warmup_steps = 10, .decay_steps = 110, .min_lr_ratio = 0.1f};
     assert_true(fabsf(moe_lr_schedule_rate(&s, 1.0f, 5) - 0.5f) < 1e-7f);
     assert_true(fabsf(moe_lr_schedule_rate(&s, 1.0f, 10) - 1.0f) < 1e-7f);
     assert_true(fabsf(moe_lr_schedule_rate(&s, 1.0f, 60) - 0.55f) < 1e-6f); /* p = 1/2 */
@@ -88,8 +88,8 @@ static void test_lr_values(void **state)
     double norm;
     TEST_OK(moe_adamw_step(o.opt, MOE_ADAMW_LR_CONFIGURED, 1.0f));
     TEST_OK(moe_adamw_last_step(o.opt, &lr, &norm));
-    assert_true(lr == 0.25f / 4); /* warm-up step 1 of 4 */
-    assert_true(norm == -1);      /* no clipping configured: not measured */
+    assert_true(lr == 0.25f / 4);               /* warm-up step 1 of 4 */
+    assert_true(norm == -1);                    /* no clipping configured: not measured */
     TEST_OK(moe_adamw_step(o.opt, 0.0f, 1.0f)); /* 0: the configured rate, step 2 */
     TEST_OK(moe_adamw_last_step(o.opt, &lr, NULL));
     assert_true(lr == 0.25f / 2);
@@ -131,8 +131,10 @@ static void layer_router(uint64_t stream, float *out)
     lc.num_experts = 2;
     lc.top_k = 1;
     moe_layer_t *l;
-    if (stream == 0) TEST_OK(moe_layer_create(rt, &lc, &l));
-    else TEST_OK(moe_layer_create_seeded(rt, &lc, stream, &l));
+    if (stream == 0)
+        TEST_OK(moe_layer_create(rt, &lc, &l));
+    else
+        TEST_OK(moe_layer_create_seeded(rt, &lc, stream, &l));
     moe_param_info_t info = {.struct_size = sizeof info};
     TEST_OK(moe_layer_param(l, 0, &info));
     memcpy(out, info.value.data, sizeof(float) * 8);

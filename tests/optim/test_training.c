@@ -51,7 +51,8 @@ static void test_adamw_matches_formula(void **state)
             double mh = m[i] / (1 - pow(0.9, step)), vh = v[i] / (1 - pow(0.999, step));
             ref_p[i] -= 0.05 * (mh / (sqrt(vh) + 1e-8) + 0.1 * ref_p[i]);
         }
-        for (int i = 0; i < n; i++) assert_true(fabs(p[i] - ref_p[i]) <= 1e-5 * (1 + fabs(ref_p[i])));
+        for (int i = 0; i < n; i++)
+            assert_true(fabs(p[i] - ref_p[i]) <= 1e-5 * (1 + fabs(ref_p[i])));
     }
     int64_t steps;
     TEST_OK(moe_adamw_step_count(opt, &steps));
@@ -182,7 +183,8 @@ static void test_discard_grad(void **state)
         step(&fx, big_x, big_dy, 64); /* every expert's gradient non-zero now */
         for (int i = 1; i < 3; i++) {
             int64_t nonzero = 0;
-            for (int64_t j = 0; j < sizes[i]; j++) nonzero += ((float *)fx.p[i].grad.data)[j] != ref[i][j];
+            for (int64_t j = 0; j < sizes[i]; j++)
+                nonzero += ((float *)fx.p[i].grad.data)[j] != ref[i][j];
             assert_true(nonzero > sizes[i] / 2);
         }
         TEST_OK(moe_layer_discard_grad(fx.layer));

@@ -138,7 +138,8 @@ static bool inject(const pm_model_t *pm, const char *what, int mb)
 
 /* ---- callbacks ------------------------------------------------------------------------------- */
 
-static moe_status_t cb_forward(void *user, int32_t chunk, int32_t mb, const moe_tensor_t *x, moe_tensor_t *y)
+static moe_status_t cb_forward(void *user, int32_t chunk, int32_t mb, const moe_tensor_t *x,
+                               moe_tensor_t *y)
 {
     pm_model_t *pm = user;
     (void)chunk;
@@ -146,8 +147,10 @@ static moe_status_t cb_forward(void *user, int32_t chunk, int32_t mb, const moe_
     int nl = pm->last - pm->first;
     if (inject(pm, "forward", mb)) return MOE_STATUS_BACKEND_ERROR;
     if (x && all_zero(x, nh(pm))) pm->zero_inputs++;
-    if (x) memcpy(pm->act[mb][0], x->data, nh(pm) * sizeof(float));
-    else data_of(pm, mb, pm->act[mb][0], NULL);
+    if (x)
+        memcpy(pm->act[mb][0], x->data, nh(pm) * sizeof(float));
+    else
+        data_of(pm, mb, pm->act[mb][0], NULL);
     pm->kept_x[mb] = x;
     for (int i = 0; i < nl; i++) {
         const float *in = pm->act[mb][i];
@@ -195,7 +198,8 @@ static moe_status_t cb_loss(void *user, int32_t mb, const moe_tensor_t *y, moe_t
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t cb_backward(void *user, int32_t chunk, int32_t mb, const moe_tensor_t *dy, moe_tensor_t *dx)
+static moe_status_t cb_backward(void *user, int32_t chunk, int32_t mb, const moe_tensor_t *dy,
+                                moe_tensor_t *dx)
 {
     pm_model_t *pm = user;
     (void)chunk;
@@ -278,9 +282,13 @@ static moe_status_t cb_abandon(void *user, int32_t chunk, int32_t mb)
 
 moe_pipeline_callbacks_t pm_callbacks(pm_model_t *pm)
 {
-    moe_pipeline_callbacks_t cb = {.forward = cb_forward, .loss = cb_loss,
-                                   .backward = cb_backward, .zero_grad = cb_zero_grad,
-                                   .step = cb_step, .abandon = cb_abandon, .user = pm};
+    moe_pipeline_callbacks_t cb = {.forward = cb_forward,
+                                   .loss = cb_loss,
+                                   .backward = cb_backward,
+                                   .zero_grad = cb_zero_grad,
+                                   .step = cb_step,
+                                   .abandon = cb_abandon,
+                                   .user = pm};
     return cb;
 }
 
@@ -332,9 +340,13 @@ static moe_status_t ch_abandon(void *user, int32_t chunk, int32_t mb)
 
 moe_pipeline_callbacks_t pm_chunks_callbacks(pm_chunks_t *pc)
 {
-    moe_pipeline_callbacks_t cb = {.forward = ch_forward, .loss = ch_loss,
-                                   .backward = ch_backward, .zero_grad = ch_zero_grad,
-                                   .step = ch_step, .abandon = ch_abandon, .user = pc};
+    moe_pipeline_callbacks_t cb = {.forward = ch_forward,
+                                   .loss = ch_loss,
+                                   .backward = ch_backward,
+                                   .zero_grad = ch_zero_grad,
+                                   .step = ch_step,
+                                   .abandon = ch_abandon,
+                                   .user = pc};
     return cb;
 }
 

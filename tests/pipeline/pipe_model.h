@@ -17,29 +17,29 @@
 #include <moe/moe.h>
 
 typedef struct pm_shape {
-    int n, h;              /* tokens per microbatch (this rank), hidden */
-    int layers;            /* L, global */
-    int moe_every;         /* 0: dense only */
+    int n, h;      /* tokens per microbatch (this rank), hidden */
+    int layers;    /* L, global */
+    int moe_every; /* 0: dense only */
     int experts, top_k, ffn;
-    int m;                 /* microbatches */
-    uint64_t seed;         /* data and dense weights */
-    uint64_t data_rank;    /* mixed into the data seed (e.g. the dp coordinate) */
+    int m;              /* microbatches */
+    uint64_t seed;      /* data and dense weights */
+    uint64_t data_rank; /* mixed into the data seed (e.g. the dp coordinate) */
 } pm_shape_t;
 
 typedef struct pm_model {
     moe_runtime_t *rt;
     pm_shape_t sh;
     int first, last;
-    float **w, **gw;           /* per local layer (NULL for MoE layers) */
-    moe_layer_t **moe;         /* per local layer (NULL for dense layers) */
-    float ***act;              /* act[mb][i]: input of local layer i; act[mb][nl]: output */
+    float **w, **gw;   /* per local layer (NULL for MoE layers) */
+    moe_layer_t **moe; /* per local layer (NULL for dense layers) */
+    float ***act;      /* act[mb][i]: input of local layer i; act[mb][nl]: output */
     /* the stage input forward was handed, kept for backward as moe_pipeline_callbacks_t
      * allows (backward reads the first layer's input from it) */
     const moe_tensor_t **kept_x;
-    float *g0, *g1;            /* backward scratch [N*H] */
+    float *g0, *g1; /* backward scratch [N*H] */
     moe_adamw_t *opt;
     int steps, forwards, backwards, abandoned;
-    int zero_inputs;           /* forwards / backwards that received an all-zero tensor */
+    int zero_inputs; /* forwards / backwards that received an all-zero tensor */
     /* fault injection: fail this callback ("forward"/"backward"/"loss") at this microbatch */
     const char *fail_what;
     int fail_mb;

@@ -57,21 +57,21 @@ static moe_runtime_t *host_runtime(void)
 /* ---- a pipeline of threads ------------------------------------------------------------- */
 
 typedef struct stage_ctx {
-    int s, p, v;            /* v: model chunks per stage (interleaved when > 1) */
+    int s, p, v; /* v: model chunks per stage (interleaved when > 1) */
     tc_world_t *pp_world, *world;
     pm_shape_t sh;
     int steps;
     int pipe_timeout_ms, comm_timeout_ms;
-    const char *fail_what;  /* fault injection on this stage, in step fail_step only */
+    const char *fail_what; /* fault injection on this stage, in step fail_step only */
     int fail_mb, fail_step;
-    bool absent;            /* never calls train_step */
-    bool ordered;           /* NCCL-like pp communicator (in order, untagged) */
+    bool absent;  /* never calls train_step */
+    bool ordered; /* NCCL-like pp communicator (in order, untagged) */
     moe_pipeline_issue_t issue;
     pthread_barrier_t *start;
     /* results */
     moe_runtime_t *rt;
     pm_chunks_t chunks;
-    pm_model_t *pm;         /* chunk 0 */
+    pm_model_t *pm; /* chunk 0 */
     moe_pipeline_t *pipe;
     moe_status_t st[4];
     char msg[4][1024];
@@ -82,7 +82,8 @@ static void *stage_main(void *arg)
 {
     stage_ctx_t *c = arg;
     c->rt = host_runtime();
-    tc_attach_pipeline(c->rt, c->s, c->p, tc_comm_create(c->pp_world, c->s, "pp", c->comm_timeout_ms),
+    tc_attach_pipeline(c->rt, c->s, c->p,
+                       tc_comm_create(c->pp_world, c->s, "pp", c->comm_timeout_ms),
                        tc_comm_create(c->world, c->s, "world", c->comm_timeout_ms));
     int v = c->v > 0 ? c->v : 1;
     c->chunks.v = v;
@@ -153,8 +154,16 @@ static void free_stages(stage_ctx_t *ctx, int p)
 
 static pm_shape_t small_shape(int m)
 {
-    pm_shape_t sh = {.n = 6, .h = 8, .layers = 8, .moe_every = 2, .experts = 4, .top_k = 2,
-                     .ffn = 12, .m = m, .seed = 4242, .data_rank = 0};
+    pm_shape_t sh = {.n = 6,
+                     .h = 8,
+                     .layers = 8,
+                     .moe_every = 2,
+                     .experts = 4,
+                     .top_k = 2,
+                     .ffn = 12,
+                     .m = m,
+                     .seed = 4242,
+                     .data_rank = 0};
     return sh;
 }
 
@@ -322,8 +331,12 @@ static void test_buffers_and_window(void **state)
         window_ctx_t ctx[4];
         pthread_t th[4];
         for (int s = 0; s < p; s++) {
-            ctx[s] = (window_ctx_t){.s = s, .p = p, .prepost = windows[i], .ppw = ppw,
-                                    .ww = ww, .sh = small_shape(16),
+            ctx[s] = (window_ctx_t){.s = s,
+                                    .p = p,
+                                    .prepost = windows[i],
+                                    .ppw = ppw,
+                                    .ww = ww,
+                                    .sh = small_shape(16),
                                     .use_optimizer = i == 2};
             ctx[s].sh.moe_every = 0; /* dense: 8 layers, 2 per stage */
             pthread_create(&th[s], NULL, window_main, &ctx[s]);
@@ -335,7 +348,8 @@ static void test_buffers_and_window(void **state)
              * and the same updated weights */
             assert_int_equal(ctx[s].steps, i == 2 ? 0 : 1);
             printf("  prepost %2d: stage %d used %d boundary buffers (1F1B keeps %d "
-                   "activations; m = 16)\n", windows[i], s, ctx[s].buffers, p - s);
+                   "activations; m = 16)\n",
+                   windows[i], s, ctx[s].buffers, p - s);
             /* held inputs (p - s, none on stage 0) + posted receives + unfinished sends + the
              * output and gradient being computed */
             int bound = (s > 0 ? p - s : 0) + windows[i] + (p - s) + 2;
@@ -384,8 +398,8 @@ static void callback_failure(int v, bool ordered, int fail_stage, const char *wh
     if (v > 1 && strcmp(what, "loss") != 0) strcat(expect_own, " (chunk 0)");
     for (int s = 0; s < p; s++) {
         printf("  %s v=%d %s failing on stage %d mb %d -> stage %d: %s in %.3f s: %s\n",
-               ordered ? "ordered" : "prepost", v, what, fail_stage, mb, s, moe_status_string(ctx[s].st[1]), ctx[s].seconds[1],
-               ctx[s].msg[1]);
+               ordered ? "ordered" : "prepost", v, what, fail_stage, mb, s,
+               moe_status_string(ctx[s].st[1]), ctx[s].seconds[1], ctx[s].msg[1]);
         assert_true(ctx[s].seconds[1] < 5.0);
         if (s == fail_stage) {
             assert_int_equal(ctx[s].st[1], want);
@@ -458,9 +472,9 @@ static void test_absent_stage_times_out(void **state)
         ctx[s].fail_mb = -1;
         ctx[s].absent = s == 1;
     }
-    ctx[0].pipe_timeout_ms = 300;   /* the executor's own deadline (polling) */
+    ctx[0].pipe_timeout_ms = 300; /* the executor's own deadline (polling) */
     ctx[0].comm_timeout_ms = 60000;
-    ctx[2].pipe_timeout_ms = 0;     /* the communicator's wait and timeout */
+    ctx[2].pipe_timeout_ms = 0; /* the communicator's wait and timeout */
     ctx[2].comm_timeout_ms = 300;
     ctx[1].comm_timeout_ms = 60000;
     run_pipeline(ctx, p);
@@ -516,22 +530,23 @@ static void sleep_for(double s)
     nanosleep(&ts, NULL);
 }
 
-static moe_status_t sl_forward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *x, moe_tensor_t *y)
+static moe_status_t sl_forward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *x,
+                               moe_tensor_t *y)
 {
     (void)chunk, (void)mb, (void)x, (void)y;
     sleep_for(((sleepy_t *)u)->cost_s);
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t sl_backward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *dy, moe_tensor_t *dx)
+static moe_status_t sl_backward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *dy,
+                                moe_tensor_t *dx)
 {
     (void)chunk, (void)mb, (void)dy, (void)dx;
     sleep_for(((sleepy_t *)u)->cost_s);
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t sl_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_tensor_t *dy,
-                            double *l)
+static moe_status_t sl_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_tensor_t *dy, double *l)
 {
     (void)u, (void)mb, (void)y, (void)dy;
     *l = 1.0;
@@ -555,8 +570,8 @@ static void *bubble_main(void *arg)
     tc_attach_pipeline(rt, c->s, c->p, tc_comm_create(c->ppw, c->s, "pp", 20000),
                        tc_comm_create(c->ww, c->s, "world", 20000));
     sleepy_t sl = {c->cost};
-    moe_pipeline_callbacks_t cb = {.forward = sl_forward, .backward = sl_backward,
-                                   .loss = sl_loss, .user = &sl};
+    moe_pipeline_callbacks_t cb = {
+        .forward = sl_forward, .backward = sl_backward, .loss = sl_loss, .user = &sl};
     moe_pipeline_config_t pc = moe_pipeline_config_default();
     pc.microbatches = c->m;
     pc.virtual_stages = c->v;
@@ -600,10 +615,17 @@ static void test_bubble(void **state)
         bubble_ctx_t ctx[4];
         pthread_t th[4];
         for (int s = 0; s < p; s++) {
-            ctx[s] = (bubble_ctx_t){.s = s, .p = p, .v = v, .m = m, .steps = steps,
+            ctx[s] = (bubble_ctx_t){.s = s,
+                                    .p = p,
+                                    .v = v,
+                                    .m = m,
+                                    .steps = steps,
                                     .issue = ordered ? MOE_PIPELINE_ISSUE_ORDERED
                                                      : MOE_PIPELINE_ISSUE_PREPOST,
-                                    .ppw = ppw, .ww = ww, .start = &start, .cost = cost};
+                                    .ppw = ppw,
+                                    .ww = ww,
+                                    .start = &start,
+                                    .cost = cost};
             pthread_create(&th[s], NULL, bubble_main, &ctx[s]);
         }
         for (int s = 0; s < p; s++) pthread_join(th[s], NULL);
@@ -618,9 +640,10 @@ static void test_bubble(void **state)
             idle[k] = 1.0 - busy / (p * span);
         }
         double mean = test_median(idle, steps); /* robust to one step disturbed by the machine */
-        printf("bubble %s p=%d v=%d m=%2d: measured idle (median of %d) %.4f, theoretical (p-1)/(m*v+p-1) = "
-               "%.4f, diff %+.4f\n", ordered ? "ordered" : "prepost", p, v, m, steps, mean,
-               theory, mean - theory);
+        printf("bubble %s p=%d v=%d m=%2d: measured idle (median of %d) %.4f, theoretical "
+               "(p-1)/(m*v+p-1) = "
+               "%.4f, diff %+.4f\n",
+               ordered ? "ordered" : "prepost", p, v, m, steps, mean, theory, mean - theory);
         assert_true(fabs(mean - theory) <= 0.05);
         pthread_barrier_destroy(&start);
         tc_world_destroy(ppw);
@@ -635,8 +658,8 @@ static void test_bad_arguments(void **state)
     (void)state;
     moe_runtime_t *rt = host_runtime();
     sleepy_t sl = {0};
-    moe_pipeline_callbacks_t cb = {.forward = sl_forward, .backward = sl_backward,
-                                   .loss = sl_loss, .user = &sl};
+    moe_pipeline_callbacks_t cb = {
+        .forward = sl_forward, .backward = sl_backward, .loss = sl_loss, .user = &sl};
     moe_pipeline_config_t pc = moe_pipeline_config_default();
     moe_pipeline_t *pipe = NULL;
     /* no activation shape */

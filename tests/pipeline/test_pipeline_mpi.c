@@ -40,15 +40,15 @@
 
 static int world_rank, world_size, failures;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            failures++;                                                                    \
-            fprintf(stderr, "[rank %d] %s:%d: check failed: %s: ", world_rank, __FILE__,   \
-                    __LINE__, #cond);                                                      \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-        }                                                                                  \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "[rank %d] %s:%d: check failed: %s: ", world_rank, __FILE__, __LINE__, \
+                    #cond);                                                                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
     } while (0)
 
 static double now(void)
@@ -69,8 +69,16 @@ static moe_status_t make_runtime(const moe_mesh_config_t *mesh, moe_runtime_t **
 
 static pm_shape_t shape(int m, int lane)
 {
-    pm_shape_t sh = {.n = 6, .h = 8, .layers = 8, .moe_every = 2, .experts = 4, .top_k = 2,
-                     .ffn = 12, .m = m, .seed = 4242, .data_rank = (uint64_t)lane};
+    pm_shape_t sh = {.n = 6,
+                     .h = 8,
+                     .layers = 8,
+                     .moe_every = 2,
+                     .experts = 4,
+                     .top_k = 2,
+                     .ffn = 12,
+                     .m = m,
+                     .seed = 4242,
+                     .data_rank = (uint64_t)lane};
     return sh;
 }
 
@@ -144,8 +152,7 @@ static void equivalence(int tp, int ep, int dp, int pp, int v, moe_pipeline_issu
     int ok = st1 == MOE_STATUS_SUCCESS && st2 == MOE_STATUS_SUCCESS;
     if (!all_ok(ok)) {
         /* every rank agrees to skip when the layer cannot be built on this mesh */
-        int unsupported = (st1 == MOE_STATUS_UNSUPPORTED || st2 == MOE_STATUS_UNSUPPORTED ||
-                           ok);
+        int unsupported = (st1 == MOE_STATUS_UNSUPPORTED || st2 == MOE_STATUS_UNSUPPORTED || ok);
         if (!all_ok(unsupported)) {
             CHECK(0, "%s: model creation failed: %s / %s", name, moe_status_string(st1),
                   moe_status_string(st2));
@@ -191,13 +198,14 @@ static void equivalence(int tp, int ep, int dp, int pp, int v, moe_pipeline_issu
     /* the stages of one lane hold every layer once */
     int lanes = world_size / p;
     MPI_Allreduce(&layers, &all_layers, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    CHECK(all_layers == lanes * sh.layers, "%s: %d layers compared over %d lanes", name,
-          all_layers, lanes);
+    CHECK(all_layers == lanes * sh.layers, "%s: %d layers compared over %d lanes", name, all_layers,
+          lanes);
     double gmax = 0;
     MPI_Allreduce(&max_err, &gmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (world_rank == 0)
         printf("equivalence %s m=%d: max rel err of loss, gradients, updated parameters vs "
-               "pp=1: %.3g\n", name, m, gmax);
+               "pp=1: %.3g\n",
+               name, m, gmax);
     TEST_OK(moe_pipeline_destroy(pipe));
 out:
     for (int k = 0; k < v; k++) pm_model_destroy(chunks.chunk[k]);
@@ -246,8 +254,7 @@ static void failure(int pp)
         CHECK(strstr(moe_last_error(), "backward of microbatch 1") != NULL, "message: %s",
               moe_last_error());
     } else {
-        CHECK(st == MOE_STATUS_ABORTED, "rank got %s: %s", moe_status_string(st),
-              moe_last_error());
+        CHECK(st == MOE_STATUS_ABORTED, "rank got %s: %s", moe_status_string(st), moe_last_error());
         char want[64];
         snprintf(want, sizeof want, "world rank %d", world_size - 1);
         CHECK(strstr(moe_last_error(), want) != NULL, "message: %s", moe_last_error());
@@ -260,7 +267,8 @@ static void failure(int pp)
     CHECK(pm->steps == 1, "retry: %d optimizer steps", pm->steps);
     if (world_rank == 0)
         printf("failure pp=%d dp=%d: a backward failing on world rank %d stopped every rank in "
-               "%.3f s (rank 0), retry succeeded\n", pp, mc.dp, world_size - 1, secs);
+               "%.3f s (rank 0), retry succeeded\n",
+               pp, mc.dp, world_size - 1, secs);
     TEST_OK(moe_pipeline_destroy(pipe));
     pm_model_destroy(pm);
     TEST_OK(moe_runtime_destroy(rt));
@@ -274,22 +282,23 @@ static void sleep_for(double s)
     nanosleep(&ts, NULL);
 }
 
-static moe_status_t sl_forward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *x, moe_tensor_t *y)
+static moe_status_t sl_forward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *x,
+                               moe_tensor_t *y)
 {
     (void)chunk, (void)mb, (void)x, (void)y;
     sleep_for(*(double *)u);
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t sl_backward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *dy, moe_tensor_t *dx)
+static moe_status_t sl_backward(void *u, int32_t chunk, int32_t mb, const moe_tensor_t *dy,
+                                moe_tensor_t *dx)
 {
     (void)chunk, (void)mb, (void)dy, (void)dx;
     sleep_for(*(double *)u);
     return MOE_STATUS_SUCCESS;
 }
 
-static moe_status_t sl_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_tensor_t *dy,
-                            double *l)
+static moe_status_t sl_loss(void *u, int32_t mb, const moe_tensor_t *y, moe_tensor_t *dy, double *l)
 {
     (void)u, (void)mb, (void)y, (void)dy;
     *l = 0.5;
@@ -311,8 +320,8 @@ static void bubble(void)
     for (int i = 0; i < 5; i++) {
         int m = ms[i], v = vs[i];
         double cost = 0.020; /* per chunk, forward and backward each */
-        moe_pipeline_callbacks_t cb = {.forward = sl_forward, .backward = sl_backward,
-                                       .loss = sl_loss, .user = &cost};
+        moe_pipeline_callbacks_t cb = {
+            .forward = sl_forward, .backward = sl_backward, .loss = sl_loss, .user = &cost};
         moe_pipeline_config_t pc = moe_pipeline_config_default();
         pc.microbatches = m;
         pc.virtual_stages = v;
@@ -342,8 +351,8 @@ static void bubble(void)
         double theory = (double)(p - 1) / (m * v + p - 1);
         if (world_rank == 0)
             printf("bubble (mpi) p=%d v=%d m=%2d: measured idle (median of %d) %.4f, "
-                   "theoretical (p-1)/(m*v+p-1) = %.4f, diff %+.4f\n", p, v, m, steps, mean,
-                   theory, mean - theory);
+                   "theoretical (p-1)/(m*v+p-1) = %.4f, diff %+.4f\n",
+                   p, v, m, steps, mean, theory, mean - theory);
         CHECK(fabs(mean - theory) <= 0.05, "bubble m=%d: measured %.4f, theory %.4f", m, mean,
               theory);
         TEST_OK(moe_pipeline_destroy(pipe));

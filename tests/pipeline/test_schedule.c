@@ -143,13 +143,19 @@ static void check_stage(int32_t p, int32_t m, int32_t s, const stage_list_t *L)
     for (int32_t i = 0; i < L->n; i++) {
         if (!is_compute(L->a[i].op)) continue;
         moe_pipeline_op_t want;
-        if (c < w) want = MOE_PIPELINE_FORWARD;
-        else if (nf < m) want = ((c - w) % 2 == 0) ? MOE_PIPELINE_FORWARD : MOE_PIPELINE_BACKWARD;
-        else want = MOE_PIPELINE_BACKWARD;
+        if (c < w)
+            want = MOE_PIPELINE_FORWARD;
+        else if (nf < m)
+            want = ((c - w) % 2 == 0) ? MOE_PIPELINE_FORWARD : MOE_PIPELINE_BACKWARD;
+        else
+            want = MOE_PIPELINE_BACKWARD;
         assert_int_equal(L->a[i].op, want);
         /* microbatches in order within each kind */
         assert_int_equal(L->a[i].microbatch, want == MOE_PIPELINE_FORWARD ? nf : nb);
-        if (want == MOE_PIPELINE_FORWARD) nf++; else nb++;
+        if (want == MOE_PIPELINE_FORWARD)
+            nf++;
+        else
+            nb++;
         c++;
     }
     /* transfers: one per compute that has a peer */
@@ -241,8 +247,7 @@ static int simulate(int32_t p, int32_t m, int32_t v, stage_list_t *L)
             for (int s = 0; s < p; s++)
                 if (pc[s] < L[s].n)
                     print_error("deadlock: stage %d stuck at action %d (%s mb %d)\n", s, pc[s],
-                                moe_pipeline_op_string(L[s].a[pc[s]].op),
-                                L[s].a[pc[s]].microbatch);
+                                moe_pipeline_op_string(L[s].a[pc[s]].op), L[s].a[pc[s]].microbatch);
             print_error("deadlock at p=%d m=%d tick %d\n", p, m, tick);
             return SIM_DEADLOCK;
         }
@@ -287,8 +292,7 @@ static void load_interleaved(int32_t p, int32_t m, int32_t v, int32_t s, stage_l
                              int32_t *warmup)
 {
     moe_pipeline_schedule_t *sc = NULL;
-    assert_int_equal(moe_pipeline_schedule_create_interleaved(p, m, s, v, &sc),
-                     MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_pipeline_schedule_create_interleaved(p, m, s, v, &sc), MOE_STATUS_SUCCESS);
     assert_int_equal(moe_pipeline_schedule_length(sc, &out->n), MOE_STATUS_SUCCESS);
     out->a = calloc((size_t)out->n, sizeof *out->a);
     for (int32_t i = 0; i < out->n; i++)
@@ -296,8 +300,7 @@ static void load_interleaved(int32_t p, int32_t m, int32_t v, int32_t s, stage_l
     int32_t iv = 0;
     assert_int_equal(moe_pipeline_schedule_virtual_stages(sc, &iv), MOE_STATUS_SUCCESS);
     assert_int_equal(iv, v);
-    assert_int_equal(moe_pipeline_schedule_info(sc, NULL, NULL, NULL, warmup),
-                     MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_pipeline_schedule_info(sc, NULL, NULL, NULL, warmup), MOE_STATUS_SUCCESS);
     assert_int_equal(moe_pipeline_schedule_destroy(sc), MOE_STATUS_SUCCESS);
 }
 
@@ -396,7 +399,8 @@ static void test_interleaved_all_shapes(void **state)
         }
     }
     printf("interleaved: %d shapes (p 2..%d, v 2..%d, m multiple of p up to %d), %d of them "
-           "exactly at 2(mv+p-1) ticks\n", shapes, MAX_P, MAX_V, MAX_M, exact);
+           "exactly at 2(mv+p-1) ticks\n",
+           shapes, MAX_P, MAX_V, MAX_M, exact);
     assert_int_equal(exact, shapes);
 }
 
@@ -405,8 +409,7 @@ static void test_interleaved_print_and_arguments(void **state)
     (void)state;
     moe_pipeline_schedule_t *sc = NULL;
     char buf[1024];
-    assert_int_equal(moe_pipeline_schedule_create_interleaved(2, 2, 0, 2, &sc),
-                     MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_pipeline_schedule_create_interleaved(2, 2, 0, 2, &sc), MOE_STATUS_SUCCESS);
     moe_pipeline_schedule_to_string(sc, buf, sizeof buf, NULL);
     printf("%s\n", buf);
     /* m = p: every forward first; chunk 1 of stage 0 receives from stage 1 (wrap-around) */
@@ -423,8 +426,7 @@ static void test_interleaved_print_and_arguments(void **state)
     assert_int_equal(moe_pipeline_schedule_create_interleaved(2, 2, 0, 0, &sc),
                      MOE_STATUS_INVALID_ARGUMENT);
     /* v = 1 is plain 1F1B, any m */
-    assert_int_equal(moe_pipeline_schedule_create_interleaved(3, 5, 1, 1, &sc),
-                     MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_pipeline_schedule_create_interleaved(3, 5, 1, 1, &sc), MOE_STATUS_SUCCESS);
     moe_pipeline_schedule_to_string(sc, buf, sizeof buf, NULL);
     assert_null(strstr(buf, "v="));
     moe_pipeline_schedule_destroy(sc);
@@ -595,7 +597,10 @@ static void test_simulation_detects_errors(void **state)
     int first = -1, second = -1;
     for (int i = 0; i < L[1].n; i++)
         if (L[1].a[i].op == MOE_PIPELINE_RECV_ACT) {
-            if (first < 0) first = i; else second = i;
+            if (first < 0)
+                first = i;
+            else
+                second = i;
         }
     L[1].a[first].microbatch = 1;
     L[1].a[second].microbatch = 0;

@@ -10,8 +10,8 @@
 #include "core/error.h"
 
 struct moe_comm_req {
-    struct moe_comm_req *next;   /* in the world's pending list */
-    struct moe_comm_req *qnext;  /* ordered mode: in its rank's queue */
+    struct moe_comm_req *next;  /* in the world's pending list */
+    struct moe_comm_req *qnext; /* ordered mode: in its rank's queue */
     bool is_send, done, matched_list;
     int src, dst, tag;
     void *buf;
@@ -24,13 +24,13 @@ struct tc_world {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int size;
-    moe_comm_req_t *pending;     /* unmatched sends and receives, in posting order */
-    bool ordered;                /* NCCL-like: no tags, each rank's operations in call order */
+    moe_comm_req_t *pending; /* unmatched sends and receives, in posting order */
+    bool ordered;            /* NCCL-like: no tags, each rank's operations in call order */
     moe_comm_req_t *qhead[TC_MAX], *qtail[TC_MAX];
     /* collectives */
     unsigned long generation;
     int arrived;
-    int leaving;                 /* ranks still to read the previous collective's result */
+    int leaving; /* ranks still to read the previous collective's result */
     double acc_f64[256];
     int64_t acc_i64[256];
     unsigned char bcast[256];
@@ -95,8 +95,7 @@ static void try_match(tc_world_t *w, moe_comm_req_t *r)
     moe_comm_req_t **pp = &w->pending;
     for (; *pp; pp = &(*pp)->next) {
         moe_comm_req_t *o = *pp;
-        if (o->is_send != r->is_send && o->src == r->src && o->dst == r->dst &&
-            o->tag == r->tag) {
+        if (o->is_send != r->is_send && o->src == r->src && o->dst == r->dst && o->tag == r->tag) {
             moe_comm_req_t *s = r->is_send ? r : o, *d = r->is_send ? o : r;
             memcpy(d->buf, s->buf, s->bytes < d->bytes ? s->bytes : d->bytes);
             s->done = d->done = true;
@@ -137,8 +136,8 @@ static void ordered_progress(tc_world_t *w)
     pthread_cond_broadcast(&w->cv);
 }
 
-static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count,
-                        moe_comm_dtype_t dt, int peer, int tag, moe_comm_req_t **req)
+static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count, moe_comm_dtype_t dt,
+                        int peer, int tag, moe_comm_req_t **req)
 {
     tc_impl_t *im = c->impl;
     if (im->aborted) return MOE_FAIL(MOE_STATUS_COMM_ERROR, "%s: communicator aborted", c->name);
@@ -154,8 +153,10 @@ static moe_status_t p2p(moe_comm_t *c, bool is_send, void *buf, size_t count,
     pthread_mutex_lock(&im->w->mu);
     if (im->w->ordered) { /* append to this rank's queue: it runs in call order, tag ignored */
         tc_world_t *w = im->w;
-        if (w->qtail[c->rank]) w->qtail[c->rank]->qnext = r;
-        else w->qhead[c->rank] = r;
+        if (w->qtail[c->rank])
+            w->qtail[c->rank]->qnext = r;
+        else
+            w->qhead[c->rank] = r;
         w->qtail[c->rank] = r;
         ordered_progress(w);
     } else {
@@ -172,8 +173,8 @@ static moe_status_t tc_send(moe_comm_t *c, const void *buf, size_t count, moe_co
     return p2p(c, true, (void *)buf, count, dt, peer, tag, req);
 }
 
-static moe_status_t tc_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt,
-                            int peer, int tag, moe_comm_req_t **req)
+static moe_status_t tc_recv(moe_comm_t *c, void *buf, size_t count, moe_comm_dtype_t dt, int peer,
+                            int tag, moe_comm_req_t **req)
 {
     return p2p(c, false, buf, count, dt, peer, tag, req);
 }
@@ -194,7 +195,8 @@ static moe_status_t tc_wait(moe_comm_t *c, moe_comm_req_t *r, int timeout_ms)
     struct timespec dl = deadline_after(timeout_ms);
     pthread_mutex_lock(&w->mu);
     int rc = 0;
-    while (!r->done && !im->aborted && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&w->cv, &w->mu, &dl);
+    while (!r->done && !im->aborted && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&w->cv, &w->mu, &dl);
     bool done = r->done;
     if (!done && !w->ordered) unlink_req(w, r);
     pthread_mutex_unlock(&w->mu);
@@ -253,8 +255,8 @@ static moe_status_t rendezvous(moe_comm_t *c, void (*deposit)(tc_world_t *, void
     }
     pthread_mutex_unlock(&w->mu);
     if (!ok)
-        return MOE_FAIL(MOE_STATUS_TIMEOUT, "%s rank %d: collective timed out after %d ms",
-                        c->name, c->rank, c->timeout_ms);
+        return MOE_FAIL(MOE_STATUS_TIMEOUT, "%s rank %d: collective timed out after %d ms", c->name,
+                        c->rank, c->timeout_ms);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -286,16 +288,24 @@ static void ar_deposit(tc_world_t *w, void *p)
             int64_t v = a->dt == MOE_COMM_I32 ? ((const int32_t *)a->send)[i]
                                               : ((const int64_t *)a->send)[i];
             int64_t *acc = &w->acc_i64[i];
-            if (first) *acc = v;
-            else if (a->op == MOE_REDUCE_SUM) *acc += v;
-            else if (a->op == MOE_REDUCE_MAX) *acc = v > *acc ? v : *acc;
-            else *acc = v < *acc ? v : *acc;
+            if (first)
+                *acc = v;
+            else if (a->op == MOE_REDUCE_SUM)
+                *acc += v;
+            else if (a->op == MOE_REDUCE_MAX)
+                *acc = v > *acc ? v : *acc;
+            else
+                *acc = v < *acc ? v : *acc;
         } else {
             double v = load_f(a, i), *acc = &w->acc_f64[i];
-            if (first) *acc = v;
-            else if (a->op == MOE_REDUCE_SUM) *acc += v;
-            else if (a->op == MOE_REDUCE_MAX) *acc = v > *acc ? v : *acc;
-            else *acc = v < *acc ? v : *acc;
+            if (first)
+                *acc = v;
+            else if (a->op == MOE_REDUCE_SUM)
+                *acc += v;
+            else if (a->op == MOE_REDUCE_MAX)
+                *acc = v > *acc ? v : *acc;
+            else
+                *acc = v < *acc ? v : *acc;
         }
     }
 }
@@ -325,8 +335,8 @@ static moe_status_t tc_allreduce(moe_comm_t *c, const void *send, void *recv, si
                                  moe_comm_dtype_t dt, moe_reduce_op_t op, moe_comm_req_t **req)
 {
     if (count > 256 || dt == MOE_COMM_BF16 || dt == MOE_COMM_U8)
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "test allreduce: %zu elements of dtype %d",
-                        count, (int)dt);
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "test allreduce: %zu elements of dtype %d", count,
+                        (int)dt);
     /* copy the input first: send may alias recv */
     unsigned char tmp[256 * 8];
     memcpy(tmp, send, count * moe_comm_dtype_size(dt));
@@ -351,7 +361,7 @@ static moe_status_t tc_broadcast(moe_comm_t *c, void *buf, size_t count, moe_com
                                  int root, moe_comm_req_t **req)
 {
     size_t bytes = count * moe_comm_dtype_size(dt);
-    if (bytes > sizeof ((tc_world_t *)0)->bcast)
+    if (bytes > sizeof((tc_world_t *)0)->bcast)
         return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "test broadcast of %zu bytes", bytes);
     ar_arg_t a = {.send = buf, .recv = buf, .count = bytes, .rank = c->rank, .root = root};
     MOE_TRY(rendezvous(c, bc_deposit, bc_collect, &a));
@@ -360,16 +370,15 @@ static moe_status_t tc_broadcast(moe_comm_t *c, void *buf, size_t count, moe_com
 
 static moe_status_t tc_barrier(moe_comm_t *c) { return rendezvous(c, NULL, NULL, NULL); }
 
-static moe_status_t tc_alltoallv(moe_comm_t *c, const void *s, const size_t *sc,
-                                 const size_t *sd, void *r, const size_t *rc, const size_t *rd,
-                                 moe_comm_dtype_t dt, moe_comm_req_t **req)
+static moe_status_t tc_alltoallv(moe_comm_t *c, const void *s, const size_t *sc, const size_t *sd,
+                                 void *r, const size_t *rc, const size_t *rd, moe_comm_dtype_t dt,
+                                 moe_comm_req_t **req)
 {
     (void)s, (void)sc, (void)sd, (void)r, (void)rc, (void)rd, (void)dt, (void)req;
     return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "%s: test communicator has no alltoallv", c->name);
 }
 
-static moe_status_t tc_split(moe_comm_t *c, int color, int key, const char *name,
-                             moe_comm_t **out)
+static moe_status_t tc_split(moe_comm_t *c, int color, int key, const char *name, moe_comm_t **out)
 {
     (void)color, (void)key, (void)name, (void)out;
     return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "%s: test communicator has no split", c->name);
@@ -391,9 +400,17 @@ static void tc_destroy(moe_comm_t *c)
 }
 
 static const moe_comm_ops_t tc_ops = {
-    .name = "thread", .allreduce = tc_allreduce, .broadcast = tc_broadcast,
-    .alltoallv = tc_alltoallv, .send = tc_send, .recv = tc_recv, .wait = tc_wait,
-    .test = tc_test, .barrier = tc_barrier, .split = tc_split, .abort = tc_abort,
+    .name = "thread",
+    .allreduce = tc_allreduce,
+    .broadcast = tc_broadcast,
+    .alltoallv = tc_alltoallv,
+    .send = tc_send,
+    .recv = tc_recv,
+    .wait = tc_wait,
+    .test = tc_test,
+    .barrier = tc_barrier,
+    .split = tc_split,
+    .abort = tc_abort,
     .destroy = tc_destroy,
 };
 
@@ -411,8 +428,7 @@ moe_comm_t *tc_comm_create(tc_world_t *w, int rank, const char *name, int timeou
     return c;
 }
 
-void tc_attach_pipeline(moe_runtime_t *rt, int stage, int stages, moe_comm_t *pp,
-                        moe_comm_t *world)
+void tc_attach_pipeline(moe_runtime_t *rt, int stage, int stages, moe_comm_t *pp, moe_comm_t *world)
 {
     moe_mesh_t *m = rt->mesh;
     m->size[MOE_AXIS_PP] = stages;

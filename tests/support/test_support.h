@@ -14,8 +14,8 @@ typedef struct test_rng {
 } test_rng_t;
 
 uint64_t test_rng_next(test_rng_t *r);
-double test_rng_uniform(test_rng_t *r);             /* [0, 1) */
-double test_rng_normal(test_rng_t *r);              /* N(0, 1) */
+double test_rng_uniform(test_rng_t *r);                      /* [0, 1) */
+double test_rng_normal(test_rng_t *r);                       /* N(0, 1) */
 int64_t test_rng_int(test_rng_t *r, int64_t lo, int64_t hi); /* [lo, hi] */
 void test_fill_normal(test_rng_t *r, float *x, int64_t n, double std);
 /* idx [n,k]: k distinct experts of e per token, skewed towards the low indices (so that a
@@ -30,14 +30,14 @@ double test_rel_err(const float *a, const float *b, int64_t n);
 double test_median(double *v, int n);
 
 /* Abort the test with the library's message when a call fails. */
-#define TEST_OK(call)                                                                      \
-    do {                                                                                   \
-        moe_status_t s_ = (call);                                                          \
-        if (s_ != MOE_STATUS_SUCCESS) {                                                    \
-            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call,            \
-                    moe_status_string(s_), moe_last_error());                              \
-            abort();                                                                       \
-        }                                                                                  \
+#define TEST_OK(call)                                                                              \
+    do {                                                                                           \
+        moe_status_t s_ = (call);                                                                  \
+        if (s_ != MOE_STATUS_SUCCESS) {                                                            \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call,                    \
+                    moe_status_string(s_), moe_last_error());                                      \
+            abort();                                                                               \
+        }                                                                                          \
     } while (0)
 
 /* Multi-rank tests count failed checks instead of aborting, so that every rank reaches the
@@ -45,12 +45,12 @@ double test_median(double *v, int n);
  * counter) in the including file. */
 void test_rank_fail(int rank, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-#define RANK_CHECK(cond, ...)                                                              \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            test_rank_fail(R, __FILE__, __LINE__, __VA_ARGS__);                            \
-            failures++;                                                                    \
-        }                                                                                  \
+#define RANK_CHECK(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            test_rank_fail(R, __FILE__, __LINE__, __VA_ARGS__);                                    \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 /* A fresh seed per run unless MOE_TEST_SEED is set; printed so a failure can be replayed. */

@@ -185,8 +185,9 @@ static void test_cuda_model_equals_host(void **state)
                 const dense_param_t *ph = host.m->params[i], *pc = cuda.m->params[i];
                 int64_t n = ph->shape[0] * ph->shape[1];
                 float *g = malloc(sizeof(float) * (size_t)n);
-                assert_int_equal(cudaMemcpy(g, pc->grad, sizeof(float) * (size_t)n,
-                                            cudaMemcpyDeviceToHost), cudaSuccess);
+                assert_int_equal(
+                    cudaMemcpy(g, pc->grad, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
                 double e = test_rel_err(g, ph->grad, n);
                 double bound = strstr(ph->name, ".norm2") ? GAIN_THROUGH_MOE_BOUND : GRAD_BOUND;
                 printf("  %-24s grad rel err %.2e (bound %.0e)\n", ph->name, e, bound);

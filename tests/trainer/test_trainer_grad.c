@@ -89,7 +89,8 @@ static void test_model_gradients(void **state)
         tok[i] = (uint8_t)test_rng_int(&r, 0, 255);
         tgt[i] = (uint8_t)test_rng_int(&r, 0, 255);
     }
-    float *y = malloc(sizeof(float) * (size_t)(N * H)), *dy = malloc(sizeof(float) * (size_t)(N * H));
+    float *y = malloc(sizeof(float) * (size_t)(N * H)),
+          *dy = malloc(sizeof(float) * (size_t)(N * H));
 
     TEST_OK(model_zero_grad(m));
     TEST_OK(model_forward(m, 0, 0, tok, NULL, y));
@@ -100,8 +101,7 @@ static void test_model_gradients(void **state)
     tensor_ref_t refs[64];
     int nrefs = 0;
     for (int32_t i = 0; i < m->nparams; i++)
-        refs[nrefs++] = (tensor_ref_t){m->params[i]->name, m->params[i]->value,
-                                       m->params[i]->grad,
+        refs[nrefs++] = (tensor_ref_t){m->params[i]->name, m->params[i]->value, m->params[i]->grad,
                                        m->params[i]->shape[0] * m->params[i]->shape[1]};
     for (int64_t b = 0; b < m->blocks_per_chunk; b++) {
         int32_t np;
@@ -139,8 +139,8 @@ static void test_model_gradients(void **state)
         eps *= 4; /* the last one tried */
         memcpy(t->value, p0, sizeof(float) * (size_t)t->n);
         double fd = (jp - jm) / (2 * eps), rel = fabs(fd - norm) / norm;
-        printf("%-28s |g| %.6e  slope %.6e  rel %.2e  eps %.2e%s\n", t->name, norm, fd, rel,
-               eps, smooth ? "" : "  routing flips at every eps");
+        printf("%-28s |g| %.6e  slope %.6e  rel %.2e  eps %.2e%s\n", t->name, norm, fd, rel, eps,
+               smooth ? "" : "  routing flips at every eps");
         if (!smooth || !(rel <= 1e-2)) failures++;
         free(g);
         free(p0);

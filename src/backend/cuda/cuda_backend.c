@@ -278,9 +278,9 @@ static moe_status_t make_cublas(cudaStream_t stream, cublasHandle_t *h, void **w
 static cuda_gemm_mode_t gemm_mode_from_env(const moe_logger_t *logger)
 {
     /* in the order of the table's choices auto|loop|streams|batched|grouped|hopper */
-    static const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO, CUDA_GEMM_LOOP, CUDA_GEMM_STREAMS,
-                                             CUDA_GEMM_BATCHED, CUDA_GEMM_GROUPED,
-                                             CUDA_GEMM_HOPPER};
+    static const cuda_gemm_mode_t modes[] = {CUDA_GEMM_AUTO,    CUDA_GEMM_LOOP,
+                                             CUDA_GEMM_STREAMS, CUDA_GEMM_BATCHED,
+                                             CUDA_GEMM_GROUPED, CUDA_GEMM_HOPPER};
     return modes[moe_env_choice(MOE_ENV_CUDA_EXPERT_GEMM, 0, logger)];
 }
 
@@ -311,15 +311,17 @@ moe_status_t moe_backend_cuda_create(const moe_backend_params_t *p, moe_backend_
     c->device = p->device_index;
     moe_status_t st;
     MOE_CUDA_CHECK_GOTO(st, cudaSetDevice(c->device));
-    MOE_CUDA_CHECK_GOTO(st, cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount,
-                                                   c->device));
+    MOE_CUDA_CHECK_GOTO(st,
+                        cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, c->device));
     MOE_CUDA_CHECK_GOTO(st, cudaStreamCreateWithFlags(&c->own_stream, cudaStreamNonBlocking));
     c->stream = c->own_stream;
-    struct cudaMemPoolProps props = {.allocType = cudaMemAllocationTypePinned,
-                              .location = {.type = cudaMemLocationTypeDevice, .id = c->device}};
+    struct cudaMemPoolProps props = {
+        .allocType = cudaMemAllocationTypePinned,
+        .location = {.type = cudaMemLocationTypeDevice, .id = c->device}};
     MOE_CUDA_CHECK_GOTO(st, cudaMemPoolCreate(&c->pool, &props));
     uint64_t keep = UINT64_MAX;
-    MOE_CUDA_CHECK_GOTO(st, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    MOE_CUDA_CHECK_GOTO(st,
+                        cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep));
     MOE_TRY_GOTO(st, make_cublas(c->stream, &c->cublas, &c->cublas_ws));
     MOE_CUDA_CHECK_GOTO(st, cudaMalloc(&c->router_state, MOE_ROUTER_STATE_BYTES));
     /* zero before any stream (the caller's too) can use them */

@@ -20,11 +20,11 @@
 /* How experts_forward/backward issue their GEMMs (MOE_CUDA_EXPERT_GEMM overrides AUTO). */
 typedef enum cuda_gemm_mode {
     CUDA_GEMM_AUTO = 0,
-    CUDA_GEMM_LOOP,      /* one cublasGemmEx per expert on the current stream */
-    CUDA_GEMM_STREAMS,   /* the loop spread round-robin over the side streams */
-    CUDA_GEMM_BATCHED,   /* cublasGemmStridedBatchedEx when every expert has the same rows */
-    CUDA_GEMM_GROUPED,   /* one cublasGemmGroupedBatchedEx a GEMM kind, real row counts */
-    CUDA_GEMM_HOPPER     /* the grouped sm_90a kernels for the GEMMs whose M is n_e */
+    CUDA_GEMM_LOOP,    /* one cublasGemmEx per expert on the current stream */
+    CUDA_GEMM_STREAMS, /* the loop spread round-robin over the side streams */
+    CUDA_GEMM_BATCHED, /* cublasGemmStridedBatchedEx when every expert has the same rows */
+    CUDA_GEMM_GROUPED, /* one cublasGemmGroupedBatchedEx a GEMM kind, real row counts */
+    CUDA_GEMM_HOPPER   /* the grouped sm_90a kernels for the GEMMs whose M is n_e */
 } cuda_gemm_mode_t;
 
 /* How router_forward runs (MOE_CUDA_ROUTER=gemm|fused overrides AUTO). */
@@ -38,8 +38,8 @@ typedef struct cuda_ctx {
     int device;
     int sms; /* the device's SM count, asked once: the element-wise and grouped grids' size */
     cudaStream_t own_stream;
-    cudaStream_t stream;                 /* current: own_stream or the caller's */
-    cublasHandle_t cublas;               /* bound to `stream` */
+    cudaStream_t stream;   /* current: own_stream or the caller's */
+    cublasHandle_t cublas; /* bound to `stream` */
     void *cublas_ws;
     cudaStream_t side[MOE_TUNE_SIDE_STREAMS];
     cublasHandle_t side_cublas[MOE_TUNE_SIDE_STREAMS];
@@ -82,10 +82,9 @@ moe_status_t moe_cuda_workspace(cuda_ctx_t *c, size_t bytes, void **out);
 
 /* bf16 x bf16 -> f32 or bf16 (ctype) with fp32 accumulation on the tensor cores, alpha = 1:
  * the one cuBLAS GEMM call of the backend (column-major arguments as cublasGemmEx). */
-moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
-                           int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                           const void *b, int64_t ldb, float beta, void *c, cudaDataType_t ctype,
-                           int64_t ldc);
+moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                           int64_t n, int64_t k, const void *a, int64_t lda, const void *b,
+                           int64_t ldb, float beta, void *c, cudaDataType_t ctype, int64_t ldc);
 
 /* Whether router_forward runs the fused kernel for these arguments (mode, shape, alignment). */
 bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a);
@@ -93,8 +92,8 @@ bool moe_cuda_router_uses_fused(const cuda_ctx_t *c, const moe_router_fwd_t *a);
 /* op implementations (cuda_ops.c, cuda_experts.c) */
 moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a);
 moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a);
-moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t *counts,
-                                          int32_t e, int64_t slots, float rate);
+moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t *counts, int32_t e,
+                                          int64_t slots, float rate);
 moe_status_t moe_cuda_accumulate_counts_op(void *ctx, int32_t *acc, const int32_t *counts,
                                            int32_t *out, int32_t e);
 moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a);
@@ -104,9 +103,9 @@ moe_status_t moe_cuda_gather_rows_op(void *ctx, void *dst, const void *src,
                                      int64_t rows, int64_t h);
 moe_status_t moe_cuda_combine_op(void *ctx, void *dst, const void *src, const int32_t *row_of_slot,
                                  const float *w, int64_t n, int32_t k, int64_t h, bool accumulate);
-moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *dy,
-                                             const void *rows, const int32_t *row_of_slot,
-                                             int64_t n, int32_t k, int64_t h);
+moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *dy, const void *rows,
+                                             const int32_t *row_of_slot, int64_t n, int32_t k,
+                                             int64_t h);
 int64_t moe_cuda_expert_row_stride(void *ctx, int32_t el, const int64_t *kept);
 /* The issue mode experts_forward/backward take for these row counts (AUTO resolved). */
 cuda_gemm_mode_t moe_cuda_experts_mode(const void *ctx, const moe_experts_t *a);

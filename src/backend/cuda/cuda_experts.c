@@ -61,33 +61,112 @@ static gemm_desc_t describe(gemm_kind_t kind, const moe_experts_t *x, int32_t e,
     gemm_desc_t g = {.ctype = CUDA_R_16BF, .beta = 0.0f};
     switch (kind) {
     case FWD1: /* hpre^T [2F,n] = w1^T [2F,H] · xp^T [H,n] */
-        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_N, f2, rows, h, w1, (const uint16_t *)x->xp + r0 * h,
-                          (uint16_t *)x->hpre + r0 * f2, f2, h, f2, h * f2, rows * h, rows * f2,
-                          CUDA_R_16BF, 0.0f};
+        g = (gemm_desc_t){CUBLAS_OP_N,
+                          CUBLAS_OP_N,
+                          f2,
+                          rows,
+                          h,
+                          w1,
+                          (const uint16_t *)x->xp + r0 * h,
+                          (uint16_t *)x->hpre + r0 * f2,
+                          f2,
+                          h,
+                          f2,
+                          h * f2,
+                          rows * h,
+                          rows * f2,
+                          CUDA_R_16BF,
+                          0.0f};
         break;
     case FWD2: /* out^T [H,n] = w2^T [H,F] · act^T [F,n] */
-        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_N, h, rows, f, w2, (const uint16_t *)x->act + r0 * f,
-                          (uint16_t *)x->out + r0 * h, h, f, h, f * h, rows * f, rows * h,
-                          CUDA_R_16BF, 0.0f};
+        g = (gemm_desc_t){CUBLAS_OP_N,
+                          CUBLAS_OP_N,
+                          h,
+                          rows,
+                          f,
+                          w2,
+                          (const uint16_t *)x->act + r0 * f,
+                          (uint16_t *)x->out + r0 * h,
+                          h,
+                          f,
+                          h,
+                          f * h,
+                          rows * f,
+                          rows * h,
+                          CUDA_R_16BF,
+                          0.0f};
         break;
     case BWD_DACT: /* d_act^T [F,n] = w2 [F,H] · d_out^T [H,n] */
-        g = (gemm_desc_t){CUBLAS_OP_T, CUBLAS_OP_N, f, rows, h, w2, (const uint16_t *)x->d_out + r0 * h,
-                          d_act + r0 * f, h, h, f, f * h, rows * h, rows * f, CUDA_R_16BF, 0.0f};
+        g = (gemm_desc_t){CUBLAS_OP_T,
+                          CUBLAS_OP_N,
+                          f,
+                          rows,
+                          h,
+                          w2,
+                          (const uint16_t *)x->d_out + r0 * h,
+                          d_act + r0 * f,
+                          h,
+                          h,
+                          f,
+                          f * h,
+                          rows * h,
+                          rows * f,
+                          CUDA_R_16BF,
+                          0.0f};
         break;
     case BWD_DW2: /* dw2^T [H,F] += d_out^T [H,n] · act [n,F] */
-        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_T, h, f, rows, (const uint16_t *)x->d_out + r0 * h,
-                          (const uint16_t *)x->act + r0 * f, x->dw2 + e * f * h, h, f, h, rows * h,
-                          rows * f, f * h, CUDA_R_32F, x->overwrite_grads ? 0.0f : 1.0f};
+        g = (gemm_desc_t){CUBLAS_OP_N,
+                          CUBLAS_OP_T,
+                          h,
+                          f,
+                          rows,
+                          (const uint16_t *)x->d_out + r0 * h,
+                          (const uint16_t *)x->act + r0 * f,
+                          x->dw2 + e * f * h,
+                          h,
+                          f,
+                          h,
+                          rows * h,
+                          rows * f,
+                          f * h,
+                          CUDA_R_32F,
+                          x->overwrite_grads ? 0.0f : 1.0f};
         break;
     case BWD_DXP: /* d_xp^T [H,n] = w1 [H,2F] · d_hpre^T [2F,n] */
-        g = (gemm_desc_t){CUBLAS_OP_T, CUBLAS_OP_N, h, rows, f2, w1, d_hpre + r0 * f2,
-                          (uint16_t *)x->d_xp + r0 * h, f2, f2, h, h * f2, rows * f2, rows * h,
-                          CUDA_R_16BF, 0.0f};
+        g = (gemm_desc_t){CUBLAS_OP_T,
+                          CUBLAS_OP_N,
+                          h,
+                          rows,
+                          f2,
+                          w1,
+                          d_hpre + r0 * f2,
+                          (uint16_t *)x->d_xp + r0 * h,
+                          f2,
+                          f2,
+                          h,
+                          h * f2,
+                          rows * f2,
+                          rows * h,
+                          CUDA_R_16BF,
+                          0.0f};
         break;
     case BWD_DW1: /* dw1^T [2F,H] += d_hpre^T [2F,n] · xp [n,H] */
-        g = (gemm_desc_t){CUBLAS_OP_N, CUBLAS_OP_T, f2, h, rows, d_hpre + r0 * f2,
-                          (const uint16_t *)x->xp + r0 * h, x->dw1 + e * h * f2, f2, h, f2,
-                          rows * f2, rows * h, h * f2, CUDA_R_32F, x->overwrite_grads ? 0.0f : 1.0f};
+        g = (gemm_desc_t){CUBLAS_OP_N,
+                          CUBLAS_OP_T,
+                          f2,
+                          h,
+                          rows,
+                          d_hpre + r0 * f2,
+                          (const uint16_t *)x->xp + r0 * h,
+                          x->dw1 + e * h * f2,
+                          f2,
+                          h,
+                          f2,
+                          rows * f2,
+                          rows * h,
+                          h * f2,
+                          CUDA_R_32F,
+                          x->overwrite_grads ? 0.0f : 1.0f};
         break;
     }
     return g;
@@ -127,7 +206,8 @@ static moe_status_t run_grouped(cuda_ctx_t *c, const moe_experts_t *x, gemm_kind
     int32_t el = x->el;
     *unsupported = false;
     size_t bytes = (2 * sizeof(cublasOperation_t) + 7 * sizeof(int) + 2 * sizeof(float) +
-                    3 * sizeof(void *)) * (size_t)el;
+                    3 * sizeof(void *)) *
+                   (size_t)el;
     char *mem = malloc(bytes);
     if (!mem)
         return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "grouped GEMM arguments of %zu bytes", bytes);
@@ -174,7 +254,8 @@ static moe_status_t run_grouped(cuda_ctx_t *c, const moe_experts_t *x, gemm_kind
                 c->cublas, g.ta, g.tb, g.m, g.n, g.k, g.alpha, d_ptr, CUDA_R_16BF, g.lda,
                 d_ptr + el, CUDA_R_16BF, g.ldb, g.beta, (void *const *)(d_ptr + 2 * el), ctype,
                 g.ldc, groups, g.size, CUBLAS_COMPUTE_32F);
-            if (cs == CUBLAS_STATUS_NOT_SUPPORTED) *unsupported = true;
+            if (cs == CUBLAS_STATUS_NOT_SUPPORTED)
+                *unsupported = true;
             else if (cs != CUBLAS_STATUS_SUCCESS)
                 st = MOE_FAIL(MOE_STATUS_BACKEND_ERROR, "cublasGemmGroupedBatchedEx: %s",
                               cublasGetStatusString(cs));
@@ -229,8 +310,7 @@ static cuda_gemm_mode_t per_expert_mode(const moe_experts_t *x)
 static cuda_gemm_mode_t dw_mode(const moe_experts_t *x)
 {
     int64_t mean_rows = x->host_offsets[x->el] / (x->el > 0 ? x->el : 1);
-    return x->el >= MOE_TUNE_GROUPED_DW_MIN_EXPERTS &&
-                   mean_rows < MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS
+    return x->el >= MOE_TUNE_GROUPED_DW_MIN_EXPERTS && mean_rows < MOE_TUNE_GROUPED_DW_MAX_MEAN_ROWS
                ? CUDA_GEMM_GROUPED
                : per_expert_mode(x);
 }
@@ -356,8 +436,8 @@ moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a)
         static const gemm_kind_t k_dw1[] = {BWD_DW1};
         cuda_gemm_mode_t dw = dw_mode(a);
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_backward(d_hpre, a->d_out, a->w2, a->hpre,
-                                                     a->host_offsets, a->el, a->h, a->f,
-                                                     c->sms, c->stream));
+                                                     a->host_offsets, a->el, a->h, a->f, c->sms,
+                                                     c->stream));
         MOE_TRY(run_experts(c, a, dw, k_dw2, 1));
         MOE_CUDA_CHECK(moe_cuda_grouped_gemm(a->d_xp, d_hpre, a->w1, true, a->host_offsets, a->el,
                                              2 * a->f, a->h, c->sms, c->stream));
@@ -365,13 +445,13 @@ moe_status_t moe_cuda_experts_backward(void *ctx, const moe_experts_t *a)
     }
     if (fused_swiglu(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_swiglu_gemm_backward(d_hpre, a->d_out, a->w2, a->hpre,
-                                                     a->host_offsets, a->el, a->h, a->f,
-                                                     c->sms, c->stream));
+                                                     a->host_offsets, a->el, a->h, a->f, c->sms,
+                                                     c->stream));
         MOE_TRY(run_experts(c, a, mode, k_dw2, 1));
     } else {
         MOE_TRY(run_experts(c, a, mode, k1, 2));
-        MOE_CUDA_CHECK(moe_cuda_swiglu_backward(d_hpre, d_act, a->hpre, total, a->f, c->sms,
-                                                c->stream));
+        MOE_CUDA_CHECK(
+            moe_cuda_swiglu_backward(d_hpre, d_act, a->hpre, total, a->f, c->sms, c->stream));
     }
     MOE_TRY(run_experts(c, a, mode, k2, 2));
     return MOE_STATUS_SUCCESS;

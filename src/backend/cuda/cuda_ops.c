@@ -14,10 +14,9 @@
 #include "tuning.h"
 #include "cuda_ctx.h"
 
-moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
-                           int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                           const void *b, int64_t ldb, float beta, void *c, cudaDataType_t ctype,
-                           int64_t ldc)
+moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                           int64_t n, int64_t k, const void *a, int64_t lda, const void *b,
+                           int64_t ldb, float beta, void *c, cudaDataType_t ctype, int64_t ldc)
 {
     const float alpha = 1.0f;
     MOE_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, &alpha, a, CUDA_R_16BF,
@@ -31,8 +30,9 @@ moe_status_t moe_cuda_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
 static moe_status_t check_router_shape(int32_t e, int32_t k)
 {
     if (e > MOE_ROUTER_MAX_E || k > MOE_ROUTER_MAX_K)
-        return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "CUDA router supports E <= %d and K <= %d (E=%d K=%d)",
-                        MOE_ROUTER_MAX_E, MOE_ROUTER_MAX_K, e, k);
+        return MOE_FAIL(MOE_STATUS_UNSUPPORTED,
+                        "CUDA router supports E <= %d and K <= %d (E=%d K=%d)", MOE_ROUTER_MAX_E,
+                        MOE_ROUTER_MAX_K, e, k);
     return MOE_STATUS_SUCCESS;
 }
 
@@ -59,8 +59,8 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
         return MOE_STATUS_SUCCESS;
     }
     void *scratch;
-    MOE_TRY(moe_cuda_workspace(c, sizeof(float) * (size_t)moe_cuda_router_forward_scratch(a->n, a->e),
-                               &scratch));
+    MOE_TRY(moe_cuda_workspace(
+        c, sizeof(float) * (size_t)moe_cuda_router_forward_scratch(a->n, a->e), &scratch));
     if (moe_cuda_router_uses_fused(c, a)) {
         MOE_CUDA_CHECK(moe_cuda_router_fused(a->x, a->wg, a->bias, a->n, a->h, a->e, a->k,
                                              (int)a->score_fn, a->renormalize, a->logits,
@@ -72,12 +72,11 @@ moe_status_t moe_cuda_router_forward(void *ctx, const moe_router_fwd_t *a)
      * (docs/cuda-backend.md): cuBLAS on a copy of wg transposed to K-major is 1.2x-2.1x
      * slower; logits computed inside the selection kernel (no GEMM launch) are 3.6x-21x
      * slower even at N*H*E <= 2^27. */
-    MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x, a->h,
-                 0.0f, a->logits, CUDA_R_32F, a->e));
-    MOE_CUDA_CHECK(moe_cuda_router_select(a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn,
-                                      a->renormalize, a->topk_idx, a->topk_w, a->counts,
-                                      a->score_mean, a->stats, scratch, c->router_state,
-                                      c->stream));
+    MOE_TRY(moe_cuda_gemm(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, a->e, a->n, a->h, a->wg, a->e, a->x,
+                          a->h, 0.0f, a->logits, CUDA_R_32F, a->e));
+    MOE_CUDA_CHECK(moe_cuda_router_select(
+        a->logits, a->bias, a->n, a->e, a->k, (int)a->score_fn, a->renormalize, a->topk_idx,
+        a->topk_w, a->counts, a->score_mean, a->stats, scratch, c->router_state, c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -89,9 +88,9 @@ moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
     /* dlogits in bf16 feeds the tensor-core GEMMs (the f32 copy is the op's output) */
     void *dl16;
     MOE_TRY(moe_cuda_workspace(c, 2 * (size_t)a->n * (size_t)a->e, &dl16));
-    MOE_CUDA_CHECK(moe_cuda_router_dlogits(a->logits, a->topk_idx, a->topk_w, a->d_topk_w, a->counts,
-                                       a->n, a->e, a->k, (int)a->score_fn, a->renormalize,
-                                       a->aux_coef, a->z_coef, a->dlogits, dl16, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_router_dlogits(
+        a->logits, a->topk_idx, a->topk_w, a->d_topk_w, a->counts, a->n, a->e, a->k,
+        (int)a->score_fn, a->renormalize, a->aux_coef, a->z_coef, a->dlogits, dl16, c->stream));
     /* The two GEMMs only share their read-only input dl16: dwg runs on a side stream while
      * dx runs here, so one's memory-bound phases overlap the other's math. */
     MOE_TRY(moe_cuda_fork(c, 1));
@@ -107,8 +106,8 @@ moe_status_t moe_cuda_router_backward(void *ctx, const moe_router_bwd_t *a)
     return moe_cuda_join(c, 1, st);
 }
 
-moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t *counts,
-                                          int32_t e, int64_t slots, float rate)
+moe_status_t moe_cuda_expert_bias_step_op(void *ctx, float *bias, const int32_t *counts, int32_t e,
+                                          int64_t slots, float rate)
 {
     cuda_ctx_t *c = ctx;
     MOE_CUDA_CHECK(moe_cuda_expert_bias_step(bias, counts, e, slots, rate, c->stream));
@@ -134,9 +133,8 @@ moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a)
     void *scratch;
     MOE_TRY(moe_cuda_workspace(c, sizeof(int32_t) * (size_t)moe_cuda_plan_scratch(a->n, a->k, a->e),
                                &scratch));
-    MOE_CUDA_CHECK(moe_cuda_plan(a->topk_idx, a->n, a->k, a->e, a->capacity, a->first,
-                                 a->row_order, a->row_of_slot, a->slot_of_row, a->kept, scratch,
-                                 c->stream));
+    MOE_CUDA_CHECK(moe_cuda_plan(a->topk_idx, a->n, a->k, a->e, a->capacity, a->first, a->row_order,
+                                 a->row_of_slot, a->slot_of_row, a->kept, scratch, c->stream));
     if (a->summary_bytes > c->pinned_summary_bytes) {
         if (c->pinned_summary) MOE_CUDA_CHECK(cudaFreeHost(c->pinned_summary));
         c->pinned_summary = NULL;
@@ -154,8 +152,9 @@ moe_status_t moe_cuda_plan_op(void *ctx, const moe_plan_t *a)
 moe_status_t moe_cuda_pad_plan_op(void *ctx, const moe_pad_plan_t *a)
 {
     cuda_ctx_t *c = ctx;
-    MOE_CUDA_CHECK(moe_cuda_pad_plan(a->topk_idx, a->n, a->k, a->e, a->kept, a->stride, a->slot_of_row,
-                                 a->row_of_slot, a->padded_slot_of_row, c->stream));
+    MOE_CUDA_CHECK(moe_cuda_pad_plan(a->topk_idx, a->n, a->k, a->e, a->kept, a->stride,
+                                     a->slot_of_row, a->row_of_slot, a->padded_slot_of_row,
+                                     c->stream));
     return MOE_STATUS_SUCCESS;
 }
 
@@ -176,9 +175,9 @@ moe_status_t moe_cuda_combine_op(void *ctx, void *dst, const void *src, const in
     return MOE_STATUS_SUCCESS;
 }
 
-moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *dy,
-                                             const void *rows, const int32_t *row_of_slot,
-                                             int64_t n, int32_t k, int64_t h)
+moe_status_t moe_cuda_combine_weight_grad_op(void *ctx, float *dw, const void *dy, const void *rows,
+                                             const int32_t *row_of_slot, int64_t n, int32_t k,
+                                             int64_t h)
 {
     cuda_ctx_t *c = ctx;
     MOE_CUDA_CHECK(moe_cuda_combine_weight_grad(dw, dy, rows, row_of_slot, n, k, h, c->stream));

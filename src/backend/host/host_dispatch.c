@@ -59,15 +59,15 @@ moe_status_t moe_host_pad_plan(void *ctx, const moe_pad_plan_t *a)
     }
     for (int32_t ex = 0; ex < a->e; ex++)
         for (int64_t j = 0; j < a->stride; j++)
-            a->padded_slot_of_row[ex * a->stride + j] =
-                j < a->kept[ex] ? a->slot_of_row[off[ex] + j] : -1;
+            a->padded_slot_of_row[ex * a->stride + j] = j < a->kept[ex]
+                                                            ? a->slot_of_row[off[ex] + j]
+                                                            : -1;
     free(off);
     return MOE_STATUS_SUCCESS;
 }
 
-moe_status_t moe_host_gather_rows(void *ctx, void *dst, const void *src,
-                                  const int32_t *slot_of_row, int32_t k, const float *scale,
-                                  int64_t rows, int64_t h)
+moe_status_t moe_host_gather_rows(void *ctx, void *dst, const void *src, const int32_t *slot_of_row,
+                                  int32_t k, const float *scale, int64_t rows, int64_t h)
 {
     (void)ctx;
     float *d = dst;
@@ -115,7 +115,8 @@ moe_status_t moe_host_combine_weight_grad(void *ctx, float *dw, const void *dy, 
             int32_t row = row_of_slot[t * k + j];
             double acc = 0;
             if (row >= 0)
-                for (int64_t i = 0; i < h; i++) acc += (double)g[t * h + i] * r[(int64_t)row * h + i];
+                for (int64_t i = 0; i < h; i++)
+                    acc += (double)g[t * h + i] * r[(int64_t)row * h + i];
             dw[t * k + j] = (float)acc;
         }
     return MOE_STATUS_SUCCESS;

@@ -21,7 +21,8 @@ static void matmul(float *c, int64_t m, int64_t n, int64_t p, const float *a, in
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double acc = 0;
-            for (int64_t l = 0; l < p; l++) acc += (double)a[i * as0 + l * as1] * b[l * bs0 + j * bs1];
+            for (int64_t l = 0; l < p; l++)
+                acc += (double)a[i * as0 + l * as1] * b[l * bs0 + j * bs1];
             c[i * n + j] = (float)(accumulate ? c[i * n + j] + acc : acc);
         }
 }

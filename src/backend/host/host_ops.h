@@ -12,9 +12,8 @@ moe_status_t moe_host_accumulate_counts(void *ctx, int32_t *acc, const int32_t *
                                         int32_t *out, int32_t e);
 moe_status_t moe_host_plan(void *ctx, const moe_plan_t *a);
 moe_status_t moe_host_pad_plan(void *ctx, const moe_pad_plan_t *a);
-moe_status_t moe_host_gather_rows(void *ctx, void *dst, const void *src,
-                                  const int32_t *slot_of_row, int32_t k, const float *scale,
-                                  int64_t rows, int64_t h);
+moe_status_t moe_host_gather_rows(void *ctx, void *dst, const void *src, const int32_t *slot_of_row,
+                                  int32_t k, const float *scale, int64_t rows, int64_t h);
 moe_status_t moe_host_combine(void *ctx, void *dst, const void *src, const int32_t *row_of_slot,
                               const float *w, int64_t n, int32_t k, int64_t h, bool accumulate);
 moe_status_t moe_host_combine_weight_grad(void *ctx, float *dw, const void *dy, const void *rows,

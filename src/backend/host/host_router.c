@@ -167,7 +167,8 @@ moe_status_t moe_host_router_backward(void *ctx, const moe_router_bwd_t *a)
     for (int64_t c = 0; c < a->h; c++)
         for (int32_t j = 0; j < e; j++) {
             double acc = 0;
-            for (int64_t t = 0; t < a->n; t++) acc += (double)x[t * a->h + c] * a->dlogits[t * e + j];
+            for (int64_t t = 0; t < a->n; t++)
+                acc += (double)x[t * a->h + c] * a->dlogits[t * e + j];
             dwg[c * e + j] += (float)acc;
         }
     return MOE_STATUS_SUCCESS;
