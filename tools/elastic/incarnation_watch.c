@@ -266,11 +266,12 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
         /* a host lost (its agent gone): its ranks, even those whose leases still live */
         if (read && c->lost_ranks) {
             int lost[WATCH_MAX_RANKS];
-            char host[128] = "";
-            int n_lost = c->lost_ranks(c->lost_ranks_user, lost, host, sizeof host);
+            const char *host[WATCH_MAX_RANKS];
+            int n_lost = c->lost_ranks(c->lost_ranks_user, lost, host);
             for (int i = 0; i < n_lost; i++) {
                 char why[200];
-                snprintf(why, sizeof why, "the agent of host %s is gone (its key expired)", host);
+                snprintf(why, sizeof why, "the agent of host %s is gone (its key expired)",
+                         host[i]);
                 add_blame(r, blame, c->slots[lost[i]], lost[i], "host lost", why);
             }
         }

@@ -55,10 +55,11 @@ typedef struct watch_config {
      * ends after the next checkpoint with the straggler blamed ("straggler") */
     straggler_watch_t *straggler;
     /* agent mode (NULL otherwise): at every poll, the ranks (indices) whose host's agent is gone
-     * (its key expired with its lease: the host is lost), into lost (at most world); how many,
-     * 0 when etcd did not answer. Blamed "host lost", whether or not their leases still live:
-     * a host without its agent cannot check or end its ranks */
-    int (*lost_ranks)(void *user, int *lost, char *host, size_t host_len);
+     * (its key expired with its lease: the host is lost), into lost, and each one's host name
+     * into host (both at most world); how many, 0 when etcd did not answer. Blamed "host lost",
+     * whether or not their leases still live: a host without its agent cannot check or end its
+     * ranks */
+    int (*lost_ranks)(void *user, int *lost, const char **host);
     void *lost_ranks_user;
 } watch_config_t;
 

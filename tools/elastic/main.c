@@ -303,7 +303,7 @@ typedef struct host_check {
     const char *self;
 } host_check_t;
 
-static int lost_ranks(void *user, int *lost, char *host, size_t host_len)
+static int lost_ranks(void *user, int *lost, const char **host)
 {
     host_check_t *hc = user;
     if (agent_deposed(hc->agent) || hosts_refresh(hc->hosts) != 0)
@@ -312,8 +312,8 @@ static int lost_ranks(void *user, int *lost, char *host, size_t host_len)
     for (int k = 0; k < hc->world; k++) {
         int i = hosts_of_slot(hc->hosts, hc->slots[k]);
         if (i < 0 || hc->hosts->live[i] || !strcmp(hc->hosts->name[i], hc->self)) continue;
+        host[n] = hc->hosts->name[i]; /* stays put until the next refresh */
         lost[n++] = k;
-        snprintf(host, host_len, "%s", hc->hosts->name[i]);
     }
     return n;
 }
