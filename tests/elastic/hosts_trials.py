@@ -325,7 +325,12 @@ def trial(name, run=0):
     slot_failed = sorted({e["slot"] for e in flat if e["event"] == "slot_failed"})
     host_lost = sorted({e["host"] for e in flat if e["event"] == "host_lost"})
     leaders = [h for h in HOSTS if any(e["event"] == "leader" for e in ev[h])]
+    # an orted ended by mpirun's teardown (sim_rsh.sh's SIGTERM) may still be shutting down when
+    # the agents exit, on a loaded machine: a few seconds for it; one that stays fails the trial
+    wait_for(lambda: not any(session_left(hosts[h].pid) for h in HOSTS), 10)
     left = [q for h in HOSTS for q in session_left(hosts[h].pid)]
+    if left:
+        diag.append("left in the hosts' sessions: " + "; ".join(describe(q, sids) for q in left))
     ok = bool(done) and t_fault is not None and not left
     ok = ok and all(c == 0 for h, c in codes.items() if h != lost)
     if lost:
