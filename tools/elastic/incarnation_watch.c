@@ -263,6 +263,18 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
             if (v[k].seen && !v[k].present && !v[k].exited)
                 add_blame(r, blame, c->slots[k], k, "lease expired", NULL);
         }
+        /* a host lost (its agent gone): its ranks, even those whose leases still live */
+        if (read && c->lost_ranks) {
+            int lost[WATCH_MAX_RANKS];
+            const char *host[WATCH_MAX_RANKS];
+            int n_lost = c->lost_ranks(c->lost_ranks_user, lost, host);
+            for (int i = 0; i < n_lost; i++) {
+                char why[200];
+                snprintf(why, sizeof why, "the agent of host %s is gone (its key expired)",
+                         host[i]);
+                add_blame(r, blame, c->slots[lost[i]], lost[i], "host lost", why);
+            }
+        }
         /* after mpirun's own end its ranks' ends are its doing, not theirs */
         if (!mpirun_done && !c->remote_ranks) check_processes(c, v, read, now, r, blame);
         for (int k = 0; read && !peer_lost_at && k < c->world; k++)

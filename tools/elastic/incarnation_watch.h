@@ -11,7 +11,8 @@
  * holds its lease still runs peer_lost_grace_s later (hung where its keep-alive thread is
  * not); mpirun exited (not a rank's failure: only ranks with a failing exit record are
  * blamed); or not every rank registered within the start timeout (the unregistered ones are
- * blamed); or a straggler to replace (straggler_watch.h). The slots to blame are those, plus
+ * blamed); or a straggler to replace (straggler_watch.h); in agent mode, a host holding ranks
+ * lost (its agent's key expired), whose ranks are blamed. The slots to blame are those, plus
  * any rank whose process is then found gone or stopped (two ranks lost at once); ranks that
  * only report a lost peer are survivors. mpirun exiting 0 is the job done, whether or not etcd
  * still answers.
@@ -53,6 +54,13 @@ typedef struct watch_config {
     /* slow ranks (NULL: not watched): reported, and under the replace policy the incarnation
      * ends after the next checkpoint with the straggler blamed ("straggler") */
     straggler_watch_t *straggler;
+    /* agent mode (NULL otherwise): at every poll, the ranks (indices) whose host's agent is gone
+     * (its key expired with its lease: the host is lost), into lost, and each one's host name
+     * into host (both at most world); how many, 0 when etcd did not answer. Blamed "host lost",
+     * whether or not their leases still live: a host without its agent cannot check or end its
+     * ranks */
+    int (*lost_ranks)(void *user, int *lost, const char **host);
+    void *lost_ranks_user;
 } watch_config_t;
 
 typedef struct watch_result {

@@ -294,6 +294,30 @@ static void fail_slot(events_t *ev, bool *failed, int total, int slot)
     events_emit(ev, "slot_failed", f);
 }
 
+/* The ranks of an incarnation whose host's agent is gone (agent mode; watch_config_t). */
+typedef struct host_check {
+    hosts_t *hosts;
+    const int *slots;
+    int world;
+    agent_t *agent;   /* this host's: its own key gone means this leader is deposed instead */
+    const char *self;
+} host_check_t;
+
+static int lost_ranks(void *user, int *lost, const char **host)
+{
+    host_check_t *hc = user;
+    if (agent_deposed(hc->agent) || hosts_refresh(hc->hosts) != 0)
+        return 0; /* deposed: the watch stops; etcd did not answer: judged at the next poll */
+    int n = 0;
+    for (int k = 0; k < hc->world; k++) {
+        int i = hosts_of_slot(hc->hosts, hc->slots[k]);
+        if (i < 0 || hc->hosts->live[i] || !strcmp(hc->hosts->name[i], hc->self)) continue;
+        host[n] = hc->hosts->name[i]; /* stays put until the next refresh */
+        lost[n++] = k;
+    }
+    return n;
+}
+
 /* Ends incarnation inc on every host (agent mode) and fails the slots of the hosts lost. */
 static void end_on_hosts(const job_spec_t *s, hosts_t *h, events_t *ev, bool *failed, int inc,
                          const int *slots, int world, ticker_t *tk)
@@ -544,6 +568,11 @@ static int lead(job_spec_t *sp, agent_t *ag)
                              .endpoint = endpoint, .recovering = recovering,
                              .previous_step = previous_step, .failed_at = last_detected,
                              .teardown_s = last_teardown, .remote_ranks = ag != NULL};
+        host_check_t hc = {&hosts, active, world, ag, s.host};
+        if (ag) {
+            wc.lost_ranks = lost_ranks;
+            wc.lost_ranks_user = &hc;
+        }
         int free_slots = -world; /* healthy slots outside the incarnation: spares */
         for (int i = 0; i < total && !ag; i++) free_slots += !failed[i];
         if (ag) free_slots = agent_spares; /* the live hosts' healthy slots not in use */
