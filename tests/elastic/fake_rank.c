@@ -44,10 +44,14 @@ int main(int argc, char **argv)
             print_config = 1;
             continue;
         }
-        if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
-        else if (!strcmp(argv[i], "--on-rank") && i + 1 < argc) on_rank = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--wait-s") && i + 1 < argc) wait_s = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ckpt-dir") && i + 1 < argc) ckpt_dir = argv[++i];
+        if (!strcmp(argv[i], "--mode") && i + 1 < argc)
+            mode = argv[++i];
+        else if (!strcmp(argv[i], "--on-rank") && i + 1 < argc)
+            on_rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--wait-s") && i + 1 < argc)
+            wait_s = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ckpt-dir") && i + 1 < argc)
+            ckpt_dir = argv[++i];
     }
     if (print_config) {
         printf("{\"model\": {\"experts\": 4, \"ffn_hidden\": 16, \"layers\": 4}, "

@@ -143,8 +143,10 @@ static void test_member(void **state)
     assert_non_null(strstr(v, "\"phase\":\"started\""));
     assert_non_null(strstr(v, "\"rank\":1"));
     free(v);
-    assert_int_equal(moe_elastic_member_report(m, MOE_ELASTIC_PHASE_RESUMED, 30), MOE_STATUS_SUCCESS);
-    assert_int_equal(moe_elastic_member_report(m, MOE_ELASTIC_PHASE_TRAINING, 31), MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_elastic_member_report(m, MOE_ELASTIC_PHASE_RESUMED, 30),
+                     MOE_STATUS_SUCCESS);
+    assert_int_equal(moe_elastic_member_report(m, MOE_ELASTIC_PHASE_TRAINING, 31),
+                     MOE_STATUS_SUCCESS);
     double t0 = proc_now();
     bool seen = false;
     while (!seen && proc_now() - t0 < 5) {
@@ -194,10 +196,7 @@ static void test_member_from_env(void **state)
     unsetenv("MOE_ELASTIC_ENDPOINT");
 }
 
-static void on_orphaned(void *user, const char *why)
-{
-    snprintf((char *)user, 128, "%s", why);
-}
+static void on_orphaned(void *user, const char *why) { snprintf((char *)user, 128, "%s", why); }
 
 /* a rank watching its launcher's key (as from MOE_ELASTIC_LAUNCHER_KEY) is orphaned once the
  * launcher's lease is gone: its handler runs within about a renewal, with the cause */
@@ -243,12 +242,9 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_put_range_delete),
-        cmocka_unit_test(test_lease_revoke),
-        cmocka_unit_test(test_lease_expires),
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_member),
-        cmocka_unit_test(test_member_from_env),
+        cmocka_unit_test(test_put_range_delete), cmocka_unit_test(test_lease_revoke),
+        cmocka_unit_test(test_lease_expires),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_member),           cmocka_unit_test(test_member_from_env),
         cmocka_unit_test(test_member_orphaned),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

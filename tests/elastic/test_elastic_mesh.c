@@ -84,8 +84,8 @@ static void test_tp_is_kept(void **state)
 static void test_microbatches_change_to_keep_the_batch(void **state)
 {
     (void)state;
-    static const el_mesh_t valid[] = {{1, 1, 6, 1, 1}, {1, 1, 6, 1, 2}, {1, 2, 3, 1, 1},
-                                      {1, 2, 3, 1, 2}, {1, 2, 4, 1, 1}};
+    static const el_mesh_t valid[] = {
+        {1, 1, 6, 1, 1}, {1, 1, 6, 1, 2}, {1, 2, 3, 1, 1}, {1, 2, 3, 1, 2}, {1, 2, 4, 1, 1}};
     el_model_shape_t s = {.job = {1, 2, 4, 1, 4}, .valid = valid, .n_valid = N(valid)};
     expect(&s, 6, (el_mesh_t){1, 2, 3, 1, 2});
 }

@@ -18,18 +18,18 @@ struct agent {
     job_spec_t *s;
     el_etcd_t *etcd;
     events_t ev;
-    int64_t lease;            /* renewed by the keep-alive thread on its own client */
+    int64_t lease; /* renewed by the keep-alive thread on its own client */
     el_etcd_t *renew_etcd;
     pthread_t renewer;
     atomic_bool stop_renewing, lease_lost;
     bool renewing;
-    char key[320];            /* /moe/<job>/agents/<host> */
-    pid_t sid;                /* 0, or this session only (--host-session: a simulated host) */
+    char key[320]; /* /moe/<job>/agents/<host> */
+    pid_t sid;     /* 0, or this session only (--host-session: a simulated host) */
     /* the incarnation whose ranks this host runs */
     int inc;
     pid_t pids[WATCH_MAX_RANKS]; /* rank -> its process here, once seen (0: not here) */
     bool reported[WATCH_MAX_RANKS];
-    double ending_since;      /* > 0: ending inc's ranks */
+    double ending_since; /* > 0: ending inc's ranks */
     bool acked;
 };
 
@@ -91,8 +91,10 @@ static void report(agent_t *a, const char *prefix, const int *slots, int n_slots
     if (k >= n_slots) return;
     char key[512], v[512];
     snprintf(key, sizeof key, "%s/exit/%d", prefix, slots[k]);
-    snprintf(v, sizeof v, "{\"slot\":%d,\"rank\":%d,\"code\":%d,\"step\":-1,\"cause\":\"%s, "
-             "seen by the agent of host %s\"}", slots[k], k, 128 + sig, what, a->s->host);
+    snprintf(v, sizeof v,
+             "{\"slot\":%d,\"rank\":%d,\"code\":%d,\"step\":-1,\"cause\":\"%s, "
+             "seen by the agent of host %s\"}",
+             slots[k], k, 128 + sig, what, a->s->host);
     bool created;
     if (el_etcd_create_key(a->etcd, key, v, 0, &created, NULL) == MOE_STATUS_SUCCESS)
         a->reported[k] = true;
@@ -114,13 +116,17 @@ static void watch_ranks(agent_t *a)
     snprintf(ended, sizeof ended, "%s/ended/%s", prefix, a->s->host);
     for (size_t i = 0; i < n; i++) {
         const char *rest = kvs[i].key + strlen(key);
-        if (!strcmp(rest, "end")) end = true;
-        else if (!strcmp(kvs[i].key, ended)) acked = true;
+        if (!strcmp(rest, "end"))
+            end = true;
+        else if (!strcmp(kvs[i].key, ended))
+            acked = true;
         else if (!strcmp(rest, "slots"))
             for (char *p = kvs[i].value; *p && n_slots < WATCH_MAX_RANKS;) {
                 slots[n_slots++] = (int)strtol(p, &p, 10);
-                if (*p == ',') p++;
-                else break;
+                if (*p == ',')
+                    p++;
+                else
+                    break;
             }
     }
     for (size_t i = 0; i < n; i++) {
@@ -204,8 +210,7 @@ int agent_main(job_spec_t *s, agent_leader_fn lead)
     bool created = el_etcd_create(s->etcd, job_spec_request_ms(s), &a->etcd) == MOE_STATUS_SUCCESS;
     double deadline = proc_now() + 30.0;
     int reg = -1;
-    while (created && (reg = register_host(a)) != 0 && proc_now() < deadline)
-        usleep(200 * 1000);
+    while (created && (reg = register_host(a)) != 0 && proc_now() < deadline) usleep(200 * 1000);
     created = created && !reg &&
               el_etcd_create(s->etcd, job_spec_request_ms(s), &a->renew_etcd) == MOE_STATUS_SUCCESS;
     a->renewing = created && pthread_create(&a->renewer, NULL, renew_loop, a) == 0;
@@ -227,8 +232,10 @@ int agent_main(job_spec_t *s, agent_leader_fn lead)
     for (;;) {
         usleep((useconds_t)s->poll_ms * 1000);
         if (agent_deposed(a)) {
-            fprintf(stderr, "moe_elastic: agent %s: its lease expired (etcd away longer than the "
-                    "TTL): the host leaves the job\n", s->host);
+            fprintf(stderr,
+                    "moe_elastic: agent %s: its lease expired (etcd away longer than the "
+                    "TTL): the host leaves the job\n",
+                    s->host);
             break;
         }
         agent_tick(a);
@@ -239,9 +246,7 @@ int agent_main(job_spec_t *s, agent_leader_fn lead)
             break;
         }
         bool won = false;
-        if (!ok || el_etcd_create_key(a->etcd, leader, me, a->lease, &won, NULL) ||
-            !won)
-            continue;
+        if (!ok || el_etcd_create_key(a->etcd, leader, me, a->lease, &won, NULL) || !won) continue;
         f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "host", s->host);
         events_emit(&a->ev, "leader", f);

@@ -65,10 +65,15 @@ static int spawn(etcd_server_t *s, int i)
     char data[400], logp[400];
     snprintf(data, sizeof data, "%s/%s", s->dir, m->name);
     snprintf(logp, sizeof logp, "%s/%s.log", s->dir, m->name);
-    char *argv[] = {s->binary, "--name", m->name, "--data-dir", data,
-                    "--listen-client-urls", m->client, "--advertise-client-urls", m->client,
-                    "--listen-peer-urls", m->peer, "--initial-advertise-peer-urls", m->peer,
-                    "--initial-cluster", s->cluster, "--initial-cluster-token", s->dir, NULL};
+    char *argv[] = {s->binary,  "--name",
+                    m->name,    "--data-dir",
+                    data,       "--listen-client-urls",
+                    m->client,  "--advertise-client-urls",
+                    m->client,  "--listen-peer-urls",
+                    m->peer,    "--initial-advertise-peer-urls",
+                    m->peer,    "--initial-cluster",
+                    s->cluster, "--initial-cluster-token",
+                    s->dir,     NULL};
     m->pid = proc_spawn_session(argv, logp);
     if (m->pid < 0) {
         m->pid = 0;
@@ -150,8 +155,7 @@ int etcd_server_start(etcd_server_t *s, const char *binary, int n, int ready_ms,
 int etcd_server_supervise(etcd_server_t *s, int *member, int *wait_status)
 {
     for (int i = 0; i < s->n; i++) {
-        if (s->m[i].pid <= 0 || waitpid(s->m[i].pid, wait_status, WNOHANG) != s->m[i].pid)
-            continue;
+        if (s->m[i].pid <= 0 || waitpid(s->m[i].pid, wait_status, WNOHANG) != s->m[i].pid) continue;
         s->m[i].pid = 0;
         *member = i;
         return spawn(s, i) ? -1 : 1;

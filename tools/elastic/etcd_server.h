@@ -15,16 +15,16 @@
 #define ETCD_SERVER_MAX_MEMBERS 7
 
 typedef struct etcd_server_member {
-    pid_t pid;           /* 0: not running */
+    pid_t pid; /* 0: not running */
     char name[16];
-    char client[64];     /* http://127.0.0.1:<port> */
+    char client[64]; /* http://127.0.0.1:<port> */
     char peer[64];
 } etcd_server_member_t;
 
 typedef struct etcd_server {
-    int n;               /* members; 0: none started */
+    int n; /* members; 0: none started */
     etcd_server_member_t m[ETCD_SERVER_MAX_MEMBERS];
-    char dir[256];       /* member i's data in <dir>/<name>, its log <dir>/<name>.log */
+    char dir[256]; /* member i's data in <dir>/<name>, its log <dir>/<name>.log */
     char endpoint[ETCD_SERVER_MAX_MEMBERS * 64]; /* the clients' list: every member, commas */
     char cluster[ETCD_SERVER_MAX_MEMBERS * 96];  /* etcd's --initial-cluster */
     char binary[256];

@@ -34,7 +34,8 @@ int hosts_refresh(hosts_t *h)
     h->n = 0;
     h->total = 0;
     const cJSON *e;
-    cJSON_ArrayForEach(e, m) {
+    cJSON_ArrayForEach(e, m)
+    {
         if (h->n == HOSTS_MAX || !cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2) continue;
         snprintf(h->name[h->n], sizeof h->name[0], "%s", e->string);
         h->first[h->n] = (int)cJSON_GetArrayItem(e, 0)->valuedouble;
@@ -154,7 +155,8 @@ double hosts_end_incarnation(hosts_t *h, int inc, const int *slots, int world, d
                 for (int i = 0; i < h->n; i++) {
                     if (!want[i]) continue;
                     bool acked = false;
-                    for (size_t j = 0; j < n; j++) acked |= !strcmp(kvs[j].key + strlen(pfx), h->name[i]);
+                    for (size_t j = 0; j < n; j++)
+                        acked |= !strcmp(kvs[j].key + strlen(pfx), h->name[i]);
                     lost[i] = !h->live[i];
                     waiting += !acked && h->live[i];
                 }

@@ -23,8 +23,8 @@ typedef struct hosts {
     int n;
     char name[HOSTS_MAX][64];
     int first[HOSTS_MAX], slots[HOSTS_MAX];
-    bool live[HOSTS_MAX];    /* its agent's key is there */
-    int total;               /* slot numbers in use: 0 .. total-1 */
+    bool live[HOSTS_MAX]; /* its agent's key is there */
+    int total;            /* slot numbers in use: 0 .. total-1 */
 } hosts_t;
 
 /* Reads the live agents and the slot map, giving new hosts their slots (written back). Returns

@@ -22,9 +22,9 @@ typedef struct rank_view {
     int exit_code;
     int64_t exit_step;
     char cause[400];
-    pid_t pid;             /* from the member key */
-    pid_t proc_pid;        /* the rank's process, from mpirun's session or the member key */
-    double gone_at;        /* when its process was first seen gone (0: not yet) */
+    pid_t pid;      /* from the member key */
+    pid_t proc_pid; /* the rank's process, from mpirun's session or the member key */
+    double gone_at; /* when its process was first seen gone (0: not yet) */
     char phase[16];
     int64_t step, resumed_step;
 } rank_view_t;
@@ -68,14 +68,16 @@ static bool read_views(const watch_config_t *c, rank_view_t *v)
             v[r].step = num(o, "step", 0);
             v[r].resumed_step = num(o, "resumed_step", -1);
             const cJSON *ph = cJSON_GetObjectItemCaseSensitive(o, "phase");
-            snprintf(v[r].phase, sizeof v[r].phase, "%s", cJSON_IsString(ph) ? ph->valuestring : "");
+            snprintf(v[r].phase, sizeof v[r].phase, "%s",
+                     cJSON_IsString(ph) ? ph->valuestring : "");
             if (c->straggler) straggler_watch_take(c->straggler, r, o);
         } else {
             v[r].exited = true;
             v[r].exit_code = (int)num(o, "code", -1);
             v[r].exit_step = num(o, "step", -1);
             const cJSON *cs = cJSON_GetObjectItemCaseSensitive(o, "cause");
-            snprintf(v[r].cause, sizeof v[r].cause, "%s", cJSON_IsString(cs) ? cs->valuestring : "");
+            snprintf(v[r].cause, sizeof v[r].cause, "%s",
+                     cJSON_IsString(cs) ? cs->valuestring : "");
         }
         cJSON_Delete(o);
     }
@@ -98,14 +100,16 @@ static void add_blame(watch_result_t *r, cJSON *list, int slot, int rank, const 
 }
 
 /* Ranks whose process is gone (without an exit record) or stopped: lost with the first one. */
-static void blame_dead_processes(const watch_config_t *c, const rank_view_t *v,
-                                 watch_result_t *r, cJSON *list)
+static void blame_dead_processes(const watch_config_t *c, const rank_view_t *v, watch_result_t *r,
+                                 cJSON *list)
 {
     for (int k = 0; k < c->world; k++) {
         if (!v[k].seen || v[k].pid <= 0 || v[k].exited) continue;
         char st = proc_state(v[k].pid);
-        if (st == 'T' || st == 't') add_blame(r, list, c->slots[k], k, "stopped", "process stopped");
-        else if (proc_gone(v[k].pid)) add_blame(r, list, c->slots[k], k, "process gone", NULL);
+        if (st == 'T' || st == 't')
+            add_blame(r, list, c->slots[k], k, "stopped", "process stopped");
+        else if (proc_gone(v[k].pid))
+            add_blame(r, list, c->slots[k], k, "process gone", NULL);
     }
 }
 
@@ -145,7 +149,8 @@ static void etcd_state(const watch_config_t *c, bool answered, bool *down, doubl
         cJSON *f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "endpoint", c->endpoint ? c->endpoint : "");
         cJSON_AddStringToObject(f, "error", moe_last_error());
-        cJSON_AddStringToObject(f, "effect", "ranks train on; failures are found by their "
+        cJSON_AddStringToObject(f, "effect",
+                                "ranks train on; failures are found by their "
                                 "processes until etcd answers");
         events_emit(c->events, "etcd_unreachable", f);
     } else if (answered && *down) {
@@ -173,10 +178,11 @@ static void check_processes(const watch_config_t *c, rank_view_t *v, bool read, 
         if (st == 'T' || st == 't') {
             add_blame(r, blame, c->slots[k], k, "stopped", "process stopped");
         } else if (proc_gone(v[k].proc_pid)) {
-            if (!v[k].gone_at) v[k].gone_at = now;
+            if (!v[k].gone_at)
+                v[k].gone_at = now;
             else if (read || now - v[k].gone_at > 1.0)
-                add_blame(r, blame, c->slots[k], k, v[k].seen ? "process gone" :
-                          "process gone before it registered", NULL);
+                add_blame(r, blame, c->slots[k], k,
+                          v[k].seen ? "process gone" : "process gone before it registered", NULL);
         }
     }
 }
@@ -290,8 +296,8 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
         }
         int slow;
         if (c->straggler && read && !mpirun_done &&
-            straggler_watch_poll(c->straggler, c->events, c->incarnation, c->slots, &slow,
-                                 detail, sizeof detail)) {
+            straggler_watch_poll(c->straggler, c->events, c->incarnation, c->slots, &slow, detail,
+                                 sizeof detail)) {
             add_blame(r, blame, c->slots[slow], slow, "straggler", detail);
             reason = "straggler";
             break;
@@ -307,8 +313,9 @@ void watch_incarnation(const watch_config_t *c, watch_result_t *r)
                 for (int k = 0; k < c->world; k++) {
                     if (v[k].exit_step > r->last_step) r->last_step = v[k].exit_step;
                     if (!v[k].exited)
-                        add_blame(r, blame, c->slots[k], k, v[k].seen ? "no exit record" :
-                                  "exited before it registered", NULL);
+                        add_blame(r, blame, c->slots[k], k,
+                                  v[k].seen ? "no exit record" : "exited before it registered",
+                                  NULL);
                 }
                 if (!r->n_blamed) {
                     r->done = true;

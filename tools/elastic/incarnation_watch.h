@@ -33,24 +33,24 @@
 typedef struct watch_config {
     el_etcd_t *etcd;
     events_t *events;
-    const char *prefix;      /* the incarnation's keys */
+    const char *prefix; /* the incarnation's keys */
     int incarnation;
     int world;
-    const int *slots;        /* slot of each rank */
-    pid_t mpirun;            /* leader of the incarnation's session */
+    const int *slots; /* slot of each rank */
+    pid_t mpirun;     /* leader of the incarnation's session */
     double start_timeout_s, poll_s, peer_lost_grace_s;
-    volatile int *stop;      /* set by a signal: end the incarnation */
+    volatile int *stop;       /* set by a signal: end the incarnation */
     void (*tick)(void *user); /* called at every poll (etcd's supervision, the relay, reaping) */
     void *tick_user;
-    const char *endpoint;    /* named in the etcd events */
+    const char *endpoint; /* named in the etcd events */
     /* the ranks run on other hosts (agent mode): their processes are not this machine's to
      * check; the hosts' agents check them and write an exit record for a rank gone or stopped */
     bool remote_ranks;
     /* after a failure: the recovery event is emitted at this incarnation's first step */
     bool recovering;
-    int64_t previous_step;   /* the highest step reached before */
-    double failed_at;        /* monotonic s: the failure's detection */
-    double teardown_s;       /* the failed incarnation's end */
+    int64_t previous_step; /* the highest step reached before */
+    double failed_at;      /* monotonic s: the failure's detection */
+    double teardown_s;     /* the failed incarnation's end */
     /* slow ranks (NULL: not watched): reported, and under the replace policy the incarnation
      * ends after the next checkpoint with the straggler blamed ("straggler") */
     straggler_watch_t *straggler;
@@ -64,15 +64,15 @@ typedef struct watch_config {
 } watch_config_t;
 
 typedef struct watch_result {
-    bool done;               /* mpirun exited 0: the trainer finished */
-    bool stopped;            /* *stop was set */
-    bool mpirun_exited;      /* mpirun ended by itself (killed or failed) with no rank to blame */
-    int n_registered;        /* ranks that registered */
+    bool done;          /* mpirun exited 0: the trainer finished */
+    bool stopped;       /* *stop was set */
+    bool mpirun_exited; /* mpirun ended by itself (killed or failed) with no rank to blame */
+    int n_registered;   /* ranks that registered */
     int n_blamed;
-    int blamed[WATCH_MAX_RANKS];   /* slots to mark failed */
-    int64_t last_step;       /* the highest step any rank reported */
-    int64_t resume_step;     /* the step the ranks resumed from (-1 before they report it) */
-    double launched_at, detected_at;   /* monotonic s */
+    int blamed[WATCH_MAX_RANKS]; /* slots to mark failed */
+    int64_t last_step;           /* the highest step any rank reported */
+    int64_t resume_step;         /* the step the ranks resumed from (-1 before they report it) */
+    double launched_at, detected_at; /* monotonic s */
 } watch_result_t;
 
 /* Watches until done or failure (emitting ranks_up, resumed, first_step, failure). */

@@ -46,14 +46,18 @@ int job_lock_take(const char *dir, double wait_s, char *err, size_t len)
         ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
         long holder = n > 0 ? strtol(buf, NULL, 10) : 0;
         if (holder > 0 && kill((pid_t)holder, 0) == 0) {
-            snprintf(err, len, "the job folder %s is in use by moe_elastic (pid %ld): two jobs "
-                     "cannot write one folder", dir, holder);
+            snprintf(err, len,
+                     "the job folder %s is in use by moe_elastic (pid %ld): two jobs "
+                     "cannot write one folder",
+                     dir, holder);
             close(fd);
             return -1;
         }
         if (proc_now() >= end) {
-            snprintf(err, len, "the job folder %s is still held by the processes of a launcher "
-                     "that is gone (pid %ld) after %.0f s; end them first", dir, holder, wait_s);
+            snprintf(err, len,
+                     "the job folder %s is still held by the processes of a launcher "
+                     "that is gone (pid %ld) after %.0f s; end them first",
+                     dir, holder, wait_s);
             close(fd);
             return -1;
         }

@@ -49,8 +49,14 @@
 #include "spec.h"
 #include <moe/elastic.h>
 
-enum { EXIT_DONE = 0, EXIT_LAUNCHER = 1, EXIT_ARGS = 2, EXIT_TOO_FEW = 3, EXIT_RESTARTS = 4,
-       EXIT_SIGNALLED = 130 };
+enum {
+    EXIT_DONE = 0,
+    EXIT_LAUNCHER = 1,
+    EXIT_ARGS = 2,
+    EXIT_TOO_FEW = 3,
+    EXIT_RESTARTS = 4,
+    EXIT_SIGNALLED = 130
+};
 
 static volatile int stop_requested;
 
@@ -89,8 +95,8 @@ static void stop_event(events_t *ev, const char *why, int code)
 }
 
 /* Starts an incarnation on the given slots and mesh; returns mpirun's pid or -1. */
-static pid_t launch(const job_spec_t *s, const char *endpoint, const char *prefix,
-                    const int *slots, int world, const el_mesh_t *m, const char *hostfile)
+static pid_t launch(const job_spec_t *s, const char *endpoint, const char *prefix, const int *slots,
+                    int world, const el_mesh_t *m, const char *hostfile)
 {
     char slot_list[4096] = "", ttl[16], np[16], mesh[128], mb[32];
     for (int i = 0; i < world; i++) {
@@ -109,10 +115,14 @@ static pid_t launch(const job_spec_t *s, const char *endpoint, const char *prefi
     char **argv = calloc((size_t)(s->n_mpirun_args + s->n_trainer + 24), sizeof *argv);
     if (!argv) return -1;
     int n = 0;
-    const char *fixed[] = {s->mpirun, "-np", np, "--enable-recovery", "-x", "MOE_ELASTIC_ENDPOINT",
-                           "-x", "MOE_ELASTIC_PREFIX", "-x", "MOE_ELASTIC_SLOTS", "-x",
-                           "MOE_ELASTIC_TTL_MS", "-x", "MOE_ELASTIC_LAUNCHER_KEY", "-x",
-                           "MOE_ELASTIC_ORPHAN_MS"};
+    const char *fixed[] = {s->mpirun, "-np",
+                           np,        "--enable-recovery",
+                           "-x",      "MOE_ELASTIC_ENDPOINT",
+                           "-x",      "MOE_ELASTIC_PREFIX",
+                           "-x",      "MOE_ELASTIC_SLOTS",
+                           "-x",      "MOE_ELASTIC_TTL_MS",
+                           "-x",      "MOE_ELASTIC_LAUNCHER_KEY",
+                           "-x",      "MOE_ELASTIC_ORPHAN_MS"};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) argv[n++] = (char *)fixed[i];
     if (hostfile) { /* agent mode: the live hosts; rank k on slots[k]'s host (hosts.h) */
         argv[n++] = "--hostfile";
@@ -133,14 +143,14 @@ static pid_t launch(const job_spec_t *s, const char *endpoint, const char *prefi
 /* What the launcher does at every poll, whatever it waits for. */
 typedef struct ticker {
     events_t *ev;
-    etcd_server_t *server;  /* the private etcd, or one of no members */
+    etcd_server_t *server; /* the private etcd, or one of no members */
     relay_t relay;
-    pid_t mpirun;           /* the running incarnation's (its status is the watch's) */
+    pid_t mpirun; /* the running incarnation's (its status is the watch's) */
     const char *ckpt_dir;
     agent_t *agent;         /* agent mode: this host's agent, whose duties go on */
     char rejected[64][128]; /* checkpoints the trainer moved aside, already reported */
     int n_rejected;
-    bool etcd_lost;         /* the private etcd could not be restarted */
+    bool etcd_lost; /* the private etcd could not be restarted */
 } ticker_t;
 
 /* The trainer moves a checkpoint that failed verification aside as .rejected-step-<N>-...
@@ -154,12 +164,13 @@ static void report_rejected(ticker_t *t)
         if (strncmp(e->d_name, ".rejected-", 10) || strlen(e->d_name) >= sizeof t->rejected[0])
             continue;
         bool known = false;
-        for (int i = 0; i < t->n_rejected && !known; i++) known = !strcmp(t->rejected[i], e->d_name);
+        for (int i = 0; i < t->n_rejected && !known; i++)
+            known = !strcmp(t->rejected[i], e->d_name);
         if (known || t->n_rejected == (int)(sizeof t->rejected / sizeof *t->rejected)) continue;
         snprintf(t->rejected[t->n_rejected++], sizeof t->rejected[0], "%s", e->d_name);
         cJSON *f = cJSON_CreateObject();
-        cJSON_AddNumberToObject(f, "step", (double)strtoll(e->d_name + strlen(".rejected-step-"),
-                                                          NULL, 10));
+        cJSON_AddNumberToObject(f, "step",
+                                (double)strtoll(e->d_name + strlen(".rejected-step-"), NULL, 10));
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", t->ckpt_dir, e->d_name);
         cJSON_AddStringToObject(f, "moved_to", path);
@@ -178,8 +189,8 @@ static void supervise_etcd(ticker_t *t)
         cJSON_AddStringToObject(f, "endpoint", t->server->m[member].client);
         cJSON_AddNumberToObject(f, "member", member);
         cJSON_AddStringToObject(f, "how", WIFSIGNALED(status) ? "killed by a signal" : "exited");
-        cJSON_AddNumberToObject(f, "code", WIFSIGNALED(status) ? WTERMSIG(status)
-                                                                : WEXITSTATUS(status));
+        cJSON_AddNumberToObject(f, "code",
+                                WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
         cJSON_AddBoolToObject(f, "restarted", sup > 0);
         events_emit(t->ev, "etcd_exited", f);
         t->etcd_lost |= sup < 0;
@@ -228,8 +239,10 @@ static int launcher_lease(const job_spec_t *s, el_etcd_t *etcd, const char *endp
         return -1;
     }
     if (n) {
-        snprintf(err, len, "job \"%s\" already has a live launcher in etcd at %s (%s): one "
-                 "launcher per job", s->job, endpoint, kvs[0].value);
+        snprintf(err, len,
+                 "job \"%s\" already has a live launcher in etcd at %s (%s): one "
+                 "launcher per job",
+                 s->job, endpoint, kvs[0].value);
         el_kvs_free(kvs, n);
         return -2;
     }
@@ -273,8 +286,8 @@ static int pick_on_hosts(const job_spec_t *s, const trainer_info_t *info, hosts_
     el_mesh_t next;
     if (max_world < s->min_world ||
         el_choose_mesh(&info->shape, max_world, s->min_world, &next) != MOE_STATUS_SUCCESS) {
-        snprintf(err, len, "%d healthy slots on the live hosts (min world %d): %s", n,
-                 s->min_world, max_world < s->min_world ? "too few" : moe_last_error());
+        snprintf(err, len, "%d healthy slots on the live hosts (min world %d): %s", n, s->min_world,
+                 max_world < s->min_world ? "too few" : moe_last_error());
         return EXIT_TOO_FEW;
     }
     *world = (int)(next.tp * next.ep * next.dp * next.pp);
@@ -299,7 +312,7 @@ typedef struct host_check {
     hosts_t *hosts;
     const int *slots;
     int world;
-    agent_t *agent;   /* this host's: its own key gone means this leader is deposed instead */
+    agent_t *agent; /* this host's: its own key gone means this leader is deposed instead */
     const char *self;
 } host_check_t;
 
@@ -336,7 +349,8 @@ static void end_on_hosts(const job_spec_t *s, hosts_t *h, events_t *ev, bool *fa
         cJSON_AddItemToObject(f, "slots", sl);
         cJSON_AddNumberToObject(f, "found_after_s", took);
         events_emit(ev, "host_lost", f);
-        for (int k = 0; k < h->slots[i]; k++) fail_slot(ev, failed, WATCH_MAX_RANKS, h->first[i] + k);
+        for (int k = 0; k < h->slots[i]; k++)
+            fail_slot(ev, failed, WATCH_MAX_RANKS, h->first[i] + k);
     }
     hosts_failed_write(h, failed, WATCH_MAX_RANKS);
 }
@@ -420,10 +434,13 @@ static int lead(job_spec_t *sp, agent_t *ag)
     char hostfile[1100] = "";
     if (ag) {
         const char *tmp = moe_env_string(MOE_ENV_TMPDIR, NULL);
-        snprintf(hostfile, sizeof hostfile, "%s/moe-elastic-hosts-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        snprintf(hostfile, sizeof hostfile, "%s/moe-elastic-hosts-XXXXXX",
+                 tmp && *tmp ? tmp : "/tmp");
         int fd = mkstemp(hostfile);
-        if (fd < 0) hostfile[0] = 0;
-        else close(fd);
+        if (fd < 0)
+            hostfile[0] = 0;
+        else
+            close(fd);
     }
     int code = EXIT_LAUNCHER;
     bool *failed = NULL;
@@ -559,15 +576,25 @@ static int lead(job_spec_t *sp, agent_t *ag)
             cJSON_AddItemToObject(f, "hosts", hl);
         }
         events_emit(evp, "launch", f);
-        watch_config_t wc = {.etcd = etcd, .events = evp, .prefix = prefix, .incarnation = inc,
-                             .world = world, .slots = active, .mpirun = mpirun,
+        watch_config_t wc = {.etcd = etcd,
+                             .events = evp,
+                             .prefix = prefix,
+                             .incarnation = inc,
+                             .world = world,
+                             .slots = active,
+                             .mpirun = mpirun,
                              .start_timeout_s = s.start_timeout_ms / 1000.0,
                              .poll_s = s.poll_ms / 1000.0,
                              .peer_lost_grace_s = 2 * s.ttl_ms / 1000.0,
-                             .stop = &stop_requested, .tick = tick, .tick_user = tk,
-                             .endpoint = endpoint, .recovering = recovering,
-                             .previous_step = previous_step, .failed_at = last_detected,
-                             .teardown_s = last_teardown, .remote_ranks = ag != NULL};
+                             .stop = &stop_requested,
+                             .tick = tick,
+                             .tick_user = tk,
+                             .endpoint = endpoint,
+                             .recovering = recovering,
+                             .previous_step = previous_step,
+                             .failed_at = last_detected,
+                             .teardown_s = last_teardown,
+                             .remote_ranks = ag != NULL};
         host_check_t hc = {&hosts, active, world, ag, s.host};
         if (ag) {
             wc.lost_ranks = lost_ranks;
@@ -586,8 +613,8 @@ static int lead(job_spec_t *sp, agent_t *ag)
             f = cJSON_CreateObject();
             cJSON_AddNumberToObject(f, "incarnations", inc + 1);
             cJSON_AddNumberToObject(f, "restarts", restarts);
-            cJSON_AddNumberToObject(f, "step", (double)(r.last_step >= 0 ? r.last_step
-                                                                           : info.steps));
+            cJSON_AddNumberToObject(f, "step",
+                                    (double)(r.last_step >= 0 ? r.last_step : info.steps));
             events_emit(evp, "done", f);
             code = EXIT_DONE;
             break;
@@ -611,14 +638,19 @@ static int lead(job_spec_t *sp, agent_t *ag)
             break;
         }
         if (r.stopped) {
-            stop_event(evp, ag && agent_deposed(ag) ? "this agent's lease expired: another "
-                       "agent leads" : "stopped by a signal", EXIT_SIGNALLED);
+            stop_event(evp,
+                       ag && agent_deposed(ag) ? "this agent's lease expired: another "
+                                                 "agent leads"
+                                               : "stopped by a signal",
+                       EXIT_SIGNALLED);
             code = EXIT_SIGNALLED;
             break;
         }
         if (tk->etcd_lost) {
-            snprintf(err, sizeof err, "a member of the private etcd at %s exited and could not "
-                     "be started again", endpoint);
+            snprintf(err, sizeof err,
+                     "a member of the private etcd at %s exited and could not "
+                     "be started again",
+                     endpoint);
             stop_event(evp, err, EXIT_LAUNCHER);
             break;
         }
@@ -637,8 +669,10 @@ static int lead(job_spec_t *sp, agent_t *ag)
         for (int i = 0; i < r.n_blamed; i++) fail_slot(evp, failed, total, r.blamed[i]);
         if (ag) hosts_failed_write(&hosts, failed, total);
         if (++restarts > s.max_restarts) {
-            snprintf(err, sizeof err, "incarnation %d failed after %d restarts: --max-restarts "
-                     "%d reached", inc, restarts - 1, s.max_restarts);
+            snprintf(err, sizeof err,
+                     "incarnation %d failed after %d restarts: --max-restarts "
+                     "%d reached",
+                     inc, restarts - 1, s.max_restarts);
             stop_event(evp, err, EXIT_RESTARTS);
             code = EXIT_RESTARTS;
             break;
@@ -647,7 +681,8 @@ static int lead(job_spec_t *sp, agent_t *ag)
         int healthy[WATCH_MAX_RANKS], n_healthy = 0;
         char failed_list[1024] = "";
         for (int i = 0; i < total; i++) {
-            if (!failed[i]) healthy[n_healthy++] = i;
+            if (!failed[i])
+                healthy[n_healthy++] = i;
             else {
                 size_t l = strlen(failed_list);
                 snprintf(failed_list + l, sizeof failed_list - l, "%s%d", l ? "," : "", i);
@@ -667,9 +702,9 @@ static int lead(job_spec_t *sp, agent_t *ag)
         world = (int)(next.tp * next.ep * next.dp * next.pp);
         for (int i = 0; i < world; i++) active[i] = healthy[i];
         f = mesh_json(&next, active, world);
-        cJSON_AddBoolToObject(f, "changed", next.tp != mesh.tp || next.ep != mesh.ep ||
-                                                next.dp != mesh.dp || next.pp != mesh.pp ||
-                                                next.microbatches != mesh.microbatches);
+        cJSON_AddBoolToObject(f, "changed",
+                              next.tp != mesh.tp || next.ep != mesh.ep || next.dp != mesh.dp ||
+                                  next.pp != mesh.pp || next.microbatches != mesh.microbatches);
         cJSON_AddNumberToObject(f, "spares_left", n_healthy - world);
         events_emit(evp, "mesh", f);
         mesh = next;

@@ -168,10 +168,7 @@ static void send_sig(pid_t pid, char st, pid_t pp, void *user)
     kill(pid, *(int *)user);
 }
 
-size_t proc_kill_session(pid_t sid, int sig)
-{
-    return each_in_session(sid, send_sig, &sig);
-}
+size_t proc_kill_session(pid_t sid, int sig) { return each_in_session(sid, send_sig, &sig); }
 
 static void reap_child(pid_t pid, char st, pid_t pp, void *user)
 {
@@ -179,10 +176,7 @@ static void reap_child(pid_t pid, char st, pid_t pp, void *user)
     if (st == 'Z' && pp == getpid()) waitpid(pid, NULL, WNOHANG);
 }
 
-void proc_reap_session(pid_t sid)
-{
-    each_in_session(sid, reap_child, NULL);
-}
+void proc_reap_session(pid_t sid) { each_in_session(sid, reap_child, NULL); }
 
 int proc_run_capture(char *const argv[], double timeout_s, char *out, size_t len)
 {

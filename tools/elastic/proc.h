@@ -10,8 +10,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-double proc_now(void);   /* monotonic seconds */
-double proc_wall(void);  /* Unix time, seconds */
+double proc_now(void);  /* monotonic seconds */
+double proc_wall(void); /* Unix time, seconds */
 
 /* fork + setsid + exec argv[0] (searched on PATH) with this process's environment; stdout and
  * stderr to log_path (appended) when not NULL. The child gets SIGTERM when the launcher dies

@@ -13,8 +13,8 @@
 
 typedef struct relay {
     const char *path;
-    off_t offset;          /* bytes of the file already read */
-    char partial[4096];    /* a line not yet ended */
+    off_t offset;       /* bytes of the file already read */
+    char partial[4096]; /* a line not yet ended */
     size_t n_partial;
 } relay_t;
 

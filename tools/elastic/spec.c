@@ -14,7 +14,8 @@
 
 void job_spec_usage(FILE *f)
 {
-    fprintf(f,
+    fprintf(
+        f,
         "usage: moe_elastic [options] -- TRAINER [trainer args]\n"
         "Runs a moe_train-compatible trainer (--print-config, --mesh, --train.microbatches,\n"
         "--resume, ckpt.dir and ckpt.every set) as mpirun incarnations; on a lost rank it ends\n"
@@ -48,8 +49,8 @@ void job_spec_usage(FILE *f)
         "                       simulated on one machine)\n");
     straggler_usage(f);
     fprintf(f,
-        "exit: 0 done; 1 launcher failure; 2 bad arguments; 3 too few ranks or no valid mesh;\n"
-        "4 max restarts reached.\n");
+            "exit: 0 done; 1 launcher failure; 2 bad arguments; 3 too few ranks or no valid mesh;\n"
+            "4 max restarts reached.\n");
 }
 
 int job_spec_request_ms(const job_spec_t *s)
@@ -72,39 +73,65 @@ static int int_arg(const char *flag, const char *v, int lo, int *out, char *err,
 
 int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
 {
-    *s = (job_spec_t){.slots = 4, .min_world = 1, .max_world = 0, .ttl_ms = 5000,
-                      .max_restarts = 10, .grace_ms = 2000, .start_timeout_ms = 60000,
-                      .poll_ms = 100, .etcd_members = 1, .etcd_binary = "etcd",
+    *s = (job_spec_t){.slots = 4,
+                      .min_world = 1,
+                      .max_world = 0,
+                      .ttl_ms = 5000,
+                      .max_restarts = 10,
+                      .grace_ms = 2000,
+                      .start_timeout_ms = 60000,
+                      .poll_ms = 100,
+                      .etcd_members = 1,
+                      .etcd_binary = "etcd",
                       .events = "elastic-events.jsonl",
                       .mpirun_log = "elastic-mpirun.log",
-                      .mpirun = "mpirun", .job = "job"};
+                      .mpirun = "mpirun",
+                      .job = "job"};
     straggler_config_default(&s->straggler);
     int i = 1;
     for (; i < argc && strcmp(argv[i], "--"); i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
-        else if (!strcmp(a, "--slots")) rc = int_arg(a, v, 1, &s->slots, err, len), i++;
-        else if (!strcmp(a, "--spares")) rc = int_arg(a, v, 0, &s->spares, err, len), i++;
-        else if (!strcmp(a, "--min-world")) rc = int_arg(a, v, 1, &s->min_world, err, len), i++;
-        else if (!strcmp(a, "--max-world")) rc = int_arg(a, v, 1, &s->max_world, err, len), i++;
-        else if (!strcmp(a, "--ttl-ms")) rc = int_arg(a, v, 1, &s->ttl_ms, err, len), i++;
-        else if (!strcmp(a, "--max-restarts")) rc = int_arg(a, v, 0, &s->max_restarts, err, len), i++;
-        else if (!strcmp(a, "--grace-ms")) rc = int_arg(a, v, 0, &s->grace_ms, err, len), i++;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            return 1;
+        else if (!strcmp(a, "--slots"))
+            rc = int_arg(a, v, 1, &s->slots, err, len), i++;
+        else if (!strcmp(a, "--spares"))
+            rc = int_arg(a, v, 0, &s->spares, err, len), i++;
+        else if (!strcmp(a, "--min-world"))
+            rc = int_arg(a, v, 1, &s->min_world, err, len), i++;
+        else if (!strcmp(a, "--max-world"))
+            rc = int_arg(a, v, 1, &s->max_world, err, len), i++;
+        else if (!strcmp(a, "--ttl-ms"))
+            rc = int_arg(a, v, 1, &s->ttl_ms, err, len), i++;
+        else if (!strcmp(a, "--max-restarts"))
+            rc = int_arg(a, v, 0, &s->max_restarts, err, len), i++;
+        else if (!strcmp(a, "--grace-ms"))
+            rc = int_arg(a, v, 0, &s->grace_ms, err, len), i++;
         else if (!strcmp(a, "--start-timeout-ms"))
             rc = int_arg(a, v, 1, &s->start_timeout_ms, err, len), i++;
-        else if (!strcmp(a, "--etcd") && v) s->etcd = v, i++;
-        else if (!strcmp(a, "--agent")) s->agent = true;
-        else if (!strcmp(a, "--host-session")) s->host_session = true;
-        else if (!strcmp(a, "--host") && v && *v && !strchr(v, '/')) s->host = v, i++;
-        else if (!strcmp(a, "--ranks")) rc = int_arg(a, v, 1, &s->ranks, err, len), i++;
+        else if (!strcmp(a, "--etcd") && v)
+            s->etcd = v, i++;
+        else if (!strcmp(a, "--agent"))
+            s->agent = true;
+        else if (!strcmp(a, "--host-session"))
+            s->host_session = true;
+        else if (!strcmp(a, "--host") && v && *v && !strchr(v, '/'))
+            s->host = v, i++;
+        else if (!strcmp(a, "--ranks"))
+            rc = int_arg(a, v, 1, &s->ranks, err, len), i++;
         else if (!strcmp(a, "--etcd-members"))
             rc = int_arg(a, v, 1, &s->etcd_members, err, len), i++;
-        else if (!strcmp(a, "--etcd-binary") && v) s->etcd_binary = v, i++;
-        else if (!strcmp(a, "--events") && v) s->events = v, i++;
-        else if (!strcmp(a, "--mpirun-log") && v) s->mpirun_log = v, i++;
-        else if (!strcmp(a, "--job") && v && *v && !strchr(v, '/')) s->job = v, i++;
-        else if (!strcmp(a, "--mpirun") && v) s->mpirun = v, i++;
+        else if (!strcmp(a, "--etcd-binary") && v)
+            s->etcd_binary = v, i++;
+        else if (!strcmp(a, "--events") && v)
+            s->events = v, i++;
+        else if (!strcmp(a, "--mpirun-log") && v)
+            s->mpirun_log = v, i++;
+        else if (!strcmp(a, "--job") && v && *v && !strchr(v, '/'))
+            s->job = v, i++;
+        else if (!strcmp(a, "--mpirun") && v)
+            s->mpirun = v, i++;
         else if (!strncmp(a, "--straggler-", 12)) {
             if (straggler_parse_option(&s->straggler, a, v, err, len) < 0) return -1;
             i++;
@@ -134,15 +161,18 @@ int job_spec_parse(job_spec_t *s, int argc, char **argv, char *err, size_t len)
         return -1;
     }
     if (s->etcd_members > ETCD_SERVER_MAX_MEMBERS || (s->etcd && s->etcd_members != 1)) {
-        snprintf(err, len, "--etcd-members %d: the private etcd has 1 to %d members, and none "
-                 "with --etcd", s->etcd_members, ETCD_SERVER_MAX_MEMBERS);
+        snprintf(err, len,
+                 "--etcd-members %d: the private etcd has 1 to %d members, and none "
+                 "with --etcd",
+                 s->etcd_members, ETCD_SERVER_MAX_MEMBERS);
         return -1;
     }
     if (s->agent && !s->host && gethostname(s->host_name, sizeof s->host_name - 1) == 0 &&
         s->host_name[0] && !strchr(s->host_name, '/'))
         s->host = s->host_name;
     if (s->agent && (!s->host || !s->etcd || !s->ranks)) {
-        snprintf(err, len, "--agent needs --ranks N (the job's ranks), --etcd URL[,URL...] (the "
+        snprintf(err, len,
+                 "--agent needs --ranks N (the job's ranks), --etcd URL[,URL...] (the "
                  "agents meet in etcd) and a host name (--host NAME, or gethostname)");
         return -1;
     }
@@ -202,15 +232,18 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
     const char *root_ok = moe_env_string(MOE_ENV_OMPI_ALLOW_ROOT, NULL);
     if (status != 0) free(out);
     if (status != 0 && geteuid() == 0 && !(root_ok && *root_ok)) {
-        snprintf(err, len, "%s refused to run as root (Open MPI needs OMPI_ALLOW_RUN_AS_ROOT=1 "
+        snprintf(err, len,
+                 "%s refused to run as root (Open MPI needs OMPI_ALLOW_RUN_AS_ROOT=1 "
                  "and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the environment, or a user that is "
-                 "not root)", s->mpirun);
+                 "not root)",
+                 s->mpirun);
         return -1;
     }
     if (status != 0) {
-        snprintf(err, len, "the trainer's --print-config on %d ranks failed (%s %d): its "
-                 "arguments or mesh do not fit the job", s->slots,
-                 status < 0 ? "could not run, or timed out:" : "wait status", status);
+        snprintf(err, len,
+                 "the trainer's --print-config on %d ranks failed (%s %d): its "
+                 "arguments or mesh do not fit the job",
+                 s->slots, status < 0 ? "could not run, or timed out:" : "wait status", status);
         return -1;
     }
     /* the JSON object is the output's first '{' to its end (rank 0 prints it alone) */
@@ -248,20 +281,24 @@ int trainer_info_query(const job_spec_t *s, trainer_info_t *info, char *err, siz
              cJSON_IsString(dir) ? dir->valuestring : "");
     cJSON_Delete(root);
     if (!root || missing) {
-        snprintf(err, len, "the trainer's --print-config --print-meshes N is not the JSON "
+        snprintf(err, len,
+                 "the trainer's --print-config --print-meshes N is not the JSON "
                  "moe_train prints (mesh, train, ckpt sections and the meshes list)");
         return -1;
     }
     /* --print-config checks the mesh's shape but not the world (it prints any config) */
     const el_mesh_t *jm = &sh->job;
     if (jm->tp * jm->ep * jm->dp * jm->pp != s->slots) {
-        snprintf(err, len, "the trainer's --print-config mesh tp*ep*dp*pp = "
-                 "%lld*%lld*%lld*%lld does not fit the job's %d slots", (long long)jm->tp,
-                 (long long)jm->ep, (long long)jm->dp, (long long)jm->pp, s->slots);
+        snprintf(err, len,
+                 "the trainer's --print-config mesh tp*ep*dp*pp = "
+                 "%lld*%lld*%lld*%lld does not fit the job's %d slots",
+                 (long long)jm->tp, (long long)jm->ep, (long long)jm->dp, (long long)jm->pp,
+                 s->slots);
         return -1;
     }
     if (!info->ckpt_dir[0] || info->ckpt_every <= 0) {
-        snprintf(err, len, "the trainer needs ckpt.dir and ckpt.every > 0 (--ckpt-dir, "
+        snprintf(err, len,
+                 "the trainer needs ckpt.dir and ckpt.every > 0 (--ckpt-dir, "
                  "--ckpt-every): a restart resumes from its checkpoints");
         return -1;
     }

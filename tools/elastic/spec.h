@@ -16,29 +16,29 @@
 #define SPEC_MAX_MPIRUN_ARGS 32
 
 typedef struct job_spec {
-    int slots, spares;          /* ranks of the job; spare slots taken when one fails */
-    int min_world, max_world;   /* the world never goes below / above these */
-    int ttl_ms;                 /* a rank's lease TTL */
+    int slots, spares;        /* ranks of the job; spare slots taken when one fails */
+    int min_world, max_world; /* the world never goes below / above these */
+    int ttl_ms;               /* a rank's lease TTL */
     int max_restarts;
-    int grace_ms;               /* SIGTERM to SIGKILL when ending an incarnation */
-    int start_timeout_ms;       /* every rank registered in etcd */
+    int grace_ms;         /* SIGTERM to SIGKILL when ending an incarnation */
+    int start_timeout_ms; /* every rank registered in etcd */
     int poll_ms;
-    const char *etcd;           /* an existing etcd's endpoints (commas); NULL: a private one */
-    int etcd_members;           /* the private etcd's members (1, or 3 to survive a lost one) */
+    const char *etcd; /* an existing etcd's endpoints (commas); NULL: a private one */
+    int etcd_members; /* the private etcd's members (1, or 3 to survive a lost one) */
     const char *etcd_binary;
-    const char *events;         /* JSON-lines file */
-    const char *mpirun_log;     /* mpirun's whole output (the launcher relays it without noise) */
+    const char *events;     /* JSON-lines file */
+    const char *mpirun_log; /* mpirun's whole output (the launcher relays it without noise) */
     const char *mpirun;
-    const char *job;            /* keys under /moe/<job>/ */
+    const char *job; /* keys under /moe/<job>/ */
     const char *mpirun_args[SPEC_MAX_MPIRUN_ARGS];
     int n_mpirun_args;
     /* agent mode (agent.h): this host's name and slots (--slots), the job's ranks */
     bool agent;
-    const char *host;           /* default: gethostname (host_name) */
+    const char *host; /* default: gethostname (host_name) */
     char host_name[256];
     int ranks;
-    bool host_session;          /* this host's ranks are the agent's session's (simulated) */
-    char **trainer;             /* argv of the trainer (after "--"), NULL-terminated */
+    bool host_session; /* this host's ranks are the agent's session's (simulated) */
+    char **trainer;    /* argv of the trainer (after "--"), NULL-terminated */
     int n_trainer;
     straggler_config_t straggler; /* --straggler-* */
 } job_spec_t;
