@@ -8,3 +8,7 @@ set_tests_properties(test_house_tree PROPERTIES LABELS house TIMEOUT 60)
 add_test(NAME test_house_env
          COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/check_env.py ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_house_env PROPERTIES LABELS house TIMEOUT 60)
+# Every C and CUDA file formatted as .clang-format says (skipped without clang-format 14).
+add_test(NAME test_house_format
+         COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/check_format.py ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_house_format PROPERTIES LABELS house TIMEOUT 120 SKIP_RETURN_CODE 77)
