@@ -40,7 +40,6 @@ Usage: chaos_elastic.py --launcher moe_elastic --trainer moe_train --mpirun MPIR
          [--seed S] [--steps N] [--ckpt-every K] [--ttl-ms MS] [--meshes M...]
 """
 import argparse
-import json
 import os
 import random
 import shutil
@@ -50,6 +49,7 @@ import subprocess
 import sys
 import time
 
+from records import rows, uninterrupted_losses
 from session import alive, session_left
 
 p = argparse.ArgumentParser()
@@ -78,13 +78,6 @@ def trainer_args(d, mesh):
             "--metrics", os.path.join(d, "metrics.jsonl")]
 
 
-def rows(path):
-    try:
-        return [json.loads(l) for l in open(path) if l.strip()]
-    except OSError:
-        return []
-
-
 def wait_event(events, pred, limit_s):
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
@@ -97,13 +90,8 @@ def wait_event(events, pred, limit_s):
 
 def reference(mesh):
     d = os.path.join(a.work, "reference-" + mesh.replace(",", "-").replace("=", ""))
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
     cmd = [a.mpirun, "-np", "4", "--oversubscribe"] + trainer_args(d, mesh)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: the uninterrupted run exited {r.returncode}: {r.stderr[-2000:]}")
-    return {row["step"]: row["loss"] for row in rows(os.path.join(d, "metrics.jsonl"))}
+    return uninterrupted_losses(cmd, d, ENV, 600)
 
 
 def trial(n, kind, spares, mesh, rng, ref):

@@ -35,6 +35,7 @@ import tempfile
 import time
 import urllib.request
 
+from records import rows
 from session import alive, session_left
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,13 +89,6 @@ def etcd_cluster(d, n=3):
         except OSError:
             time.sleep(0.1)
     return endpoints, procs
-
-
-def rows(path):
-    try:
-        return [json.loads(l) for l in open(path) if l.strip()]
-    except OSError:
-        return []
 
 
 def all_events(d):

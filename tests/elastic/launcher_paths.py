@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 
+from records import rows
 from session import alive, session_left
 
 p = argparse.ArgumentParser()
@@ -59,13 +60,6 @@ env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMPI_MCA_rmaps_base_oversubscribe="1")
 TTL_S = 2.0
 failed = 0
-
-
-def rows(path):
-    try:
-        return [json.loads(l) for l in open(path) if l.strip()]
-    except OSError:
-        return []
 
 
 def wait_event(events, pred, limit_s=60):

@@ -23,7 +23,6 @@ Usage: straggler_elastic.py --launcher moe_elastic --trainer moe_train --mpirun 
          --config tiny.json --work DIR [--steps N] [--ckpt-every K] [--slow-ms MS]
 """
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -31,6 +30,7 @@ import subprocess
 import sys
 import time
 
+from records import rows, uninterrupted_losses
 from session import session_left
 
 p = argparse.ArgumentParser()
@@ -57,22 +57,10 @@ def trainer_args(d):
             "--metrics", os.path.join(d, "metrics.jsonl")]
 
 
-def rows(path):
-    try:
-        return [json.loads(l) for l in open(path) if l.strip()]
-    except OSError:
-        return []
-
-
 def reference():
     d = os.path.join(a.work, "reference")
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
     cmd = [a.mpirun, "-np", "4", "--oversubscribe"] + trainer_args(d)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: the uninterrupted run exited {r.returncode}: {r.stderr[-2000:]}")
-    return {row["step"]: row["loss"] for row in rows(os.path.join(d, "metrics.jsonl"))}
+    return uninterrupted_losses(cmd, d, ENV, 300)
 
 
 def run(name, spares, extra, slow):
