@@ -24,20 +24,6 @@ size_t moe_comm_dtype_size(moe_comm_dtype_t dt)
     return 0;
 }
 
-void moe_comm_format_ranks(char *out, size_t size, const int *ranks, int n)
-{
-    size_t len = (size_t)snprintf(out, size, "world rank%s ", n == 1 ? "" : "s");
-    for (int i = 0; i < n && len < size; i++) {
-        int room = (int)(size - len);
-        int w = snprintf(out + len, (size_t)room, "%s%d", i ? "," : "", ranks[i]);
-        if (w >= room) { /* truncated: end with an ellipsis */
-            if (size >= 4) strcpy(out + size - 4, "...");
-            break;
-        }
-        len += (size_t)w;
-    }
-}
-
 void moe_comm_describe_members(moe_comm_t *c)
 {
     moe_comm_format_ranks(c->members, sizeof c->members, c->world_ranks, c->size);
@@ -55,14 +41,6 @@ int moe_comm_late_members(const moe_comm_t *c, moe_comm_req_t *r, int *late, int
     for (int i = 0; c->world_ranks && i < c->size && n < max; i++)
         if (i != c->rank) late[n++] = c->world_ranks[i];
     return n;
-}
-
-void moe_comm_backoff(unsigned spin)
-{
-    if (spin > 64) {
-        struct timespec ts = {0, spin > 4096 ? 200000 : 20000};
-        nanosleep(&ts, NULL);
-    }
 }
 
 bool moe_comm_mark_dead(moe_comm_t *c, const char *fmt, ...)
@@ -114,7 +92,8 @@ moe_status_t moe_comm_timed_out(moe_comm_t *c, const char *what, int timeout_ms,
     char found[512] = "";
     moe_comm_mark_dead(c, "a timeout in %s", what);
     if (c->watch) {
-        moe_comm_watch_timed_out(c->watch, c, what, timeout_ms, late, nlate, found, sizeof found);
+        moe_comm_watch_timed_out(c->watch, c->name, what, timeout_ms, late, nlate, found,
+                                 sizeof found);
     } else if (nlate > 0 && !(detail && *detail)) {
         char ranks[128];
         moe_comm_format_ranks(ranks, sizeof ranks, late, nlate);
@@ -341,9 +320,16 @@ moe_status_t moe_comm_mpi_rank_size(const void *mpi_comm, int *rank, int *size)
 
 #ifndef MOE_HAVE_MPI
 /* Without MPI there is no mesh of several ranks, hence no watch. */
-moe_status_t moe_comm_watch_create(moe_comm_t *world, moe_comm_watch_t **out)
+moe_status_t moe_comm_mpi_watch(moe_comm_t *world, moe_comm_watch_t **out)
 {
     (void)world;
+    *out = NULL;
+    return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "libmoe was built without MPI");
+}
+moe_status_t moe_comm_watch_create(const void *mpi_comm, int rank, int size, int timeout_ms,
+                                   const moe_logger_t *logger, moe_comm_watch_t **out)
+{
+    (void)mpi_comm, (void)rank, (void)size, (void)timeout_ms, (void)logger;
     *out = NULL;
     return MOE_FAIL(MOE_STATUS_UNSUPPORTED, "libmoe was built without MPI");
 }
@@ -360,10 +346,10 @@ moe_status_t moe_comm_watch_failure(const moe_comm_watch_t *w, const char **caus
     if (cause) *cause = "";
     return MOE_STATUS_SUCCESS;
 }
-void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const char *what,
+void moe_comm_watch_timed_out(moe_comm_watch_t *w, const char *comm_name, const char *what,
                               int timeout_ms, const int *late, int nlate, char *text, size_t size)
 {
-    (void)w, (void)c, (void)what, (void)timeout_ms, (void)late, (void)nlate;
+    (void)w, (void)comm_name, (void)what, (void)timeout_ms, (void)late, (void)nlate;
     if (size) text[0] = '\0';
 }
 void moe_comm_watch_fail(moe_comm_watch_t *w, moe_status_t status, const char *cause)

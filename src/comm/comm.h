@@ -23,6 +23,7 @@
 #include <moe/core.h>
 
 #include "backend/backend.h"
+#include "comm_base.h"
 #include "core/log.h"
 #include "peer_watch.h"
 
@@ -124,6 +125,12 @@ struct moe_comm {
 moe_status_t moe_comm_mpi_create(const void *mpi_comm, const char *name, int timeout_ms,
                                  const moe_backend_t *backend, const moe_logger_t *logger,
                                  moe_comm_t **out);
+/* moe_comm_mpi_watch: the mesh's watch (peer_watch.h) over `world`, an MPI communicator on
+ * host buffers made by moe_comm_mpi_create: created from world's rank, size, timeout, logger
+ * and MPI communicator, and set as world->watch (communicators split from world later
+ * inherit it). [out] out is owned by the caller (moe_comm_watch_destroy, after the
+ * communicators it watches). Collective over world. UNSUPPORTED in a build without MPI. */
+moe_status_t moe_comm_mpi_watch(moe_comm_t *world, moe_comm_watch_t **out);
 /* moe_comm_nccl_create: an NCCL communicator over the same ranks as `bootstrap` (an MPI
  * communicator made above): rank 0 makes the unique id, broadcast through `bootstrap`; the
  * communicator is created non-blocking and polled until bootstrap->timeout_ms, then aborted
@@ -192,11 +199,8 @@ moe_status_t moe_comm_check_alltoallv(const size_t *send_counts, const size_t *s
 /* Write "world ranks a,b,..." (c->world_ranks, truncated with "..." when long) into
  * c->members, for messages. */
 void moe_comm_describe_members(moe_comm_t *c);
-/* "world rank 3" or "world ranks 1,3" for ranks[0..n), truncated with "..." to size. */
-void moe_comm_format_ranks(char *out, size_t size, const int *ranks, int n);
-/* Pause between polls of an operation in flight, growing with the poll count `spin`, so a
- * wait stops burning a core that the peers may need. */
-void moe_comm_backoff(unsigned spin);
+/* moe_comm_format_ranks ("world ranks 1,3") and moe_comm_backoff (the pause between polls)
+ * are in comm_base.h, below this file and the watch. */
 
 /* Blocking helpers (start + wait). */
 moe_status_t moe_comm_allreduce(moe_comm_t *c, const void *send, void *recv, size_t count,

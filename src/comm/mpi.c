@@ -34,28 +34,6 @@
 
 #define A2A_TAG (MOE_COMM_MAX_TAG + 1)
 
-/* ---- MPI helpers (mpi_support.h) ----------------------------------------------------------- */
-
-const char *moe_mpi_describe(int rc)
-{
-    static _Thread_local char buf[MPI_MAX_ERROR_STRING + 16];
-    int len = 0;
-    if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS)
-        snprintf(buf, sizeof buf, "MPI error %d", rc);
-    return buf;
-}
-
-int moe_mpi_testall(int n, MPI_Request *reqs, int *flag, MPI_Status *statuses)
-{
-    MPI_Errhandler prev = MPI_ERRHANDLER_NULL;
-    bool swapped = MPI_Comm_get_errhandler(MPI_COMM_WORLD, &prev) == MPI_SUCCESS &&
-                   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) == MPI_SUCCESS;
-    int rc = MPI_Testall(n, reqs, flag, statuses);
-    if (swapped) MPI_Comm_set_errhandler(MPI_COMM_WORLD, prev);
-    if (prev != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&prev);
-    return rc;
-}
-
 /* ---- state ----------------------------------------------------------------------------------- */
 
 typedef struct pool_block {
@@ -747,44 +725,17 @@ static moe_status_t parent_of(const void *mpi_comm, MPI_Comm *out)
     return MOE_STATUS_SUCCESS;
 }
 
-moe_status_t moe_mpi_dup_within(MPI_Comm parent, int timeout_ms, MPI_Comm *out)
+moe_status_t moe_comm_mpi_watch(moe_comm_t *world, moe_comm_watch_t **out)
 {
-    MPI_Comm *slot = malloc(sizeof *slot);
-    if (!slot) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "communicator handle");
-    MPI_Request req;
-    int rc = MPI_Comm_idup(parent, slot, &req);
-    if (rc != MPI_SUCCESS) {
-        free(slot);
-        return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_idup: %s", moe_mpi_describe(rc));
-    }
-    double deadline = moe_now_ms() + timeout_ms;
-    for (unsigned spin = 0;; spin++) {
-        int done = 0;
-        rc = moe_mpi_testall(1, &req, &done, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS)
-            return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_idup: %s", moe_mpi_describe(rc));
-        if (done) break;
-        if (moe_now_ms() > deadline) {
-            int size = 0;
-            MPI_Comm_size(parent, &size);
-            return MOE_FAIL(MOE_STATUS_TIMEOUT,
-                            "duplicating the parent communicator (%d ranks) did not complete "
-                            "within %d ms: a rank is dead, stalled or never created its mesh",
-                            size, timeout_ms);
-        }
-        moe_comm_backoff(spin);
-    }
-    *out = *slot;
-    free(slot);
-    rc = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
-    if (rc != MPI_SUCCESS) {
-        MPI_Comm_free(out);
-        return MOE_FAIL(MOE_STATUS_COMM_ERROR, "MPI_Comm_set_errhandler: %s", moe_mpi_describe(rc));
-    }
+    *out = NULL;
+    MOE_CHECK_ARG(world && world->ops == &mpi_ops && !world->device_buffers,
+                  "the watch needs an MPI communicator on host buffers");
+    const mpi_impl_t *m = world->impl;
+    MOE_TRY(moe_comm_watch_create(&m->comm, world->rank, world->size, world->timeout_ms,
+                                  world->logger, out));
+    world->watch = *out;
     return MOE_STATUS_SUCCESS;
 }
-
-MPI_Comm moe_mpi_comm_of(const moe_comm_t *c) { return ((const mpi_impl_t *)c->impl)->comm; }
 
 moe_status_t moe_comm_mpi_create(const void *mpi_comm, const char *name, int timeout_ms,
                                  const moe_backend_t *backend, const moe_logger_t *logger,

@@ -1,7 +1,7 @@
 /*
- * MPI helpers shared by the MPI communicator (mpi.c) and the peer watch (peer_watch.c): error
- * text for MOE_MPI_CHECK (core/error.h), completion calls whose errors return, and a duplicate
- * under a deadline.
+ * MPI helpers shared by the MPI communicator (mpi.c) and the peer watch (peer_watch.c), defined
+ * in mpi_support.c below both: error text for MOE_MPI_CHECK (core/error.h), completion calls
+ * whose errors return, and a duplicate under a deadline.
  */
 #ifndef MOE_COMM_MPI_SUPPORT_H
 #define MOE_COMM_MPI_SUPPORT_H
@@ -11,8 +11,6 @@
 #include <moe/core.h>
 
 #include "core/error.h"
-
-typedef struct moe_comm moe_comm_t;
 
 /* MPI's text for an error code (thread-local buffer, valid until the thread's next call). */
 const char *moe_mpi_describe(int rc);
@@ -29,8 +27,5 @@ int moe_mpi_testall(int n, MPI_Request *reqs, int *flag, MPI_Status *statuses);
  * creating its mesh) makes the others time out instead of hanging; the copy returns errors.
  * After a timeout MPI may still write the new handle: its slot is leaked. */
 moe_status_t moe_mpi_dup_within(MPI_Comm parent, int timeout_ms, MPI_Comm *out);
-
-/* The MPI communicator behind c (an MPI communicator of mpi.c). */
-MPI_Comm moe_mpi_comm_of(const moe_comm_t *c);
 
 #endif /* MOE_COMM_MPI_SUPPORT_H */

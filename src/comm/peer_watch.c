@@ -17,9 +17,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "comm_base.h"
 #include "core/clock.h"
 #include "core/error.h"
-#include "comm.h"
 #include "mpi_support.h"
 
 #define CTL_TAG 1
@@ -257,7 +257,7 @@ void moe_comm_watch_fail(moe_comm_watch_t *w, moe_status_t status, const char *c
     notify_all(w, NULL, 0);
 }
 
-void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const char *what,
+void moe_comm_watch_timed_out(moe_comm_watch_t *w, const char *comm_name, const char *what,
                               int timeout_ms, const int *late, int nlate, char *text, size_t size)
 {
     moe_comm_watch_poll(w);
@@ -296,7 +296,7 @@ void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const ch
         snprintf(cause, sizeof cause,
                  "%s %s (dead or stalled; found by world rank %d when %s on "
                  "the %s communicator did not complete within %d ms)",
-                 ranks, verb, w->rank, what, c->name, timeout_ms);
+                 ranks, verb, w->rank, what, comm_name, timeout_ms);
         record(w, MOE_STATUS_TIMEOUT, cause);
         notify_all(w, dead, ndead);
         free(dead);
@@ -312,7 +312,7 @@ void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const ch
         snprintf(cause, sizeof cause,
                  "world rank %d: %s on the %s communicator did not complete "
                  "within %d ms; %s",
-                 w->rank, what, c->name, timeout_ms, text);
+                 w->rank, what, comm_name, timeout_ms, text);
         record(w, MOE_STATUS_TIMEOUT, cause);
         notify_all(w, gone, ngone);
         free(dead);
@@ -338,22 +338,23 @@ void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const ch
     snprintf(cause, sizeof cause,
              "world rank %d: %s on the %s communicator did not complete "
              "within %d ms; %s",
-             w->rank, what, c->name, timeout_ms, text);
+             w->rank, what, comm_name, timeout_ms, text);
     record(w, MOE_STATUS_TIMEOUT, cause);
     notify_all(w, NULL, 0);
 }
 
 /* ---- create / destroy ------------------------------------------------------------------- */
 
-moe_status_t moe_comm_watch_create(moe_comm_t *world, moe_comm_watch_t **out)
+moe_status_t moe_comm_watch_create(const void *mpi_comm, int rank, int size, int timeout_ms,
+                                   const moe_logger_t *logger, moe_comm_watch_t **out)
 {
     *out = NULL;
     moe_comm_watch_t *w = calloc(1, sizeof *w);
     if (!w) return MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "watch");
-    w->rank = world->rank;
-    w->size = world->size;
-    w->logger = world->logger;
-    int g = world->timeout_ms / 4;
+    w->rank = rank;
+    w->size = size;
+    w->logger = logger;
+    int g = timeout_ms / 4;
     w->grace_ms = g < GRACE_MIN_MS ? GRACE_MIN_MS : g > GRACE_MAX_MS ? GRACE_MAX_MS : g;
     w->inbox_req = MPI_REQUEST_NULL;
     w->inbox = calloc(1, sizeof *w->inbox);
@@ -366,7 +367,7 @@ moe_status_t moe_comm_watch_create(moe_comm_t *world, moe_comm_watch_t **out)
         st = MOE_FAIL(MOE_STATUS_OUT_OF_MEMORY, "watch");
         goto fail;
     }
-    st = moe_mpi_dup_within(moe_mpi_comm_of(world), world->timeout_ms, &w->ctl);
+    st = moe_mpi_dup_within(*(const MPI_Comm *)mpi_comm, timeout_ms, &w->ctl);
     if (st != MOE_STATUS_SUCCESS) {
         moe_error_wrap(st, "creating the mesh's watch");
         goto fail;
@@ -377,7 +378,6 @@ moe_status_t moe_comm_watch_create(moe_comm_t *world, moe_comm_watch_t **out)
         st = MOE_FAIL(MOE_STATUS_COMM_ERROR, "posting the watch's receive failed");
         goto fail;
     }
-    world->watch = w;
     *out = w;
     return MOE_STATUS_SUCCESS;
 fail:

@@ -42,6 +42,8 @@
 
 #include "core/log.h"
 
+/* The watch knows the communicators only by these opaque pointers, handed back to the
+ * moe_comm_late_fn their wait gave (it reads none of their fields). */
 typedef struct moe_comm moe_comm_t;
 typedef struct moe_comm_req moe_comm_req_t;
 typedef struct moe_comm_watch moe_comm_watch_t;
@@ -50,9 +52,14 @@ typedef struct moe_comm_watch moe_comm_watch_t;
  * reports, in its answers to pings, that it waits for. */
 typedef int (*moe_comm_late_fn)(const moe_comm_t *c, moe_comm_req_t *r, int *late, int max);
 
-/* A watch over `world` (an MPI communicator on host buffers: the mesh's world), which gets
- * `world->watch` set, as do the communicators split from it later. Collective over world. */
-moe_status_t moe_comm_watch_create(moe_comm_t *world, moe_comm_watch_t **out);
+/* A watch over the world of `size` ranks in which this one is `rank`: its channel duplicates
+ * `mpi_comm` (a pointer to an MPI_Comm: the mesh's world, host buffers) within timeout_ms,
+ * and its grace period is derived from timeout_ms; logger (may be NULL) takes the failure it
+ * records. Collective over that communicator. The caller hands the watch to the communicators
+ * it watches (moe_comm_mpi_watch sets the world's, which its splits inherit). UNSUPPORTED in
+ * a build without MPI. */
+moe_status_t moe_comm_watch_create(const void *mpi_comm, int rank, int size, int timeout_ms,
+                                   const moe_logger_t *logger, moe_comm_watch_t **out);
 /* NULL: no-op. Without a failure, tells every peer that this rank left (see the top). After a
  * failure nothing MPI may still touch is freed. */
 void moe_comm_watch_destroy(moe_comm_watch_t *w);
@@ -67,10 +74,11 @@ void moe_comm_watch_waiting(moe_comm_watch_t *w, const moe_comm_t *c, moe_comm_r
  * until the watch is destroyed. */
 moe_status_t moe_comm_watch_failure(const moe_comm_watch_t *w, const char **cause);
 
-/* `what` on communicator c did not complete within timeout_ms; late[0..nlate) are the world
- * ranks it was waiting for. Finds which ranks do not answer, records the failure, tells every
- * other rank, and writes what is known about the culprits to text[0..size). */
-void moe_comm_watch_timed_out(moe_comm_watch_t *w, const moe_comm_t *c, const char *what,
+/* `what` on the communicator named comm_name ("ep", "world") did not complete within
+ * timeout_ms; late[0..nlate) are the world ranks it was waiting for. Finds which ranks do not
+ * answer, records the failure, tells every other rank, and writes what is known about the
+ * culprits to text[0..size). */
+void moe_comm_watch_timed_out(moe_comm_watch_t *w, const char *comm_name, const char *what,
                               int timeout_ms, const int *late, int nlate, char *text, size_t size);
 /* A local failure (an MPI error, an abort) that makes the mesh unusable: recorded with
  * `status` and told to every other rank with `cause`. A failure already recorded stays. */

@@ -1,6 +1,6 @@
-list(APPEND MOE_SOURCES src/comm/comm.c src/comm/agree.c)
+list(APPEND MOE_SOURCES src/comm/comm.c src/comm/comm_base.c src/comm/agree.c)
 if(MOE_HAVE_MPI)
-  list(APPEND MOE_SOURCES src/comm/mpi.c src/comm/peer_watch.c)
+  list(APPEND MOE_SOURCES src/comm/mpi.c src/comm/mpi_support.c src/comm/peer_watch.c)
   list(APPEND MOE_PRIVATE_LIBS MPI::MPI_C)
 endif()
 if(MOE_HAVE_NCCL AND MOE_HAVE_MPI)

@@ -312,7 +312,7 @@ static moe_status_t join_world(moe_mesh_t *m, const moe_mesh_config_t *cfg,
     int timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : moe_mesh_config_default().timeout_ms;
     MOE_TRY(moe_comm_mpi_create(cfg->mpi_comm, "world", timeout, NULL, logger,
                                 &m->host[MOE_AXIS_WORLD]));
-    MOE_TRY(moe_comm_watch_create(m->host[MOE_AXIS_WORLD], &m->watch));
+    MOE_TRY(moe_comm_mpi_watch(m->host[MOE_AXIS_WORLD], &m->watch));
     return agree_config(m, cfg, backend, order, local);
 }
 

@@ -329,12 +329,7 @@ if len(_found) != 1 or "src/m/a -> src/m/b -> src/m/c -> src/m/a" not in _found[
     problems.append(f"check_tree.py's file circle check misjudges its sample: {_found}")
 # Circles left standing, each with what would open it; a listed circle that is gone fails too,
 # so the list only shrinks.
-known_circles = {
-    # The communicators poll the watch and hand it their failures; the watch reads the world
-    # communicator's fields (rank, size, timeout, its MPI communicator) and names ranks with
-    # comm.c's formatter. Open it by creating the watch from those values, below comm.c.
-    ("src/comm/comm", "src/comm/peer_watch"),
-}
+known_circles = set()  # pairs of units, e.g. ("src/m/a", "src/m/b"), each with a comment
 circles = file_cycle_problems(file_graph(
     {r: t for r, t in sources.items() if not r.startswith("include/")}, module_of, resolve))
 for known in sorted(known_circles):
