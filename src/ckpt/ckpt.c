@@ -145,11 +145,9 @@ moe_status_t moe_ckpt_create(moe_runtime_t *rt, const moe_ckpt_config_t *config,
     MOE_CHECK_ARG(out != NULL, "out is NULL");
     *out = NULL;
     MOE_CHECK_ARG(config != NULL, "config is NULL (config.dir is required)");
-    MOE_CHECK_STRUCT_SIZE(config, moe_ckpt_config_t, offsetof(moe_ckpt_config_t, s3_retry_max_ms));
-    /* fields past the caller's struct_size keep their defaults */
     moe_ckpt_config_t c = moe_ckpt_config_default();
-    memcpy(&c, config, config->struct_size < sizeof c ? config->struct_size : sizeof c);
-    c.struct_size = sizeof c;
+    MOE_TAKE_CONFIG_PREFIX(c, config, moe_ckpt_config_t,
+                           offsetof(moe_ckpt_config_t, s3_retry_max_ms));
     const moe_logger_t *lg = &rt->logger;
     c.chunk_bytes = moe_env_positive(MOE_ENV_CKPT_CHUNK_BYTES, c.chunk_bytes, lg);
     c.pinned_budget_bytes = moe_env_positive(MOE_ENV_CKPT_PINNED_BYTES, c.pinned_budget_bytes, lg);

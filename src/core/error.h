@@ -204,4 +204,15 @@ moe_status_t moe_error_wrap(moe_status_t status, const char *fmt, ...)
         }                                                                                          \
     } while (0)
 
+/* A public create's config that has grown: c, initialised with the defaults, takes the first
+ * struct_size bytes of *config (not NULL) once struct_size is at least oldest_size, the size of
+ * the first release's struct; fields past the caller's struct keep their defaults. */
+#define MOE_TAKE_CONFIG_PREFIX(c, config, type, oldest_size)                                       \
+    do {                                                                                           \
+        MOE_CHECK_STRUCT_SIZE(config, type, oldest_size);                                          \
+        memcpy(&(c), config,                                                                       \
+               (config)->struct_size < sizeof(type) ? (config)->struct_size : sizeof(type));       \
+        (c).struct_size = sizeof(type);                                                            \
+    } while (0)
+
 #endif /* MOE_CORE_ERROR_H */

@@ -337,12 +337,9 @@ moe_status_t moe_layer_create_seeded(moe_runtime_t *rt, const moe_layer_config_t
     *out = NULL;
     MOE_CHECK_ARG(config != NULL, "config is NULL (hidden, ffn_hidden, num_experts and top_k "
                                   "have no defaults; start from moe_layer_config_default())");
-    MOE_CHECK_STRUCT_SIZE(config, moe_layer_config_t,
-                          offsetof(moe_layer_config_t, aux_global_batch));
-    /* fields past the caller's struct_size keep their defaults */
     moe_layer_config_t cfg = moe_layer_config_default();
-    memcpy(&cfg, config, config->struct_size < sizeof cfg ? config->struct_size : sizeof cfg);
-    cfg.struct_size = sizeof cfg;
+    MOE_TAKE_CONFIG_PREFIX(cfg, config, moe_layer_config_t,
+                           offsetof(moe_layer_config_t, aux_global_batch));
     config = &cfg;
     int32_t ep = rt->mesh->size[MOE_AXIS_EP], tp = rt->mesh->size[MOE_AXIS_TP];
     moe_status_t local = validate_config(config, ep, tp);
