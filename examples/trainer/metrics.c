@@ -57,9 +57,10 @@ int metrics_open(metrics_t *mx, const trainer_t *t, double unigram_bits)
     mx->tokens_per_step = (double)(c->batch * c->context);
     mx->unigram_bits = unigram_bits;
     mx->world = t->plan.world;
+    if (!c->metrics[0]) return 0;
     mx->busy = calloc((size_t)mx->world, sizeof *mx->busy);
     if (!mx->busy) return -1;
-    if (t->plan.world_rank != 0 || !c->metrics[0]) return 0;
+    if (t->plan.world_rank != 0) return 0;
     if (c->resume && drop_after(c->metrics, t->step)) return -1;
     mx->jsonl = fopen(c->metrics, c->resume ? "a" : "w");
     if (!mx->jsonl) {
@@ -85,6 +86,7 @@ static void load_balance(const double *counts, int64_t E, double *max, double *m
 
 void metrics_busy(metrics_t *mx, double busy_s)
 {
+    if (!mx->busy) return;
     MPI_Gather(&busy_s, 1, MPI_DOUBLE, mx->busy, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
 }
 

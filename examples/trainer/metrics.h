@@ -28,14 +28,15 @@ typedef struct metrics {
     double peak_flops; /* of the whole job */
     double flops_per_token, tokens_per_step;
     double unigram_bits;
-    double *busy; /* [world] each rank's busy time of the step (rank 0) */
+    double *busy; /* [world] each rank's busy time of the step (rank 0); NULL without a file */
     int world;
 } metrics_t;
 
 /* Rank 0 opens the file (appending on resume). Returns 0 on success. */
 int metrics_open(metrics_t *mx, const trainer_t *t, double unigram_bits);
 /* Gathers every rank's busy time of the step (phase_times_t.busy) to rank 0, for the step's
- * row. Collective. */
+ * row. Collective; nothing to do when no metrics file is written (log.metrics is the same on
+ * every rank). */
 void metrics_busy(metrics_t *mx, double busy_s);
 /* Progress line and JSON line of one step (rank 0; other ranks ignore the call). The layer
  * statistics must be gathered (trainer_gather_stats). */
